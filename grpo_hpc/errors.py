@@ -1,0 +1,58 @@
+"""Exit codes and the user-facing exception tree.
+
+Every exit code of every grpo_hpc program is defined here, once. The monitor
+decides whether to resubmit from these codes (and from the progress file), so
+each one names a *class* of outcome, not a particular bug.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes shared by the CLIs, the launcher and the trainer."""
+
+    OK = 0
+    """Success: the command did what was asked; a training run finished all its steps."""
+    CRASH = 1
+    """Unexpected failure (an exception nobody anticipated). Resubmit within the retry budget."""
+    CONFIG_ERROR = 2
+    """Bad configuration or usage (unknown key, missing file, bad dataset). Never resubmit."""
+    CIRCUIT_BREAKER = 3
+    """Training tripped a circuit breaker (zero reward for N steps, non-finite loss).
+    A checkpoint was saved; resubmitting blindly would repeat the failure."""
+    STALLED = 4
+    """A phase exceeded its time budget (e.g. generation hung). Resubmit within budget."""
+    CHECKPOINTED = 5
+    """Preempted / time limit warning: a checkpoint was saved, resubmit me."""
+
+
+class GrpoError(Exception):
+    """Base of all expected errors: the message says what is wrong and what to do."""
+
+    exit_code: ExitCode = ExitCode.CRASH
+
+
+class ConfigError(GrpoError):
+    """Invalid configuration, profile, path or command-line usage."""
+
+    exit_code = ExitCode.CONFIG_ERROR
+
+
+class SlurmUnavailableError(GrpoError):
+    """sbatch/sacct missing or slurmctld not answering: nothing was submitted."""
+
+    exit_code = ExitCode.CONFIG_ERROR
+
+
+class StalledError(GrpoError):
+    """A phase (generation, typically) ran past its time budget."""
+
+    exit_code = ExitCode.STALLED
+
+
+class CircuitBreakerError(GrpoError):
+    """Training must stop: continuing would waste the allocation."""
+
+    exit_code = ExitCode.CIRCUIT_BREAKER

@@ -1,0 +1,130 @@
+"""RunPaths: the one place that knows every file name of a run directory.
+
+Layout of ``logs/<run>/``::
+
+    config.yaml            resolved config, written once at submission, read by every attempt
+    profile.yaml           resolved cluster profile used for the run
+    jobs.jsonl             job history: one line per submission (job id, attempt, time, reason)
+    progress.json          trainer's progress record (see grpo_hpc.progress)
+    metrics.jsonl          one line per training step
+    events.jsonl           monitor decisions and actions
+    training_output.log    combined stdout/stderr of the torchrun processes
+    job_summary.txt        human summary written when an attempt ends
+    monitor.lock           per-run lock held by a monitor pass
+    submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
+    checkpoints/step-N/    checkpoints; a COMPLETE marker makes one count
+    wandb/                 offline W&B run (one per training run, across attempts)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_hpc.errors import ConfigError
+
+RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+CKPT_RE = re.compile(r"^step-(\d+)$")
+COMPLETE_MARKER = "COMPLETE"
+
+
+def default_logs_root() -> Path:
+    """Where runs live: ``$GRPO_HPC_LOGS`` or ``./logs``."""
+    return Path(os.environ.get("GRPO_HPC_LOGS", "logs")).resolve()
+
+
+def validate_run_name(name: str) -> str:
+    """Run names become directory names and Slurm job names: keep them boring."""
+    if not RUN_NAME_RE.match(name):
+        raise ConfigError(
+            f"invalid run name {name!r}: use letters, digits, '.', '_' or '-' "
+            "(at most 100 characters, starting with a letter or digit)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path of one run, derived from its directory."""
+
+    root: Path
+
+    @classmethod
+    def for_run(cls, name: str, logs_root: Path | None = None) -> RunPaths:
+        return cls((logs_root or default_logs_root()) / validate_run_name(name))
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def profile(self) -> Path:
+        return self.root / "profile.yaml"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs.jsonl"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def training_log(self) -> Path:
+        return self.root / "training_output.log"
+
+    @property
+    def job_summary(self) -> Path:
+        return self.root / "job_summary.txt"
+
+    @property
+    def monitor_lock(self) -> Path:
+        return self.root / "monitor.lock"
+
+    @property
+    def submitit_dir(self) -> Path:
+        return self.root / "submitit"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.root / "wandb"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step}"
+
+    def checkpoint_tmp(self, step: int) -> Path:
+        return self.checkpoints / f".tmp-step-{step}"
+
+    def checkpoint_steps(self, complete_only: bool = True) -> list[int]:
+        """Steps with a checkpoint directory, ascending; by default only COMPLETE ones."""
+        if not self.checkpoints.is_dir():
+            return []
+        steps = []
+        for p in self.checkpoints.iterdir():
+            m = CKPT_RE.match(p.name)
+            if m and (not complete_only or (p / COMPLETE_MARKER).exists()):
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def latest_checkpoint(self) -> int | None:
+        """Newest COMPLETE checkpoint step, or None."""
+        steps = self.checkpoint_steps()
+        return steps[-1] if steps else None

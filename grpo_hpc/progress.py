@@ -1,0 +1,119 @@
+"""The progress file: written by the trainer, read by the monitor and grpo-status.
+
+This module owns the schema. Nobody else parses ``progress.json`` by hand.
+Writes are atomic (temp file + rename), so a reader never sees half a record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc.fsutil import atomic_write_json
+
+SCHEMA_VERSION = 1
+
+
+class TrainState(str, enum.Enum):
+    """What the trainer is doing right now (or how it ended)."""
+
+    LOADING = "loading"
+    GENERATING = "generating"
+    SCORING = "scoring"
+    TRAINING = "training"
+    CHECKPOINTING = "checkpointing"
+    EVALUATING = "evaluating"
+    FINISHED = "finished"
+    """All steps done; terminal."""
+    INTERRUPTED = "interrupted"
+    """Stopped on a signal (preemption, time limit) after saving: resubmit me."""
+    FAILED = "failed"
+    """Ended with an error; ``exit_code`` and ``reason`` say which kind."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TrainState.FINISHED, TrainState.INTERRUPTED, TrainState.FAILED)
+
+
+@dataclass
+class ProgressRecord:
+    """One snapshot of a run's training progress (schema version 1)."""
+
+    run: str
+    """Run name (the run directory's name)."""
+    attempt: int = 0
+    """Attempt number: 0 for the first submission, +1 per resubmission/requeue."""
+    job_id: str | None = None
+    """Slurm (or local) job id of the attempt that wrote this record."""
+    state: TrainState = TrainState.LOADING
+    """Current phase, or the terminal state."""
+    step: int = 0
+    """Optimizer steps completed so far."""
+    epoch: int = 0
+    """Passes over the training prompts completed."""
+    max_steps: int = 0
+    """Total steps the run is configured for."""
+    heartbeat: float = field(default_factory=time.time)
+    """Unix time of the last sign of life (refreshed inside long phases too)."""
+    started_at: float = field(default_factory=time.time)
+    """Unix time this attempt started."""
+    reward_mean: float | None = None
+    """Mean total reward of the last step."""
+    kl: float | None = None
+    """Mean KL to the reference policy of the last step."""
+    tokens_per_s: float | None = None
+    """Generated tokens per second in the last step."""
+    last_checkpoint: int | None = None
+    """Step of the newest COMPLETE checkpoint."""
+    restarts: int = 0
+    """How many times this run resumed from a checkpoint."""
+    exit_code: int | None = None
+    """Set when the attempt ends: an ``ExitCode`` value."""
+    reason: str | None = None
+    """Human-readable reason for a FAILED/INTERRUPTED state."""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProgressRecord:
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"progress file has schema_version {version}, this grpo_hpc reads "
+                f"up to {SCHEMA_VERSION}: upgrade grpo_hpc"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs["state"] = TrainState(kwargs.get("state", TrainState.LOADING.value))
+        return cls(**kwargs)
+
+    def heartbeat_age(self, now: float) -> float:
+        return max(0.0, now - self.heartbeat)
+
+
+def write_progress(path: Path, record: ProgressRecord) -> None:
+    """Atomically replace the progress file."""
+    atomic_write_json(path, record.to_dict())
+
+
+def read_progress(path: Path) -> ProgressRecord | None:
+    """The current record, or None if the run has not written one yet.
+
+    A corrupt file (should not happen with atomic writes, but disks fill up)
+    reads as None rather than crashing a dashboard of 100 runs.
+    """
+    try:
+        return ProgressRecord.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, TypeError, ValueError):
+        return None
