@@ -1,0 +1,179 @@
+"""The per-node job: build the torchrun command (pure) and run it.
+
+submitit runs one task per node; each calls :class:`NodeLauncher`, which starts
+``torchrun`` for its node. One node uses ``--standalone`` (a private rendezvous
+on a free port, so two jobs on one node never collide); several nodes meet at a
+c10d rendezvous on the first node of the allocation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_hpc.errors import ExitCode
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import TrainState, read_progress
+
+PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """Where this node sits in the job."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    job_id: str = "local"
+
+
+def rendezvous_port(job_id: str) -> int:
+    """A port derived from the job id, so concurrent multi-node jobs differ."""
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    return 29500 + int(digits[-6:]) % 20000
+
+
+def torchrun_command(
+    run_dir: str, nproc_per_node: int, ctx: NodeContext, python: str = sys.executable
+) -> list[str]:
+    """The exact torchrun command for one node (pure; shown by --dry-run)."""
+    cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if ctx.nnodes == 1:
+        cmd += ["--standalone", "--nnodes=1"]
+    else:
+        cmd += [
+            f"--nnodes={ctx.nnodes}",
+            f"--node-rank={ctx.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={ctx.master_addr}:{rendezvous_port(ctx.job_id)}",
+            f"--rdzv-id={ctx.job_id}",
+        ]
+    return cmd + ["--max-restarts=0", "-m", "grpo_hpc.train", run_dir]
+
+
+def node_context() -> NodeContext:
+    """Read this node's place from submitit's job environment (Slurm) or default to local."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        hosts = env.hostnames
+        return NodeContext(
+            nnodes=env.num_nodes,
+            node_rank=env.node,
+            master_addr=hosts[0] if hosts else "127.0.0.1",
+            job_id=str(env.job_id),
+        )
+    except RuntimeError:  # not inside a submitit job
+        return NodeContext(job_id=str(os.getpid()))
+
+
+def exit_code_from_progress(paths: RunPaths, returncode: int) -> int:
+    """The trainer records why it ended in progress.json; torchrun's own code is coarser."""
+    rec = read_progress(paths.progress)
+    if rec is not None and rec.exit_code is not None and rec.state.terminal:
+        return int(rec.exit_code)
+    if returncode == 0:
+        return ExitCode.OK
+    return ExitCode.CRASH
+
+
+def _ignore_preempt_signals() -> None:
+    # Slurm signals every process of the step. torchrun's agent does not handle
+    # USR1/USR2 and would die on them, orphaning the workers mid-checkpoint; an
+    # ignored disposition survives exec, and the trainer installs its own handlers.
+    for sig in PREEMPT_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _pump(stream, log_path: Path) -> None:
+    with open(log_path, "ab") as log:
+        for line in iter(stream.readline, b""):
+            log.write(line)
+            log.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+
+def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) -> None:
+    from grpo_hpc.fsutil import atomic_write_text
+
+    rec = read_progress(paths.progress)
+    lines = [
+        f"run:        {paths.name}",
+        f"job:        {ctx.job_id} (node {ctx.node_rank}/{ctx.nnodes})",
+        f"exit code:  {code} ({ExitCode(code).name if code in iter(ExitCode) else 'unknown'})",
+        f"duration:   {time.time() - started:.0f} s",
+    ]
+    if rec is not None:
+        lines += [
+            f"attempt:    {rec.attempt}",
+            f"state:      {rec.state.value}",
+            f"step:       {rec.step}/{rec.max_steps}",
+            f"checkpoint: {rec.last_checkpoint}",
+            f"reason:     {rec.reason or '-'}",
+        ]
+    atomic_write_text(paths.job_summary, "\n".join(lines) + "\n")
+
+
+class TrainingExit(RuntimeError):
+    """Raised by the launcher so that Slurm records the job as FAILED; the class of
+    failure is in progress.json (exit_code, reason) for the monitor."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"training ended with exit code {code}: {reason}")
+        self.code = code
+
+
+@dataclass
+class NodeLauncher:
+    """The callable submitit pickles and runs once per node."""
+
+    run_dir: str
+    nproc_per_node: int = 1
+
+    def __call__(self) -> int:
+        paths = RunPaths(Path(self.run_dir))
+        ctx = node_context()
+        cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)
+        env = {**os.environ, "GRPO_HPC_JOB_ID": ctx.job_id, "PYTHONUNBUFFERED": "1"}
+        started = time.time()
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            preexec_fn=_ignore_preempt_signals,
+        )
+        pump = threading.Thread(target=_pump, args=(proc.stdout, paths.training_log), daemon=True)
+        pump.start()
+        returncode = proc.wait()
+        pump.join(timeout=10)
+        code = exit_code_from_progress(paths, returncode)
+        if ctx.node_rank == 0:
+            write_summary(paths, ctx, code, started)
+        if code != ExitCode.OK:
+            rec = read_progress(paths.progress)
+            raise TrainingExit(code, rec.reason if rec and rec.reason else f"torchrun {returncode}")
+        return code
+
+    def checkpoint(self, *args, **kwargs):  # noqa: ANN201 - submitit's Checkpointable hook
+        """Called by submitit on the timeout/preemption signal: the trainer got the same
+        signal and is saving; wait for it to finish, then ask to be requeued."""
+        import submitit
+
+        paths = RunPaths(Path(self.run_dir))
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            rec = read_progress(paths.progress)
+            if rec is not None and rec.state.terminal:
+                break
+            time.sleep(1)
+        rec = read_progress(paths.progress)
+        if rec is not None and rec.state in (TrainState.FINISHED, TrainState.FAILED):
+            return None  # nothing to resume: let the job end
+        return submitit.helpers.DelayedSubmission(NodeLauncher(self.run_dir, self.nproc_per_node))

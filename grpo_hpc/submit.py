@@ -1,0 +1,191 @@
+"""Render a run's job from its profile and submit it through submitit.
+
+Everything that can fail (config, profile, template, Slurm reachability) is checked
+*before* the run directory is created, and a failed submission removes the
+directory it created: bad input never leaves a half-made run behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import submitit
+import yaml
+
+from grpo_hpc import slurm_query
+from grpo_hpc.config import Config, build_config, load_resolved, to_yaml
+from grpo_hpc.errors import ConfigError, GrpoError
+from grpo_hpc.fsutil import append_jsonl, atomic_write_text, read_jsonl
+from grpo_hpc.launch import NodeContext, NodeLauncher, torchrun_command
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.profiles import Profile, load_profile, profile_from_dict, render_setup
+
+
+def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
+    """The resolved config: the profile decides how to run (pure)."""
+    cfg = dataclasses.replace(cfg, run_name=run_name)
+    cfg.dist = dataclasses.replace(
+        cfg.dist,
+        strategy=profile.strategy,
+        precision=profile.precision,
+        nproc_per_node=profile.procs_per_node,
+        compile=cfg.dist.compile or profile.compile,
+    )
+    if cfg.model.attn_implementation == "auto":
+        cfg.model = dataclasses.replace(cfg.model, attn_implementation=profile.attn_implementation)
+    return cfg
+
+
+def executor_parameters(profile: Profile, run_name: str, setup: list[str]) -> dict[str, Any]:
+    """submitit AutoExecutor parameters for a profile (pure)."""
+    params: dict[str, Any] = {
+        "name": f"grpo-{run_name}",
+        "timeout_min": profile.time_min,
+        "nodes": profile.nodes,
+        "tasks_per_node": 1,  # one task per node; it launches torchrun for that node
+        "cpus_per_task": profile.cpus_per_task,
+    }
+    if profile.executor == "local":
+        return params
+    if profile.mem_gb is not None:
+        params["mem_gb"] = profile.mem_gb
+    gres = profile.gres_value
+    if gres:
+        params["slurm_gres"] = gres
+    params["slurm_signal_delay_s"] = profile.signal_lead_s
+    params["slurm_setup"] = setup
+    extra = {"requeue": True, **profile.sbatch_extra}
+    params["slurm_additional_parameters"] = extra
+    for key in ("partition", "account", "qos"):
+        value = getattr(profile, key)
+        if value:
+            params[f"slurm_{key}"] = value
+    return params
+
+
+def make_executor(profile: Profile, paths: RunPaths, setup: list[str]) -> submitit.Executor:
+    cluster = "local" if profile.executor == "local" else "slurm"
+    executor = submitit.AutoExecutor(folder=paths.submitit_dir / "%j", cluster=cluster)
+    executor.update_parameters(**executor_parameters(profile, paths.name, setup))
+    return executor
+
+
+def render_sbatch(profile: Profile, paths: RunPaths, setup: list[str]) -> str:
+    """The exact sbatch script submitit would write for this run."""
+    executor = submitit.AutoExecutor(folder=paths.submitit_dir / "%j", cluster="slurm")
+    executor.update_parameters(**executor_parameters(profile, paths.name, setup))
+    inner = executor._executor  # submitit's SlurmExecutor: the same code path as submit()
+    return inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
+
+
+def preview(profile: Profile, paths: RunPaths) -> str:
+    """What --dry-run prints: sbatch script (Slurm profiles) and the torchrun command."""
+    setup = render_setup(profile, _template_context(paths))
+    parts = []
+    if profile.executor == "slurm":
+        sbatch = render_sbatch(profile, paths, setup)
+        parts += ["# ---- sbatch script (written by submitit) ----", sbatch]
+    else:
+        parts += [f"# ---- local executor: no Slurm; runs on this machine in {paths.submitit_dir}"]
+    ctx = NodeContext(nnodes=profile.nodes, master_addr="$FIRST_NODE", job_id="$SLURM_JOB_ID")
+    cmd = torchrun_command(str(paths.root), profile.procs_per_node, ctx)
+    parts += [f"# ---- per node ({profile.nodes} node(s)): ----", " ".join(cmd)]
+    return "\n".join(parts) + "\n"
+
+
+def _template_context(paths: RunPaths) -> dict[str, Any]:
+    return {"run_name": paths.name, "run_dir": str(paths.root)}
+
+
+@dataclass
+class SubmitResult:
+    job_id: str
+    attempt: int
+    job: submitit.Job
+
+
+def next_attempt(paths: RunPaths) -> int:
+    return len(read_jsonl(paths.jobs))
+
+
+def submit_run(paths: RunPaths, profile: Profile, reason: str) -> SubmitResult:
+    """Submit one attempt of an existing run directory and record it in jobs.jsonl."""
+    setup = render_setup(profile, _template_context(paths))
+    if profile.executor == "slurm":
+        slurm_query.check_available()
+    cfg = load_resolved(paths.config)
+    executor = make_executor(profile, paths, setup)
+    launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node)
+    try:
+        job = executor.submit(launcher)
+    except (submitit.core.utils.FailedSubmissionError, OSError) as e:
+        first = str(e).strip().splitlines()
+        raise GrpoError(f"submission failed: {first[-1] if first else e}") from None
+    attempt = next_attempt(paths)
+    append_jsonl(
+        paths.jobs,
+        {"job_id": str(job.job_id), "attempt": attempt, "submitted_at": time.time(),
+         "reason": reason, "profile": profile.name, "executor": profile.executor},
+    )
+    return SubmitResult(str(job.job_id), attempt, job)
+
+
+def create_run(
+    paths: RunPaths, profile: Profile, config_source: str | None, overrides: list[str]
+) -> Config:
+    """Validate everything, then write the run directory (config + profile), atomically.
+
+    Raises before touching the disk when anything is wrong.
+    """
+    if paths.root.exists():
+        raise ConfigError(
+            f"run {paths.name!r} already exists in {paths.root.parent}: choose another --name, "
+            f"or continue it with --resume {paths.name}"
+        )
+    cfg = apply_profile(build_config(config_source, overrides), profile, paths.name)
+    render_setup(profile, _template_context(paths))  # template errors before any write
+    if profile.executor == "slurm":
+        slurm_query.check_available()
+    tmp = paths.root.with_name(f".{paths.name}.creating")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    atomic_write_text(tmp / paths.config.name, to_yaml(cfg))
+    atomic_write_text(tmp / paths.profile.name, yaml.safe_dump(_profile_dict(profile)))
+    tmp.rename(paths.root)
+    return cfg
+
+
+def _profile_dict(profile: Profile) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(profile).items() if k != "path"}
+
+
+def load_run_profile(paths: RunPaths) -> Profile:
+    """The profile stored in the run directory (what every resubmission uses)."""
+    from grpo_hpc.config import load_yaml_mapping
+
+    data = load_yaml_mapping(paths.profile, what="run profile")
+    return profile_from_dict(data, name=str(data.pop("name", "run")), path=None)
+
+
+def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
+    """Submit the next attempt of an existing run with its stored profile."""
+    if not paths.config.is_file():
+        raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
+    return submit_run(paths, load_run_profile(paths), reason)
+
+
+def new_run(
+    paths: RunPaths, profile_name: str, config_source: str | None, overrides: list[str]
+) -> SubmitResult:
+    """Create the run directory and submit its first attempt; undo the directory on failure."""
+    profile = load_profile(profile_name)
+    create_run(paths, profile, config_source, overrides)
+    try:
+        return submit_run(paths, profile, reason="initial submission")
+    except BaseException:
+        shutil.rmtree(paths.root, ignore_errors=True)
+        raise
