@@ -1,0 +1,128 @@
+"""``grpo-submit``: create a run from a config and a cluster profile, and submit it."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.config import builtin_configs, normalize_overrides
+from grpo_hpc.errors import ConfigError, ExitCode
+from grpo_hpc.paths import RunPaths, default_logs_root
+from grpo_hpc.profiles import known_profiles, load_profile
+from grpo_hpc.progress import read_progress
+
+SUBMIT_EXAMPLES = """examples:
+  grpo-submit --profile local --config demo            # train SmolLM2-135M on this machine
+  grpo-submit --profile supercloud --config gsm8k --dry-run
+  grpo-submit --profile h100x2 --config gsm8k training.max_steps=500 --name gsm8k-a
+  grpo-submit --profile slurm-local --config tiny --wait --rollout.temperature=0.7
+  grpo-submit --resume gsm8k-a                          # next attempt of an existing run
+  grpo-submit --list-profiles
+
+overrides: any config key as section.key=value or --section.key=value
+"""
+
+
+def _parser() -> Parser:
+    p = Parser(
+        prog="grpo-submit",
+        description="Create a GRPO run (logs/<run>/) and submit it as a torchrun job.",
+        epilog=SUBMIT_EXAMPLES + "\n" + EXIT_CODES_HELP,
+    )
+    p.add_argument("--profile", help="cluster profile name or path to a profile YAML")
+    p.add_argument(
+        "--config", help=f"built-in config ({', '.join(builtin_configs())}) or a YAML path"
+    )
+    p.add_argument("--name", help="run name (default: <config>-<date>-<time>)")
+    p.add_argument("--logs", help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
+    p.add_argument("--resume", metavar="RUN", help="submit the next attempt of an existing run")
+    p.add_argument("--dry-run", action="store_true", help="print the job; submit nothing")
+    p.add_argument("--wait", action="store_true", help="wait for the job and show progress")
+    p.add_argument("--no-wait", action="store_true", help="do not wait (local profile waits)")
+    p.add_argument("--list-profiles", action="store_true", help="list known profiles and exit")
+    return p
+
+
+def _split_args(argv: list[str]) -> tuple[object, list[str]]:
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    bad = [a for a in rest if "=" not in a]
+    if bad:
+        parser.error(f"unrecognized argument {bad[0]!r}")
+    return args, rest
+
+
+def _default_name(config: str | None) -> str:
+    stem = (config or "run").rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _submit(argv: list[str]) -> int:
+    from grpo_hpc import submit
+
+    args, overrides = _split_args(argv)
+    if args.list_profiles:
+        for name in known_profiles():
+            print(f"{name:14s} {load_profile(name).description}")
+        return ExitCode.OK
+    overrides = normalize_overrides(overrides)
+    root = default_logs_root() if not args.logs else __import__("pathlib").Path(args.logs)
+    if args.resume:
+        return _resume(args, overrides, root)
+    if not args.profile:
+        raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
+    paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
+    profile = load_profile(args.profile)
+    if args.dry_run:
+        submit.apply_profile(submit.build_config(args.config, overrides), profile, paths.name)
+        sys.stdout.write(submit.preview(profile, paths))
+        return ExitCode.OK
+    result = submit.new_run(paths, args.profile, args.config, overrides)
+    print(f"submitted run {paths.name}: job {result.job_id} ({profile.executor}), dir {paths.root}")
+    wait = args.wait or (profile.executor == "local" and not args.no_wait)
+    return _wait(paths, result) if wait else ExitCode.OK
+
+
+def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
+    from grpo_hpc import submit
+
+    paths = RunPaths.for_run(args.resume, root.resolve())
+    if not paths.config.is_file():
+        raise ConfigError(
+            f"no run {args.resume!r} in {root}: check the name (grpo-status lists runs)"
+        )
+    if overrides:
+        raise ConfigError("--resume continues a run with its stored config: drop the overrides")
+    result = submit.resubmit(paths, reason="manual --resume")
+    print(f"resubmitted run {paths.name}: job {result.job_id}, attempt {result.attempt}")
+    return _wait(paths, result) if args.wait else ExitCode.OK
+
+
+def _wait(paths: RunPaths, result) -> int:  # noqa: ANN001
+    """Wait for the job, printing a progress line when the step changes."""
+    last = None
+    while not result.job.done():
+        rec = read_progress(paths.progress)
+        if rec is not None and (rec.step, rec.state) != last:
+            last = (rec.step, rec.state)
+            reward = "-" if rec.reward_mean is None else f"{rec.reward_mean:.3f}"
+            print(
+                f"  [{rec.state.value}] step {rec.step}/{rec.max_steps} reward {reward}", flush=True
+            )
+        time.sleep(2)
+    rec = read_progress(paths.progress)
+    state = result.job.state
+    code = rec.exit_code if rec is not None and rec.exit_code is not None else None
+    if code is None:
+        code = ExitCode.OK if state == "COMPLETED" or state == "FINISHED" else ExitCode.CRASH
+    print(f"job {result.job_id} ended: {state}; training exit code {code}; see {paths.root}")
+    return int(code)
+
+
+def submit_main(argv: list[str] | None = None) -> int:
+    return run_cli("grpo-submit", lambda: _submit(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(submit_main())
