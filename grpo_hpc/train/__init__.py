@@ -1,0 +1,1 @@
+"""GRPO training: advantages, losses, and the training loop."""
