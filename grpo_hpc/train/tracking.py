@@ -1,0 +1,140 @@
+"""What the trainer tells the outside world: progress.json, metrics.jsonl, W&B, console.
+
+Only rank 0 writes. Heartbeats are throttled (a write every ``min_interval_s``)
+because generation calls ``heartbeat()`` once per token.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_hpc.config import Config
+from grpo_hpc.fsutil import append_jsonl, atomic_write_text
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, TrainState, read_progress, write_progress
+
+
+@dataclass
+class Tracker:
+    paths: RunPaths
+    cfg: Config
+    is_main: bool
+    min_interval_s: float = 2.0
+    record: ProgressRecord = field(init=False)
+    _last_write: float = 0.0
+    _wandb: Any = None
+
+    def __post_init__(self) -> None:
+        previous = read_progress(self.paths.progress)
+        job_id = os.environ.get("GRPO_HPC_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+        self.record = ProgressRecord(
+            run=self.paths.name,
+            attempt=previous.attempt + 1 if previous else 0,
+            job_id=job_id,
+            max_steps=self.cfg.training.max_steps,
+            restarts=previous.restarts if previous else 0,
+            last_checkpoint=self.paths.latest_checkpoint(),
+        )
+
+    # ---------------------------------------------------------------- progress
+    def update(self, state: TrainState | None = None, **fields: Any) -> None:
+        """Set fields and write progress now (state changes are never throttled)."""
+        if state is not None:
+            self.record.state = state
+        for k, v in fields.items():
+            setattr(self.record, k, v)
+        self._write()
+
+    def heartbeat(self) -> None:
+        if time.time() - self._last_write >= self.min_interval_s:
+            self._write()
+
+    def _write(self) -> None:
+        if not self.is_main:
+            return
+        now = time.time()
+        self.record.heartbeat = now
+        write_progress(self.paths.progress, self.record)
+        self._last_write = now
+
+    # ---------------------------------------------------------------- metrics
+    def log_step(self, metrics: dict[str, float]) -> None:
+        if not self.is_main:
+            return
+        clean = {
+            k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None)
+            for k, v in metrics.items()
+        }
+        append_jsonl(self.paths.metrics, {"time": time.time(), **clean})
+        if self._wandb is not None:
+            self._wandb.log(
+                {k: v for k, v in clean.items() if v is not None}, step=int(metrics["step"])
+            )
+        print(console_line(metrics), flush=True)
+
+    def log_eval(self, step: int, accuracy: float, correct: int, total: int) -> None:
+        if not self.is_main:
+            return
+        append_jsonl(
+            self.paths.metrics, {"time": time.time(), "step": step, "eval/accuracy": accuracy}
+        )
+        if self._wandb is not None:
+            self._wandb.log({"eval/accuracy": accuracy}, step=step)
+        print(f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total})", flush=True)
+
+    def start_wandb(self) -> None:
+        """One W&B run per training run across attempts: the id is stored in the run dir."""
+        if not self.is_main or self.cfg.wandb.mode == "disabled":
+            return
+        try:
+            import wandb
+        except ImportError:
+            print("wandb not installed: metrics go to metrics.jsonl only", file=sys.stderr)
+            return
+        id_file = self.paths.root / "wandb_id"
+        if not id_file.is_file():
+            atomic_write_text(id_file, wandb.util.generate_id() + "\n")
+        self._wandb = wandb.init(
+            project=self.cfg.wandb.project,
+            name=self.paths.name,
+            id=id_file.read_text().strip(),
+            resume="allow",
+            mode=self.cfg.wandb.mode,
+            dir=str(self.paths.root),
+            config=_flat_config(self.cfg),
+        )
+
+    def finish(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _flat_config(cfg: Config) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
+
+
+def console_line(m: dict[str, float]) -> str:
+    """``[Step 3/20] [Generate] 4x8=32 (3.1s) [Reward] mean=0.41 ...`` (pure)."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = m.get(key)
+        return (
+            "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+        )
+
+    return (
+        f"[Step {int(m['step'])}/{int(m['max_steps'])}] "
+        f"[Generate] {int(m['prompts'])}x{int(m['group_size'])}={int(m['completions'])} "
+        f"({f('time/generate', '.1f')}s, {f('tokens_per_s', '.0f')} tok/s) "
+        f"[Reward] mean={f('reward/mean')} correct={f('reward/correctness')} "
+        f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
+        f"gnorm={f('grad_norm', '.2f')} [Time] {f('time/step', '.1f')}s"
+    )

@@ -1,0 +1,439 @@
+"""The GRPO training loop: rollout -> rewards -> advantages -> update -> progress -> checkpoint.
+
+Algorithm: GRPO (Shao et al. 2024, DeepSeekMath) — G sampled completions per
+prompt, group-relative advantages, PPO-style clipped surrogate, optional k3 KL
+to a frozen reference — with the DAPO refinements as options (clip-higher,
+token-level aggregation, dynamic sampling) and Dr. GRPO's mean-only advantages /
+constant normaliser. Defaults (config.py): token-level loss, eps 0.2/0.28, beta 0.
+
+Every rank runs this loop on its own share of prompts (whole groups per rank).
+Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_hpc.config import Config
+from grpo_hpc.errors import CircuitBreakerError, ConfigError, ExitCode
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import TrainState
+from grpo_hpc.train import checkpoint, data, dist, models, rewards, update
+from grpo_hpc.train.advantages import group_advantages, informative_groups
+from grpo_hpc.train.rollout import GenerationAborted, HFEngine, RolloutBatch
+from grpo_hpc.train.tracking import Tracker
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+@dataclass
+class Scored:
+    """One rollout batch with its rewards (rows grouped G at a time)."""
+
+    batch: RolloutBatch
+    rewards: torch.Tensor  # [groups, G]
+    components: dict[str, list[float]]
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, paths: RunPaths, info: dist.DistInfo) -> None:
+        self.cfg, self.paths, self.info = cfg, paths, info
+        self.stop_signal: int | None = None
+        self.tracker = Tracker(paths, cfg, info.is_main)
+        self.step = 0
+        self.zero_streak = 0
+        self.last_save = time.monotonic()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, info = self.cfg, self.info
+        self.tracker.update(TrainState.LOADING)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        if cfg.training.num_threads:
+            torch.set_num_threads(cfg.training.num_threads)
+        if cfg.rollout.prompts_per_step % info.world_size:
+            raise ConfigError(
+                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
+                f"of the {info.world_size} processes (each rank trains whole groups)"
+            )
+        torch.manual_seed(cfg.training.seed + info.rank)
+        self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
+        self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
+        self.custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
+        model_dir = (
+            models.materialize(cfg.model, self.paths.root, cfg.training.seed)
+            if info.is_main
+            else None
+        )
+        dist.barrier(info)
+        model_dir = model_dir or models.materialize(cfg.model, self.paths.root, cfg.training.seed)
+        model, self.tok = models.load_model_and_tokenizer(
+            model_dir, cfg.model.attn_implementation, info.device
+        )
+        self._setup_model(model)
+        self._maybe_resume()
+
+    def _setup_model(self, model: torch.nn.Module) -> None:
+        cfg = self.cfg
+        self.ref = None
+        if cfg.algo.beta > 0:  # frozen reference; beta=0 loads none
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.model.lora_rank:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=cfg.model.lora_rank,
+                    lora_alpha=cfg.model.lora_alpha,
+                    target_modules=list(cfg.model.lora_target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = dist.wrap(model, cfg.dist, self.info)
+        if self.ref is not None and cfg.dist.strategy == "fsdp":
+            self.ref = dist.wrap(self.ref, cfg.dist, self.info)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(
+            params,
+            lr=cfg.optim.lr,
+            betas=tuple(cfg.optim.betas),
+            weight_decay=cfg.optim.weight_decay,
+        )
+        warm = max(cfg.optim.warmup_steps, 0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.optim, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        gpu = self.info.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda") if gpu and cfg.dist.precision == "fp16" else None
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+        self.autocast = (
+            torch.autocast("cuda", dtype=dtype) if gpu and dtype else contextlib.nullcontext()
+        )
+        synced = self.info.enabled and cfg.dist.strategy == "fsdp"
+        self.engine = HFEngine(
+            dist.unwrap(self.model),
+            self.tok,
+            cfg.rollout.max_new_tokens,
+            cfg.rollout.temperature,
+            cfg.rollout.top_p,
+            cfg.rollout.generation_timeout_s,
+            synced=synced,
+            tick=self.tracker.heartbeat,
+            abort=lambda: self.stop_signal is not None,
+        )
+
+    def _maybe_resume(self) -> None:
+        step = self.paths.latest_checkpoint()
+        if step is None:
+            return
+        state, rng = checkpoint.load(
+            self.paths.checkpoint(step),
+            self.model,
+            self.optim,
+            self.info,
+            trainable_only=bool(self.cfg.model.lora_rank),
+        )
+        self.sched.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step, self.zero_streak = state["step"], state["zero_streak"]
+        if rng is not None:
+            checkpoint.set_rng_state(rng)
+        self.tracker.update(
+            restarts=self.tracker.record.restarts + 1,
+            step=self.step,
+            epoch=self.sampler.epoch,
+            last_checkpoint=step,
+        )
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop_signal = signum
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> ExitCode:
+        self.tracker.start_wandb()
+        try:
+            while self.step < self.cfg.training.max_steps:
+                if self._stop_agreed():
+                    return self._interrupt()
+                snapshot = (checkpoint.rng_state(), self.sampler.state_dict())
+                try:
+                    self.train_step()
+                except GenerationAborted:
+                    # The step is abandoned: restore the state from its start so that
+                    # the checkpoint resumes exactly where an uninterrupted run would be.
+                    checkpoint.set_rng_state(snapshot[0])
+                    self.sampler.load_state_dict(snapshot[1])
+                    return self._interrupt()
+                self._after_step()
+            self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
+            return ExitCode.OK
+        finally:
+            self.tracker.finish()
+
+    def _stop_agreed(self) -> bool:
+        return dist.all_reduce_max(1.0 if self.stop_signal else 0.0, self.info) > 0
+
+    def _interrupt(self) -> ExitCode:
+        self.save()
+        name = signal.Signals(self.stop_signal).name if self.stop_signal else "a peer rank"
+        self.tracker.update(
+            TrainState.INTERRUPTED,
+            exit_code=int(ExitCode.CHECKPOINTED),
+            reason=f"stopped on {name} at step {self.step}; checkpoint saved",
+        )
+        return ExitCode.CHECKPOINTED
+
+    def _after_step(self) -> None:
+        t = self.cfg.training
+        if t.zero_reward_patience and self.zero_streak >= t.zero_reward_patience:
+            self.save()
+            raise CircuitBreakerError(
+                f"mean reward was 0 for {self.zero_streak} consecutive steps: the rollout or "
+                "reward is broken (check the model, the prompts and the reward function)"
+            )
+        if t.eval_every and self.step % t.eval_every == 0 and self.eval_set:
+            self.evaluate()
+        due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
+        due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
+        if (
+            dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0
+            or self.step == t.max_steps
+        ):
+            self.save()
+
+    def save(self) -> None:
+        if self.paths.latest_checkpoint() == self.step:
+            return
+        self.tracker.update(TrainState.CHECKPOINTING)
+        state = {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "zero_streak": self.zero_streak,
+        }
+        checkpoint.save(
+            self.paths,
+            self.step,
+            self.model,
+            self.optim,
+            state,
+            checkpoint.rng_state(),
+            self.info,
+            trainable_only=bool(self.cfg.model.lora_rank),
+            keep_last=self.cfg.training.keep_last,
+            slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
+        )
+        self.last_save = time.monotonic()
+        self.tracker.update(last_checkpoint=self.step)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> None:
+        cfg, info = self.cfg, self.info
+        t0 = time.monotonic()
+        self._inject_faults()
+        self.tracker.update(TrainState.GENERATING)
+        scored, t_gen, t_score = self._collect_groups()
+        groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
+        adv_mbs, reward_rows, components = self._select(scored, groups_per_rank)
+        self.tracker.update(TrainState.TRAINING)
+        t1 = time.monotonic()
+        stats = self._update(adv_mbs)
+        t_train = time.monotonic() - t1
+        self.step += 1
+        self._report(stats, reward_rows, components, scored, t0, t_gen, t_score, t_train)
+
+    def _inject_faults(self) -> None:
+        f = self.cfg.faults
+        if not f.enabled:
+            return
+        if f.crash_at_step == self.step:
+            raise RuntimeError(f"fault injection: crash at step {self.step}")
+        if f.step_sleep:
+            time.sleep(f.step_sleep)
+        if f.hang_at_step == self.step and self.tracker.record.attempt == 0:
+            # Simulates generation futures that never resolve: the process is alive and
+            # heartbeats, but the step never advances (the 22-hours-at-step-0 failure).
+            self.tracker.update(TrainState.GENERATING)
+            while self.stop_signal is None:
+                time.sleep(1)
+                self.tracker.heartbeat()
+            raise GenerationAborted()
+
+    def _collect_groups(self) -> tuple[list[Scored], float, float]:
+        """Generate and score; with dynamic sampling, more rounds while groups are flat."""
+        cfg, info = self.cfg, self.info
+        per_rank = cfg.rollout.prompts_per_step // info.world_size
+        scored: list[Scored] = []
+        t_gen = t_score = 0.0
+        rounds = 1 + (cfg.rollout.max_resample_rounds if cfg.rollout.dynamic_sampling else 0)
+        for r in range(rounds):
+            idx = self.sampler.take(cfg.rollout.prompts_per_step)
+            mine = [
+                self.train_set[i] for i in idx[info.rank * per_rank : (info.rank + 1) * per_rank]
+            ]
+            t = time.monotonic()
+            prompts = [data.prompt_text(self.tok, p["question"]) for p in mine]
+            batch = self.engine.generate(prompts, cfg.rollout.num_generations)
+            t_gen += time.monotonic() - t
+            self.tracker.update(TrainState.SCORING)
+            t = time.monotonic()
+            scored.append(self._score(batch, mine))
+            t_score += time.monotonic() - t
+            have = sum(int(informative_groups(s.rewards).sum()) for s in scored)
+            need_more = have < per_rank and r + 1 < rounds
+            if dist.all_reduce_max(float(need_more), info) == 0:
+                break
+            self.tracker.update(TrainState.GENERATING)
+        return scored, t_gen, t_score
+
+    def _score(self, batch: RolloutBatch, problems: list[dict]) -> Scored:
+        g = self.cfg.rollout.num_generations
+        samples = [p for p in problems for _ in range(g)]
+        rc = self.cfg.reward
+        weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code}
+        out = rewards.compute_rewards(
+            batch.texts, samples, weights, self.custom, timeout_s=rc.timeout_s
+        )
+        total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
+        if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
+            total = torch.zeros_like(total)
+        return Scored(batch, total, out.components, dict(out.errors))
+
+    def _select(self, scored: list[Scored], want: int):  # noqa: ANN202
+        """Keep ``want`` groups per rank, informative ones first (DAPO dynamic sampling
+        when several rounds ran); fixed batch shape keeps ranks in lock-step."""
+        g = self.cfg.rollout.num_generations
+        picks = [(si, gi) for si, s in enumerate(scored) for gi in range(s.rewards.shape[0])]
+        picks.sort(key=lambda p: not bool(informative_groups(scored[p[0]].rewards)[p[1]]))
+        picks = sorted(picks[:want])
+        mbs: list[update.MicroBatch] = []
+        reward_rows: list[float] = []
+        components: dict[str, list[float]] = {}
+        for si, s in enumerate(scored):
+            groups = [gi for (sj, gi) in picks if sj == si]
+            if not groups:
+                continue
+            adv = group_advantages(
+                s.rewards[groups], self.cfg.algo.advantage, self.cfg.algo.adv_eps
+            ).flatten()
+            rows = [gi * g + k for gi in groups for k in range(g)]
+            mbs += update.split(s.batch, rows, adv, self.cfg.algo.micro_batch_size)
+            reward_rows += s.rewards[groups].flatten().tolist()
+            for name, vals in s.components.items():
+                components.setdefault(name, []).extend(vals[r] for r in rows)
+        return mbs, reward_rows, components
+
+    def _update(self, mbs: list[update.MicroBatch]) -> dict[str, float]:
+        cfg = self.cfg
+        mbs = update.pad_microbatches(mbs, self.info)
+        self.model.train()
+        if cfg.algo.updates_per_batch > 1:
+            update.fill_fixed_logp(self.model, mbs, "old_logp")
+        if self.ref is not None:
+            update.fill_fixed_logp(self.ref, mbs, "ref_logp")
+        stats: dict[str, float] = {}
+        for _ in range(cfg.algo.updates_per_batch):
+            stats = update.accumulate(
+                self.model,
+                mbs,
+                cfg.algo,
+                self.info,
+                cfg.rollout.max_new_tokens,
+                self.scaler,
+                self.autocast,
+            )
+            stats["grad_norm"] = self._optimizer_step()
+        return stats
+
+    def _optimizer_step(self) -> float:
+        if self.scaler:
+            self.scaler.unscale_(self.optim)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.cfg.optim.grad_clip or float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        if not torch.isfinite(torch.tensor(norm)):
+            self.optim.zero_grad(set_to_none=True)
+            self.save()  # weights are still the last finite ones
+            raise CircuitBreakerError(
+                f"non-finite gradient norm at step {self.step}: lower optim.lr or check precision"
+            )
+        if self.scaler:
+            self.scaler.step(self.optim)
+            self.scaler.update()
+        else:
+            self.optim.step()
+        self.sched.step()
+        self.optim.zero_grad(set_to_none=True)
+        return norm
+
+    def _report(self, stats, reward_rows, components, scored, t0, t_gen, t_score, t_train):  # noqa
+        info = self.info
+        n_tok = sum(s.batch.num_tokens for s in scored)
+        sums = dist.all_reduce_sum(
+            [sum(reward_rows), len(reward_rows), float(n_tok), t_gen]
+            + [sum(v) for v in components.values()],
+            info,
+        )
+        mean = sums[0] / max(sums[1], 1)
+        self.zero_streak = self.zero_streak + 1 if mean == 0 else 0
+        tok_s = sums[2] / max(sums[3] / info.world_size, 1e-9)
+        m = {
+            "step": self.step,
+            "max_steps": self.cfg.training.max_steps,
+            "prompts": self.cfg.rollout.prompts_per_step,
+            "group_size": self.cfg.rollout.num_generations,
+            "completions": int(sums[1]),
+            "reward/mean": mean,
+            "tokens_per_s": tok_s,
+            "gen_len/mean": sums[2] / max(sums[1], 1),
+            "time/generate": t_gen,
+            "time/score": t_score,
+            "time/train": t_train,
+            "time/step": time.monotonic() - t0,
+            "lr": self.sched.get_last_lr()[0],
+            **stats,
+        }
+        for (name, _), total in zip(components.items(), sums[4:], strict=True):
+            m[f"reward/{name}"] = total / max(sums[1], 1)
+        if info.device.type == "cuda":
+            m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        self.tracker.update(
+            step=self.step,
+            epoch=self.sampler.epoch,
+            reward_mean=mean,
+            kl=stats.get("kl"),
+            tokens_per_s=tok_s,
+        )
+        self.tracker.log_step(m)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy."""
+        self.tracker.update(TrainState.EVALUATING)
+        info, n_all = self.info, len(self.eval_set)
+        per_rank = -(-n_all // info.world_size)  # equal shares keep FSDP's synced generate in step
+        mine = self.eval_set[info.rank * per_rank : (info.rank + 1) * per_rank]
+        counted = len(mine)
+        mine = mine + [self.eval_set[0]] * (per_rank - counted)
+        batch = self.engine.generate(
+            [data.prompt_text(self.tok, p["question"]) for p in mine], 1, greedy=True
+        )
+        correct = sum(
+            rewards.correctness_reward(t, p["gold"])
+            for t, p in zip(batch.texts[:counted], mine[:counted], strict=True)
+        )
+        total, n = dist.all_reduce_sum([float(correct), float(counted)], info)
+        acc = total / max(n, 1)
+        self.tracker.log_eval(self.step, acc, int(total), int(n))
+        return acc

@@ -1,0 +1,158 @@
+"""One policy update from a batch of scored rollouts (the GRPO objective).
+
+Micro-batches accumulate gradients; the loss normalisers are *global* (all
+micro-batches, all ranks), so the gradient equals that of the full batch no
+matter how it is split. DDP/FSDP average gradients over ranks, hence the
+``world_size`` factor on each rank's loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from grpo_hpc.config import AlgoConfig
+from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
+from grpo_hpc.train.loss import (
+    aggregate,
+    loss_stats,
+    per_token_loss,
+    selective_log_softmax,
+    token_entropy,
+)
+from grpo_hpc.train.rollout import RolloutBatch
+
+
+@dataclass
+class MicroBatch:
+    """Rows of one rollout batch that train together."""
+
+    batch: RolloutBatch
+    rows: torch.Tensor
+    """Row indices into ``batch``."""
+    advantages: torch.Tensor
+    """[len(rows)] advantage per sequence."""
+    weight: float = 1.0
+    """0.0 for padding micro-batches that only keep collectives in step across ranks."""
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+
+def split(batch: RolloutBatch, rows: list[int], adv: torch.Tensor, size: int) -> list[MicroBatch]:
+    out = []
+    for i in range(0, len(rows), size):
+        idx = torch.tensor(rows[i : i + size], dtype=torch.long)
+        out.append(MicroBatch(batch, idx, adv[i : i + size]))
+    return out
+
+
+def completion_logp(
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the completion tokens under ``model`` ([B, C])."""
+    b = mb.batch
+    ids, mask = b.input_ids[mb.rows], b.attention_mask[mb.rows]
+    # Left-padded prompts: positions must count real tokens only, as in generate().
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    logits = logits[:, b.prompt_len - 1 : -1].float()
+    logp = selective_log_softmax(logits, ids[:, b.prompt_len :])
+    entropy = token_entropy(logits.detach()) if with_entropy else None
+    return logp, entropy
+
+
+@torch.no_grad()
+def fill_fixed_logp(model: torch.nn.Module, mbs: list[MicroBatch], attr: str) -> None:
+    """Store old (or reference) log-probs once, before the updates change the policy."""
+    for mb in mbs:
+        logp, _ = completion_logp(model, mb)
+        setattr(mb, attr, logp)
+
+
+def _no_sync(model: torch.nn.Module, last: bool):  # noqa: ANN202
+    if last:
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync"):  # DDP
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        return _restore_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _restore_sync(model: torch.nn.Module):  # noqa: ANN202
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def pad_microbatches(mbs: list[MicroBatch], info: DistInfo) -> list[MicroBatch]:
+    """All ranks run the same number of forward/backward passes (FSDP collectives)."""
+    target = int(all_reduce_max(len(mbs), info))
+    pad = [
+        MicroBatch(mbs[0].batch, mbs[0].rows, mbs[0].advantages, weight=0.0)
+        for _ in range(target - len(mbs))
+    ]
+    return mbs + pad
+
+
+def accumulate(
+    model: torch.nn.Module,
+    mbs: list[MicroBatch],
+    algo: AlgoConfig,
+    info: DistInfo,
+    max_new_tokens: int,
+    scaler: torch.amp.GradScaler | None,
+    autocast: contextlib.AbstractContextManager,
+) -> dict[str, float]:
+    """Forward/backward every micro-batch; gradients end up summed for one step."""
+    local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
+    local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
+    total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
+    sums = {
+        "loss": 0.0,
+        "kl": 0.0,
+        "clip_frac": 0.0,
+        "clip_frac_low": 0.0,
+        "clip_frac_high": 0.0,
+        "entropy": 0.0,
+        "tokens": 0.0,
+    }
+    for i, mb in enumerate(mbs):
+        with _no_sync(model, last=i == len(mbs) - 1), autocast:
+            logp, entropy = completion_logp(model, mb, with_entropy=True)
+            cmask = mb.batch.completion_mask[mb.rows]
+            loss_tok, stats = per_token_loss(
+                logp,
+                mb.old_logp,
+                mb.advantages.to(logp.device),
+                algo.eps_low,
+                algo.eps_high,
+                ref_logp=mb.ref_logp,
+                beta=algo.beta,
+            )
+            loss = aggregate(
+                loss_tok,
+                cmask,
+                algo.aggregation,
+                total_tokens=max(total_tokens, 1.0),
+                num_sequences=max(num_seqs, 1.0),
+                max_len=max_new_tokens,
+            ) * (info.world_size * mb.weight)
+            (scaler.scale(loss) if scaler else loss).backward()
+        if mb.weight:
+            n = float(cmask.sum())
+            st = loss_stats(stats, cmask)
+            sums["loss"] += float(loss.detach()) / info.world_size
+            sums["entropy"] += float((entropy * cmask).sum())
+            for key in ("kl", "clip_frac", "clip_frac_low", "clip_frac_high"):
+                sums[key] += st[key] * n
+            sums["tokens"] += n
+    keys = list(sums)
+    reduced = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], info), strict=True))
+    tokens = max(reduced.pop("tokens"), 1.0)
+    return {"loss": reduced.pop("loss"), **{k: v / tokens for k, v in reduced.items()}}
