@@ -1,0 +1,30 @@
+"""Shared fixtures: an isolated logs directory and a way to run the real CLIs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def logs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "logs"
+    monkeypatch.setenv("GRPO_HPC_LOGS", str(d))
+    return d
+
+
+def run_cli(module_main: str, *args: str, env: dict | None = None, timeout: float = 600):
+    """Run a console script's main through a fresh interpreter, like a user would."""
+    mod, fn = module_main.split(":")
+    code = f"import sys; from {mod} import {fn}; sys.exit({fn}(sys.argv[1:]))"
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True,
+        env=full_env, timeout=timeout, cwd=REPO,
+    )

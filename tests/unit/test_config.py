@@ -1,0 +1,64 @@
+"""Config loading, dotted overrides in both spellings, and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.config import build_config, builtin_configs, load_resolved, to_yaml
+from grpo_hpc.errors import ConfigError, ExitCode
+
+
+def test_builtin_configs_load() -> None:
+    assert {"tiny", "demo", "gsm8k"} <= set(builtin_configs())
+    for name in builtin_configs():
+        build_config(name)
+
+
+def test_overrides_both_forms() -> None:
+    cfg = build_config("tiny", ["--training.max_steps=7", "rollout.temperature=0.5"])
+    assert cfg.training.max_steps == 7
+    assert cfg.rollout.temperature == 0.5
+
+
+def test_resolved_round_trip(tmp_path: Path) -> None:
+    cfg = build_config("tiny", ["optim.lr=0.01", "reward.custom={'m:f': 0.5}"])
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_resolved(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["training.max_step=3"], "did you mean 'training.max_steps'"),
+        (["training.max_steps=abc"], "wrong value type for 'training.max_steps'"),
+        (["algo.advantage=best"], "algo.advantage='best' is not one of"),
+        (["nonsense"], "write it as section.key=value"),
+        (["faults.zero_reward=true"], "faults.enabled=true"),
+        (["rollout.num_generations=1"], "at least 2"),
+    ],
+)
+def test_bad_overrides(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as e:
+        build_config("tiny", overrides)
+    assert e.value.exit_code == ExitCode.CONFIG_ERROR
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_config_name_lists_known() -> None:
+    with pytest.raises(ConfigError, match="built-in configs are .*tiny"):
+        build_config("tinny")
+
+
+def test_unreadable_yaml(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        build_config(str(bad))
+
+
+def test_shell_metacharacters_stay_data() -> None:
+    cfg = build_config("tiny", ["model.name_or_path=$(touch /tmp/pwned); rm -rf ~"])
+    assert cfg.model.name_or_path == "$(touch /tmp/pwned); rm -rf ~"

@@ -1,0 +1,78 @@
+"""Cluster profiles, their Jinja2 setup templates, and the sbatch each one renders."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.errors import ConfigError
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.profiles import known_profiles, load_profile, render_setup
+from grpo_hpc.submit import preview
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _normalized_preview(name: str) -> str:
+    paths = RunPaths(Path("/RUNS/golden-run"))
+    text = preview(load_profile(name), paths)
+    return text.replace(sys.executable, "<PYTHON>")
+
+
+@pytest.mark.parametrize("name", ["supercloud", "h100x2", "slurm-local", "local"])
+def test_rendered_job_matches_golden(name: str) -> None:
+    text = _normalized_preview(name)
+    golden = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"regenerate with UPDATE_GOLDEN=1 if intended ({golden})"
+
+
+def test_supercloud_is_v100_fp16_ddp() -> None:
+    p = load_profile("supercloud")
+    assert (p.precision, p.strategy, p.attn_implementation) == ("fp16", "ddp", "sdpa")
+    text = _normalized_preview("supercloud")
+    assert "#SBATCH --gres=gpu:volta:2" in text
+    assert re.search(r"--nproc-per-node=2 .*-m grpo_hpc.train /RUNS/golden-run", text)
+
+
+def test_h100_is_fsdp_bf16() -> None:
+    p = load_profile("h100x2")
+    assert (p.precision, p.strategy, p.gres_value) == ("bf16", "fsdp", "gpu:2")
+    assert "export NCCL_DEBUG='WARN'" in _normalized_preview("h100x2")
+
+
+def test_unknown_profile_lists_known() -> None:
+    with pytest.raises(ConfigError, match="known profiles are .*supercloud"):
+        load_profile("supercloudd")
+    assert {"local", "slurm-local", "supercloud", "h100x2"} <= set(known_profiles())
+
+
+def test_user_profile_dir_and_missing_template(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "mycluster.yaml").write_text("partition: gpu\ntemplate: nope.sh.j2\n")
+    monkeypatch.setenv("GRPO_HPC_PROFILES", str(tmp_path))
+    prof = load_profile("mycluster")
+    assert prof.partition == "gpu"
+    with pytest.raises(ConfigError, match="template 'nope.sh.j2' not found"):
+        render_setup(prof, {"run_name": "r", "run_dir": "/x"})
+
+
+def test_profile_bad_key_and_value(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("partitoin: gpu\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_profile(str(f))
+    f.write_text("precision: fp8\n")
+    with pytest.raises(ConfigError, match="precision must be"):
+        load_profile(str(f))
+
+
+def test_setup_values_are_quoted(tmp_path: Path) -> None:
+    f = tmp_path / "q.yaml"
+    f.write_text("env:\n  EVIL: \"x'; rm -rf / #\"\n")
+    lines = render_setup(load_profile(str(f)), {"run_name": "r", "run_dir": "/a b"})
+    assert "export EVIL='x'\\''; rm -rf / #'" in lines
