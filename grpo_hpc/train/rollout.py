@@ -91,22 +91,15 @@ class HFEngine:
         ids = enc.input_ids.repeat_interleave(num_generations, 0).to(device)
         mask = enc.attention_mask.repeat_interleave(num_generations, 0).to(device)
         stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
-        sampling = (
-            {}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": self.temperature,
-                "top_p": self.top_p,
-                "top_k": 0,
-            }
-        )
+        sampling: dict[str, Any] = {"do_sample": False}
+        if not greedy:
+            sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+            sampling["top_k"] = 0  # plain temperature sampling over the whole vocabulary
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=self.max_new_tokens,
-                do_sample=not greedy,
                 stopping_criteria=StoppingCriteriaList([stop]),
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id,
