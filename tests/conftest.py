@@ -25,6 +25,10 @@ def run_cli(module_main: str, *args: str, env: dict | None = None, timeout: floa
     code = f"import sys; from {mod} import {fn}; sys.exit({fn}(sys.argv[1:]))"
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True,
-        env=full_env, timeout=timeout, cwd=REPO,
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=REPO,
     )

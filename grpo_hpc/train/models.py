@@ -115,6 +115,12 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
             convert_smollm2(out)
         return out
     path = Path(cfg.name_or_path).expanduser()
+    looks_local = cfg.name_or_path.startswith(("/", ".", "~")) or cfg.name_or_path.count("/") > 1
+    if looks_local and not path.exists():
+        raise ConfigError(
+            f"cannot load model {cfg.name_or_path!r}: the directory does not exist "
+            "(check model.name_or_path)"
+        )
     if path.exists() and not (path / "config.json").is_file():
         raise ConfigError(f"model path {str(path)!r} has no config.json: not a HF model dir")
     return path if path.exists() else Path(cfg.name_or_path)

@@ -73,6 +73,6 @@ def test_profile_bad_key_and_value(tmp_path: Path) -> None:
 
 def test_setup_values_are_quoted(tmp_path: Path) -> None:
     f = tmp_path / "q.yaml"
-    f.write_text("env:\n  EVIL: \"x'; rm -rf / #\"\n")
+    f.write_text('env:\n  EVIL: "x\'; rm -rf / #"\n')
     lines = render_setup(load_profile(str(f)), {"run_name": "r", "run_dir": "/a b"})
     assert "export EVIL='x'\\''; rm -rf / #'" in lines

@@ -1,0 +1,63 @@
+"""Run the real trainer under torchrun on a run directory made by the real submit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.profiles import load_profile
+from grpo_hpc.submit import create_run
+
+
+def make_run(root: Path, name: str, *overrides: str, nproc: int = 1) -> RunPaths:
+    paths = RunPaths(root / name)
+    overrides = (*overrides, "training.num_threads=1")
+    create_run(paths, load_profile("local"), "tiny", list(overrides))
+    if nproc != 1:  # the local profile runs one process; tests ask for more
+        text = paths.config.read_text().replace("nproc_per_node: 1", f"nproc_per_node: {nproc}")
+        paths.config.write_text(text)
+    return paths
+
+
+def torchrun_cmd(paths: RunPaths, nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--standalone",
+        "--nnodes=1",
+        "-m",
+        "grpo_hpc.train",
+        str(paths.root),
+    ]
+
+
+def env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def train(paths: RunPaths, nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        torchrun_cmd(paths, nproc), capture_output=True, text=True, env=env(), timeout=timeout
+    )
+
+
+def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:
+    """Start training in its own process group (so a test can SIGKILL all of it)."""
+    return subprocess.Popen(
+        torchrun_cmd(paths, nproc),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env(),
+        start_new_session=True,
+    )

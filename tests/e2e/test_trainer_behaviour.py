@@ -1,0 +1,128 @@
+"""The real trainer under torchrun: DDP/FSDP2, signals, circuit breaker, stalls, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.errors import ExitCode
+from grpo_hpc.progress import TrainState, read_progress
+
+from .helpers import make_run, start, train
+
+
+def _metrics(paths) -> list[dict]:
+    return [json.loads(line) for line in paths.metrics.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str) -> None:
+    paths = make_run(
+        tmp_path, strategy, f"dist.strategy={strategy}", "training.eval_every=2", nproc=2
+    )
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rec = read_progress(paths.progress)
+    assert rec.state == TrainState.FINISHED and rec.step == rec.max_steps == 4
+    assert paths.latest_checkpoint() == 4
+    steps = [m for m in _metrics(paths) if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert all(m["completions"] == 8 for m in steps)  # 2 prompts x G=4, across both ranks
+    assert any(m["grad_norm"] > 0 for m in steps)  # real gradients, not a no-op
+    assert any("eval/accuracy" in m for m in _metrics(paths))
+
+
+def test_signal_checkpoints_and_exits_resubmit_me(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "sig", "training.max_steps=1000", "training.save_every_steps=0")
+    proc = start(paths)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        rec = read_progress(paths.progress)
+        if rec is not None and rec.step >= 2:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)  # what Slurm sends --signal=USR1@N before the time limit
+    assert proc.wait(timeout=120) == ExitCode.CHECKPOINTED
+    rec = read_progress(paths.progress)
+    assert rec.state == TrainState.INTERRUPTED and rec.exit_code == ExitCode.CHECKPOINTED
+    assert rec.last_checkpoint == paths.latest_checkpoint() == rec.step >= 2
+    assert "SIGUSR1" in rec.reason
+
+
+def test_zero_reward_trips_circuit_breaker(tmp_path: Path) -> None:
+    paths = make_run(
+        tmp_path,
+        "zero",
+        "faults.enabled=true",
+        "faults.zero_reward=true",
+        "training.zero_reward_patience=2",
+        "training.max_steps=10",
+    )
+    result = train(paths)
+    assert result.returncode == ExitCode.CIRCUIT_BREAKER
+    rec = read_progress(paths.progress)
+    assert rec.state == TrainState.FAILED and rec.exit_code == ExitCode.CIRCUIT_BREAKER
+    assert rec.step == 2 and "mean reward was 0 for 2 consecutive steps" in rec.reason
+    assert paths.latest_checkpoint() == 2  # saved before stopping
+
+
+def test_generation_time_budget_fails_as_stalled(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "slow", "rollout.generation_timeout_s=0.0")
+    result = train(paths)
+    assert result.returncode == ExitCode.STALLED
+    rec = read_progress(paths.progress)
+    assert rec.exit_code == ExitCode.STALLED and "generation_timeout_s" in rec.reason
+
+
+def test_crash_is_recorded(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "crash", "faults.enabled=true", "faults.crash_at_step=1")
+    result = train(paths)
+    assert result.returncode != 0
+    rec = read_progress(paths.progress)
+    assert rec.state == TrainState.FAILED and rec.exit_code == ExitCode.CRASH
+    assert "crash at step 1" in rec.reason
+
+
+@pytest.mark.parametrize(
+    ("make_source", "message"),
+    [
+        (lambda d: d / "missing.jsonl", "does not exist"),
+        (
+            lambda d: _write(d / "bad.jsonl", '{"question": "q", "answer": "#### 1"}\n{oops\n'),
+            "not valid JSON",
+        ),
+        (lambda d: _write(d / "norows.jsonl", '{"question": "q"}\n'), "needs 'question' and"),
+        (lambda d: _write(d / "empty.jsonl", ""), "no training problems"),
+    ],
+)
+def test_bad_dataset_is_a_config_error(tmp_path: Path, make_source, message: str) -> None:
+    source = make_source(tmp_path)
+    paths = make_run(tmp_path, "data", f"data.source={source}")
+    result = train(paths)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert message in read_progress(paths.progress).reason
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_model_path_is_a_config_error(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "model", f"model.name_or_path={tmp_path}/nope/model")
+    result = train(paths)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "cannot load model" in read_progress(paths.progress).reason
+
+
+def test_reward_function_that_always_raises_is_a_config_error(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "rfn", "reward.custom={'json:loads': 1.0}")
+    result = train(paths)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "json:loads" in read_progress(paths.progress).reason
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

@@ -1,0 +1,147 @@
+"""grpo-submit as a user runs it: every bad input gives one line, exit 2, and no run dir."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.errors import ExitCode
+
+from tests.conftest import run_cli
+
+
+def submit(*args: str, env: dict | None = None):
+    return run_cli("grpo_hpc.cli:submit_main", *args, env=env)
+
+
+def _assert_one_line_error(result, logs: Path, fragment: str) -> None:
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grpo-submit: error:"), result.stderr
+    assert fragment in lines[0]
+    assert not logs.exists() or not any(logs.iterdir()), "a run directory was left behind"
+
+
+def _fake_bin(tmp: Path, **scripts: str) -> str:
+    d = tmp / "bin"
+    d.mkdir()
+    for name, body in scripts.items():
+        f = d / name
+        f.write_text(f"#!/bin/sh\n{body}\n")  # /bin/sh by absolute path
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    return str(d)  # nothing else: the real Slurm tools must not be found
+
+
+CASES = {
+    "unknown profile": (["--profile", "nope", "--config", "tiny"], "known profiles are"),
+    "unknown key": (
+        ["--profile", "local", "--config", "tiny", "training.max_stepz=3"],
+        "did you mean 'training.max_steps'",
+    ),
+    "wrong type": (
+        ["--profile", "local", "--config", "tiny", "--training.max_steps=many"],
+        "wrong value type",
+    ),
+    "unknown config": (["--profile", "local", "--config", "tinyy"], "built-in configs are"),
+    "bad run name": (
+        ["--profile", "local", "--config", "tiny", "--name", "a;rm -rf ~"],
+        "invalid run name",
+    ),
+    "no profile": (["--config", "tiny"], "--profile is required"),
+    "stray argument": (["--profile", "local", "oops"], "unrecognized argument"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input(case: str, logs_dir: Path) -> None:
+    args, fragment = CASES[case]
+    _assert_one_line_error(submit(*args), logs_dir, fragment)
+
+
+def test_unreadable_yaml(tmp_path: Path, logs_dir: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: {temperature: [\n")
+    result = submit("--profile", "local", "--config", str(bad))
+    _assert_one_line_error(result, logs_dir, "is not valid YAML")
+
+
+def test_missing_template(tmp_path: Path, logs_dir: Path) -> None:
+    prof = tmp_path / "mine.yaml"
+    prof.write_text("executor: local\ntemplate: gone.sh.j2\n")
+    result = submit("--profile", str(prof), "--config", "tiny")
+    _assert_one_line_error(result, logs_dir, "template 'gone.sh.j2' not found")
+
+
+def test_slurm_tools_missing(tmp_path: Path, logs_dir: Path) -> None:
+    env = {"PATH": _fake_bin(tmp_path)}  # no sbatch on PATH
+    result = submit("--profile", "slurm-local", "--config", "tiny", env=env)
+    _assert_one_line_error(result, logs_dir, "sbatch not found")
+
+
+def test_slurmctld_down(tmp_path: Path, logs_dir: Path) -> None:
+    path = _fake_bin(
+        tmp_path,
+        sbatch="exit 1",
+        sinfo='echo "sinfo: error: Unable to contact slurm controller" >&2; exit 1',
+    )
+    result = submit("--profile", "slurm-local", "--config", "tiny", env={"PATH": path})
+    _assert_one_line_error(result, logs_dir, "Slurm is not reachable")
+
+
+def test_existing_run_is_refused_and_untouched(logs_dir: Path) -> None:
+    run = logs_dir / "taken"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("mine: true\n")
+    result = submit("--profile", "local", "--config", "tiny", "--name", "taken")
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "already exists" in result.stderr and "--resume taken" in result.stderr
+    assert (run / "config.yaml").read_text() == "mine: true\n"
+
+
+def test_dry_run_submits_nothing(logs_dir: Path) -> None:
+    result = submit("--profile", "supercloud", "--config", "tiny", "--dry-run", "--name", "d")
+    assert result.returncode == 0
+    assert "#SBATCH --gres=gpu:volta:2" in result.stdout
+    assert "torch.distributed.run --nproc-per-node=2" in result.stdout
+    assert not logs_dir.exists()
+
+
+def test_help_has_examples() -> None:
+    result = submit("--help")
+    assert result.returncode == 0
+    assert "examples:" in result.stdout and "exit codes:" in result.stdout
+
+
+@pytest.mark.slow
+def test_local_profile_runs_with_shell_metacharacters_as_data(tmp_path: Path, logs_dir: Path):
+    marker = tmp_path / "pwned"
+    result = submit(
+        "--profile",
+        "local",
+        "--config",
+        "tiny",
+        "--name",
+        "meta",
+        "--wait",
+        f"wandb.project=$(touch {marker}); `touch {marker}`",
+        "training.max_steps=2",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not marker.exists()
+    run = logs_dir / "meta"
+    for name in (
+        "config.yaml",
+        "profile.yaml",
+        "jobs.jsonl",
+        "progress.json",
+        "training_output.log",
+        "job_summary.txt",
+    ):
+        assert (run / name).is_file(), name
+    assert f"$(touch {marker})" in (run / "config.yaml").read_text()
+    assert "state:      finished" in (run / "job_summary.txt").read_text()
+    assert os.listdir(run / "submitit")
