@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's test command: installs what the tests need (CPU torch pinned),
+# brings up the local test Slurm cluster (as root), then runs lint and the whole suite.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PIP_CONSTRAINT="${PIP_CONSTRAINT:-$PWD/constraints-cpu.txt}"
+PY="${PYTHON:-python3}"
+echo "== installing grpo_hpc and test dependencies (constraints: $PIP_CONSTRAINT)"
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+
+if [ "$(id -u)" = "0" ]; then
+  echo "== bringing up the local test Slurm cluster"
+  bash slurm/up.sh
+  export GRPO_HPC_REQUIRE_SLURM=1
+else
+  echo "== not root: Slurm tests will be skipped (slurm/up.sh needs root)"
+fi
+
+echo "== ruff"
+"$PY" -m ruff check grpo_hpc tests bench
+"$PY" -m ruff format --check grpo_hpc tests bench
+
+echo "== pytest"
+export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
+exec "$PY" -m pytest -q -m "not gpu" "$@"
