@@ -1,0 +1,350 @@
+"""grpo-monitor: watch runs; requeue, resubmit or stop them.
+
+The decision is :func:`grpo_hpc.decision.decide` (pure, its table is in that module's
+docstring); this module is the thin shell around it: lock the run, read its files, ask
+Slurm (one ``sacct`` + one ``squeue`` per pass for all runs), decide, apply, log.
+
+Crash safety: before acting, an ``intent`` event goes to events.jsonl; after, ``done``
+(or ``error``). A monitor killed between the two finds the open intent on restart and
+finishes it; before any resubmission it checks that the newest job in jobs.jsonl is still
+the one it decided about, so a restart never submits twice. Retry counts and the sticky
+STOP/DONE are derived from events.jsonl, so a restarted monitor continues the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc import slurm_query
+from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.decision import (
+    RESUBMIT_KINDS,
+    Action,
+    ActionKind,
+    FailureClass,
+    JobView,
+    MonitorPolicy,
+    decide,
+    history_from,
+    pending_intent,
+)
+from grpo_hpc.errors import ConfigError, ExitCode, GrpoError, SlurmUnavailableError
+from grpo_hpc.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.paths import RunPaths, default_logs_root
+from grpo_hpc.progress import read_progress
+from grpo_hpc.runs import SlurmView, job_view, pid_alive, query_slurm, resolve_runs, slurm_ids
+from grpo_hpc.slurm_query import JobRecord
+
+MAX_SUBMIT_ERRORS = 5
+
+
+def cancel_local(pid: int) -> None:
+    """Terminate a local-executor job (its process group when it leads one)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _resubmit(paths: RunPaths, reason: str) -> str:
+    from grpo_hpc import submit  # submitit, omegaconf...: only when something is submitted
+
+    return submit.resubmit(paths, reason).job_id
+
+
+@dataclass
+class Backend:
+    """The monitor's side effects; tests swap in fakes."""
+
+    job_records: Callable[[Iterable[str]], dict[str, JobRecord]] = slurm_query.job_records
+    """One sacct call for many job ids."""
+    queued_job_ids: Callable[[], set[str]] = slurm_query.queued_job_ids
+    """Job ids squeue lists."""
+    cancel_slurm: Callable[[str], None] = slurm_query.cancel
+    """scancel."""
+    cancel_local: Callable[[int], None] = cancel_local
+    """Stop a local-executor job by pid."""
+    pid_alive: Callable[[int], bool] = pid_alive
+    """Is a local-executor job alive."""
+    resubmit: Callable[[RunPaths, str], str] = _resubmit
+    """Submit the next attempt; returns the new job id."""
+
+
+@dataclass
+class Outcome:
+    """What a pass did to one run (for the one-line report)."""
+
+    run: str
+    """Run name."""
+    job_id: str
+    """The job the decision was about."""
+    action: Action
+    """The decision."""
+    logged: bool = False
+    """Whether the decision was new (written to events.jsonl)."""
+    new_job_id: str | None = None
+    """The resubmitted job, if any."""
+    error: str | None = None
+    """Why applying the action failed."""
+
+
+def _event(now: float, job: JobView, action: Action, phase: str, **extra: Any) -> dict[str, Any]:
+    cls = action.failure_class.value if action.failure_class else None
+    ev = {"time": now, "job_id": job.job_id, "slurm_state": job.state, "phase": phase}
+    return {**ev, "action": action.kind.value, "class": cls, "reason": action.reason, **extra}
+
+
+def _action_of(ev: dict[str, Any]) -> Action:
+    cls = FailureClass(ev["class"]) if ev.get("class") else None
+    return Action(ActionKind(ev["action"]), cls, str(ev.get("reason", "")), bool(ev.get("cancel")))
+
+
+def _is_new(events: list[dict[str, Any]], ev: dict[str, Any]) -> bool:
+    last = next((e for e in reversed(events) if e.get("phase") == "decision"), None)
+    keys = ("job_id", "slurm_state", "action", "class")
+    return last is None or any(str(last.get(k)) != str(ev.get(k)) for k in keys)
+
+
+@contextlib.contextmanager
+def run_lock(paths: RunPaths) -> Iterator[bool]:
+    """Non-blocking per-run lock; yields False when another monitor holds it."""
+    fd = os.open(paths.monitor_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def is_final(paths: RunPaths) -> ActionKind | None:
+    """STOP/DONE if a pass ended the run's newest job (sticky until someone resubmits)
+    and left no unfinished intent (e.g. the cancel of a stalled job it stopped)."""
+    jobs, events = read_jsonl(paths.jobs), read_jsonl(paths.events)
+    if not jobs or pending_intent(events, str(jobs[-1]["job_id"])) is not None:
+        return None
+    return history_from(events, jobs).final
+
+
+def monitor_run(
+    paths: RunPaths,
+    policy: MonitorPolicy,
+    now: Callable[[], float] = time.time,
+    backend: Backend | None = None,
+    view: SlurmView | None = None,
+) -> Outcome | None:
+    """One pass over one run: decide and apply. None when skipped (locked, no job, final)."""
+    backend = backend or Backend()
+    with run_lock(paths) as locked:
+        jobs = read_jsonl(paths.jobs)
+        if not locked or not jobs:
+            return None
+        events, entry = read_jsonl(paths.events), jobs[-1]
+        _close_superseded(paths, events, jobs, now())
+        history = history_from(events, jobs)
+        intent = pending_intent(events, str(entry["job_id"]))
+        if history.final is not None and intent is None:
+            return None
+        if view is None:
+            view = query_slurm(slurm_ids([entry]), backend.job_records, backend.queued_job_ids)
+        job, t = job_view(entry, view, events, backend.pid_alive), now()
+        if intent is not None:  # a monitor died mid-action: finish what it started
+            action = _action_of(intent)
+            return _apply(paths, job, action, t, backend, Outcome(paths.name, job.job_id, action))
+        action = decide(read_progress(paths.progress), job, history, t, policy)
+        ev = _event(t, job, action, "decision")
+        out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
+        if out.logged:
+            append_jsonl(paths.events, ev)
+        if action.kind in RESUBMIT_KINDS or action.cancel:
+            append_jsonl(paths.events, _event(t, job, action, "intent", cancel=action.cancel))
+            return _apply(paths, job, action, t, backend, out)
+        return out
+
+
+def _close_superseded(
+    paths: RunPaths, events: list[dict[str, Any]], jobs: list[dict[str, Any]], t: float
+) -> None:
+    """A monitor killed after submitting left an open intent on the previous job: close it."""
+    if len(jobs) < 2:
+        return
+    prev, newest = str(jobs[-2]["job_id"]), str(jobs[-1]["job_id"])
+    intent = pending_intent(events, prev)
+    if intent is not None:
+        done = {**intent, "time": t, "phase": "done", "new_job_id": newest, "note": "superseded"}
+        append_jsonl(paths.events, done)
+        events.append(done)
+
+
+def _apply(
+    paths: RunPaths, job: JobView, action: Action, t: float, backend: Backend, out: Outcome
+) -> Outcome:
+    """Cancel and/or resubmit for an intent already written; close it with done/error."""
+    out.logged = True
+    if action.cancel and job.state not in ("LOCAL_EXITED", "MISSING"):
+        if job.state.startswith("LOCAL_"):
+            backend.cancel_local(int(job.job_id))
+        else:
+            backend.cancel_slurm(job.job_id)
+    if action.kind not in RESUBMIT_KINDS:
+        append_jsonl(paths.events, _event(t, job, action, "done"))
+        return out
+    jobs = read_jsonl(paths.jobs)
+    newest = str(jobs[-1]["job_id"]) if jobs else None
+    if newest != job.job_id:  # someone (an earlier monitor, a user) already resubmitted
+        out.new_job_id = newest
+        append_jsonl(
+            paths.events, _event(t, job, action, "done", new_job_id=newest, note="superseded")
+        )
+        return out
+    try:
+        out.new_job_id = backend.resubmit(paths, f"monitor: {action.failure_class.value}")
+    except GrpoError as e:
+        out.error = str(e)
+        append_jsonl(paths.events, _event(t, job, action, "error", error=str(e)))
+        _maybe_give_up(paths, job, t, e)
+        return out
+    append_jsonl(paths.events, _event(t, job, action, "done", new_job_id=out.new_job_id))
+    return out
+
+
+def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:
+    """A config error (not Slurm being away) or repeated failures: STOP the run."""
+    events = read_jsonl(paths.events)
+    errors = [e for e in events if e.get("phase") == "error" and e.get("job_id") == job.job_id]
+    config = isinstance(err, ConfigError) and not isinstance(err, SlurmUnavailableError)
+    if config or len(errors) >= MAX_SUBMIT_ERRORS:
+        why = f"resubmission failed ({len(errors)}x): {err}"
+        cls = FailureClass.CONFIG_ERROR if config else FailureClass.BUDGET_EXHAUSTED
+        append_jsonl(paths.events, _event(t, job, Action(ActionKind.STOP, cls, why), "decision"))
+
+
+def monitor_pass(
+    runs: list[RunPaths],
+    policy: MonitorPolicy,
+    now: Callable[[], float] = time.time,
+    backend: Backend | None = None,
+) -> list[Outcome]:
+    """One pass over many runs with one sacct and one squeue call for all of them."""
+    backend = backend or Backend()
+    live = [p for p in runs if not is_final(p)]
+    ids = slurm_ids(next(iter(read_jsonl(p.jobs)[-1:]), None) for p in live)
+    view = query_slurm(ids, backend.job_records, backend.queued_job_ids)
+    outcomes = [monitor_run(p, policy, now, backend, view) for p in live]
+    return [o for o in outcomes if o is not None]
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def format_outcome(o: Outcome, now: float) -> str:
+    """One line per action, e.g. ``12:00:01 gsm8k-a job 123: RESUBMIT timeout ... -> job 124``."""
+    cls = f" {o.action.failure_class.value}" if o.action.failure_class else ""
+    line = f"{time.strftime('%H:%M:%S', time.localtime(now))} {o.run} job {o.job_id}: "
+    line += f"{o.action.kind.value}{cls}: {o.action.reason}"
+    if o.new_job_id:
+        line += f" -> job {o.new_job_id}"
+    return line + (f" [error: {o.error}]" if o.error else "")
+
+
+EXAMPLES = """examples:
+  grpo-monitor                          # watch every run under logs/ until all end
+  grpo-monitor gsm8k-a gsm8k-b --interval 30
+  grpo-monitor --once                   # one pass (e.g. from cron or scrontab)
+  grpo-monitor --step0-timeout 3600 --heartbeat-timeout 900 --max-retries 8
+  nohup grpo-monitor --forever > monitor.log 2>&1 &
+
+Each decision is logged to logs/<run>/events.jsonl; STOP and DONE stick until the run is
+resubmitted by hand (grpo-submit --resume RUN). The loop exits 0 when every watched run is
+DONE and 1 when some run was STOPPED (circuit breaker, config error, budget exhausted).
+"""
+
+
+def _parser() -> Parser:
+    what = "Watch runs: resubmit after timeouts, preemptions, crashes and stalls (within a retry"
+    what += " budget); stop on circuit breakers and config errors."
+    p = Parser(prog="grpo-monitor", description=what, epilog=EXAMPLES + "\n" + EXIT_CODES_HELP)
+    d = MonitorPolicy()
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run names (default: all under --logs)")
+    p.add_argument("--logs", type=Path, help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit 0")
+    p.add_argument("--forever", action="store_true", help="keep watching (new runs too)")
+    p.add_argument("--interval", type=float, default=60.0, metavar="S", help="seconds per pass")
+    num = {"type": float, "metavar": "S"}
+    p.add_argument(
+        "--step0-timeout",
+        **num,
+        default=d.step0_timeout_s,
+        help="stalled if no step within S s of the start (default %(default)s)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        **num,
+        default=d.heartbeat_timeout_s,
+        help="stalled if the heartbeat is older than S s (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=d.max_retries,
+        metavar="N",
+        help="failure resubmissions per run in total (default %(default)s)",
+    )
+    p.add_argument(
+        "--backoff",
+        **num,
+        default=d.backoff_base_s,
+        help="first crash-retry wait, doubling per failure (default %(default)s)",
+    )
+    return p
+
+
+def _watch(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    root = (args.logs or default_logs_root()).resolve()
+    policy = MonitorPolicy(
+        step0_timeout_s=args.step0_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        max_retries=args.max_retries,
+        backoff_base_s=args.backoff,
+    )
+    while True:
+        runs = resolve_runs(args.runs, root)
+        if not runs and not args.forever:
+            raise ConfigError(f"no runs under {root} (submit one with grpo-submit)")
+        try:
+            for o in monitor_pass(runs, policy):
+                if o.logged and o.action.kind is not ActionKind.NONE:
+                    print(format_outcome(o, time.time()), flush=True)
+        except SlurmUnavailableError as e:
+            if args.once:
+                raise
+            print(f"grpo-monitor: warning: {e}; retrying in {args.interval:.0f} s", file=sys.stderr)
+        if args.once:
+            return ExitCode.OK
+        finals = [is_final(p) for p in runs]
+        if runs and all(finals) and not args.forever:
+            return ExitCode.OK if all(f is ActionKind.DONE for f in finals) else ExitCode.CRASH
+        time.sleep(args.interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``grpo-monitor``."""
+    return run_cli("grpo-monitor", lambda: _watch(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""grpo-ckpt: manifests, verification and listing on synthetic checkpoint directories."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from grpo_hpc.ckpt import (
+    build_list_table,
+    fmt_bytes,
+    list_checkpoints,
+    main,
+    verify_checkpoint,
+    write_manifest,
+)
+from grpo_hpc.paths import RunPaths
+
+
+def make_ckpt(paths: RunPaths, step: int, complete: bool = True, manifest: bool = True) -> Path:
+    d = paths.checkpoint(step)
+    (d / "optim").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"weights" * 100)
+    (d / "optim" / "rank0.pt").write_bytes(b"adam" * 50)
+    (d / "trainer_state.json").write_text(json.dumps({"step": step}))
+    if manifest:
+        write_manifest(d)
+    if complete:
+        (d / "COMPLETE").touch()
+    return d
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> RunPaths:
+    paths = RunPaths(tmp_path / "r")
+    paths.root.mkdir()
+    return paths
+
+
+def test_write_manifest_records_sizes_and_hashes(run: RunPaths) -> None:
+    d = make_ckpt(run, 10, complete=False, manifest=False)
+    (d / "COMPLETE").touch()  # the marker and the manifest itself are never listed
+    m = write_manifest(d)
+    assert m["step"] == 10 and sorted(m["files"]) == [
+        "model.safetensors",
+        "optim/rank0.pt",
+        "trainer_state.json",
+    ]
+    entry = m["files"]["model.safetensors"]
+    assert entry == {"size": 700, "sha256": hashlib.sha256(b"weights" * 100).hexdigest()}
+    assert json.loads((d / "manifest.json").read_text()) == m
+    tmp = run.checkpoint_tmp(20)
+    tmp.mkdir(parents=True)
+    (tmp / "a.bin").write_bytes(b"x")
+    assert write_manifest(tmp)["step"] == 20  # the trainer writes it before the rename
+    assert verify_checkpoint(d) == []
+
+
+def test_verify_reports_each_kind_of_damage(run: RunPaths) -> None:
+    assert verify_checkpoint(make_ckpt(run, 1, manifest=False)) == ["no manifest.json"]
+    d = make_ckpt(run, 2)
+    (d / "optim" / "rank0.pt").unlink()
+    assert verify_checkpoint(d) == ["optim/rank0.pt: missing"]
+    d = make_ckpt(run, 3)
+    (d / "model.safetensors").write_bytes(b"short")
+    assert verify_checkpoint(d) == ["model.safetensors: size 5 != 700 in the manifest"]
+    d = make_ckpt(run, 4)
+    (d / "model.safetensors").write_bytes(b"WEIGHTS" * 100)  # same size, other bytes
+    assert verify_checkpoint(d) == ["model.safetensors: sha256 differs from the manifest"]
+    d = make_ckpt(run, 5)
+    (d / "manifest.json").write_text("{not json")
+    assert verify_checkpoint(d)[0].startswith("unreadable manifest.json")
+    d = make_ckpt(run, 6)
+    m = json.loads((d / "manifest.json").read_text())
+    m["step"] = 7
+    m["files"]["../escape"] = {"size": 1, "sha256": "x"}
+    m["files"]["odd"] = {"size": 1}
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert verify_checkpoint(d) == [
+        "manifest.json says step 7, directory is step 6",
+        "../escape: path escapes the checkpoint directory",
+        "odd: manifest entry lacks size/sha256",
+    ]
+    (d / "manifest.json").write_text(json.dumps({"step": 6, "files": {}}))
+    assert verify_checkpoint(d) == ["manifest.json lists no files"]
+    (d / "manifest.json").write_text("[]")
+    assert verify_checkpoint(d) == ["manifest.json has no 'files' mapping"]
+
+
+def test_list_checkpoints_and_table(run: RunPaths) -> None:
+    make_ckpt(run, 10)
+    make_ckpt(run, 20, complete=False)
+    make_ckpt(run, 5, manifest=False)
+    infos = list_checkpoints(run)
+    assert [(c.step, c.complete, c.manifest) for c in infos] == [
+        (5, True, False),
+        (10, True, True),
+        (20, False, True),
+    ]
+    assert infos[0].size_bytes == 700 + 200 + len(json.dumps({"step": 5}))
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    console.print(build_list_table("r", infos))
+    text = console.file.getvalue()
+    assert "checkpoints of r: 3" in text and "STEP" in text and "COMPLETE" in text
+    row20 = next(line for line in text.splitlines() if line.strip().startswith("20"))
+    assert "NO" in row20
+    assert (fmt_bytes(5), fmt_bytes(2048), fmt_bytes(3 * 1024**3)) == ("5 B", "2.0 KiB", "3.0 GiB")
+
+
+def test_cli_list_and_verify(run: RunPaths, capsys: pytest.CaptureFixture) -> None:
+    logs = ["--logs", str(run.root.parent)]
+    make_ckpt(run, 10)
+    make_ckpt(run, 20, complete=False)
+    assert main(["verify", "r", *logs]) == 0
+    out = capsys.readouterr().out
+    assert "step-10: ok" in out and "step-20: incomplete" in out
+    assert main(["list", "r", "--json", *logs]) == 0
+    assert [c["step"] for c in json.loads(capsys.readouterr().out)] == [10, 20]
+    assert main(["list", str(run.root)]) == 0  # a path instead of a name
+    assert "checkpoints of r: 2" in capsys.readouterr().out
+    bad = make_ckpt(run, 30)
+    (bad / "model.safetensors").write_bytes(b"")
+    assert main(["verify", "r", *logs]) == 1
+    assert "step-30: BAD: model.safetensors: size 0 != 700" in capsys.readouterr().out
+    assert main(["verify", "r", "--step", "10", *logs]) == 0
+    assert main(["verify", "r", "--step", "99", *logs]) == 2
+    assert main(["verify", "nope", *logs]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse usage errors exit 2 directly
+        main([])
+    assert exc.value.code == 2
+
+
+def test_run_without_checkpoints(run: RunPaths, capsys: pytest.CaptureFixture) -> None:
+    assert main(["verify", "r", "--logs", str(run.root.parent)]) == 0
+    assert "no complete checkpoints" in capsys.readouterr().out
+    assert list_checkpoints(run) == []

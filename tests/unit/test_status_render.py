@@ -1,0 +1,276 @@
+"""grpo-status: rows from synthetic run directories, rendered into a StringIO console."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from grpo_hpc import status
+from grpo_hpc.fsutil import append_jsonl
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.runs import SlurmView
+from grpo_hpc.slurm_query import JobRecord
+from grpo_hpc.status import (
+    RunRow,
+    build_details,
+    build_table,
+    collect_detail,
+    collect_rows,
+    row_flags,
+    tail_jsonl,
+)
+from grpo_hpc.termviz import fmt_age, sparkline, step_bar, text_plot
+
+NOW = 1_700_000_000.0
+
+
+def render(renderable: object) -> str:
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def make_run(
+    root: Path,
+    name: str,
+    job_id: str,
+    executor: str = "slurm",
+    progress: dict | None = None,
+    rewards: list[float] | None = None,
+    events: list[dict] | None = None,
+) -> RunPaths:
+    paths = RunPaths(root / name)
+    paths.root.mkdir(parents=True)
+    append_jsonl(
+        paths.jobs,
+        {
+            "job_id": job_id,
+            "attempt": 0,
+            "submitted_at": NOW - 7200,
+            "reason": "initial submission",
+            "profile": "h100x2",
+            "executor": executor,
+        },
+    )
+    if progress is not None:
+        base = dict(
+            run=name,
+            job_id=job_id,
+            state=TrainState.TRAINING,
+            step=40,
+            max_steps=100,
+            heartbeat=NOW - 5,
+            started_at=NOW - 600,
+            reward_mean=0.5,
+            kl=0.0123,
+            tokens_per_s=1234.0,
+        )
+        write_progress(paths.progress, ProgressRecord(**{**base, **progress}))
+    for i, r in enumerate(rewards or []):
+        append_jsonl(
+            paths.metrics,
+            {
+                "step": i + 1,
+                "reward/mean": r,
+                "reward/correctness": r,
+                "kl": 0.01,
+                "loss": 0.1,
+                "tokens_per_s": 1000.0,
+                "time/step": 2.0,
+            },
+        )
+    for ev in events or []:
+        append_jsonl(paths.events, {"time": NOW - 60, "job_id": job_id, "phase": "decision", **ev})
+    return paths
+
+
+SLURM = {
+    "101": "RUNNING",
+    "102": "RUNNING",
+    "103": "RUNNING",
+    "104": "COMPLETED",
+    "105": "FAILED",
+    "106": "FAILED",
+    "107": "PENDING",
+}
+
+
+def fake_query(ids: list[str]) -> SlurmView:
+    assert sorted(ids) == sorted(SLURM)  # one call for all runs
+    return SlurmView({j: JobRecord(j, SLURM[j]) for j in ids}, set())
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    up = [0.1, 0.2, 0.3, 0.4, 0.5]
+    make_run(tmp_path, "a-running", "101", progress={}, rewards=up)
+    make_run(tmp_path, "b-stalled", "102", progress={"heartbeat": NOW - 3600}, rewards=up)
+    make_run(tmp_path, "c-zero", "103", progress={"reward_mean": 0.0}, rewards=[0.0] * 6)
+    done = {"state": TrainState.FINISHED, "step": 100, "exit_code": 0, "last_checkpoint": 100}
+    make_run(tmp_path, "d-finished", "104", progress=done, rewards=up)
+    cb = {"state": TrainState.FAILED, "exit_code": 3, "reason": "zero reward for 20 steps"}
+    stop = {"action": "STOP", "class": "circuit_breaker", "reason": "circuit_breaker at step 40"}
+    make_run(tmp_path, "e-breaker", "105", progress=cb, events=[stop])
+    crash = {"state": TrainState.FAILED, "exit_code": 1}
+    spent = {"action": "STOP", "class": "budget_exhausted", "reason": "retry budget exhausted"}
+    make_run(tmp_path, "f-budget", "106", progress=crash, events=[spent])
+    make_run(tmp_path, "g-new", "107")
+    return tmp_path
+
+
+def line_of(text: str, run: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(run))
+
+
+def test_table_shows_each_state(logs: Path) -> None:
+    rows = collect_rows(logs, query=fake_query)
+    assert [r.run for r in rows] == sorted(r.run for r in rows) and len(rows) == 7
+    text = render(build_table(rows, NOW))
+    assert "grpo runs: 7" in text
+    for col in ("RUN", "SLURM", "TRAIN", "STEP", "REWARD", "TOK/S", "HB", "ETA", "FLAG"):
+        assert col in text
+    ok = line_of(text, "a-running")
+    assert "RUNNING" in ok and "training" in ok and "40/100 ███░░░░░" in ok
+    assert "0.500 ▁▂▄▆█" in ok and "0.0123" in ok and "1234" in ok and "h100x2" in ok
+    assert "5s" in ok and "2m" in ok  # heartbeat age; ETA = 60 steps * 2 s
+    assert "stalled 60m" in line_of(text, "b-stalled")
+    assert "zero reward" in line_of(text, "c-zero")
+    fin = line_of(text, "d-finished")
+    assert "COMPLETED" in fin and "finished" in fin and "100/100 ████████" in fin
+    assert "stopped: circuit_breaker" in line_of(text, "e-breaker")
+    assert "budget exhausted" in line_of(text, "f-budget")
+    new = line_of(text, "g-new")
+    assert "PENDING" in new and "no progress" in new
+    styles = {r.run: status._style(row_flags(r, NOW), r) for r in rows}
+    assert styles == {
+        "a-running": "",
+        "b-stalled": "red",
+        "c-zero": "yellow",
+        "d-finished": "green",
+        "e-breaker": "red",
+        "f-budget": "red",
+        "g-new": "",
+    }
+
+
+def test_row_flags_rules() -> None:
+    base = dict(run="r", slurm_state="RUNNING", train_state="generating", heartbeat=NOW - 700)
+    assert row_flags(RunRow(**base), NOW) == ["stalled 12m"]
+    assert row_flags(RunRow(**base), NOW, heartbeat_timeout_s=900) == []
+    pending = {**base, "slurm_state": "PENDING"}  # an old heartbeat of a queued job is fine
+    assert row_flags(RunRow(**pending), NOW) == []
+    assert row_flags(RunRow(**{**base, "heartbeat": NOW, "reward_trend": [0, 0]}), NOW) == []
+    wait = RunRow(run="r", train_state="failed", monitor_action="WAIT", monitor_class="crash")
+    assert row_flags(wait, NOW) == ["backoff: crash", "failed"]
+
+
+def test_json_output_for_local_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    me = str(os.getpid())
+    live = {"job_id": me, "heartbeat": time.time()}
+    make_run(tmp_path, "loc", me, executor="local", progress=live, rewards=[0, 0, 0])
+    assert status.main(["--logs", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["run"] == "loc" and rows[0]["slurm_state"] == "LOCAL_RUNNING"
+    assert rows[0]["reward_trend"] == [0.0, 0.0, 0.0] and rows[0]["flags"] == ["zero reward"]
+    assert set(rows[0]) == {f.name for f in status.dataclasses.fields(RunRow)} | {"flags"}
+
+
+def test_details_view(logs: Path) -> None:
+    paths = RunPaths(logs / "a-running")
+    for step in (10, 20):
+        (paths.checkpoint(step)).mkdir(parents=True)
+        (paths.checkpoint(step) / "COMPLETE").touch()
+    detail = collect_detail(
+        paths, query=lambda ids: SlurmView({"101": JobRecord("101", "RUNNING")})
+    )
+    assert detail.rewards == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4), (5, 0.5)]
+    text = render(build_details(detail, NOW))
+    assert "a-running" in text and "initial submission" in text and "h100x2" in text
+    assert "complete checkpoints: 10, 20" in text and "reward/mean per step" in text
+    assert "•" in text and "0.500 ┤" in text and "0.100 ┤" in text
+    stop = render(build_details(collect_detail(RunPaths(logs / "e-breaker"), fake_all), NOW))
+    assert "circuit_breaker at step 40" in stop and "(no metrics yet)" in stop
+
+
+def fake_all(ids: list[str]) -> SlurmView:
+    return SlurmView({j: JobRecord(j, SLURM[j]) for j in ids}, set())
+
+
+def test_single_run_cli_and_plot_needs_matplotlib(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_run(tmp_path, "loc", "999999999", executor="local", progress={}, rewards=[0.1, 0.3])
+    monkeypatch.setenv("COLUMNS", "200")
+    assert status.main(["loc", "--logs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "LOCAL_EXITED" in out and "reward/mean per step" in out
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert status.main(["loc", "--logs", str(tmp_path), "--plot", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install matplotlib" in err
+    assert status.main(["--logs", str(tmp_path), "--plot", "x.png"]) == 2
+    assert status.main(["nope", "--logs", str(tmp_path)]) == 2
+
+
+def test_watch_stops_cleanly_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_run(tmp_path, "loc", "999999999", executor="local")
+
+    def interrupt(_: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(status.time, "sleep", interrupt)
+    assert status.main(["--logs", str(tmp_path), "--watch", "1"]) == 0
+
+
+def test_hundred_runs_render(tmp_path: Path) -> None:
+    ids = {}
+    for i in range(100):
+        ids[str(1000 + i)] = "RUNNING"
+        make_run(tmp_path, f"run-{i:03d}", str(1000 + i), progress={"step": i}, rewards=[0.1] * 20)
+    calls = []
+
+    def query(job_ids: list[str]) -> SlurmView:
+        calls.append(job_ids)
+        return SlurmView({j: JobRecord(j, ids[j]) for j in job_ids}, set())
+
+    rows = collect_rows(tmp_path, query=query)
+    text = render(build_table(rows, NOW))
+    assert len(calls) == 1 and len(calls[0]) == 100
+    assert all(f"run-{i:03d}" in text for i in range(100))
+
+
+def test_tail_jsonl_reads_only_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    for i in range(3000):
+        append_jsonl(path, {"step": i, "reward/mean": 0.5})
+    with open(path, "a") as f:
+        f.write('{"step": 30')  # torn last line
+    tail = tail_jsonl(path, max_bytes=4096)
+    assert tail[-1]["step"] == 2999 and 50 < len(tail) < 200
+    assert all(set(t) == {"step", "reward/mean"} for t in tail)
+    assert tail_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_small_visuals() -> None:
+    assert (fmt_age(None), fmt_age(5), fmt_age(600), fmt_age(3 * 3600), fmt_age(3 * 86400)) == (
+        "-",
+        "5s",
+        "10m",
+        "3.0h",
+        "3.0d",
+    )
+    assert sparkline([0, 1]) == "▁█" and sparkline([2, 2]) == "▁▁" and sparkline([]) == ""
+    assert step_bar(5, 10, width=4) == "5/10 ██░░" and step_bar(None, 10) == "-"
+    assert step_bar(3, 0) == "3"
+    lines = text_plot([(1, 0.0), (2, 0.5), (3, 1.0)], width=3, height=3)
+    assert lines[0].endswith("┤  •") and lines[2].endswith("┤•  ") and "step 1" in lines[-1]
+    assert text_plot([]) == ["(no metrics yet)"]
+    assert len(text_plot([(5, 1.0)])) == 12
