@@ -75,7 +75,9 @@ def job_view(
     if rec is None:
         state = "PENDING" if job_id in view.queued else "MISSING"
         return JobView(job_id, state, submitted_at=submitted)
-    since = running_since(events, job_id) if rec.state == "RUNNING" else None
+    since = None
+    if rec.state == "RUNNING":
+        since = rec.started_at or running_since(events, job_id)
     return JobView(job_id, rec.state, rec.exit_code, submitted, since)
 
 

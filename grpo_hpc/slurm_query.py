@@ -6,6 +6,7 @@ any number of jobs, so a dashboard of 100 runs costs one process, not 100.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -43,20 +44,28 @@ class JobRecord:
     """Elapsed wall time in seconds."""
     restarts: int = 0
     """Times the job was requeued (sacct Restarts)."""
+    started_at: float | None = None
+    """Unix time the job (its latest run, after a requeue) started; None if not yet."""
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
 
-def _run(cmd: list[str], check: bool = True) -> str:
+def _run(cmd: list[str], check: bool = True, env: dict[str, str] | None = None) -> str:
     if shutil.which(cmd[0]) is None:
         raise SlurmUnavailableError(
             f"{cmd[0]} not found: Slurm's client tools are not on PATH "
             "(load the Slurm module, or use --profile local)"
         )
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env={**os.environ, **env} if env else None,
+        )
     except subprocess.TimeoutExpired:
         raise SlurmUnavailableError(
             f"{cmd[0]} did not answer within {TIMEOUT_S:.0f} s: is slurmctld up?"
@@ -102,13 +111,15 @@ def _parse_elapsed(text: str) -> int | None:
 
 
 def parse_sacct(text: str) -> dict[str, JobRecord]:
-    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Restarts`` output (pure)."""
+    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Restarts,Start`` output
+    (with ``SLURM_TIME_FORMAT=%s``, so Start is a Unix time or "Unknown") (pure)."""
     out: dict[str, JobRecord] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) < 5 or not parts[0]:
             continue
         job_id, state, exit_code, elapsed, restarts = parts[:5]
+        start = parts[5] if len(parts) > 5 else ""
         code = exit_code.split(":")[0]
         out[job_id] = JobRecord(
             job_id=job_id,
@@ -116,6 +127,7 @@ def parse_sacct(text: str) -> dict[str, JobRecord]:
             exit_code=int(code) if code.isdigit() else None,
             elapsed_s=_parse_elapsed(elapsed),
             restarts=int(restarts) if restarts.isdigit() else 0,
+            started_at=float(start) if start.isdigit() else None,
         )
     return out
 

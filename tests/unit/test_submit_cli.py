@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.errors import ExitCode
-
 from tests.conftest import run_cli
 
 
