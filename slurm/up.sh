@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Bring up a real single-node Slurm 22.05 test cluster on this host, without systemd:
+# munged, a private MariaDB on 127.0.0.1:$DB_PORT, slurmdbd, slurmctld and slurmd
+# (node "localhost", partition "debug", 2 fake GPUs). Idempotent: returns in well
+# under a second when the cluster is already up and healthy. Must run as root.
+#
+# Environment (all optional):
+#   GRPO_SLURM_STATE    state dir (default /var/lib/grpo-slurm: DB, spool, logs, pids)
+#   GRPO_SLURM_GPUS     number of fake GPUs (default 2)
+#   GRPO_SLURM_DB_PORT  MariaDB TCP port on 127.0.0.1 (default 3307)
+#   GRPO_SLURM_MEM      RealMemory in MB (default: 90% of MemTotal)
+#   GRPO_SLURM_WAIT     seconds to wait for the node to be idle (default 60)
+set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=slurm/lib.sh
+source "$HERE/lib.sh"
+
+WAIT=${GRPO_SLURM_WAIT:-60}
+LOG="$STATE/log"
+PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+
+die() {
+    # die WHAT... [LOGFILE]: one line saying what failed and where its log is (last argument
+    # if it names a file), then the tail of that log.
+    trap - ERR
+    local log=""
+    if (($# > 1)) && [[ ${!#} == /* ]]; then
+        log=${!#}
+        set -- "${@:1:$#-1}"
+    fi
+    echo "slurm/up.sh: FAILED: $*${log:+ -- log: $log}" >&2
+    if [[ -n $log && -r $log ]]; then
+        echo "---- last lines of $log ----" >&2
+        tail -n 15 "$log" >&2 || true
+    fi
+    exit 1
+}
+trap 'die "command failed at line $LINENO: $BASH_COMMAND"' ERR
+
+[[ $EUID -eq 0 ]] || die "must run as root (it starts munged, MariaDB and the Slurm daemons)"
+
+# ---------------------------------------------------------------- config rendering
+node_cpus() { nproc; }
+node_mem() {
+    if [[ -n ${GRPO_SLURM_MEM:-} ]]; then
+        echo "$GRPO_SLURM_MEM"
+        return
+    fi
+    # 90% of MemTotal: stable across runs (so the config does not churn) and below what
+    # slurmd detects, which would otherwise drain the node with "Low RealMemory".
+    awk '/^MemTotal:/ { printf "%d\n", $2 / 1024 * 0.9 }' /proc/meminfo
+}
+gpu_files() {
+    if ((NGPU == 1)); then echo /dev/fakegpu0; else echo "/dev/fakegpu[0-$((NGPU - 1))]"; fi
+}
+db_pass() {
+    local f="$STATE/db.pass"
+    if [[ ! -s $f ]]; then
+        mkdir -p "$STATE"
+        (
+            umask 077
+            tr -dc 'A-Za-z0-9' </dev/urandom 2>/dev/null | head -c 24 >"$f" || true
+        )
+    fi
+    cat "$f"
+}
+render() {
+    # render TEMPLATE -> stdout
+    sed -e "s|@STATE@|$STATE|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@CPUS@|$CPUS|g" \
+        -e "s|@MEM@|$MEM|g" -e "s|@NGPU@|$NGPU|g" -e "s|@GPU_FILES@|$GPU_FILES|g" \
+        -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_USER@|$DB_USER|g" -e "s|@DB_PASS@|$DB_PASS|g" \
+        "$HERE/$1"
+}
+
+[[ $NGPU =~ ^[1-9][0-9]*$ ]] || die "GRPO_SLURM_GPUS must be a number >= 1 (got '$NGPU')"
+CPUS=$(node_cpus)
+MEM=$(node_mem)
+GPU_FILES=$(gpu_files)
+
+configs_current() {
+    [[ -r $STATE/db.pass ]] || return 1
+    DB_PASS=$(<"$STATE/db.pass")
+    local f
+    for f in slurm.conf gres.conf slurmdbd.conf; do
+        [[ $(render "$f.in") == "$(cat "$CONF_DIR/$f" 2>/dev/null)" ]] || return 1
+    done
+}
+
+# ---------------------------------------------------------------- fast path
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+node_state() { sinfo -h -N -n localhost -o %t 2>/dev/null | head -n 1; }
+
+healthy() {
+    local d
+    for d in mariadbd slurmdbd slurmctld slurmd; do alive "$d" || return 1; done
+    munge_ok || return 1
+    local i
+    for ((i = 0; i < NGPU; i++)); do [[ -e /dev/fakegpu$i ]] || return 1; done
+    configs_current || return 1
+    case "$(node_state)" in idle | mix | alloc | comp) ;; *) return 1 ;; esac
+    sacct -n -X -o JobID >/dev/null 2>&1 || return 1
+}
+
+take_lock # fd 9; every daemon below is started with 9>&- so it does not inherit the lock
+if command -v sinfo >/dev/null && healthy; then
+    echo "slurm: cluster already up (node localhost $(node_state), cluster $CLUSTER)"
+    exit 0
+fi
+
+T0=$SECONDS
+
+# ---------------------------------------------------------------- packages
+missing=()
+for p in "${PACKAGES[@]}"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true) == "install ok installed" ]] ||
+        missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "slurm: installing ${missing[*]}"
+    mkdir -p "$LOG"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y --no-install-recommends "${missing[@]}" >"$LOG/apt.log" 2>&1; then
+        { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; } \
+            >>"$LOG/apt.log" 2>&1 || die "apt-get install ${missing[*]}" "$LOG/apt.log"
+    fi
+fi
+
+# ---------------------------------------------------------------- dirs, fake GPUs, configs
+mkdir -p "$STATE"/{run,log,spool/slurmctld,spool/slurmd} "$CONF_DIR"
+chmod 755 "$STATE"
+DB_PASS=$(db_pass)
+[[ -n $DB_PASS ]] || die "could not create $STATE/db.pass"
+
+for ((i = 0; i < NGPU; i++)); do
+    dev=/dev/fakegpu$i
+    [[ -c $dev ]] && continue
+    rm -f "$dev"
+    # Same device numbers as /dev/null: harmless to open, but a distinct file per GPU.
+    mknod -m 666 "$dev" c 1 3 || die "mknod $dev (needs CAP_MKNOD)"
+done
+
+changed_slurm=0
+changed_dbd=0
+write_conf() {
+    # write_conf NAME MODE FLAGVAR: (re)write $CONF_DIR/NAME; set FLAGVAR=1 if it changed
+    local name=$1 mode=$2 flag=$3 dst="$CONF_DIR/$1" tmp
+    tmp=$(mktemp "$CONF_DIR/.$name.XXXXXX")
+    render "$name.in" >"$tmp"
+    chmod "$mode" "$tmp"
+    chown root:root "$tmp"
+    if [[ -f $dst ]] && cmp -s "$tmp" "$dst"; then
+        rm -f "$tmp"
+        chmod "$mode" "$dst"
+        return 0
+    fi
+    if [[ -f $dst ]] && ! grep -q "$MARKER" "$dst"; then
+        local bak
+        bak="$dst.orig.$(date +%Y%m%d%H%M%S)"
+        cp -p "$dst" "$bak"
+        echo "slurm: existing $dst was not generated by up.sh; saved it as $bak"
+    fi
+    mv -f "$tmp" "$dst"
+    printf -v "$flag" 1
+}
+write_conf slurm.conf 644 changed_slurm
+write_conf gres.conf 644 changed_slurm
+write_conf slurmdbd.conf 600 changed_dbd
+
+log_of() { case "$1" in munged) echo /var/log/munge/munged.log ;; *) echo "$LOG/$1.log" ;; esac; }
+
+# launch NAME CMD...: run a self-daemonizing daemon (without the lock fd 9 and with stdio
+# off any pipe of our caller), then wait until its pid file names a live process.
+launch() {
+    local name=$1 i
+    shift
+    "$@" 9>&- </dev/null >>"$LOG/$name.out" 2>&1 || die "start $name" "$(log_of "$name")"
+    for ((i = 0; i < 100; i++)); do
+        alive "$name" && return 0
+        sleep 0.1
+    done
+    die "$name did not start (no live pid in $(pidfile_of "$name"))" "$(log_of "$name")"
+}
+
+# wait_for DAEMON SECONDS CMD...: poll CMD until it succeeds or DAEMON exits or time is up.
+wait_for() {
+    local name=$1 timeout=$2 t0=$SECONDS
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        alive "$name" || die "$name exited" "$(log_of "$name")"
+        ((SECONDS - t0 < timeout)) || return 0
+        sleep 0.1
+    done
+}
+
+# ---------------------------------------------------------------- munge
+if ! munge_ok; then
+    getent passwd munge >/dev/null || die "user 'munge' missing (package munge broken?)"
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        mkdir -p /etc/munge
+        if command -v mungekey >/dev/null; then
+            mungekey --create --keyfile=/etc/munge/munge.key --force >"$LOG/mungekey.log" 2>&1 ||
+                die "mungekey --create" "$LOG/mungekey.log"
+        else
+            dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+        fi
+    fi
+    chown munge:munge /etc/munge /etc/munge/munge.key
+    chmod 700 /etc/munge
+    chmod 400 /etc/munge/munge.key
+    mkdir -p /run/munge /var/lib/munge /var/log/munge
+    chown munge:munge /run/munge /var/lib/munge /var/log/munge
+    chmod 755 /run/munge
+    chmod 700 /var/log/munge
+    stop_daemons 5 munged # stale daemon whose socket does not answer
+    rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
+    launch munged runuser -u munge -- /usr/sbin/munged
+    touch "$STATE/run/munged.ours"
+    for ((i = 0; i < 50; i++)); do
+        munge_ok && break
+        sleep 0.1
+    done
+    munge_ok || die "munged does not answer (munge -n | unmunge)" "/var/log/munge/munged.log"
+fi
+
+# ---------------------------------------------------------------- MariaDB
+DATADIR="$STATE/mysql"
+DB_SOCK="$STATE/run/mysqld.sock"
+sql() { mariadb --no-defaults -S "$DB_SOCK" -u root "$@"; }
+if ! alive mariadbd; then
+    if [[ ! -d $DATADIR/mysql ]]; then
+        rm -rf "$DATADIR"
+        mkdir -p "$DATADIR"
+        mariadb-install-db --no-defaults --user=root --datadir="$DATADIR" \
+            --auth-root-authentication-method=socket --skip-test-db \
+            >"$LOG/mariadb-install.log" 2>&1 ||
+            die "mariadb-install-db (datadir $DATADIR)" "$LOG/mariadb-install.log"
+    fi
+    rm -f "$DB_SOCK"
+    setsid mariadbd --no-defaults --user=root --datadir="$DATADIR" \
+        --socket="$DB_SOCK" --port="$DB_PORT" --bind-address=127.0.0.1 \
+        --pid-file="$STATE/run/mariadbd.pid" --log-error="$LOG/mariadb.log" \
+        --skip-name-resolve --skip-log-bin --performance-schema=OFF \
+        --innodb-buffer-pool-size=256M --innodb-log-file-size=64M \
+        --innodb-flush-log-at-trx-commit=2 --innodb-lock-wait-timeout=900 \
+        --max-allowed-packet=64M 9>&- </dev/null >>"$LOG/mariadb.out" 2>&1 &
+    db_pid=$!
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$db_pid" 2>/dev/null || break
+        [[ -S $DB_SOCK ]] && mariadb-admin --no-defaults -S "$DB_SOCK" -u root ping \
+            >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    alive mariadbd || die "MariaDB did not start (port $DB_PORT taken?)" "$LOG/mariadb.log"
+fi
+sql >"$LOG/mariadb-setup.log" 2>&1 <<SQL || die "creating slurm_acct_db / user $DB_USER" "$LOG/mariadb-setup.log"
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+ALTER USER '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON slurm_acct_db.* TO '$DB_USER'@'127.0.0.1';
+GRANT ALL ON slurm_acct_db.* TO '$DB_USER'@'localhost';
+FLUSH PRIVILEGES;
+SQL
+
+# ---------------------------------------------------------------- slurmdbd
+if ((changed_dbd)); then stop_daemons 15 slurmdbd; fi
+if ! alive slurmdbd; then
+    launch slurmdbd slurmdbd
+fi
+wait_for slurmdbd 60 sacctmgr -n -P list cluster format=Cluster
+sacctmgr -n -P list cluster format=Cluster >"$STATE/run/clusters" 2>"$LOG/sacctmgr.log" ||
+    die "slurmdbd does not answer (sacctmgr list cluster)" "$LOG/slurmdbd.log"
+if ! grep -qx "$CLUSTER" "$STATE/run/clusters"; then
+    sacctmgr -i add cluster "$CLUSTER" >>"$LOG/sacctmgr.log" 2>&1 ||
+        die "sacctmgr add cluster $CLUSTER" "$LOG/sacctmgr.log"
+fi
+
+# ---------------------------------------------------------------- slurmctld + slurmd
+if ((changed_slurm)); then
+    stop_daemons 15 slurmd slurmctld
+fi
+if ! alive slurmctld; then
+    launch slurmctld slurmctld
+fi
+wait_for slurmctld 30 scontrol ping
+scontrol ping >/dev/null 2>&1 || die "slurmctld does not answer (scontrol ping)" "$LOG/slurmctld.log"
+if ! alive slurmd; then
+    launch slurmd slurmd -N localhost
+fi
+
+# ---------------------------------------------------------------- wait for idle node + sacct
+resumed=0
+state=""
+deadline=$((SECONDS + WAIT))
+while ((SECONDS < deadline)); do
+    alive slurmd || die "slurmd exited" "$LOG/slurmd.log"
+    alive slurmctld || die "slurmctld exited" "$LOG/slurmctld.log"
+    state=$(node_state)
+    case "$state" in
+    idle | mix | alloc | comp)
+        if sacct -n -X -o JobID >/dev/null 2>&1; then
+            echo "slurm: cluster up in $((SECONDS - T0))s (node localhost $state," \
+                "CPUs=$CPUS RealMemory=$MEM gpu:$NGPU, partition debug, logs in $LOG)"
+            exit 0
+        fi
+        ;;
+    down* | drain* | drng* | fail* | inval*)
+        # Left down/drained by an earlier run (e.g. a killed slurmd): return it to service.
+        if ((resumed < 3)) && [[ $state != *'*' ]]; then
+            scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
+            resumed=$((resumed + 1))
+        fi
+        ;;
+    esac
+    sleep 0.2
+done
+reason=$(sinfo -h -N -n localhost -o %E 2>/dev/null || true)
+die "node localhost not idle after ${WAIT}s (state '${state:-?}', reason '${reason:-?}')" \
+    "or sacct fails; see also $LOG/slurmd.log and $LOG/slurmdbd.log" "$LOG/slurmctld.log"
