@@ -85,7 +85,7 @@ def exit_code_from_progress(paths: RunPaths, returncode: int) -> int:
     return ExitCode.CRASH
 
 
-def _ignore_preempt_signals() -> None:
+def ignore_preempt_signals() -> None:
     # Slurm signals every process of the step. torchrun's agent does not handle
     # USR1/USR2 and would die on them, orphaning the workers mid-checkpoint; an
     # ignored disposition survives exec, and the trainer installs its own handlers.
@@ -150,7 +150,7 @@ class NodeLauncher:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_ignore_preempt_signals,
+            preexec_fn=ignore_preempt_signals,
         )
         pump = threading.Thread(target=_pump, args=(proc.stdout, paths.training_log), daemon=True)
         pump.start()

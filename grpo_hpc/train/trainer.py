@@ -301,10 +301,16 @@ class Trainer:
         g = self.cfg.rollout.num_generations
         samples = [p for p in problems for _ in range(g)]
         rc = self.cfg.reward
-        weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code}
+        weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code, **rc.custom}
         out = rewards.compute_rewards(
             batch.texts, samples, weights, self.custom, timeout_s=rc.timeout_s
         )
+        for name in self.custom:
+            if out.errors.get(name, 0) == len(samples):  # a bug in the function, not the text
+                raise ConfigError(
+                    f"reward function {name!r} failed on every completion "
+                    f"({out.error_examples.get(name, '?')}): fix it or remove it from reward.custom"
+                )
         total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
         if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
             total = torch.zeros_like(total)
@@ -405,7 +411,7 @@ class Trainer:
             **stats,
         }
         for (name, _), total in zip(components.items(), sums[4:], strict=True):
-            m[f"reward/{name}"] = total / max(sums[1], 1)
+            m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / max(sums[1], 1)
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         self.tracker.update(

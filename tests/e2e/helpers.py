@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grpo_hpc.launch import exit_code_from_progress, ignore_preempt_signals
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import load_profile
 from grpo_hpc.submit import create_run
@@ -47,17 +48,51 @@ def env() -> dict[str, str]:
 
 
 def train(paths: RunPaths, nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """Run torchrun to the end. Like the launcher, take the exit code from progress.json:
+    torchrun reports 1 for any failed worker, whatever the worker's own code was."""
+    proc = subprocess.run(
         torchrun_cmd(paths, nproc), capture_output=True, text=True, env=env(), timeout=timeout
     )
+    proc.returncode = exit_code_from_progress(paths, proc.returncode)
+    return proc
 
 
 def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:
-    """Start training in its own process group (so a test can SIGKILL all of it)."""
+    """Start training as the launcher does on a node: torchrun ignores the preemption
+    signals, so a test can signal or SIGKILL every process like Slurm does."""
     return subprocess.Popen(
         torchrun_cmd(paths, nproc),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env(),
         start_new_session=True,
+        preexec_fn=ignore_preempt_signals,
     )
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and all its descendants (from /proc), like Slurm's proctrack/linuxproc sees them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def signal_job(pid: int, sig: int) -> None:
+    """Signal every process of the 'job' (torchrun starts workers in their own sessions)."""
+    for p in descendants(pid):
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass

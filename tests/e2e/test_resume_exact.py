@@ -13,7 +13,7 @@ import torch
 
 from grpo_hpc.progress import TrainState, read_progress
 
-from .helpers import make_run, start, train
+from .helpers import make_run, signal_job, start, train
 
 STEPS = ["training.max_steps=8", "training.save_every_steps=2", "training.keep_last=1"]
 
@@ -48,7 +48,7 @@ def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
         assert proc.poll() is None, "trainer exited before its first checkpoint"
         time.sleep(0.05)
     time.sleep(rng.uniform(0.0, 1.5))  # somewhere in a later step, or inside a save
-    os.killpg(proc.pid, signal.SIGKILL)
+    signal_job(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
