@@ -112,12 +112,16 @@ def _wait(paths: RunPaths, result) -> int:  # noqa: ANN001
             )
         time.sleep(2)
     rec = read_progress(paths.progress)
-    state = result.job.state
-    code = rec.exit_code if rec is not None and rec.exit_code is not None else None
-    if code is None:
-        code = ExitCode.OK if state == "COMPLETED" or state == "FINISHED" else ExitCode.CRASH
-    print(f"job {result.job_id} ended: {state}; training exit code {code}; see {paths.root}")
-    return int(code)
+    if rec is not None and rec.exit_code is not None:
+        code = int(rec.exit_code)
+    else:
+        code = ExitCode.OK if result.job.state in ("COMPLETED", "FINISHED") else ExitCode.CRASH
+    training = f"{rec.state.value} at step {rec.step}/{rec.max_steps}" if rec else "no progress"
+    why = f" ({rec.reason})" if rec is not None and rec.reason else ""
+    print(f"job {result.job_id} ended ({result.job.state}): training {training}{why}")
+    name = ExitCode(code).name.lower() if code in {int(e) for e in ExitCode} else "unknown"
+    print(f"exit code {code} ({name}); run directory {paths.root}")
+    return code
 
 
 def submit_main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ class Tracker:
             return
         id_file = self.paths.root / "wandb_id"
         if not id_file.is_file():
-            atomic_write_text(id_file, wandb.util.generate_id() + "\n")
+            atomic_write_text(id_file, uuid.uuid4().hex[:12] + "\n")
         self._wandb = wandb.init(
             project=self.cfg.wandb.project,
             name=self.paths.name,
