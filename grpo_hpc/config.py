@@ -102,6 +102,9 @@ class RewardConfig:
     """Custom rewards: ``{"module:function": weight}``; fn(completion, sample) -> float."""
     timeout_s: float = 2.0
     """Time limit per answer verification."""
+    require_marker: bool = True
+    """Correctness needs an ``Answer: N`` line; false judges unformatted text by its last
+    number (a starting signal for small models that ignore the format)."""
 
 
 @dataclass

@@ -55,11 +55,19 @@ _FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
 _START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
-def extract_answer(completion: str) -> str | None:
-    """Text after the last ``Answer:`` marker, up to the end of that line; None if absent."""
+def extract_answer(completion: str, last_number_fallback: bool = False) -> str | None:
+    """Text after the last ``Answer:`` marker, up to the end of that line; None if absent.
+
+    With ``last_number_fallback`` a completion without the marker is judged by its last
+    number instead: small models (SmolLM2-135M) seldom follow the format at first, and
+    this gives GRPO a signal to start from (``reward.require_marker=false``).
+    """
     idx = completion.rfind(MARKER)
     if idx < 0:
-        return None
+        if not last_number_fallback:
+            return None
+        numbers = re.findall(r"[-\u2212]?\d[\d,]*(?:\.\d+)?", completion)
+        return numbers[-1] if numbers else None
     return completion[idx + len(MARKER) :].split("\n", 1)[0].strip()
 
 
@@ -219,10 +227,10 @@ _VERIFIER = _Verifier()
 
 
 def _score_correctness(
-    completions: Sequence[str], golds: Sequence[str], timeout_s: float
+    completions: Sequence[str], golds: Sequence[str], timeout_s: float, fallback: bool = False
 ) -> tuple[list[float], int]:
     golds = [extract_gold(g or "") for g in golds]
-    answers = [extract_answer(c) for c in completions]
+    answers = [extract_answer(c, fallback) for c in completions]
     scores = [_prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
     todo = [i for i, s in enumerate(scores) if s is None]
     jobs = [(answers[i], golds[i], _gold_value(golds[i]) is None) for i in todo]
@@ -391,6 +399,7 @@ def compute_rewards(
     weights: dict[str, float],
     custom: dict[str, Callable] | None = None,
     timeout_s: float = 2.0,
+    require_marker: bool = True,
 ) -> RewardBatch:
     """Score a batch. ``samples[i]`` describes ``completions[i]``: ``gold`` (str) and, for
     code tasks, ``tests`` (list of assert lines). ``weights`` maps reward names to weights;
@@ -409,7 +418,7 @@ def compute_rewards(
     if w["correctness"]:
         golds = [str(s.get("gold") or "") for s in samples]
         comps["correctness"], errors["correctness"] = _score_correctness(
-            completions, golds, timeout_s
+            completions, golds, timeout_s, fallback=not require_marker
         )
     if w["format"]:
         comps["format"] = [format_reward(c) for c in completions]

@@ -303,7 +303,12 @@ class Trainer:
         rc = self.cfg.reward
         weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code, **rc.custom}
         out = rewards.compute_rewards(
-            batch.texts, samples, weights, self.custom, timeout_s=rc.timeout_s
+            batch.texts,
+            samples,
+            weights,
+            self.custom,
+            timeout_s=rc.timeout_s,
+            require_marker=rc.require_marker,
         )
         for name in self.custom:
             if out.errors.get(name, 0) == len(samples):  # a bug in the function, not the text

@@ -277,3 +277,14 @@ def test_compute_rewards_rejects_bad_weights() -> None:
         compute_rewards(["x"], [{"gold": "1"}], {}, {"format": _length})
     with pytest.raises(ConfigError, match="not finite"):
         compute_rewards(["x"], [{"gold": "1"}], {"format": math.inf})
+
+
+def test_last_number_fallback_only_when_marker_not_required() -> None:
+    from grpo_hpc.train.rewards import compute_rewards
+
+    texts = ["so 5 + 7 = 12 apples", "Answer: 12", "12 or maybe 13"]
+    samples = [{"gold": "12"}] * 3
+    strict = compute_rewards(texts, samples, {"correctness": 1.0})
+    lenient = compute_rewards(texts, samples, {"correctness": 1.0}, require_marker=False)
+    assert strict.components["correctness"] == [0.0, 1.0, 0.0]
+    assert lenient.components["correctness"] == [1.0, 1.0, 0.0]  # last number 13 is wrong
