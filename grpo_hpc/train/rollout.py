@@ -9,6 +9,7 @@ refreshes the heartbeat so the monitor can tell "slow" from "dead".
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class HFEngine:
     """True under FSDP with several ranks: every rank runs the same number of forwards."""
     tick: Callable[[], None] = lambda: None
     abort: Callable[[], bool] = lambda: False
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Context for low-precision generation (bf16/fp16 autocast on GPU)."""
 
     def generate(
         self, prompts: list[str], num_generations: int, *, greedy: bool = False
@@ -95,7 +98,7 @@ class HFEngine:
         if not greedy:
             sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
             sampling["top_k"] = 0  # plain temperature sampling over the whole vocabulary
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,

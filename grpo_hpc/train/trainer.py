@@ -117,8 +117,11 @@ class Trainer:
         gpu = self.info.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if gpu and cfg.dist.precision == "fp16" else None
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+        # fp32 master weights; bf16/fp16 compute through autocast (generation too).
         self.autocast = (
-            torch.autocast("cuda", dtype=dtype) if gpu and dtype else contextlib.nullcontext()
+            (lambda: torch.autocast("cuda", dtype=dtype))
+            if gpu and dtype
+            else contextlib.nullcontext
         )
         synced = self.info.enabled and cfg.dist.strategy == "fsdp"
         self.engine = HFEngine(
@@ -129,6 +132,7 @@ class Trainer:
             cfg.rollout.top_p,
             cfg.rollout.generation_timeout_s,
             synced=synced,
+            autocast=self.autocast,
             tick=self.tracker.heartbeat,
             abort=lambda: self.stop_signal is not None,
         )
@@ -350,9 +354,9 @@ class Trainer:
         mbs = update.pad_microbatches(mbs, self.info)
         self.model.train()
         if cfg.algo.updates_per_batch > 1:
-            update.fill_fixed_logp(self.model, mbs, "old_logp")
+            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast)
         if self.ref is not None:
-            update.fill_fixed_logp(self.ref, mbs, "ref_logp")
+            update.fill_fixed_logp(self.ref, mbs, "ref_logp", self.autocast)
         stats: dict[str, float] = {}
         for _ in range(cfg.algo.updates_per_batch):
             stats = update.accumulate(

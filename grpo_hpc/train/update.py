@@ -9,6 +9,7 @@ matter how it is split. DDP/FSDP average gradients over ranks, hence the
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -64,10 +65,17 @@ def completion_logp(
 
 
 @torch.no_grad()
-def fill_fixed_logp(model: torch.nn.Module, mbs: list[MicroBatch], attr: str) -> None:
-    """Store old (or reference) log-probs once, before the updates change the policy."""
+def fill_fixed_logp(
+    model: torch.nn.Module,
+    mbs: list[MicroBatch],
+    attr: str,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> None:
+    """Store old (or reference) log-probs once, before the updates change the policy.
+    Same precision as the training forward, so the first ratio is exactly 1."""
     for mb in mbs:
-        logp, _ = completion_logp(model, mb)
+        with autocast():
+            logp, _ = completion_logp(model, mb)
         setattr(mb, attr, logp)
 
 
@@ -107,7 +115,7 @@ def accumulate(
     info: DistInfo,
     max_new_tokens: int,
     scaler: torch.amp.GradScaler | None,
-    autocast: contextlib.AbstractContextManager,
+    autocast: Callable[[], contextlib.AbstractContextManager],
 ) -> dict[str, float]:
     """Forward/backward every micro-batch; gradients end up summed for one step."""
     local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
@@ -123,7 +131,7 @@ def accumulate(
         "tokens": 0.0,
     }
     for i, mb in enumerate(mbs):
-        with _no_sync(model, last=i == len(mbs) - 1), autocast:
+        with _no_sync(model, last=i == len(mbs) - 1), autocast():
             logp, entropy = completion_logp(model, mb, with_entropy=True)
             cmask = mb.batch.completion_mask[mb.rows]
             loss_tok, stats = per_token_loss(
