@@ -35,6 +35,8 @@ class RolloutBatch:
     """P: padded prompt length (completion starts here)."""
     texts: list[str]
     """Decoded completions, for scoring."""
+    pad_token_id: int = 0
+    """Token id used for padding."""
 
     @property
     def num_tokens(self) -> int:
@@ -138,4 +140,5 @@ def _to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) ->
         completion_mask=cmask,
         prompt_len=p,
         texts=texts,
+        pad_token_id=tok.pad_token_id,
     )

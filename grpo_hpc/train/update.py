@@ -49,17 +49,40 @@ def split(batch: RolloutBatch, rows: list[int], adv: torch.Tensor, size: int) ->
     return out
 
 
+def right_align(
+    ids: torch.Tensor, mask: torch.Tensor, prompt_len: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move each row's left padding to the end; return (ids, mask, completion_start).
+
+    Generation needs left padding, but in a training forward a left pad is a query
+    with every key masked: in bf16 its softmax is NaN, and NaN times a zero gradient
+    is still NaN in backward. Right-aligned rows have no fully masked query (causal
+    attention never looks ahead), and plain 0..n positions are the right ones.
+    """
+    left = prompt_len - mask[:, :prompt_len].sum(1)  # leading pads per row
+    n = ids.shape[1]
+    src = torch.arange(n, device=ids.device).unsqueeze(0) + left.unsqueeze(1)
+    valid = src < n
+    src = src.clamp(max=n - 1)
+    new_ids = torch.where(valid, ids.gather(1, src), torch.full_like(ids, pad_id))
+    new_mask = torch.where(valid, mask.gather(1, src), torch.zeros_like(mask))
+    return new_ids, new_mask, prompt_len - left
+
+
 def completion_logp(
     model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the completion tokens under ``model`` ([B, C])."""
     b = mb.batch
-    ids, mask = b.input_ids[mb.rows], b.attention_mask[mb.rows]
-    # Left-padded prompts: positions must count real tokens only, as in generate().
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
-    logits = logits[:, b.prompt_len - 1 : -1].float()
-    logp = selective_log_softmax(logits, ids[:, b.prompt_len :])
+    ids, mask, start = right_align(
+        b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
+    )
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    # Token t of the completion is predicted at position start + t - 1.
+    c = b.input_ids.shape[1] - b.prompt_len
+    pos = (start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)).unsqueeze(-1)
+    logits = logits.gather(1, pos.expand(-1, -1, logits.shape[-1])).float()
+    logp = selective_log_softmax(logits, b.input_ids[mb.rows, b.prompt_len :])
     entropy = token_entropy(logits.detach()) if with_entropy else None
     return logp, entropy
 
