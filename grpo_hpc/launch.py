@@ -14,14 +14,17 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState, read_progress
 
 PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+CHECKPOINT_WAIT_S = 300.0
+"""How long the preemption hook waits for torchrun to exit after the trainer's save."""
 
 
 @dataclass(frozen=True)
@@ -132,19 +135,34 @@ class TrainingExit(RuntimeError):
         self.code = code
 
 
+class _AttemptEnded(Exception):  # noqa: N818 - control flow, never escapes the launcher
+    """Raised by the preemption hook (a signal handler) into ``NodeLauncher.__call__``'s
+    wait when the trainer finished or failed anyway: the job must then end like any other
+    attempt (COMPLETED, or FAILED with the trainer's reason), not be requeued, and not fail
+    with submitit's "checkpoint function returned None"."""
+
+
 @dataclass
 class NodeLauncher:
     """The callable submitit pickles and runs once per node."""
 
     run_dir: str
     nproc_per_node: int = 1
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False, compare=False)
+    _started: float = field(default=0.0, init=False, repr=False, compare=False)
+    _waiting: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # submitit pickles the launcher (at submission and again for a requeue): drop the
+        # process handle of a running torchrun.
+        return {**self.__dict__, "_proc": None, "_started": 0.0, "_waiting": False}
 
     def __call__(self) -> int:
         paths = RunPaths(Path(self.run_dir))
         ctx = node_context()
         cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)
         env = {**os.environ, "GRPO_HPC_JOB_ID": ctx.job_id, "PYTHONUNBUFFERED": "1"}
-        started = time.time()
+        self._started = time.time()
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -152,31 +170,67 @@ class NodeLauncher:
             stderr=subprocess.STDOUT,
             preexec_fn=ignore_preempt_signals,
         )
+        self._proc = proc
         pump = threading.Thread(target=_pump, args=(proc.stdout, paths.training_log), daemon=True)
         pump.start()
-        returncode = proc.wait()
+        returncode = self._wait(proc)
         pump.join(timeout=10)
         code = exit_code_from_progress(paths, returncode)
         if ctx.node_rank == 0:
-            write_summary(paths, ctx, code, started)
+            write_summary(paths, ctx, code, self._started)
         if code != ExitCode.OK:
             rec = read_progress(paths.progress)
             raise TrainingExit(code, rec.reason if rec and rec.reason else f"torchrun {returncode}")
         return code
 
+    def _wait(self, proc: subprocess.Popen) -> int:
+        """torchrun's exit status; then no more preemption hooks (the attempt is over)."""
+        self._waiting = True
+        while True:
+            try:
+                returncode = proc.wait()
+                if threading.current_thread() is threading.main_thread():
+                    ignore_preempt_signals()  # a late signal must not fail the ended attempt
+                self._waiting = False
+                return returncode
+            except _AttemptEnded:  # from the hook, at any point above: wait() again
+                continue
+
     def checkpoint(self, *args, **kwargs):  # noqa: ANN201 - submitit's Checkpointable hook
         """Called by submitit on the timeout/preemption signal: the trainer got the same
-        signal and is saving; wait for it to finish, then ask to be requeued."""
+        signal and is saving; wait for torchrun to exit, then ask to be requeued unless
+        this attempt finished or failed: then the job ends as usual and the monitor decides."""
         import submitit
 
-        paths = RunPaths(Path(self.run_dir))
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            rec = read_progress(paths.progress)
-            if rec is not None and rec.state.terminal:
-                break
-            time.sleep(1)
-        rec = read_progress(paths.progress)
-        if rec is not None and rec.state in (TrainState.FINISHED, TrainState.FAILED):
+        self._wait_for_torchrun(CHECKPOINT_WAIT_S)
+        rec = read_progress(RunPaths(Path(self.run_dir)).progress)
+        # Only a record written by this attempt counts: a requeued job starts with the
+        # previous attempt's terminal record on disk until its trainer writes a new one.
+        mine = rec is not None and self._started > 0 and rec.heartbeat >= self._started
+        if mine and rec.state in (TrainState.FINISHED, TrainState.FAILED):
+            if self._waiting:
+                raise _AttemptEnded()
             return None  # nothing to resume: let the job end
         return submitit.helpers.DelayedSubmission(NodeLauncher(self.run_dir, self.nproc_per_node))
+
+    def _wait_for_torchrun(self, timeout_s: float) -> None:
+        """Until torchrun (so every trainer process) has exited, or ``timeout_s``."""
+        if self._proc is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not child_exited(self._proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def child_exited(pid: int) -> bool:
+    """Whether a child process has exited, without reaping it.
+
+    The preemption hook runs as a signal handler in the main thread while that thread is
+    inside ``Popen.wait()``, which holds the Popen's wait lock: ``poll()``/``wait()`` from
+    the handler could never see the exit (they would give up on the lock, or spin until
+    their timeout). ``waitid(WNOWAIT)`` peeks and leaves the exit status to ``wait()``.
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True

@@ -45,6 +45,11 @@ from grpo_hpc.runs import SlurmView, job_view, pid_alive, query_slurm, resolve_r
 from grpo_hpc.slurm_query import JobRecord
 
 MAX_SUBMIT_ERRORS = 5
+CANCEL_WAIT_S = 30.0
+"""How long one pass waits for a cancelled job to leave the queue before resubmitting
+(Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
+so an old and a new trainer never write one run directory at the same time."""
+POLL_S = 0.5
 
 
 def cancel_local(pid: int) -> None:
@@ -60,6 +65,16 @@ def _resubmit(paths: RunPaths, reason: str) -> str:
     from grpo_hpc import submit  # submitit, omegaconf...: only when something is submitted
 
     return submit.resubmit(paths, reason).job_id
+
+
+def _submitted_jobs(paths: RunPaths, since: float) -> list[str]:
+    return slurm_query.submitted_jobs(paths.name, paths.submitit_dir, since)
+
+
+def _adopt(paths: RunPaths, job_id: str, reason: str) -> None:
+    from grpo_hpc import submit
+
+    submit.adopt(paths, job_id, reason)
 
 
 @dataclass
@@ -78,6 +93,12 @@ class Backend:
     """Is a local-executor job alive."""
     resubmit: Callable[[RunPaths, str], str] = _resubmit
     """Submit the next attempt; returns the new job id."""
+    submitted_jobs: Callable[[RunPaths, float], list[str]] = _submitted_jobs
+    """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
+    adopt: Callable[[RunPaths, str, str], None] = _adopt
+    """Record in jobs.jsonl a job that was submitted but never recorded."""
+    sleep: Callable[[float], None] = time.sleep
+    """Pause between polls for a cancelled job to end."""
 
 
 @dataclass
@@ -163,7 +184,8 @@ def monitor_run(
         job, t = job_view(entry, view, events, backend.pid_alive), now()
         if intent is not None:  # a monitor died mid-action: finish what it started
             action = _action_of(intent)
-            return _apply(paths, job, action, t, backend, Outcome(paths.name, job.job_id, action))
+            out = Outcome(paths.name, job.job_id, action)
+            return _apply(paths, job, action, t, backend, out, since=float(intent["time"]))
         action = decide(read_progress(paths.progress), job, history, t, policy)
         ev = _event(t, job, action, "decision")
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
@@ -190,15 +212,25 @@ def _close_superseded(
 
 
 def _apply(
-    paths: RunPaths, job: JobView, action: Action, t: float, backend: Backend, out: Outcome
+    paths: RunPaths,
+    job: JobView,
+    action: Action,
+    t: float,
+    backend: Backend,
+    out: Outcome,
+    since: float | None = None,
 ) -> Outcome:
-    """Cancel and/or resubmit for an intent already written; close it with done/error."""
+    """Cancel and/or resubmit for an intent already written; close it with done/error.
+
+    ``since``: when re-applying the open intent of a killed monitor, the intent's time; a
+    job that monitor submitted but did not record is adopted instead of submitting again.
+    """
     out.logged = True
     if action.cancel and job.state not in ("LOCAL_EXITED", "MISSING"):
-        if job.state.startswith("LOCAL_"):
-            backend.cancel_local(int(job.job_id))
-        else:
-            backend.cancel_slurm(job.job_id)
+        _cancel(job, backend)
+        if action.kind in RESUBMIT_KINDS and not _wait_gone(job, backend):
+            out.error = f"job {job.job_id} is still ending after the cancel; resubmit next pass"
+            return out  # the intent stays open: a later pass cancels again and goes on
     if action.kind not in RESUBMIT_KINDS:
         append_jsonl(paths.events, _event(t, job, action, "done"))
         return out
@@ -210,15 +242,61 @@ def _apply(
             paths.events, _event(t, job, action, "done", new_job_id=newest, note="superseded")
         )
         return out
+    reason = f"monitor: {action.failure_class.value}"
     try:
-        out.new_job_id = backend.resubmit(paths, f"monitor: {action.failure_class.value}")
+        adopted = _adopt_orphan(paths, job, backend, reason, since) if since else None
+        out.new_job_id = adopted or backend.resubmit(paths, reason)
     except GrpoError as e:
         out.error = str(e)
         append_jsonl(paths.events, _event(t, job, action, "error", error=str(e)))
         _maybe_give_up(paths, job, t, e)
         return out
-    append_jsonl(paths.events, _event(t, job, action, "done", new_job_id=out.new_job_id))
+    note = {"note": "adopted"} if adopted else {}
+    append_jsonl(paths.events, _event(t, job, action, "done", new_job_id=out.new_job_id, **note))
     return out
+
+
+def _cancel(job: JobView, backend: Backend) -> None:
+    if job.state.startswith("LOCAL_"):
+        backend.cancel_local(int(job.job_id))
+    else:
+        backend.cancel_slurm(job.job_id)
+
+
+def _wait_gone(job: JobView, backend: Backend, timeout_s: float = CANCEL_WAIT_S) -> bool:
+    """Whether the cancelled job has left the queue (its processes are gone) in time."""
+    waited = 0.0
+    while True:
+        if job.state.startswith("LOCAL_"):
+            alive = job.job_id.isdigit() and backend.pid_alive(int(job.job_id))
+        else:
+            alive = job.job_id in backend.queued_job_ids()
+        if not alive:
+            return True
+        if waited >= timeout_s:
+            return False
+        backend.sleep(POLL_S)
+        waited += POLL_S
+
+
+def _adopt_orphan(
+    paths: RunPaths, job: JobView, backend: Backend, reason: str, since: float
+) -> str | None:
+    """A job submitted for the run since ``since`` but missing from jobs.jsonl (a monitor
+    killed between sbatch and the write): record it rather than submit a second one."""
+    if job.state.startswith("LOCAL_"):
+        return None
+    known = {str(j["job_id"]) for j in read_jsonl(paths.jobs)}
+    orphans = [j for j in backend.submitted_jobs(paths, since) if j not in known]
+    if not orphans:
+        return None
+    orphans.sort(key=lambda j: (len(j), j))
+    for extra in orphans[:-1]:
+        backend.cancel_slurm(extra)
+    backend.adopt(
+        paths, orphans[-1], f"{reason} (adopted: submitted by a monitor killed mid-action)"
+    )
+    return orphans[-1]
 
 
 def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:

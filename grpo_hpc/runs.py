@@ -75,6 +75,11 @@ def job_view(
     if rec is None:
         state = "PENDING" if job_id in view.queued else "MISSING"
         return JobView(job_id, state, submitted_at=submitted)
+    if not rec.active and job_id in view.queued:
+        # Accounting already has the end state (e.g. CANCELLED) while squeue still lists
+        # the job: its processes are being killed. Resubmitting now would start a second
+        # trainer on the run directory while the first one may still write to it.
+        return JobView(job_id, "COMPLETING", rec.exit_code, submitted)
     since = None
     if rec.state == "RUNNING":
         since = rec.started_at or running_since(events, job_id)

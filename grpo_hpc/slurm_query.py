@@ -9,12 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from grpo_hpc.errors import SlurmUnavailableError
 
 TIMEOUT_S = 20.0
+SKEW_S = 60.0
+FAR = "now+3650days"
+"""Clock difference tolerated between this machine and slurmctld."""
 # Slurm states grouped by what they mean for a training run.
 ACTIVE_STATES = {
     "PENDING",
@@ -42,8 +47,6 @@ class JobRecord:
     """Exit code of the batch script (None if unknown)."""
     elapsed_s: int | None = None
     """Elapsed wall time in seconds."""
-    restarts: int = 0
-    """Times the job was requeued (sacct Restarts)."""
     started_at: float | None = None
     """Unix time the job (its latest run, after a requeue) started; None if not yet."""
 
@@ -110,23 +113,28 @@ def _parse_elapsed(text: str) -> int | None:
         return None
 
 
+SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,Start"
+"""sacct has no requeue counter (there is no ``Restarts`` field in Slurm 22.05; sacct
+rejects the whole call for an unknown field); without ``-D`` it shows a requeued job's
+latest run, whose Start is that run's start."""
+
+
 def parse_sacct(text: str) -> dict[str, JobRecord]:
-    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Restarts,Start`` output
-    (with ``SLURM_TIME_FORMAT=%s``, so Start is a Unix time or "Unknown") (pure)."""
+    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Start`` output (with
+    ``SLURM_TIME_FORMAT=%s``, so Start is a Unix time or "Unknown") (pure)."""
     out: dict[str, JobRecord] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) < 5 or not parts[0]:
+        if len(parts) < 4 or not parts[0]:
             continue
-        job_id, state, exit_code, elapsed, restarts = parts[:5]
-        start = parts[5] if len(parts) > 5 else ""
+        job_id, state, exit_code, elapsed = parts[:4]
+        start = parts[4] if len(parts) > 4 else ""
         code = exit_code.split(":")[0]
         out[job_id] = JobRecord(
             job_id=job_id,
             state=state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 0" -> CANCELLED
             exit_code=int(code) if code.isdigit() else None,
             elapsed_s=_parse_elapsed(elapsed),
-            restarts=int(restarts) if restarts.isdigit() else 0,
             started_at=float(start) if start.isdigit() else None,
         )
     return out
@@ -137,23 +145,52 @@ def job_records(job_ids: Iterable[str]) -> dict[str, JobRecord]:
     ids = sorted({str(j) for j in job_ids if j})
     if not ids:
         return {}
-    text = _run(
-        [
-            "sacct",
-            "-X",
-            "-n",
-            "-P",
-            "-o",
-            "JobID,State,ExitCode,Elapsed,Restarts",
-            "-j",
-            ",".join(ids),
-        ]
-    )
-    return parse_sacct(text)
+    cmd = ["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(ids)]
+    return parse_sacct(_run(cmd, env={"SLURM_TIME_FORMAT": "%s"}))
+
+
+def job_name(run_name: str) -> str:
+    """The Slurm job name of every job of a run."""
+    return f"grpo-{run_name}"
+
+
+def parse_submit_lines(text: str, script_dir: Path, since: float) -> list[str]:
+    """Job ids from ``JobID|Submit|command`` lines (``sacct -o JobID,Submit,SubmitLine`` or
+    ``squeue -o %i|%V|%o``, with ``SLURM_TIME_FORMAT=%s``) submitted at or after ``since``
+    whose sbatch script lies in ``script_dir`` (submitit runs
+    ``sbatch <folder>/.submission_file_<uuid>.sh``) (pure)."""
+    prefix = f"{str(script_dir).rstrip('/')}/"
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) < 3 or not parts[0] or not parts[1].isdigit():
+            continue
+        job_id, submitted, command = parts
+        ours = any(arg.startswith(prefix) for arg in command.split())
+        if ours and float(submitted) >= since:
+            out.append(job_id)
+    return out
+
+
+def submitted_jobs(run_name: str, script_dir: Path, since: float) -> list[str]:
+    """Ids of the run's jobs submitted since ``since`` (Unix time; a minute of clock skew
+    allowed), recorded in jobs.jsonl or not: how a restarted monitor finds the job that a
+    killed monitor submitted but did not live to record.
+
+    squeue answers at once for queued jobs; accounting (slurmdbd) learns of a new job only
+    seconds later, but also knows the jobs that have already ended."""
+    env, name, after = {"SLURM_TIME_FORMAT": "%s"}, job_name(run_name), since - SKEW_S
+    queued = _run(["squeue", "-h", f"--name={name}", "-o", "%i|%V|%o"], env=env)
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(after))
+    # -E in the far future: a pending job (held by --begin, say) counts as in the window.
+    cmd = ["sacct", "-X", "-n", "-P", f"--name={name}", "-S", start, "-E", FAR]
+    accounted = _run(cmd + ["-o", "JobID,Submit,SubmitLine"], env=env)
+    ids = parse_submit_lines(queued + "\n" + accounted, script_dir, after)
+    return sorted(set(ids), key=lambda j: (len(j), j))
 
 
 def queued_job_ids() -> set[str]:
-    """Job ids squeue currently lists (pending, running, completing...)."""
+    """Job ids squeue currently lists: pending, running, completing... (not finished ones)."""
     return {line.strip() for line in _run(["squeue", "-h", "-o", "%i"]).splitlines() if line}
 
 

@@ -111,7 +111,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def _eta(row: RunRow) -> str:
-    if row.train_state in (None, "finished") or not row.sec_per_step or not row.max_steps:
+    ended = row.train_state in (None, "finished", "failed") or row.monitor_action == "STOP"
+    if ended or not row.sec_per_step or not row.max_steps:
         return "-"
     return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
 

@@ -43,7 +43,7 @@ def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
 def executor_parameters(profile: Profile, run_name: str, setup: list[str]) -> dict[str, Any]:
     """submitit AutoExecutor parameters for a profile (pure)."""
     params: dict[str, Any] = {
-        "name": f"grpo-{run_name}",
+        "name": slurm_query.job_name(run_name),
         "timeout_min": profile.time_min,
         "nodes": profile.nodes,
         "tasks_per_node": 1,  # one task per node; it launches torchrun for that node
@@ -125,11 +125,17 @@ def submit_run(paths: RunPaths, profile: Profile, reason: str) -> SubmitResult:
     except (submitit.core.utils.FailedSubmissionError, OSError) as e:
         first = str(e).strip().splitlines()
         raise GrpoError(f"submission failed: {first[-1] if first else e}") from None
+    attempt = record_job(paths, str(job.job_id), profile, reason)
+    return SubmitResult(str(job.job_id), attempt, job)
+
+
+def record_job(paths: RunPaths, job_id: str, profile: Profile, reason: str) -> int:
+    """Append a submitted job to jobs.jsonl; returns its attempt number."""
     attempt = next_attempt(paths)
     append_jsonl(
         paths.jobs,
         {
-            "job_id": str(job.job_id),
+            "job_id": job_id,
             "attempt": attempt,
             "submitted_at": time.time(),
             "reason": reason,
@@ -137,7 +143,13 @@ def submit_run(paths: RunPaths, profile: Profile, reason: str) -> SubmitResult:
             "executor": profile.executor,
         },
     )
-    return SubmitResult(str(job.job_id), attempt, job)
+    return attempt
+
+
+def adopt(paths: RunPaths, job_id: str, reason: str) -> None:
+    """Record a job that was submitted for this run but never made it into jobs.jsonl
+    (its submitter was killed between sbatch and the write)."""
+    record_job(paths, job_id, load_run_profile(paths), reason)
 
 
 def create_run(

@@ -27,7 +27,7 @@ from grpo_hpc.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.monitor import Backend, main, monitor_pass, monitor_run
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.slurm_query import JobRecord
+from grpo_hpc.slurm_query import ACTIVE_STATES, JobRecord
 
 NOW = 1_000_000.0
 MIN = 60.0
@@ -299,11 +299,23 @@ class FakeSlurm:
         self.next_id = 200
         self.fail_submit: BaseException | None = None
         self.kill_after_submit = False
+        self.kill_before_record = False
+        self.submitted: list[str] = []
+        self.slow_cancel = False
 
     def job_records(self, ids: Iterable[str]) -> dict[str, JobRecord]:
         ids = list(ids)
         self.sacct_calls.append(ids)
         return {j: JobRecord(j, self.states[j]) for j in ids if j in self.states}
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+        if job_id in self.states and not self.slow_cancel:
+            self.states[job_id] = "CANCELLED"
+
+    def queued(self) -> set[str]:
+        """Like squeue: only jobs that have not ended (a slow cancel keeps its job listed)."""
+        return {j for j, st in self.states.items() if st in ACTIVE_STATES}
 
     def resubmit(self, paths: RunPaths, reason: str) -> str:
         if self.fail_submit is not None:
@@ -311,6 +323,9 @@ class FakeSlurm:
         self.next_id += 1
         jid = str(self.next_id)
         self.states[jid] = "PENDING"
+        self.submitted.append(jid)
+        if self.kill_before_record:  # sbatch went through, jobs.jsonl was never written
+            raise Killed()
         n = len(read_jsonl(paths.jobs))
         append_jsonl(
             paths.jobs,
@@ -329,9 +344,14 @@ class FakeSlurm:
     def backend(self) -> Backend:
         return Backend(
             job_records=self.job_records,
-            queued_job_ids=lambda: set(self.states),
-            cancel_slurm=self.cancelled.append,
+            queued_job_ids=self.queued,
+            cancel_slurm=self.cancel,
             resubmit=self.resubmit,
+            submitted_jobs=lambda paths, since: list(self.submitted),
+            adopt=lambda paths, jid, reason: append_jsonl(
+                paths.jobs, {"job_id": jid, "reason": reason, "executor": "slurm"}
+            ),
+            sleep=lambda s: None,
         )
 
 
@@ -428,6 +448,35 @@ def test_killed_after_submit_never_submits_twice(tmp_path: Path) -> None:
     assert jobs_of(p) == ["100", "201"]
     done = [e for e in read_jsonl(p.events) if e["phase"] == "done"]
     assert len(done) == 1 and done[0]["note"] == "superseded" and done[0]["new_job_id"] == "201"
+
+
+def test_killed_between_sbatch_and_record_adopts_the_job(tmp_path: Path) -> None:
+    s = FakeSlurm()
+    p = make_run(tmp_path, "r", "100", "TIMEOUT", s, progress=rec())
+    s.kill_before_record = True
+    with pytest.raises(Killed):
+        monitor_run(p, FAST, lambda: NOW, s.backend())
+    assert jobs_of(p) == ["100"] and s.submitted == ["201"]  # an orphan in Slurm
+    s.kill_before_record = False
+    out = monitor_run(p, FAST, lambda: NOW + 60, s.backend())
+    assert out.new_job_id == "201" and s.submitted == ["201"]  # adopted, not submitted again
+    assert jobs_of(p) == ["100", "201"] and "adopted" in read_jsonl(p.jobs)[-1]["reason"]
+    assert read_jsonl(p.events)[-1]["note"] == "adopted"
+    monitor_run(p, FAST, lambda: NOW + 120, s.backend())
+    assert s.submitted == ["201"]
+
+
+def test_resubmits_only_once_the_cancelled_job_has_ended(tmp_path: Path) -> None:
+    s = FakeSlurm()
+    p = make_run(tmp_path, "r", "100", "RUNNING", s, progress=rec(heartbeat=NOW - 3600))
+    s.slow_cancel = True  # scancel sent, the job's processes are still being killed
+    out = monitor_run(p, FAST, lambda: NOW, s.backend())
+    assert out.new_job_id is None and "still ending" in (out.error or "")
+    assert jobs_of(p) == ["100"] and read_jsonl(p.events)[-1]["phase"] == "intent"
+    s.states["100"] = "CANCELLED"
+    out = monitor_run(p, FAST, lambda: NOW + 30, s.backend())
+    assert out.new_job_id == "201" and out.action.failure_class is C.STALLED_HEARTBEAT
+    assert jobs_of(p) == ["100", "201"] and s.cancelled == ["100", "100"]
 
 
 def test_budget_survives_restarts_and_stop_sticks(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from grpo_hpc.runs import SlurmView
 from grpo_hpc.slurm_query import JobRecord
 from grpo_hpc.status import (
     RunRow,
+    _eta,
     build_details,
     build_table,
     collect_detail,
@@ -170,6 +172,13 @@ def test_row_flags_rules() -> None:
     assert row_flags(RunRow(**{**base, "heartbeat": NOW, "reward_trend": [0, 0]}), NOW) == []
     wait = RunRow(run="r", train_state="failed", monitor_action="WAIT", monitor_class="crash")
     assert row_flags(wait, NOW) == ["backoff: crash", "failed"]
+
+
+def test_no_eta_once_the_run_has_ended() -> None:
+    live = RunRow(run="r", train_state="training", step=2, max_steps=10, sec_per_step=3.0)
+    assert _eta(live) == "24s"
+    for ended in ({"train_state": "failed"}, {"monitor_action": "STOP"}, {"train_state": None}):
+        assert _eta(dataclasses.replace(live, **ended)) == "-", ended
 
 
 def test_json_output_for_local_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,0 +1,208 @@
+"""Helpers for the tests that run grpo-submit / grpo-monitor / grpo-status against the local
+Slurm cluster (slurm/up.sh): CLIs as subprocesses, bounded polling, raw sacct for asserts.
+
+Assertions about Slurm use ``sacct``/``squeue`` directly, not grpo_hpc.slurm_query, so a bug
+in the code under test cannot hide itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from grpo_hpc.fsutil import read_jsonl
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, read_progress
+
+REPO = Path(__file__).resolve().parents[2]
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
+T = TypeVar("T")
+
+
+def cli_env() -> dict[str, str]:
+    """Environment for the CLIs; sbatch exports it to the jobs (one thread, no downloads)."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+    }
+
+
+def cli(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m grpo_hpc.<module> args`` (the console scripts' entry points)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"grpo_hpc.{module}", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def start_cli(module: str, *args: str, log: Path) -> subprocess.Popen:
+    """Start a CLI in the background, stdout+stderr to ``log``."""
+    out = open(log, "ab")  # noqa: SIM115 - owned by the process
+    return subprocess.Popen(
+        [sys.executable, "-m", f"grpo_hpc.{module}", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=cli_env(),
+        cwd=REPO,
+    )
+
+
+def submit(logs: Path, name: str, *overrides: str, profile: str = "slurm-local") -> str:
+    """grpo-submit a tiny run (no wait); returns its first job id."""
+    args = ["--profile", profile, "--config", "tiny", "--name", name, "--logs", str(logs)]
+    proc = cli("cli", *args, "training.num_threads=1", *overrides)
+    assert proc.returncode == 0, f"grpo-submit failed ({proc.returncode}):\n{proc.stderr}"
+    return job_ids(RunPaths(logs / name))[0]
+
+
+def write_profile(path: Path, **changes: Any) -> Path:
+    """A copy of templates/slurm-local.yaml with some keys changed (e.g. time_min=1)."""
+    data = yaml.safe_load((REPO / "templates" / "slurm-local.yaml").read_text())
+    path.write_text(yaml.safe_dump({**data, **changes}))
+    return path
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 1.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------- run directory
+
+
+def job_ids(paths: RunPaths) -> list[str]:
+    return [str(j["job_id"]) for j in read_jsonl(paths.jobs)]
+
+
+def events(paths: RunPaths, phase: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in read_jsonl(paths.events) if phase is None or e.get("phase") == phase]
+
+
+def progress(paths: RunPaths) -> ProgressRecord:
+    rec = read_progress(paths.progress)
+    assert rec is not None, f"{paths.progress} missing or unreadable"
+    return rec
+
+
+def step_log(paths: RunPaths) -> list[int]:
+    """The training steps of metrics.jsonl in the order they were logged (eval lines skipped)."""
+    return [int(m["step"]) for m in read_jsonl(paths.metrics) if "reward/mean" in m]
+
+
+def final_event(paths: RunPaths) -> dict[str, Any] | None:
+    """The STOP/DONE decision about the run's newest job, if a monitor made one."""
+    ids = job_ids(paths)
+    for ev in reversed(events(paths, "decision")):
+        if ids and str(ev["job_id"]) == ids[-1] and ev["action"] in ("STOP", "DONE"):
+            return ev
+    return None
+
+
+def describe(paths: RunPaths) -> str:
+    """Everything useful about a run for a failure message."""
+    parts = [f"== {paths.name}: jobs {job_ids(paths)} sacct {sacct(*job_ids(paths))}"]
+    for f in (paths.progress, paths.events, paths.job_summary):
+        if f.exists():
+            parts.append(f"-- {f.name}\n{f.read_text()[-3000:]}")
+    if paths.training_log.exists():
+        parts.append("-- training_output.log (tail)\n" + paths.training_log.read_text()[-1500:])
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------ Slurm
+
+
+def _run(*cmd: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}"
+    return proc.stdout
+
+
+def sacct(*ids: str) -> dict[str, str]:
+    """Job id -> sacct state word of the allocation (missing until slurmdbd knows it)."""
+    if not ids:
+        return {}
+    out = _run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids))
+    rows = (line.split("|") for line in out.splitlines() if "|" in line)
+    return {job: state.split()[0] for job, state in rows}
+
+
+def sacct_start(job_id: str) -> float:
+    """Unix time the job (its latest run) started."""
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "Start", "-j", job_id],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "SLURM_TIME_FORMAT": "%s"},
+        check=True,
+    ).stdout.strip()
+    assert out.isdigit(), f"job {job_id} has no start time: {out!r}"
+    return float(out)
+
+
+def wait_sacct(job_id: str, *want: str, timeout: float = 60) -> str:
+    """Poll sacct until the job is in one of ``want``."""
+    return wait_for(
+        f"job {job_id} in {want} (now {sacct(job_id).get(job_id)})",
+        lambda: sacct(job_id).get(job_id) in want and sacct(job_id)[job_id],
+        timeout,
+        interval=0.5,
+    )
+
+
+def jobs_of_run(paths: RunPaths) -> set[str]:
+    """Every job Slurm has for this run directory (by job name and sbatch script path):
+    squeue for queued jobs (at once), sacct for all (slurmdbd learns of a job seconds late)."""
+    name, prefix = f"--name=grpo-{paths.name}", f"{paths.submitit_dir}/"
+    lines = _run("squeue", "-h", name, "-o", "%i|%o").splitlines()
+    lines += _run(
+        "sacct", "-X", "-n", "-P", "-S", "now-1days", "-E", "now+3650days", name,
+        "-o", "JobID,SubmitLine",
+    ).splitlines()  # fmt: skip
+    return {
+        line.split("|", 1)[0] for line in lines if "|" in line and prefix in line.split("|", 1)[1]
+    }
+
+
+def assert_one_slurm_job_per_entry(paths: RunPaths, timeout: float = 30) -> None:
+    """Slurm has exactly the jobs of jobs.jsonl for this run: no duplicate, no orphan."""
+    ids = set(job_ids(paths))
+    wait_for(f"Slurm to list jobs {sorted(ids)}", lambda: ids <= jobs_of_run(paths), timeout)
+    assert jobs_of_run(paths) == ids, describe(paths)
+
+
+def queued() -> set[str]:
+    return {line.strip() for line in _run("squeue", "-h", "-o", "%i").splitlines() if line}
+
+
+def scancel(*ids: str) -> None:
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
+
+
+def dump_json(rows: Any) -> str:
+    return json.dumps(rows, indent=1, default=str)

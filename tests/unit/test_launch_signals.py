@@ -1,0 +1,95 @@
+"""NodeLauncher's preemption hook, with a stand-in for torchrun (no Slurm, no torch).
+
+submitit calls ``checkpoint()`` from its SIGUSR2 handler while ``__call__`` waits for
+torchrun; the handler runs in the main thread, inside that wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import submitit
+
+from grpo_hpc import launch
+from grpo_hpc.launch import NodeLauncher
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+
+FAKE_TRAINER = """
+import sys, time
+from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+time.sleep(0.6)  # the signal arrives while this "trainer" is still busy
+state, code = TrainState(sys.argv[2]), int(sys.argv[3])
+write_progress(sys.argv[1], ProgressRecord(run="r", state=state, exit_code=code, step=3))
+sys.exit(0 if code == 0 else 1)
+"""
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    saved = {sig: signal.getsignal(sig) for sig in launch.PREEMPT_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _launch_with_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, code: int
+) -> tuple[object, list[object]]:
+    """Run the launcher on a fake trainer; SIGUSR2 comes 0.2 s in, handled like submitit."""
+    paths = RunPaths(tmp_path / "r")
+    paths.root.mkdir()
+    write_progress(paths.progress, ProgressRecord(run="r", state=TrainState.INTERRUPTED))
+    cmd = [sys.executable, "-c", FAKE_TRAINER, str(paths.progress), state, str(code)]
+    monkeypatch.setattr(launch, "torchrun_command", lambda *a, **k: cmd)
+    launcher = NodeLauncher(str(paths.root))
+    hooks: list[object] = []
+
+    def submitit_like(signum: int, frame: object) -> None:
+        hooks.append("signal")
+        hooks.append(launcher.checkpoint())
+        if hooks[-1] is None:
+            raise submitit.core.utils.UncompletedJobError("checkpoint function returned None")
+
+    signal.signal(signal.SIGUSR2, submitit_like)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+    try:
+        result: object = launcher()
+    except launch.TrainingExit as e:
+        result = e
+    return result, hooks
+
+
+def test_signal_during_a_finishing_attempt_completes_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    result, hooks = _launch_with_signal(tmp_path, monkeypatch, "finished", 0)
+    assert result == 0 and hooks == ["signal"]  # the hook unwound into the wait: no requeue
+    assert "exit code:  0 (OK)" in (tmp_path / "r" / "job_summary.txt").read_text()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN  # attempt over: no more hooks
+
+
+def test_signal_during_a_failing_attempt_fails_with_the_trainers_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    result, hooks = _launch_with_signal(tmp_path, monkeypatch, "failed", 3)
+    assert isinstance(result, launch.TrainingExit) and result.code == 3
+    assert hooks == ["signal"]
+
+
+def test_signal_during_an_interrupted_attempt_asks_for_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    result, hooks = _launch_with_signal(tmp_path, monkeypatch, "interrupted", 5)
+    # The hook waited for the trainer to exit (its record is this attempt's), then asked
+    # to be requeued with a fresh launcher; submitit would now requeue and exit.
+    _, delayed = hooks
+    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
+    assert delayed.function == NodeLauncher(str(tmp_path / "r"))
+    assert isinstance(result, launch.TrainingExit) and result.code == 5
