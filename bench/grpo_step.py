@@ -31,16 +31,19 @@ SHAPES = {
 
 def build_model(out: Path, shape: str) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     from grpo_hpc.train.models import CHAT_TEMPLATE, SPECIALS
 
     h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
-    words = SPECIALS + [chr(c) for c in range(32, 127)]
+    # Character-level prompt tokens plus filler tokens up to the model's vocabulary size.
+    # Every prompt character must have its own id: an unknown character mapped to <pad>
+    # (whose embedding row is zero) at position 0 gives NaN attention gradients.
+    words = SPECIALS + ["<unk>", "\n"] + [chr(c) for c in range(32, 127)]
     words += [f"<t{i}>" for i in range(vocab - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="isolated")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     fast.chat_template = CHAT_TEMPLATE
