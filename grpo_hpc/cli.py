@@ -18,6 +18,8 @@ SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile h100x2 --config gsm8k training.max_steps=500 --name gsm8k-a
   grpo-submit --profile slurm-local --config tiny --wait --rollout.temperature=0.7
   grpo-submit --resume gsm8k-a                          # next attempt of an existing run
+  grpo-submit --resume gsm8k-a --from-step 200          # go back to checkpoint 200
+  grpo-submit --profile supercloud --config gsm8k --watch   # and start a monitor for it
   grpo-submit --list-profiles
 
 overrides: any config key as section.key=value or --section.key=value
@@ -37,6 +39,13 @@ def _parser() -> Parser:
     p.add_argument("--name", help="run name (default: <config>-<date>-<time>)")
     p.add_argument("--logs", help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
     p.add_argument("--resume", metavar="RUN", help="submit the next attempt of an existing run")
+    p.add_argument(
+        "--from-step",
+        type=int,
+        metavar="N",
+        help="with --resume: restart from checkpoint N (newer ones are set aside, not deleted)",
+    )
+    p.add_argument("--watch", action="store_true", help="start grpo-monitor for this run")
     p.add_argument("--dry-run", action="store_true", help="print the job; submit nothing")
     p.add_argument("--wait", action="store_true", help="wait for the job and show progress")
     p.add_argument("--no-wait", action="store_true", help="do not wait (local profile waits)")
@@ -80,6 +89,8 @@ def _submit(argv: list[str]) -> int:
         return ExitCode.OK
     result = submit.new_run(paths, args.profile, args.config, overrides)
     print(f"submitted run {paths.name}: job {result.job_id} ({profile.executor}), dir {paths.root}")
+    if args.watch:
+        _start_monitor(paths)
     wait = args.wait or (profile.executor == "local" and not args.no_wait)
     return _wait(paths, result) if wait else ExitCode.OK
 
@@ -94,9 +105,24 @@ def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
         )
     if overrides:
         raise ConfigError("--resume continues a run with its stored config: drop the overrides")
+    if args.from_step is not None:
+        set_aside = submit.rewind(paths, args.from_step)
+        print(f"resuming from checkpoint {args.from_step}; set aside: {set_aside or 'none'}")
     result = submit.resubmit(paths, reason="manual --resume")
     print(f"resubmitted run {paths.name}: job {result.job_id}, attempt {result.attempt}")
+    if args.watch:
+        _start_monitor(paths)
     return _wait(paths, result) if args.wait else ExitCode.OK
+
+
+def _start_monitor(paths: RunPaths) -> None:
+    """A detached ``grpo-monitor RUN`` (survives this shell; log in the run directory)."""
+    import subprocess
+
+    log = open(paths.root / "monitor.log", "ab")  # noqa: SIM115 - handed to the child
+    cmd = [sys.executable, "-m", "grpo_hpc.monitor", paths.name, "--logs", str(paths.root.parent)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+    print(f"monitor started (pid {proc.pid}); log: {paths.root / 'monitor.log'}")
 
 
 def _wait(paths: RunPaths, result) -> int:  # noqa: ANN001

@@ -207,3 +207,20 @@ def new_run(
     except BaseException:
         shutil.rmtree(paths.root, ignore_errors=True)
         raise
+
+
+def rewind(paths: RunPaths, step: int) -> list[int]:
+    """Make checkpoint ``step`` the newest complete one: newer checkpoints are renamed to
+    ``checkpoints/.set-aside-<time>-step-N`` (kept, but invisible to resume)."""
+    complete = paths.checkpoint_steps()
+    if step not in complete:
+        listed = ", ".join(map(str, complete)) or "none"
+        raise ConfigError(
+            f"run {paths.name!r} has no complete checkpoint at step {step} (complete: {listed})"
+        )
+    newer = [s for s in paths.checkpoint_steps(complete_only=False) if s > step]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for s in newer:
+        paths.checkpoint(s).rename(paths.checkpoints / f".set-aside-{stamp}-step-{s}")
+    return newer
+
