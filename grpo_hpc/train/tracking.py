@@ -122,6 +122,28 @@ def _flat_config(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def step_metrics(
+    step: int, cfg: Config, sums: list[float], component_names: list[str], world_size: int
+) -> dict[str, float]:
+    """Metrics of one step from globally summed values (pure): ``sums`` holds
+    [reward total, completions, generated tokens, generation seconds summed over ranks,
+    then one total per reward component]."""
+    n = max(sums[1], 1)
+    m: dict[str, float] = {
+        "step": step,
+        "max_steps": cfg.training.max_steps,
+        "prompts": cfg.rollout.prompts_per_step,
+        "group_size": cfg.rollout.num_generations,
+        "completions": int(sums[1]),
+        "reward/mean": sums[0] / n,
+        "tokens_per_s": sums[2] / max(sums[3] / world_size, 1e-9),
+        "gen_len/mean": sums[2] / n,
+    }
+    for name, total in zip(component_names, sums[4:], strict=True):
+        m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / n
+    return m
+
+
 def console_line(m: dict[str, float]) -> str:
     """``[Step 3/20] [Generate] 4x8=32 (3.1s) [Reward] mean=0.41 ...`` (pure)."""
 

@@ -16,7 +16,6 @@ import contextlib
 import copy
 import signal
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,22 +23,13 @@ from grpo_hpc.config import Config
 from grpo_hpc.errors import CircuitBreakerError, ConfigError, ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
-from grpo_hpc.train import checkpoint, data, dist, models, rewards, update
-from grpo_hpc.train.advantages import group_advantages, informative_groups
+from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, update
+from grpo_hpc.train.advantages import informative_groups
+from grpo_hpc.train.batching import Scored
 from grpo_hpc.train.rollout import GenerationAborted, HFEngine, RolloutBatch
-from grpo_hpc.train.tracking import Tracker
+from grpo_hpc.train.tracking import Tracker, step_metrics
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
-
-
-@dataclass
-class Scored:
-    """One rollout batch with its rewards (rows grouped G at a time)."""
-
-    batch: RolloutBatch
-    rewards: torch.Tensor  # [groups, G]
-    components: dict[str, list[float]]
-    errors: dict[str, int] = field(default_factory=dict)
 
 
 class Trainer:
@@ -249,13 +239,14 @@ class Trainer:
         self.tracker.update(TrainState.GENERATING)
         scored, t_gen, t_score = self._collect_groups()
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
-        adv_mbs, reward_rows, components = self._select(scored, groups_per_rank)
+        sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
         t1 = time.monotonic()
-        stats = self._update(adv_mbs)
+        stats = self._update(sel.microbatches)
         t_train = time.monotonic() - t1
         self.step += 1
-        self._report(stats, reward_rows, components, scored, t0, t_gen, t_score, t_train)
+        times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
+        self._report(stats, sel, scored, times, t0)
 
     def _inject_faults(self) -> None:
         f = self.cfg.faults
@@ -325,30 +316,6 @@ class Trainer:
             total = torch.zeros_like(total)
         return Scored(batch, total, out.components, dict(out.errors))
 
-    def _select(self, scored: list[Scored], want: int):  # noqa: ANN202
-        """Keep ``want`` groups per rank, informative ones first (DAPO dynamic sampling
-        when several rounds ran); fixed batch shape keeps ranks in lock-step."""
-        g = self.cfg.rollout.num_generations
-        picks = [(si, gi) for si, s in enumerate(scored) for gi in range(s.rewards.shape[0])]
-        picks.sort(key=lambda p: not bool(informative_groups(scored[p[0]].rewards)[p[1]]))
-        picks = sorted(picks[:want])
-        mbs: list[update.MicroBatch] = []
-        reward_rows: list[float] = []
-        components: dict[str, list[float]] = {}
-        for si, s in enumerate(scored):
-            groups = [gi for (sj, gi) in picks if sj == si]
-            if not groups:
-                continue
-            adv = group_advantages(
-                s.rewards[groups], self.cfg.algo.advantage, self.cfg.algo.adv_eps
-            ).flatten()
-            rows = [gi * g + k for gi in groups for k in range(g)]
-            mbs += update.split(s.batch, rows, adv, self.cfg.algo.micro_batch_size)
-            reward_rows += s.rewards[groups].flatten().tolist()
-            for name, vals in s.components.items():
-                components.setdefault(name, []).extend(vals[r] for r in rows)
-        return mbs, reward_rows, components
-
     def _update(self, mbs: list[update.MicroBatch]) -> dict[str, float]:
         cfg = self.cfg
         mbs = update.pad_microbatches(mbs, self.info)
@@ -392,43 +359,28 @@ class Trainer:
         self.optim.zero_grad(set_to_none=True)
         return norm
 
-    def _report(self, stats, reward_rows, components, scored, t0, t_gen, t_score, t_train):  # noqa
+    def _report(
+        self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
+    ) -> None:
         info = self.info
         n_tok = sum(s.batch.num_tokens for s in scored)
         sums = dist.all_reduce_sum(
-            [sum(reward_rows), len(reward_rows), float(n_tok), t_gen]
-            + [sum(v) for v in components.values()],
+            [sum(sel.rewards), len(sel.rewards), float(n_tok), times["time/generate"]]
+            + [sum(v) for v in sel.components.values()],
             info,
         )
-        mean = sums[0] / max(sums[1], 1)
-        self.zero_streak = self.zero_streak + 1 if mean == 0 else 0
-        tok_s = sums[2] / max(sums[3] / info.world_size, 1e-9)
-        m = {
-            "step": self.step,
-            "max_steps": self.cfg.training.max_steps,
-            "prompts": self.cfg.rollout.prompts_per_step,
-            "group_size": self.cfg.rollout.num_generations,
-            "completions": int(sums[1]),
-            "reward/mean": mean,
-            "tokens_per_s": tok_s,
-            "gen_len/mean": sums[2] / max(sums[1], 1),
-            "time/generate": t_gen,
-            "time/score": t_score,
-            "time/train": t_train,
-            "time/step": time.monotonic() - t0,
-            "lr": self.sched.get_last_lr()[0],
-            **stats,
-        }
-        for (name, _), total in zip(components.items(), sums[4:], strict=True):
-            m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / max(sums[1], 1)
+        m = step_metrics(self.step, self.cfg, sums, list(sel.components), info.world_size)
+        m.update(times, **stats, lr=self.sched.get_last_lr()[0])
+        m["time/step"] = time.monotonic() - t0
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        self.zero_streak = self.zero_streak + 1 if m["reward/mean"] == 0 else 0
         self.tracker.update(
             step=self.step,
             epoch=self.sampler.epoch,
-            reward_mean=mean,
+            reward_mean=m["reward/mean"],
             kl=stats.get("kl"),
-            tokens_per_s=tok_s,
+            tokens_per_s=m["tokens_per_s"],
         )
         self.tracker.log_step(m)
 

@@ -1,0 +1,55 @@
+"""Which generated groups train this step, and how they split into micro-batches (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_hpc.config import AlgoConfig
+from grpo_hpc.train.advantages import group_advantages, informative_groups
+from grpo_hpc.train.rollout import RolloutBatch
+from grpo_hpc.train.update import MicroBatch, split
+
+
+@dataclass
+class Scored:
+    """One rollout batch with its rewards (rows grouped G at a time)."""
+
+    batch: RolloutBatch
+    rewards: torch.Tensor
+    """[groups, G] total reward per completion."""
+    components: dict[str, list[float]]
+    """Unweighted reward components, one value per row."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Items per reward that scored 0 because the reward itself failed."""
+
+
+@dataclass
+class Selection:
+    microbatches: list[MicroBatch]
+    rewards: list[float]
+    """Total reward of every selected completion."""
+    components: dict[str, list[float]]
+    """Reward components of every selected completion."""
+
+
+def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> Selection:
+    """Keep ``want`` groups, informative ones first (DAPO dynamic sampling when several
+    rounds ran), in generation order. The fixed count keeps every rank's batch the same
+    shape; a flat group left in has zero advantage and adds no policy gradient."""
+    picks = [(si, gi) for si, s in enumerate(scored) for gi in range(s.rewards.shape[0])]
+    picks.sort(key=lambda p: not bool(informative_groups(scored[p[0]].rewards)[p[1]]))
+    picks = sorted(picks[:want])
+    out = Selection([], [], {})
+    for si, s in enumerate(scored):
+        groups = [gi for (sj, gi) in picks if sj == si]
+        if not groups:
+            continue
+        adv = group_advantages(s.rewards[groups], algo.advantage, algo.adv_eps).flatten()
+        rows = [gi * g + k for gi in groups for k in range(g)]
+        out.microbatches += split(s.batch, rows, adv, algo.micro_batch_size)
+        out.rewards += s.rewards[groups].flatten().tolist()
+        for name, vals in s.components.items():
+            out.components.setdefault(name, []).extend(vals[r] for r in rows)
+    return out
