@@ -64,8 +64,9 @@ class DataConfig:
     """Arithmetic generator: most terms in a sum."""
     max_operand: int = 99
     """Arithmetic generator: largest operand."""
-    max_prompt_tokens: int = 256
-    """Prompts longer than this are dropped when the dataset loads."""
+    system_prompt: str = ""
+    """System message asking for reasoning and a final ``Answer: N`` line; empty uses
+    the built-in instruction (grpo_hpc.train.rewards.ANSWER_INSTRUCTION)."""
 
 
 @dataclass

@@ -102,9 +102,9 @@ def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Probl
     return train, evals
 
 
-def prompt_text(tokenizer: Any, question: str) -> str:
+def prompt_text(tokenizer: Any, question: str, system_prompt: str = "") -> str:
     messages = [
-        {"role": "system", "content": ANSWER_INSTRUCTION},
+        {"role": "system", "content": system_prompt or ANSWER_INSTRUCTION},
         {"role": "user", "content": question},
     ]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -278,7 +278,9 @@ class Trainer:
                 self.train_set[i] for i in idx[info.rank * per_rank : (info.rank + 1) * per_rank]
             ]
             t = time.monotonic()
-            prompts = [data.prompt_text(self.tok, p["question"]) for p in mine]
+            prompts = [
+                data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine
+            ]
             batch = self.engine.generate(prompts, cfg.rollout.num_generations)
             t_gen += time.monotonic() - t
             self.tracker.update(TrainState.SCORING)
@@ -394,7 +396,9 @@ class Trainer:
         counted = len(mine)
         mine = mine + [self.eval_set[0]] * (per_rank - counted)
         batch = self.engine.generate(
-            [data.prompt_text(self.tok, p["question"]) for p in mine], 1, greedy=True
+            [data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine],
+            1,
+            greedy=True,
         )
         correct = sum(
             rewards.correctness_reward(t, p["gold"])
