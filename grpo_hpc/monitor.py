@@ -7,8 +7,11 @@ Slurm (one ``sacct`` + one ``squeue`` per pass for all runs), decide, apply, log
 Crash safety: before acting, an ``intent`` event goes to events.jsonl; after, ``done``
 (or ``error``). A monitor killed between the two finds the open intent on restart and
 finishes it; before any resubmission it checks that the newest job in jobs.jsonl is still
-the one it decided about, so a restart never submits twice. Retry counts and the sticky
-STOP/DONE are derived from events.jsonl, so a restarted monitor continues the budget.
+the one it decided about, and that Slurm has no job of the run submitted since the intent
+but missing from jobs.jsonl (killed between sbatch and the write: that job is adopted), so
+a restart never submits twice. A cancelled job is resubmitted only once it has left the
+queue, so two trainers never share a run directory. Retry counts and the sticky STOP/DONE
+are derived from events.jsonl, so a restarted monitor continues the budget.
 """
 
 from __future__ import annotations

@@ -192,6 +192,8 @@ def test_time_limit_requeues_until_all_steps_done(fleet: Fleet) -> None:
     assert len(ids) == 1 + len(reasons)
     out = (paths.submitit_dir / ids[0] / f"{ids[0]}_0_log.out").read_text()
     assert "Requeued job" in out  # submitit's in-job requeue on USR2 happened
+    verify = cli("ckpt", "verify", "limit", "--logs", str(fleet.logs))
+    assert verify.returncode == 0 and f"step-{LIMIT_STEPS}: ok" in verify.stdout, verify
 
 
 def _assert_only_uncheckpointed_steps_repeat(steps: list[int], save_every: int) -> None:
