@@ -141,10 +141,12 @@ def _wait(paths: RunPaths, result) -> int:  # noqa: ANN001
     if rec is not None and rec.exit_code is not None:
         code = int(rec.exit_code)
     else:
-        code = ExitCode.OK if result.job.state in ("COMPLETED", "FINISHED") else ExitCode.CRASH
+        code = ExitCode.CRASH  # the trainer never recorded an outcome
     training = f"{rec.state.value} at step {rec.step}/{rec.max_steps}" if rec else "no progress"
     why = f" ({rec.reason})" if rec is not None and rec.reason else ""
-    print(f"job {result.job_id} ended ({result.job.state}): training {training}{why}")
+    # submitit reports done before Slurm's accounting leaves RUNNING: the training
+    # outcome comes from progress.json, not from the job state.
+    print(f"job {result.job_id} ended: training {training}{why}")
     name = ExitCode(code).name.lower() if code in {int(e) for e in ExitCode} else "unknown"
     print(f"exit code {code} ({name}); run directory {paths.root}")
     return code

@@ -259,9 +259,16 @@ def _judge_running(
 ) -> Action:
     if own is not None and not own.state.terminal:
         age = now - own.started_at
-        if own.step == 0 and age > p.step0_timeout_s:
+        # "Step 0" of this attempt: no step completed since it started (a resumed attempt
+        # starts at its checkpoint's step, so a hang after a resume is caught too).
+        if own.step <= own.start_step and age > p.step0_timeout_s:
+            what = (
+                f"step {own.step}"
+                if own.start_step == 0
+                else (f"no step since resuming at step {own.start_step}")
+            )
             why = (
-                f"step 0 for {fmt_duration(age)} > step0_timeout {fmt_duration(p.step0_timeout_s)}"
+                f"{what} for {fmt_duration(age)} > step0_timeout {fmt_duration(p.step0_timeout_s)}"
             )
             return _retry(C.STALLED_STEP0, why, history, now, p, cancel=True)
         hb = own.heartbeat_age(now)

@@ -54,6 +54,8 @@ class ProgressRecord:
     """Current phase, or the terminal state."""
     step: int = 0
     """Optimizer steps completed so far."""
+    start_step: int = 0
+    """Step this attempt started from (its checkpoint's step; 0 for a fresh run)."""
     epoch: int = 0
     """Passes over the training prompts completed."""
     max_steps: int = 0

@@ -223,4 +223,3 @@ def rewind(paths: RunPaths, step: int) -> list[int]:
     for s in newer:
         paths.checkpoint(s).rename(paths.checkpoints / f".set-aside-{stamp}-step-{s}")
     return newer
-

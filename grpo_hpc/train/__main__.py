@@ -7,6 +7,7 @@ it ended in progress.json (state, exit code, reason) before exiting with that co
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         code = ExitCode.CRASH
         _record_failure(trainer, code, f"{type(e).__name__}: {e}", paths)
         traceback.print_exc()
+    # The outcome is recorded: a late Slurm signal during interpreter shutdown (when
+    # Python restores default handlers) must not turn it into a crash.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     if code == ExitCode.OK:
         dist.shutdown()  # on failure peers may be gone; exiting is what unblocks them
     return int(code)

@@ -146,6 +146,7 @@ class Trainer:
         self.tracker.update(
             restarts=self.tracker.record.restarts + 1,
             step=self.step,
+            start_step=self.step,
             epoch=self.sampler.epoch,
             last_checkpoint=step,
         )

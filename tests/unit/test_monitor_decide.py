@@ -77,6 +77,15 @@ def test_step0_stall_from_progress_started_at() -> None:
     assert run(rec(step=0, started_at=NOW - 29 * MIN), job()).kind is K.NONE
 
 
+def test_no_step_after_resume_is_a_step0_stall() -> None:
+    stuck = rec(step=40, start_step=40, started_at=NOW - 31 * MIN, heartbeat=NOW - 5)
+    a = run(stuck, job())
+    assert (a.kind, a.failure_class) == (K.CANCEL_AND_RESUBMIT, C.STALLED_STEP0)
+    assert a.reason.startswith("no step since resuming at step 40 for 31 min")
+    moving = rec(step=41, start_step=40, started_at=NOW - 31 * MIN, heartbeat=NOW - 5)
+    assert run(moving, job()).kind is K.NONE
+
+
 def test_step0_stall_without_progress_uses_job_start() -> None:
     assert run(None, job(started_at=NOW - 5 * MIN)).kind is K.NONE
     assert run(None, job(started_at=None)).kind is K.NONE  # cannot judge yet
