@@ -15,7 +15,10 @@ from grpo_hpc.progress import TrainState, read_progress
 
 from .helpers import make_run, signal_job, start, train
 
-STEPS = ["training.max_steps=8", "training.save_every_steps=2", "training.keep_last=1"]
+# Enough steps that a kill within 1.5 s of the first checkpoint lands mid-run even on a
+# fast, idle machine (a tiny step takes ~0.05-0.1 s).
+MAX_STEPS = 40
+STEPS = [f"training.max_steps={MAX_STEPS}", "training.save_every_steps=4", "training.keep_last=1"]
 
 
 def _final_state(paths, step: int) -> tuple[dict, dict]:
@@ -68,5 +71,5 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int) -> None:
     result = train(run, nproc)
     assert result.returncode == 0, result.stderr[-2000:]
     rec = read_progress(run.progress)
-    assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == 8
-    _assert_same(_final_state(ref, 8), _final_state(run, 8))
+    assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
+    _assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
