@@ -1,0 +1,40 @@
+"""Group selection for the update: informative groups first, fixed count (pure)."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_hpc.config import AlgoConfig
+from grpo_hpc.train.batching import Scored, select_groups
+from grpo_hpc.train.rollout import RolloutBatch
+
+
+def _scored(rewards: list[list[float]]) -> Scored:
+    n = len(rewards) * len(rewards[0])
+    batch = RolloutBatch(
+        torch.arange(n).view(n, 1).repeat(1, 3),
+        torch.ones(n, 3, dtype=torch.long),
+        torch.ones(n, 1, dtype=torch.long),
+        prompt_len=2,
+        texts=[""] * n,
+    )
+    flat = [r for g in rewards for r in g]
+    return Scored(batch, torch.tensor(rewards), {"correctness": flat})
+
+
+def test_informative_groups_are_kept_first_then_flat_ones_fill_the_batch() -> None:
+    first = _scored([[0.0, 0.0], [1.0, 0.0]])  # group 0 flat, group 1 informative
+    second = _scored([[1.0, 1.0], [0.0, 1.0]])  # resampled round: group 1 informative
+    sel = select_groups([first, second], want=3, g=2, algo=AlgoConfig(micro_batch_size=4))
+    # Kept: round 0 group 1, round 1 group 1 (informative), then round 0 group 0 (flat).
+    assert sel.rewards == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    advs = torch.cat([mb.advantages for mb in sel.microbatches])
+    assert advs[:2].tolist() == [0.0, 0.0]  # the flat group adds no policy gradient
+    assert advs[2] > 0 > advs[3] and advs[4] < 0 < advs[5]
+    rows = [mb.rows.tolist() for mb in sel.microbatches]
+    assert rows == [[0, 1, 2, 3], [2, 3]]  # micro-batches never mix two rollout batches
+
+
+def test_fewer_groups_than_wanted_keeps_them_all() -> None:
+    sel = select_groups([_scored([[1.0, 0.0]])], want=4, g=2, algo=AlgoConfig())
+    assert len(sel.rewards) == 2 and sel.components["correctness"] == [1.0, 0.0]
