@@ -323,6 +323,25 @@ class Trainer:
         cfg = self.cfg
         mbs = update.pad_microbatches(mbs, self.info)
         self.model.train()
+        flat = max((float(mb.advantages.abs().max()) for mb in mbs), default=0.0) == 0.0
+        if cfg.algo.beta == 0 and dist.all_reduce_max(0.0 if flat else 1.0, self.info) == 0:
+            # Every group on every rank is flat: the loss and its gradient are exactly 0.
+            # Skip the forward/backward (most of a CPU step) but still take the optimizer
+            # step on zero gradients, so AdamW's state evolves exactly as if computed.
+            zero = {
+                "loss": 0.0,
+                "kl": 0.0,
+                "clip_frac": 0.0,
+                "clip_frac_low": 0.0,
+                "clip_frac_high": 0.0,
+                "entropy": float("nan"),
+            }
+            for _ in range(cfg.algo.updates_per_batch):
+                for p in self.model.parameters():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+                zero["grad_norm"] = self._optimizer_step()
+            return zero
         if cfg.algo.updates_per_batch > 1:
             update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast)
         if self.ref is not None:

@@ -128,3 +128,35 @@ def test_reward_function_that_always_raises_is_a_config_error(tmp_path: Path) ->
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # LoRA through peft (only the adapter is trained and checkpointed) + recomputation
+        ("model.lora_rank=4", "model.gradient_checkpointing=true"),
+        # KL to a frozen reference (k3) and two updates per batch from stored old log-probs
+        ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
+        # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
+        ("rollout.dynamic_sampling=true", "algo.advantage=mean_only", "algo.aggregation=constant"),
+    ],
+    ids=["lora-gradckpt", "kl-multi-update", "dynamic-drgrpo"],
+)
+def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str, ...]) -> None:
+    paths = make_run(
+        tmp_path, "opt", *overrides, "training.max_steps=2", "training.save_every_steps=1"
+    )
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in _metrics(paths) if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2] and all(m["grad_norm"] > 0 for m in steps)
+    if "algo.beta=0.05" in overrides:
+        assert steps[1]["kl"] > 0  # the policy moved away from the reference after step 1
+    # Resume continues from the last complete checkpoint with these options too.
+    text = paths.config.read_text().replace("max_steps: 2", "max_steps: 3")
+    paths.config.write_text(text)
+    again = train(paths)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rec = read_progress(paths.progress)
+    assert (rec.step, rec.restarts, rec.start_step) == (3, 1, 2)
