@@ -118,13 +118,27 @@ def _eta(row: RunRow) -> str:
 
 
 COLUMNS = "RUN JOB PROFILE SLURM TRAIN STEP REWARD KL TOK/S HB ATT CKPT ETA FLAG".split()
+# Dropped first when the terminal is narrow (the rest still fits in 80 columns).
+OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA")
+FULL_WIDTH = 150
 
 
-def build_table(rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600.0) -> Table:
-    """The squeue-like dashboard (pure)."""
+def columns_for_width(width: int | None) -> list[str]:
+    """The columns that fit a terminal ``width`` wide (pure); None means all."""
+    if width is None or width >= FULL_WIDTH:
+        return list(COLUMNS)
+    drop = OPTIONAL_COLUMNS[: 3 if width >= 110 else len(OPTIONAL_COLUMNS)]
+    return [c for c in COLUMNS if c not in drop]
+
+
+def build_table(
+    rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600.0, width: int | None = None
+) -> Table:
+    """The squeue-like dashboard (pure); ``width`` drops optional columns to fit."""
+    shown = columns_for_width(width)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
-    for name in COLUMNS:
+    for name in shown:
         table.add_column(name, no_wrap=name != "FLAG", justify="right" if name == "ATT" else "left")
     for row in rows:
         flags = row_flags(row, now, heartbeat_timeout_s)
@@ -148,7 +162,8 @@ def build_table(rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600
             _eta(row),
             ", ".join(flags),
         ]
-        table.add_row(*cells, style=_style(flags, row))
+        keep = [cell for name, cell in zip(COLUMNS, cells, strict=True) if name in shown]
+        table.add_row(*keep, style=_style(flags, row))
     return table
 
 
@@ -370,9 +385,11 @@ def _status(argv: list[str]) -> int:
     def render() -> Table | Group:
         if single is not None:
             return build_details(collect_detail(single), time.time())
-        return build_table(collect_rows(root, args.runs), time.time(), args.heartbeat_timeout)
+        rows = collect_rows(root, args.runs)
+        return build_table(rows, time.time(), args.heartbeat_timeout, console.width)
 
-    console = Console()
+    # A terminal gets what fits its width; a pipe or file gets every column, like squeue.
+    console = Console() if sys.stdout.isatty() else Console(width=FULL_WIDTH + 40)
     if args.watch is None:
         console.print(render())
         return ExitCode.OK

@@ -283,3 +283,13 @@ def test_small_visuals() -> None:
     assert lines[0].endswith("┤  •") and lines[2].endswith("┤•  ") and "step 1" in lines[-1]
     assert text_plot([]) == ["(no metrics yet)"]
     assert len(text_plot([(5, 1.0)])) == 12
+
+
+def test_narrow_terminals_drop_optional_columns_first() -> None:
+    from grpo_hpc.status import COLUMNS, columns_for_width
+
+    assert columns_for_width(None) == COLUMNS == columns_for_width(200)
+    mid = columns_for_width(120)
+    assert "PROFILE" not in mid and "KL" not in mid and "ETA" in mid
+    narrow = columns_for_width(80)
+    assert narrow == ["RUN", "JOB", "SLURM", "TRAIN", "STEP", "REWARD", "HB", "FLAG"]
