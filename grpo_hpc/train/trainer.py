@@ -158,6 +158,8 @@ class Trainer:
     def run(self) -> ExitCode:
         self.tracker.start_wandb()
         try:
+            if self.cfg.training.eval_every and self.step == 0 and self.eval_set:
+                self.evaluate()  # the baseline every later eval/accuracy compares with
             while self.step < self.cfg.training.max_steps:
                 if self._stop_agreed():
                     return self._interrupt()
