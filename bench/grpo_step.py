@@ -30,39 +30,10 @@ SHAPES = {
 
 
 def build_model(out: Path, shape: str) -> None:
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from grpo_hpc.train.models import CHAT_TEMPLATE, SPECIALS
+    from grpo_hpc.train.models import LlamaShape, save_random_llama
 
     h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
-    # Character-level prompt tokens plus filler tokens up to the model's vocabulary size.
-    # Every prompt character must have its own id: an unknown character mapped to <pad>
-    # (whose embedding row is zero) at position 0 gives NaN attention gradients.
-    words = SPECIALS + ["<unk>", "\n"] + [chr(c) for c in range(32, 127)]
-    words += [f"<t{i}>" for i in range(vocab - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=h,
-        intermediate_size=inter,
-        num_hidden_layers=n_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=4096,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:

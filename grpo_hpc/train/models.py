@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import string
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,14 +34,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("GRPO_HPC_CACHE", Path.home() / ".cache" / "grpo_hpc"))
 
 
-def build_tiny(out_dir: Path, cfg: ModelConfig, seed: int) -> None:
-    """Write a random tiny Llama + char-level tokenizer to ``out_dir`` (deterministic)."""
+def char_tokenizer(vocab_size: int | None = None) -> Any:
+    """A character-level tokenizer with a chat template, padded with filler tokens up to
+    ``vocab_size``. Every printable character has its own id: an unknown character mapped
+    to the pad token (a zero embedding row) at position 0 gives NaN attention gradients."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    words = SPECIALS + ["<unk>"] + [c for c in string.printable if c not in "\x0b\x0c\r"]
+    words += [f"<t{i}>" for i in range((vocab_size or 0) - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
@@ -49,25 +53,52 @@ def build_tiny(out_dir: Path, cfg: ModelConfig, seed: int) -> None:
         additional_special_tokens=SPECIALS[2:],
     )
     fast.chat_template = CHAT_TEMPLATE
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    fast.save_pretrained(tmp)
+    return fast
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """Size of a randomly initialised Llama."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+
+def save_random_llama(
+    out_dir: Path, shape: LlamaShape, seed: int, vocab_size: int | None = None
+) -> None:
+    """Write a random Llama of ``shape`` and its char tokenizer to ``out_dir`` (atomically;
+    deterministic for a seed). Used by the ``tiny`` model and by the benchmarks."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = char_tokenizer(vocab_size)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(tmp)
     torch.manual_seed(seed)
-    h = cfg.tiny_hidden_size
     config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=h,
-        intermediate_size=2 * h,
-        num_hidden_layers=cfg.tiny_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
+        vocab_size=len(tok),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
         tie_word_embeddings=True,
     )
     LlamaForCausalLM(config).save_pretrained(tmp)
     tmp.rename(out_dir)
+
+
+def build_tiny(out_dir: Path, cfg: ModelConfig, seed: int) -> None:
+    """The ``tiny`` model: a random Llama of ``model.tiny_*`` size (no download)."""
+    h = cfg.tiny_hidden_size
+    save_random_llama(out_dir, LlamaShape(h, cfg.tiny_layers, 4, 2, 2 * h), seed)
 
 
 def smollm2_gguf() -> Path:
