@@ -50,6 +50,7 @@ def char_tokenizer(vocab_size: int | None = None) -> Any:
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",
+        unk_token="<unk>",
         additional_special_tokens=SPECIALS[2:],
     )
     fast.chat_template = CHAT_TEMPLATE
