@@ -69,16 +69,6 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
-def all_gather_floats(values: list[float], info: DistInfo) -> list[float]:
-    """Concatenate equal-length float lists from every rank, in rank order."""
-    if not info.enabled:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
-    out = [torch.empty_like(t) for _ in range(info.world_size)]
-    dist.all_gather(out, t)
-    return torch.cat(out).tolist()
-
-
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

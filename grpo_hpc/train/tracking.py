@@ -6,6 +6,7 @@ because generation calls ``heartbeat()`` once per token.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -107,19 +108,13 @@ class Tracker:
             resume="allow",
             mode=self.cfg.wandb.mode,
             dir=str(self.paths.root),
-            config=_flat_config(self.cfg),
+            config=dataclasses.asdict(self.cfg),
         )
 
     def finish(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-
-
-def _flat_config(cfg: Config) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(cfg)
 
 
 def step_metrics(
