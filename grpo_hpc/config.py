@@ -71,8 +71,10 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"
-    """Rollout engine: ``hf`` (transformers generate)."""
+    engine: str = "auto"
+    """Rollout engine: ``native`` (this package's static-cache, CUDA-graph decoder for
+    Llama/Qwen2/Mistral-style models), ``hf`` (transformers ``generate``: any model, LoRA)
+    or ``auto`` (native on CUDA where supported, else hf)."""
     prompts_per_step: int = 4
     """Prompts per optimizer step (global, across all ranks)."""
     num_generations: int = 8
@@ -221,7 +223,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "rollout.engine": ("hf",),
+    "rollout.engine": ("auto", "native", "hf"),
     "algo.advantage": ("group_norm", "mean_only", "loo"),
     "algo.aggregation": ("token", "sequence", "constant"),
     "dist.strategy": ("ddp", "fsdp"),

@@ -37,6 +37,9 @@ class RolloutBatch:
     """Decoded completions, for scoring."""
     pad_token_id: int = 0
     """Token id used for padding."""
+    sampled_logp: torch.Tensor | None = None
+    """[N, C] log-probability of each completion token under the policy as the engine
+    computed it while sampling (native engine only; 0 on masked positions)."""
 
     @property
     def num_tokens(self) -> int:
@@ -117,10 +120,10 @@ class HFEngine:
             )
         if stop.aborted:
             raise GenerationAborted()
-        return _to_batch(out, mask, ids.shape[1], tok)
+        return to_batch(out, mask, ids.shape[1], tok)
 
 
-def _to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:
+def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:
     completion = out[:, p:]
     is_eos = completion == tok.eos_token_id
     # Tokens after the first EOS are padding: mask = positions <= first EOS.
@@ -141,4 +144,81 @@ def _to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) ->
         prompt_len=p,
         texts=texts,
         pad_token_id=tok.pad_token_id,
+    )
+
+
+@dataclass
+class EngineOptions:
+    """What every engine needs besides the model (from ``rollout.*`` and the profile)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    timeout_s: float
+    dtype: torch.dtype = torch.float32
+    """Compute dtype for generation (bf16/fp16 on GPU, fp32 on CPU)."""
+    synced: bool = False
+    """FSDP with several ranks (HF generate must then keep ranks in step)."""
+    lora: bool = False
+    """The policy is a peft LoRA model."""
+
+
+def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
+    """``auto`` -> ``native`` on CUDA when the architecture is supported, else ``hf``.
+    An explicit ``native`` that cannot run is a configuration error (said in one line)."""
+    from grpo_hpc.errors import ConfigError
+    from grpo_hpc.train.native.weights import UnsupportedModel, shape_of
+
+    if name == "hf":
+        return "hf"
+    why = "LoRA (peft) policies" if opts.lora else ""
+    if not why:
+        try:
+            shape_of(model)
+        except UnsupportedModel as e:
+            why = str(e)
+    if name == "native" and why:
+        raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
+    cuda = next(model.parameters()).device.type == "cuda"
+    if name == "auto" and (why or not cuda):
+        return "hf"
+    return "native"
+
+
+def build_engine(
+    name: str,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    opts: EngineOptions,
+    *,
+    tick: Callable[[], None],
+    abort: Callable[[], bool],
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> RolloutEngine:
+    """The engine ``rollout.engine`` names (see :func:`pick_engine`)."""
+    if pick_engine(name, model, opts) == "hf":
+        return HFEngine(
+            model,
+            tokenizer,
+            opts.max_new_tokens,
+            opts.temperature,
+            opts.top_p,
+            opts.timeout_s,
+            synced=opts.synced,
+            autocast=autocast,
+            tick=tick,
+            abort=abort,
+        )
+    from grpo_hpc.train.native.engine import NativeEngine
+
+    return NativeEngine(
+        model,
+        tokenizer,
+        opts.max_new_tokens,
+        opts.temperature,
+        opts.top_p,
+        opts.timeout_s,
+        dtype=opts.dtype,
+        tick=tick,
+        abort=abort,
     )

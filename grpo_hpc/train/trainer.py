@@ -23,10 +23,10 @@ from grpo_hpc.config import Config
 from grpo_hpc.errors import CircuitBreakerError, ConfigError, ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
-from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, update
+from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout, update
 from grpo_hpc.train.advantages import informative_groups
 from grpo_hpc.train.batching import Scored
-from grpo_hpc.train.rollout import GenerationAborted, HFEngine, RolloutBatch
+from grpo_hpc.train.rollout import GenerationAborted, RolloutBatch
 from grpo_hpc.train.tracking import Tracker, step_metrics
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
@@ -113,18 +113,22 @@ class Trainer:
             if gpu and dtype
             else contextlib.nullcontext
         )
-        synced = self.info.enabled and cfg.dist.strategy == "fsdp"
-        self.engine = HFEngine(
+        self.engine = rollout.build_engine(
+            cfg.rollout.engine,
             dist.unwrap(self.model),
             self.tok,
-            cfg.rollout.max_new_tokens,
-            cfg.rollout.temperature,
-            cfg.rollout.top_p,
-            cfg.rollout.generation_timeout_s,
-            synced=synced,
-            autocast=self.autocast,
+            rollout.EngineOptions(
+                cfg.rollout.max_new_tokens,
+                cfg.rollout.temperature,
+                cfg.rollout.top_p,
+                cfg.rollout.generation_timeout_s,
+                dtype=dtype if gpu and dtype else torch.float32,
+                synced=self.info.enabled and cfg.dist.strategy == "fsdp",
+                lora=bool(cfg.model.lora_rank),
+            ),
             tick=self.tracker.heartbeat,
             abort=lambda: self.stop_signal is not None,
+            autocast=self.autocast,
         )
 
     def _maybe_resume(self) -> None:

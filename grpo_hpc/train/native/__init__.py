@@ -1,0 +1,1 @@
+"""The native rollout engine: packed weights, decoder math, CUDA-graph decode loop."""

@@ -1,0 +1,37 @@
+"""Token choice on the device, without a host round trip (safe inside a CUDA graph).
+
+Sampling uses the exponential race: ``argmax_k p_k / E_k`` with ``E_k ~ Exp(1)`` i.i.d.
+picks token k with probability ``p_k`` (equivalent to the Gumbel-max trick, since
+``-log E`` is Gumbel). It needs no cumulative sum and no host-side multinomial.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``
+    (nucleus sampling; the most likely token always stays)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+
+
+def choose(
+    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token [B] and its log-probability under the *untempered* policy [B] (fp32),
+    the quantity GRPO's importance ratio is built from."""
+    z = logits.float()
+    logp_all = torch.log_softmax(z, dim=-1)
+    if greedy:
+        token = z.argmax(-1)
+    else:
+        probs = top_p_filter(torch.softmax(z / temperature, dim=-1), top_p)
+        race = torch.empty_like(probs).exponential_().clamp_(min=1e-30)  # 0/0 would be NaN
+        token = (probs / race).argmax(-1)
+    return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,177 @@
+"""The policy's weights packed for decoding: one persistent buffer per weight, refilled in
+place before every rollout.
+
+Why a packed copy and not the parameters themselves: training keeps fp32 master weights
+(autocast computes in bf16/fp16), and decoding reads every weight once per token, so it
+must read the low-precision version. Packing once per rollout casts the weights a single
+time (autocast would cast them again for every token), fuses q/k/v and gate/up into one
+matrix each (fewer, larger matrix products per layer), and gives CUDA graphs fixed
+addresses. Under FSDP2 each sharded parameter is gathered here, once per rollout, not
+once per token. The refill is a device-local copy of ~2 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+"""HF ``model_type``s whose decoder layer this engine implements (RMSNorm, rotary
+attention with optional q/k/v bias, SwiGLU MLP)."""
+
+
+class UnsupportedModel(ValueError):
+    """The model's architecture is not one the native engine implements."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the decode math needs to know about the architecture."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    qkv_bias: bool
+    tied: bool
+
+    @property
+    def qkv_out(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+@dataclass
+class LayerWeights:
+    in_norm: torch.Tensor
+    """[H] fp32 RMSNorm weight before attention."""
+    wqkv: torch.Tensor
+    """[(heads + 2 kv_heads) * head_dim, H] fused q/k/v projection."""
+    bqkv: torch.Tensor | None
+    """Fused q/k/v bias (Qwen2) or None."""
+    wo: torch.Tensor
+    """[H, heads * head_dim] attention output projection."""
+    post_norm: torch.Tensor
+    """[H] fp32 RMSNorm weight before the MLP."""
+    wgu: torch.Tensor
+    """[2 I, H] fused gate/up projection."""
+    wdown: torch.Tensor
+    """[H, I] MLP down projection."""
+
+
+@dataclass
+class Packed:
+    shape: Shape
+    embed: torch.Tensor
+    """[V, H] token embeddings (compute dtype)."""
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    """[H] fp32."""
+    lm_head: torch.Tensor
+    """[V, H]; the same tensor as ``embed`` when the model ties them."""
+    inv_freq: torch.Tensor
+    """[head_dim / 2] fp32 rotary inverse frequencies (the model's own, scaling included)."""
+    rope_scale: float
+    """Rotary attention scaling (1.0 except for some scaled-rope variants)."""
+
+
+def shape_of(model: torch.nn.Module) -> Shape:
+    """Read the architecture from an HF causal LM; raise UnsupportedModel otherwise."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED_TYPES:
+        raise UnsupportedModel(f"model_type {mtype!r} (native engine knows {SUPPORTED_TYPES})")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"activation {cfg.hidden_act!r} (native engine knows silu)")
+    if getattr(cfg, "use_sliding_window", False) or (
+        mtype == "mistral" and getattr(cfg, "sliding_window", None)
+    ):
+        raise UnsupportedModel("sliding-window attention")
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if str(rope.get("rope_type", "default")).startswith("dynamic"):
+        raise UnsupportedModel("dynamic rotary scaling")
+    heads = cfg.num_attention_heads
+    layer0 = model.model.layers[0]
+    return Shape(
+        layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        heads=heads,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        intermediate=cfg.intermediate_size,
+        vocab=cfg.vocab_size,
+        eps=float(cfg.rms_norm_eps),
+        qkv_bias=layer0.self_attn.q_proj.bias is not None,
+        tied=model.lm_head.weight is model.model.embed_tokens.weight
+        or bool(getattr(cfg, "tie_word_embeddings", False)),
+    )
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A parameter as a plain full tensor (gathers an FSDP2 DTensor shard: a collective,
+    so every rank packs in the same order)."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Packed:
+    """Empty buffers of the right shapes (filled by :func:`refill`)."""
+    s = shape_of(model)
+
+    def w(*size: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.empty(*size, dtype=dt, device=device)
+
+    q_dim = s.heads * s.head_dim
+    layers = [
+        LayerWeights(
+            in_norm=w(s.hidden, dt=torch.float32),
+            wqkv=w(s.qkv_out, s.hidden),
+            bqkv=w(s.qkv_out) if s.qkv_bias else None,
+            wo=w(s.hidden, q_dim),
+            post_norm=w(s.hidden, dt=torch.float32),
+            wgu=w(2 * s.intermediate, s.hidden),
+            wdown=w(s.hidden, s.intermediate),
+        )
+        for _ in range(s.layers)
+    ]
+    embed = w(s.vocab, s.hidden)
+    rot = model.model.rotary_emb
+    return Packed(
+        shape=s,
+        embed=embed,
+        layers=layers,
+        final_norm=w(s.hidden, dt=torch.float32),
+        lm_head=embed if s.tied else w(s.vocab, s.hidden),
+        inv_freq=rot.inv_freq.detach().float().to(device).clone(),
+        rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
+    )
+
+
+@torch.no_grad()
+def refill(packed: Packed, model: torch.nn.Module) -> None:
+    """Copy (and cast) the model's current weights into ``packed``, in place."""
+    s, inner = packed.shape, model.model
+    packed.embed.copy_(_full(inner.embed_tokens.weight))
+    if not s.tied:
+        packed.lm_head.copy_(_full(model.lm_head.weight))
+    packed.final_norm.copy_(_full(inner.norm.weight))
+    nq, nkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    for dst, layer in zip(packed.layers, inner.layers, strict=True):
+        att, mlp = layer.self_attn, layer.mlp
+        dst.in_norm.copy_(_full(layer.input_layernorm.weight))
+        dst.post_norm.copy_(_full(layer.post_attention_layernorm.weight))
+        for part, lo, hi in ((att.q_proj, 0, nq), (att.k_proj, nq, nq + nkv)):
+            dst.wqkv[lo:hi].copy_(_full(part.weight))
+            if dst.bqkv is not None:
+                dst.bqkv[lo:hi].copy_(_full(part.bias))
+        dst.wqkv[nq + nkv :].copy_(_full(att.v_proj.weight))
+        if dst.bqkv is not None:
+            dst.bqkv[nq + nkv :].copy_(_full(att.v_proj.bias))
+        dst.wo.copy_(_full(att.o_proj.weight))
+        dst.wgu[: s.intermediate].copy_(_full(mlp.gate_proj.weight))
+        dst.wgu[s.intermediate :].copy_(_full(mlp.up_proj.weight))
+        dst.wdown.copy_(_full(mlp.down_proj.weight))
