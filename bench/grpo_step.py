@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,19 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPES = {
-    # hidden, layers, heads, kv_heads, intermediate, vocab
-    "smollm2-135m": (576, 30, 9, 3, 1536, 49152),
-    "qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936),
-    "tiny": (64, 2, 4, 2, 128, 1024),
-}
-
-
-def build_model(out: Path, shape: str) -> None:
-    from grpo_hpc.train.models import LlamaShape, save_random_llama
-
-    h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
-    save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
@@ -66,6 +53,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "wandb.mode=disabled",
         "reward.correctness=1.0",
         "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
+        f"rollout.engine={args.engine}",
     ]
     create_run(paths, profile, "tiny", overrides)
     cmd = [
@@ -116,28 +104,15 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=16)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         result = run(args, Path(d))
-    import torch
-    import transformers
-
     result["config"] = vars(args) | {"out": str(args.out) if args.out else None}
-    result["env"] = {
-        "device": torch.cuda.get_device_name(0)
-        if torch.cuda.is_available()
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    result["env"] = env_info()
+    print(json.dumps(result, indent=2))
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

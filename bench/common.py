@@ -1,0 +1,52 @@
+"""Shared by the benchmarks: model shapes, the random model builder, environment facts,
+and the result writer (``bench/results/<name>.json``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+SHAPES = {
+    # hidden, layers, heads, kv_heads, intermediate, vocab
+    "smollm2-135m": (576, 30, 9, 3, 1536, 49152),
+    "qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936),
+    "tiny": (64, 2, 4, 2, 128, 1024),
+}
+
+
+def build_model(out: Path, shape: str) -> None:
+    """A randomly initialised Llama of ``shape`` with a WordLevel tokenizer over its whole
+    vocabulary (weights do not change the cost; a random model almost never emits EOS,
+    so completions run to the length cap: the worst case)."""
+    from grpo_hpc.train.models import LlamaShape, save_random_llama
+
+    h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
+    save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)
+
+
+def env_info() -> dict:
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def write_result(result: dict, out: Path | None) -> None:
+    text = json.dumps(result, indent=2)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(text + "\n")
+        tmp.rename(out)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
+# Usage: bash bench/gpu_session.sh OUTDIR STAGE...   stages: decode step trl tests profile
+# Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
+set -uo pipefail
+out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
+shift
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for stage in "$@"; do
+    echo "== $stage $(date +%T)"
+    case $stage in
+    decode) python3 bench/decode.py --shape qwen2.5-0.5b --batch 64 256 --out "$out/decode.json" ;;
+    step) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
+        --G 8 --max-new 256 --micro 16 --engine native --out "$out/step_native.json" | tail -22 ;;
+    trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --out "$out/trl_vs_grpo_hpc.json" \
+        2>&1 | grep -v "it/s\]" | tail -30 ;;
+    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -30 ;;
+    profile) python3 bench/profile_step.py --out "$out/profile.txt" 2>&1 | tail -60 ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+done
