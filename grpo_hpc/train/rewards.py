@@ -1,229 +1,43 @@
 """Reward functions for GRPO: math correctness, answer format, code execution, custom rewards.
 
-Correctness is judged by math-verify, but never in the trainer's process: sympy can spin
-for minutes (or forever) on output such as ``\\boxed{10^{10^{10^{10}}}}``, and math-verify's
-own timeout relies on ``signal.alarm``, which only works on the main thread. We run it in a
-long-lived worker process (fork context, so math-verify is imported once) with a per-item
-deadline; an item that overruns scores 0, the worker is killed and a fresh one continues.
-A cheap pre-filter settles most items without math-verify: missing ``Answer:`` line, hedged
-answers, and exact numeric matches.
-
-Throughput, measured on a shared 2-core box under load (best runs; Python 3.11, math-verify
-0.9.0): in-process math-verify parse(gold) + parse(answer) + verify ~1,300 calls/s on plain
-integers and ~850 calls/s on a GSM8K-style mix (``\\boxed{3/4}``, ``$1,000.00``, ``5%``);
-through the worker, gold parses cached, ~1,100 items/s; a mixed ``score_correctness_batch``
-~2,000 items/s; items the pre-filter settles ~60,000 items/s. A 512-completion step costs
-well under a second of scoring.
+Correctness: :mod:`answers` finds the final answer and settles most items exactly (missing
+answer, hedged answers, exact numeric matches); the rest go to math-verify in the worker
+process of :mod:`verifier`, under a per-item deadline. Measured on a shared 2-core box: a
+mixed ``score_correctness_batch`` ~2,000 items/s; items the pre-filter settles ~60,000
+items/s. A 512-completion step costs well under a second of scoring.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
-import logging
 import math
-import multiprocessing as mp
 import os
 import re
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from fractions import Fraction
-from multiprocessing.connection import Connection
 from typing import Any
 
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.train import sandbox
+from grpo_hpc.train.answers import (  # noqa: F401  (extract_*: part of this module's API)
+    MARKER,
+    NUM,
+    extract_answer,
+    extract_gold,
+    gold_value,
+    prejudge,
+)
+from grpo_hpc.train.verifier import VERIFIER
 
 ANSWER_INSTRUCTION = (
     "Solve the problem. Reason step by step, then end your reply with a final line of the "
     "form 'Answer: <number>' containing only the number (no units). Write 'Answer:' only once."
 )
-MARKER = "Answer:"
-MAX_ANSWER_CHARS = 300
-"""Longer answer lines score 0 (padding, not an answer); this also bounds parse time."""
 BUILTIN_REWARDS = ("correctness", "format", "code")
 
-_NUM = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
-_TOKEN_RE = re.compile(rf"([-\u2212]?)({_NUM})(?:\s*/\s*({_NUM}))?")
-_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([-\u2212]?[\d.,]+)\s*\}\s*\{\s*([\d.,]+)\s*\}")
-_BLOWUP_RE = re.compile(r"\^|\*\*|!")  # powers/factorials: not a plain number, can hang sympy
-_FORMAT_RE = re.compile(rf"Answer:[ \t]*[-+]?(?:{_NUM})(?:/\d+)?")
+_FORMAT_RE = re.compile(rf"Answer:[ \t]*[-+]?(?:{NUM})(?:/\d+)?")
 _FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
-_START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-
-
-def extract_answer(completion: str, last_number_fallback: bool = False) -> str | None:
-    """Text after the last ``Answer:`` marker, up to the end of that line; None if absent.
-
-    With ``last_number_fallback`` a completion without the marker is judged by its last
-    number instead: small models (SmolLM2-135M) seldom follow the format at first, and
-    this gives GRPO a signal to start from (``reward.require_marker=false``).
-    """
-    idx = completion.rfind(MARKER)
-    if idx < 0:
-        if not last_number_fallback:
-            return None
-        numbers = re.findall(r"[-\u2212]?\d[\d,]*(?:\.\d+)?", completion)
-        return numbers[-1] if numbers else None
-    return completion[idx + len(MARKER) :].split("\n", 1)[0].strip()
-
-
-def extract_gold(answer_text: str) -> str:
-    """GSM8K gold: what follows the last ``####`` (first line, commas stripped).
-
-    Text without ``####`` is taken as the gold itself (stripped, otherwise untouched).
-    """
-    text = str(answer_text)
-    if "####" not in text:
-        return text.strip()
-    tail = text.rsplit("####", 1)[1].strip()
-    return tail.split("\n", 1)[0].replace(",", "").strip()
-
-
-def _numeric_values(text: str) -> set[Fraction] | None:
-    """Distinct numbers in ``text`` (``1,000`` is one number, ``3/4`` and ``\\frac{3}{4}`` one
-    fraction); None if one cannot be represented (division by zero, absurd length)."""
-    text = _FRAC_RE.sub(r"\1/\2", text)
-    values: set[Fraction] = set()
-    try:
-        for sign, num, den in _TOKEN_RE.findall(text):
-            value = Fraction(num.replace(",", "")) / Fraction(den.replace(",", "") or 1)
-            values.add(-value if sign else value)
-    except (ValueError, ZeroDivisionError):
-        return None
-    return values
-
-
-def _gold_value(gold: str) -> Fraction | None:
-    """The gold as an exact number when it is a plain number (GSM8K), else None (symbolic)."""
-    m = _TOKEN_RE.fullmatch(_FRAC_RE.sub(r"\1/\2", gold.strip().lstrip("$")))
-    if m is None:
-        return None
-    values = _numeric_values(m.group(0))
-    return next(iter(values)) if values and len(values) == 1 else None
-
-
-def _prejudge(answer: str | None, gold: str) -> float | None:
-    """Score without math-verify when the outcome is certain; None means "ask math-verify".
-
-    For a numeric gold, the answer line must name exactly one distinct number: "3 or 4",
-    "3, 4" or "18 (3 x 6)" score 0 even though math-verify (which takes the last number it
-    finds) would accept "3 or 4" for a gold of 4 -- otherwise hedging is rewarded.
-    """
-    if not answer or not gold or len(answer) > MAX_ANSWER_CHARS:
-        return 0.0
-    gold_value = _gold_value(gold)
-    if gold_value is None:
-        return None  # symbolic gold: math-verify alone decides
-    values = _numeric_values(answer)
-    if not values or len(values) != 1 or _BLOWUP_RE.search(answer):
-        return 0.0
-    return 1.0 if values == {gold_value} else None  # e.g. 0.333333 vs 1/3: math-verify
-
-
-def _parse(text: str, latex_first: bool) -> list[Any]:
-    """math-verify parse. Bare LaTeX (``x^2+1``) needs $...$ or math-verify picks a lone
-    number from it; but "18 dollars" must stay bare. Hence: the preferred form, then the other.
-    """
-    from math_verify import parse
-
-    forms = [text] if "$" in text or "\\boxed" in text else [f"${text}$", text]
-    for form in forms if latex_first else forms[::-1]:
-        parsed = parse(form, parsing_timeout=None)
-        if parsed:
-            return parsed
-    return []
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> tuple[Any, ...]:
-    return tuple(_parse(gold, True))  # a GRPO group shares one gold: parse it once per worker
-
-
-def _judge(answer: str, gold: str, symbolic: bool) -> float:
-    """math-verify's verdict, in the worker; timeouts disabled (the parent enforces them).
-    A symbolic gold (not a plain number) makes the answer parse as LaTeX first."""
-    from math_verify import verify
-
-    try:
-        parsed_gold, parsed = list(_parse_gold(gold)), _parse(answer, symbolic)
-        if not parsed or not parsed_gold:
-            return 0.0
-        return 1.0 if verify(parsed_gold, parsed, timeout_seconds=None) else 0.0
-    except Exception:  # malformed output must score 0, never crash the worker
-        return 0.0
-
-
-def _worker_main(conn: Connection, other_end: Connection) -> None:
-    """Verification worker: receives lists of _judge arguments, streams back one score each."""
-    other_end.close()  # so that we see EOF (and exit) when the trainer goes away
-    # Inherited trainer handlers (checkpoint on SIGUSR1, ...) must not run here.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    # math-verify warns on every call made with its (signal-based) timeouts disabled.
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    while True:
-        try:
-            jobs = conn.recv()
-        except (EOFError, OSError):
-            return
-        for job in jobs:
-            conn.send(_judge(*job))
-
-
-class _Verifier:
-    """Owner of the worker process; restarts it after a timeout or a crash."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.proc: Any = None
-        self.conn: Connection | None = None
-
-    def _start(self) -> None:
-        import math_verify  # noqa: F401  (imported before forking: each restart is instant)
-
-        ctx = mp.get_context(_START_METHOD)
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(
-            target=_worker_main, args=(child, parent), daemon=True, name="grpo-math-verify"
-        )
-        proc.start()
-        child.close()
-        self.proc, self.conn = proc, parent
-
-    def _stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(5)
-            self.conn.close()
-        self.proc = self.conn = None
-
-    def judge(self, jobs: list[tuple[str, str, bool]], timeout_s: float) -> tuple[list[float], int]:
-        """Scores for ``jobs`` and the number of items that timed out or crashed the worker."""
-        scores, failures, i = [0.0] * len(jobs), 0, 0
-        with self.lock:
-            while i < len(jobs):
-                if self.proc is None or not self.proc.is_alive():
-                    self._stop()
-                    self._start()
-                try:
-                    self.conn.send(jobs[i:])
-                    while i < len(jobs):
-                        if not self.conn.poll(timeout_s):
-                            raise TimeoutError
-                        scores[i] = float(self.conn.recv())
-                        i += 1
-                except (TimeoutError, EOFError, OSError):
-                    self._stop()  # item i scores 0; a fresh worker takes the rest
-                    failures, i = failures + 1, i + 1
-        return scores, failures
-
-
-_VERIFIER = _Verifier()
 
 
 def _score_correctness(
@@ -231,10 +45,10 @@ def _score_correctness(
 ) -> tuple[list[float], int]:
     golds = [extract_gold(g or "") for g in golds]
     answers = [extract_answer(c, fallback) for c in completions]
-    scores = [_prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
+    scores = [prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
     todo = [i for i, s in enumerate(scores) if s is None]
-    jobs = [(answers[i], golds[i], _gold_value(golds[i]) is None) for i in todo]
-    judged, failures = _VERIFIER.judge(jobs, timeout_s)
+    jobs = [(answers[i], golds[i], gold_value(golds[i]) is None) for i in todo]
+    judged, failures = VERIFIER.judge(jobs, timeout_s)
     for i, s in zip(todo, judged, strict=True):
         scores[i] = s
     return [float(s) for s in scores], failures
