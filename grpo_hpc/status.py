@@ -1,8 +1,8 @@
 """grpo-status: one squeue-like line per run, or one run in detail.
 
 :func:`collect_rows` is the I/O shell (files of every run, one ``sacct`` + one ``squeue``
-for all of them); :func:`build_table` and :func:`build_details` are pure: rows (and a
-clock) in, rich renderables out, so tests render them into a StringIO console.
+for all of them); the rendering is pure and lives in :mod:`grpo_hpc.status_view`: rows (and
+a clock) in, rich renderables out, so tests render them into a StringIO console.
 """
 
 from __future__ import annotations
@@ -12,206 +12,29 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
-from rich.text import Text
 
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.decision import RUNNING_STATES, MonitorPolicy, history_from
+from grpo_hpc.decision import MonitorPolicy, history_from
 from grpo_hpc.errors import ConfigError, ExitCode, SlurmUnavailableError
 from grpo_hpc.fsutil import read_jsonl
 from grpo_hpc.paths import RunPaths, default_logs_root
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.progress import read_progress
 from grpo_hpc.runs import SlurmView, job_view, query_slurm, resolve_run, resolve_runs, slurm_ids
-from grpo_hpc.termviz import fmt_age, sparkline, step_bar, text_plot
+from grpo_hpc.status_view import (
+    FULL_WIDTH,
+    RunDetail,
+    RunRow,
+    build_details,
+    build_table,
+    row_flags,
+)
 
 TREND_POINTS = 16
-RED_FLAGS = ("stalled", "stopped", "budget exhausted", "failed")
-
-
-@dataclass
-class RunRow:
-    """Everything the dashboard shows about one run (plain data; ``--json`` prints it)."""
-
-    run: str
-    """Run name."""
-    job_id: str | None = None
-    """Newest job id (a pid for the local executor)."""
-    profile: str | None = None
-    """Cluster profile of the newest job."""
-    slurm_state: str = "-"
-    """Slurm state, LOCAL_RUNNING/LOCAL_EXITED, MISSING, or ? when Slurm did not answer."""
-    train_state: str | None = None
-    """Trainer state from progress.json (None: no progress yet)."""
-    step: int | None = None
-    """Steps done."""
-    max_steps: int | None = None
-    """Steps configured."""
-    reward_mean: float | None = None
-    """Mean reward of the last step."""
-    reward_trend: list[float] = field(default_factory=list)
-    """reward/mean of the last few steps (metrics.jsonl tail), oldest first."""
-    kl: float | None = None
-    """KL of the last step."""
-    tokens_per_s: float | None = None
-    """Generation throughput of the last step."""
-    heartbeat: float | None = None
-    """Unix time of the trainer's last heartbeat."""
-    attempts: int = 0
-    """Jobs submitted so far."""
-    last_checkpoint: int | None = None
-    """Newest complete checkpoint step."""
-    sec_per_step: float | None = None
-    """Mean time/step over the metrics tail (for the ETA)."""
-    monitor_action: str | None = None
-    """The monitor's latest decision about the newest job (NONE, WAIT, STOP, ...)."""
-    monitor_class: str | None = None
-    """Its class (crash, budget_exhausted, circuit_breaker, ...)."""
-    monitor_reason: str | None = None
-    """Its reason line."""
-
-
-# ---------------------------------------------------------------------------- pure rendering
-
-
-def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
-    """Why a row deserves attention (pure): stalled, zero reward, stopped, budget, ..."""
-    flags = []
-    if row.monitor_action == "STOP":
-        exhausted = row.monitor_class == "budget_exhausted"
-        flags.append("budget exhausted" if exhausted else f"stopped: {row.monitor_class}")
-    elif row.monitor_action == "WAIT":
-        flags.append(f"backoff: {row.monitor_class}")
-    live = row.train_state is not None and not TrainState(row.train_state).terminal
-    running = row.slurm_state in RUNNING_STATES
-    if live and running and row.heartbeat is not None and now - row.heartbeat > heartbeat_timeout_s:
-        flags.append(f"stalled {fmt_age(now - row.heartbeat)}")
-    if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
-        flags.append("failed")
-    trend = row.reward_trend if len(row.reward_trend) >= 3 else []
-    if (trend and not any(trend)) or (not trend and row.reward_mean == 0):
-        flags.append("zero reward")
-    return flags
-
-
-def _style(flags: list[str], row: RunRow) -> str:
-    if any(f.startswith(RED_FLAGS) for f in flags):
-        return "red"
-    if flags:
-        return "yellow"
-    return "green" if row.train_state == TrainState.FINISHED.value else ""
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _eta(row: RunRow) -> str:
-    ended = row.train_state in (None, "finished", "failed") or row.monitor_action == "STOP"
-    if ended or not row.sec_per_step or not row.max_steps:
-        return "-"
-    return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
-
-
-COLUMNS = "RUN JOB PROFILE SLURM TRAIN STEP REWARD KL TOK/S HB ATT CKPT ETA FLAG".split()
-# Dropped first when the terminal is narrow (the rest still fits in 80 columns).
-OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA")
-FULL_WIDTH = 150
-
-
-def columns_for_width(width: int | None) -> list[str]:
-    """The columns that fit a terminal ``width`` wide (pure); None means all."""
-    if width is None or width >= FULL_WIDTH:
-        return list(COLUMNS)
-    drop = OPTIONAL_COLUMNS[: 3 if width >= 110 else len(OPTIONAL_COLUMNS)]
-    return [c for c in COLUMNS if c not in drop]
-
-
-def build_table(
-    rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600.0, width: int | None = None
-) -> Table:
-    """The squeue-like dashboard (pure); ``width`` drops optional columns to fit."""
-    shown = columns_for_width(width)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-    table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
-    for name in shown:
-        table.add_column(name, no_wrap=name != "FLAG", justify="right" if name == "ATT" else "left")
-    for row in rows:
-        flags = row_flags(row, now, heartbeat_timeout_s)
-        reward = _num(row.reward_mean, ".3f")
-        if row.reward_trend:
-            reward += " " + sparkline(row.reward_trend[-8:])
-        hb = None if row.heartbeat is None else max(0.0, now - row.heartbeat)
-        cells = [
-            row.run,
-            row.job_id or "-",
-            row.profile or "-",
-            row.slurm_state,
-            row.train_state or "no progress",
-            step_bar(row.step, row.max_steps),
-            reward,
-            _num(row.kl, ".4f"),
-            _num(row.tokens_per_s, ".0f"),
-            fmt_age(hb),
-            str(row.attempts),
-            "-" if row.last_checkpoint is None else str(row.last_checkpoint),
-            _eta(row),
-            ", ".join(flags),
-        ]
-        keep = [cell for name, cell in zip(COLUMNS, cells, strict=True) if name in shown]
-        table.add_row(*keep, style=_style(flags, row))
-    return table
-
-
-@dataclass
-class RunDetail:
-    """One run in depth: its row, job history, last events and reward curve."""
-
-    row: RunRow
-    """The dashboard row."""
-    jobs: list[dict[str, Any]]
-    """jobs.jsonl entries."""
-    events: list[dict[str, Any]]
-    """The last events.jsonl entries."""
-    rewards: list[tuple[int, float]]
-    """(step, reward/mean) from metrics.jsonl."""
-    checkpoints: list[int]
-    """Complete checkpoint steps."""
-
-
-def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
-    table = Table(title=title, title_justify="left", box=None)
-    for name in columns.split():
-        table.add_column(name, no_wrap=name != "REASON")
-    for cells in rows:
-        table.add_row(*cells)
-    return table
-
-
-def build_details(d: RunDetail, now: float) -> Group:
-    """The ``grpo-status RUN`` view (pure)."""
-    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
-    job_rows = [[str(j.get(k, "-")) for k in keys] for j in d.jobs]
-    for cells, j in zip(job_rows, d.jobs, strict=True):
-        cells[2] = time.strftime("%m-%d %H:%M", time.localtime(j.get("submitted_at") or 0))
-    keys = ("job_id", "phase", "action", "class", "reason")
-    ev_rows = [
-        [fmt_age(now - float(e.get("time", now)))] + [str(e.get(k) or "-") for k in keys]
-        for e in d.events
-    ]
-    ckpts = ", ".join(map(str, d.checkpoints[-8:])) or "none"
-    parts = [
-        build_table([d.row], now),
-        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
-        _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
-        Text(f"complete checkpoints: {ckpts}"),
-        Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),
-    ]
-    return Group(*(x for part in parts for x in (part, Text(""))))
 
 
 # ------------------------------------------------------------------------------- I/O shell

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_hpc import status
+from grpo_hpc import status, status_view
 from grpo_hpc.fsutil import append_jsonl
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
@@ -21,7 +21,6 @@ from grpo_hpc.runs import SlurmView
 from grpo_hpc.slurm_query import JobRecord
 from grpo_hpc.status import (
     RunRow,
-    _eta,
     build_details,
     build_table,
     collect_detail,
@@ -29,6 +28,7 @@ from grpo_hpc.status import (
     row_flags,
     tail_jsonl,
 )
+from grpo_hpc.status_view import _eta
 from grpo_hpc.termviz import fmt_age, sparkline, step_bar, text_plot
 
 NOW = 1_700_000_000.0
@@ -151,7 +151,7 @@ def test_table_shows_each_state(logs: Path) -> None:
     assert "budget exhausted" in line_of(text, "f-budget")
     new = line_of(text, "g-new")
     assert "PENDING" in new and "no progress" in new
-    styles = {r.run: status._style(row_flags(r, NOW), r) for r in rows}
+    styles = {r.run: status_view._style(row_flags(r, NOW), r) for r in rows}
     assert styles == {
         "a-running": "",
         "b-stalled": "red",
@@ -286,7 +286,7 @@ def test_small_visuals() -> None:
 
 
 def test_narrow_terminals_drop_optional_columns_first() -> None:
-    from grpo_hpc.status import COLUMNS, columns_for_width
+    from grpo_hpc.status_view import COLUMNS, columns_for_width
 
     assert columns_for_width(None) == COLUMNS == columns_for_width(200)
     mid = columns_for_width(120)
