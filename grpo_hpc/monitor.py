@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_hpc import slurm_query
+from grpo_hpc.adoption import adopt_orphan, close_superseded, record_adopted, slurm_submitted_jobs
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.decision import (
     RESUBMIT_KINDS,
@@ -70,16 +71,6 @@ def _resubmit(paths: RunPaths, reason: str) -> str:
     return submit.resubmit(paths, reason).job_id
 
 
-def _submitted_jobs(paths: RunPaths, since: float) -> list[str]:
-    return slurm_query.submitted_jobs(paths.name, paths.submitit_dir, since)
-
-
-def _adopt(paths: RunPaths, job_id: str, reason: str) -> None:
-    from grpo_hpc import submit
-
-    submit.adopt(paths, job_id, reason)
-
-
 @dataclass
 class Backend:
     """The monitor's side effects; tests swap in fakes."""
@@ -96,9 +87,9 @@ class Backend:
     """Is a local-executor job alive."""
     resubmit: Callable[[RunPaths, str], str] = _resubmit
     """Submit the next attempt; returns the new job id."""
-    submitted_jobs: Callable[[RunPaths, float], list[str]] = _submitted_jobs
+    submitted_jobs: Callable[[RunPaths, float], list[str]] = slurm_submitted_jobs
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
-    adopt: Callable[[RunPaths, str, str], None] = _adopt
+    adopt: Callable[[RunPaths, str, str], None] = record_adopted
     """Record in jobs.jsonl a job that was submitted but never recorded."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
@@ -177,7 +168,7 @@ def monitor_run(
         if not locked or not jobs:
             return None
         events, entry = read_jsonl(paths.events), jobs[-1]
-        _close_superseded(paths, events, jobs, now())
+        close_superseded(paths, events, jobs, now())
         history = history_from(events, jobs)
         intent = pending_intent(events, str(entry["job_id"]))
         if history.final is not None and intent is None:
@@ -198,20 +189,6 @@ def monitor_run(
             append_jsonl(paths.events, _event(t, job, action, "intent", cancel=action.cancel))
             return _apply(paths, job, action, t, backend, out)
         return out
-
-
-def _close_superseded(
-    paths: RunPaths, events: list[dict[str, Any]], jobs: list[dict[str, Any]], t: float
-) -> None:
-    """A monitor killed after submitting left an open intent on the previous job: close it."""
-    if len(jobs) < 2:
-        return
-    prev, newest = str(jobs[-2]["job_id"]), str(jobs[-1]["job_id"])
-    intent = pending_intent(events, prev)
-    if intent is not None:
-        done = {**intent, "time": t, "phase": "done", "new_job_id": newest, "note": "superseded"}
-        append_jsonl(paths.events, done)
-        events.append(done)
 
 
 def _apply(
@@ -247,7 +224,11 @@ def _apply(
         return out
     reason = f"monitor: {action.failure_class.value}"
     try:
-        adopted = _adopt_orphan(paths, job, backend, reason, since) if since else None
+        adopted = None
+        if since and not job.state.startswith("LOCAL_"):
+            adopted = adopt_orphan(
+                paths, reason, since, backend.submitted_jobs, backend.cancel_slurm, backend.adopt
+            )
         out.new_job_id = adopted or backend.resubmit(paths, reason)
     except GrpoError as e:
         out.error = str(e)
@@ -280,26 +261,6 @@ def _wait_gone(job: JobView, backend: Backend, timeout_s: float = CANCEL_WAIT_S)
             return False
         backend.sleep(POLL_S)
         waited += POLL_S
-
-
-def _adopt_orphan(
-    paths: RunPaths, job: JobView, backend: Backend, reason: str, since: float
-) -> str | None:
-    """A job submitted for the run since ``since`` but missing from jobs.jsonl (a monitor
-    killed between sbatch and the write): record it rather than submit a second one."""
-    if job.state.startswith("LOCAL_"):
-        return None
-    known = {str(j["job_id"]) for j in read_jsonl(paths.jobs)}
-    orphans = [j for j in backend.submitted_jobs(paths, since) if j not in known]
-    if not orphans:
-        return None
-    orphans.sort(key=lambda j: (len(j), j))
-    for extra in orphans[:-1]:
-        backend.cancel_slurm(extra)
-    backend.adopt(
-        paths, orphans[-1], f"{reason} (adopted: submitted by a monitor killed mid-action)"
-    )
-    return orphans[-1]
 
 
 def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:
