@@ -23,9 +23,10 @@ from grpo_hpc.config import Config
 from grpo_hpc.errors import CircuitBreakerError, ConfigError, ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
-from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout, update
+from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout
 from grpo_hpc.train.advantages import informative_groups
 from grpo_hpc.train.batching import Scored
+from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout import GenerationAborted, RolloutBatch
 from grpo_hpc.train.tracking import Tracker, step_metrics
 
@@ -93,19 +94,7 @@ class Trainer:
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optim = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            betas=tuple(cfg.optim.betas),
-            weight_decay=cfg.optim.weight_decay,
-        )
-        warm = max(cfg.optim.warmup_steps, 0)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.optim, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
         gpu = self.info.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda") if gpu and cfg.dist.precision == "fp16" else None
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
         # fp32 master weights; bf16/fp16 compute through autocast (generation too).
         self.autocast = (
@@ -113,6 +102,7 @@ class Trainer:
             if gpu and dtype
             else contextlib.nullcontext
         )
+        self.opt = StepOptimizer(self.model, cfg, self.info, self.autocast)
         self.engine = rollout.build_engine(
             cfg.rollout.engine,
             dist.unwrap(self.model),
@@ -138,11 +128,11 @@ class Trainer:
         state, rng = checkpoint.load(
             self.paths.checkpoint(step),
             self.model,
-            self.optim,
+            self.opt.optim,
             self.info,
             trainable_only=bool(self.cfg.model.lora_rank),
         )
-        self.sched.load_state_dict(state["scheduler"])
+        self.opt.sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step, self.zero_streak = state["step"], state["zero_streak"]
         if rng is not None:
@@ -220,14 +210,14 @@ class Trainer:
         state = {
             "step": self.step,
             "sampler": self.sampler.state_dict(),
-            "scheduler": self.sched.state_dict(),
+            "scheduler": self.opt.sched.state_dict(),
             "zero_streak": self.zero_streak,
         }
         checkpoint.save(
             self.paths,
             self.step,
             self.model,
-            self.optim,
+            self.opt.optim,
             state,
             checkpoint.rng_state(),
             self.info,
@@ -249,7 +239,7 @@ class Trainer:
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
         t1 = time.monotonic()
-        stats = self._update(sel.microbatches)
+        stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
         t_train = time.monotonic() - t1
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
@@ -325,68 +315,6 @@ class Trainer:
             total = torch.zeros_like(total)
         return Scored(batch, total, out.components, dict(out.errors))
 
-    def _update(self, mbs: list[update.MicroBatch]) -> dict[str, float]:
-        cfg = self.cfg
-        mbs = update.pad_microbatches(mbs, self.info)
-        self.model.train()
-        flat = max((float(mb.advantages.abs().max()) for mb in mbs), default=0.0) == 0.0
-        if cfg.algo.beta == 0 and dist.all_reduce_max(0.0 if flat else 1.0, self.info) == 0:
-            # Every group on every rank is flat: the loss and its gradient are exactly 0.
-            # Skip the forward/backward (most of a CPU step) but still take the optimizer
-            # step on zero gradients, so AdamW's state evolves exactly as if computed.
-            zero = {
-                "loss": 0.0,
-                "kl": 0.0,
-                "clip_frac": 0.0,
-                "clip_frac_low": 0.0,
-                "clip_frac_high": 0.0,
-                "entropy": float("nan"),
-            }
-            for _ in range(cfg.algo.updates_per_batch):
-                for p in self.model.parameters():
-                    if p.requires_grad:
-                        p.grad = torch.zeros_like(p)
-                zero["grad_norm"] = self._optimizer_step()
-            return zero
-        if cfg.algo.updates_per_batch > 1:
-            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast)
-        if self.ref is not None:
-            update.fill_fixed_logp(self.ref, mbs, "ref_logp", self.autocast)
-        stats: dict[str, float] = {}
-        for _ in range(cfg.algo.updates_per_batch):
-            stats = update.accumulate(
-                self.model,
-                mbs,
-                cfg.algo,
-                self.info,
-                cfg.rollout.max_new_tokens,
-                self.scaler,
-                self.autocast,
-            )
-            stats["grad_norm"] = self._optimizer_step()
-        return stats
-
-    def _optimizer_step(self) -> float:
-        if self.scaler:
-            self.scaler.unscale_(self.optim)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.cfg.optim.grad_clip or float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        if not torch.isfinite(torch.tensor(norm)):
-            self.optim.zero_grad(set_to_none=True)
-            self.save()  # weights are still the last finite ones
-            raise CircuitBreakerError(
-                f"non-finite gradient norm at step {self.step}: lower optim.lr or check precision"
-            )
-        if self.scaler:
-            self.scaler.step(self.optim)
-            self.scaler.update()
-        else:
-            self.optim.step()
-        self.sched.step()
-        self.optim.zero_grad(set_to_none=True)
-        return norm
-
     def _report(
         self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
     ) -> None:
@@ -398,7 +326,7 @@ class Trainer:
             info,
         )
         m = step_metrics(self.step, self.cfg, sums, list(sel.components), info.world_size)
-        m.update(times, **stats, lr=self.sched.get_last_lr()[0])
+        m.update(times, **stats, lr=self.opt.sched.get_last_lr()[0])
         m["time/step"] = time.monotonic() - t0
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
