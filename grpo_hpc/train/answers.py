@@ -1,5 +1,6 @@
-"""Where the final answer is: the ``Answer:`` line, the GSM8K gold, and the exact numeric
-pre-judge that settles most items without math-verify."""
+"""Where the final answer is: the last answer convention in a completion (``Answer:``,
+``#### N``, ``\\boxed{}``, "the answer is"), the gold, and the exact numeric pre-judge that
+settles most items without math-verify."""
 
 from __future__ import annotations
 
@@ -14,34 +15,95 @@ NUM = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
 _TOKEN_RE = re.compile(rf"([-\u2212]?)({NUM})(?:\s*/\s*({NUM}))?")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([-\u2212]?[\d.,]+)\s*\}\s*\{\s*([\d.,]+)\s*\}")
 _BLOWUP_RE = re.compile(r"\^|\*\*|!")  # powers/factorials: not a plain number, can hang sympy
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# "####" must be followed by a number: a markdown heading ("#### Step 2") is not an answer.
+_LINE_RE = re.compile(
+    r"Answer:|####(?=[ \t]*[-+\u2212$\\(]?[ \t]*[\d.])"
+    r"|(?P<phrase>(?i:\b(?:final )?answer is\b)):?"
+)
+_SENTENCE_END_RE = re.compile(r"\.(?=\s|$)")
+_EDGE_BOLD_RE = re.compile(r"^\s*\*\*|\*\*\s*\.?\s*$")
+_BOLD_RE = re.compile(r"\*\*([^*]+)\*\*")
+# LaTeX unit text ("\text{ cm}^2") and a unit's exponent ("cm^2"): not part of the number.
+_UNIT_RE = re.compile(
+    r"\\(?:text|textbf|mathrm|mbox)\s*\{[^{}]*\}(?:\s*\^\s*(?:\{\s*[23]\s*\}|[23]))?"
+    r"|(?<=[A-Za-z])\^(?:\{\s*[23]\s*\}|[23])"
+)
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, content)`` of every complete ``\boxed{...}``/``\fbox{...}`` (braces
+    balanced; a box cut off by the token limit is no answer)."""
+    spans = []
+    for m in _BOXED_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            spans.append((m.start(), i, text[m.end() : i - 1].strip()))
+    return spans
+
+
+def _line_spans(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, text)`` of every ``Answer:`` line, ``#### N`` line and "the answer is"
+    sentence: the marker to the end of its line (of its sentence, for the phrase)."""
+    spans = []
+    for m in _LINE_RE.finditer(text):
+        end = text.find("\n", m.end())
+        end = len(text) if end < 0 else end
+        if m.group("phrase"):
+            stop = _SENTENCE_END_RE.search(text, m.end(), end)
+            end = stop.start() if stop else end
+        spans.append((m.start(), end, text[m.end() : end].strip()))
+    return spans
+
+
+def find_answer(completion: str) -> str | None:
+    """The final answer: the text of the **last** answer convention in ``completion``, or None.
+
+    Conventions: an ``Answer:`` line (what the prompt asks for), a GSM8K ``#### N`` line,
+    a ``\boxed{...}`` (what math-tuned models write) and "the (final) answer is ...". The
+    last one wins, so a self-correction (``\boxed{7} ... actually \boxed{8}``) is judged by
+    its correction. A box inside an answer line belongs to that line: "Answer: \boxed{3}
+    or 4" is judged as the whole line (a hedge), not as its box.
+    """
+    lines = _line_spans(completion)
+    boxes = [b for b in _boxed_spans(completion) if not any(s <= b[0] < e for s, e, _ in lines)]
+    candidates = lines + boxes
+    if not candidates:
+        return None
+    return _strip_markdown(max(candidates)[2])
+
+
+def _strip_markdown(text: str) -> str:
+    """``**Answer:** 42`` and ``Answer: **42**``: drop the bold, which reads as a power."""
+    return _BOLD_RE.sub(r"\1", _EDGE_BOLD_RE.sub("", text)).strip()
 
 
 def extract_answer(completion: str, last_number_fallback: bool = False) -> str | None:
-    """Text after the last ``Answer:`` marker, up to the end of that line; None if absent.
+    """The final answer (:func:`find_answer`); None if the completion has no convention.
 
-    With ``last_number_fallback`` a completion without the marker is judged by its last
+    With ``last_number_fallback`` a completion without any convention is judged by its last
     number instead: small models (SmolLM2-135M) seldom follow the format at first, and
     this gives GRPO a signal to start from (``reward.require_marker=false``).
     """
-    idx = completion.rfind(MARKER)
-    if idx < 0:
-        if not last_number_fallback:
-            return None
+    answer = find_answer(completion)
+    if answer is None and last_number_fallback:
         numbers = re.findall(r"[-\u2212]?\d[\d,]*(?:\.\d+)?", completion)
         return numbers[-1] if numbers else None
-    return completion[idx + len(MARKER) :].split("\n", 1)[0].strip()
+    return answer
 
 
 def extract_gold(answer_text: str) -> str:
-    """GSM8K gold: what follows the last ``####`` (first line, commas stripped).
-
-    Text without ``####`` is taken as the gold itself (stripped, otherwise untouched).
-    """
+    """The gold answer: GSM8K's last ``####`` (first line, commas stripped), else a MATH-style
+    solution's last ``\boxed{...}``, else the text itself (stripped, otherwise untouched)."""
     text = str(answer_text)
-    if "####" not in text:
-        return text.strip()
-    tail = text.rsplit("####", 1)[1].strip()
-    return tail.split("\n", 1)[0].replace(",", "").strip()
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.split("\n", 1)[0].replace(",", "").strip()
+    boxes = _boxed_spans(text)
+    return boxes[-1][2] if boxes else text.strip()
 
 
 def numeric_values(text: str) -> set[Fraction] | None:
@@ -79,7 +141,8 @@ def prejudge(answer: str | None, gold: str) -> float | None:
     gold_number = gold_value(gold)
     if gold_number is None:
         return None  # symbolic gold: math-verify alone decides
-    values = numeric_values(answer)
-    if not values or len(values) != 1 or _BLOWUP_RE.search(answer):
+    plain = _UNIT_RE.sub(" ", answer)
+    values = numeric_values(plain)
+    if not values or len(values) != 1 or _BLOWUP_RE.search(plain):
         return 0.0
     return 1.0 if values == {gold_number} else None  # e.g. 0.333333 vs 1/3: math-verify

@@ -28,11 +28,12 @@ _START_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 def _parse(text: str, latex_first: bool) -> list[Any]:
     """math-verify parse. Bare LaTeX (``x^2+1``) needs $...$ or math-verify picks a lone
     number from it; but "18 dollars" must stay bare. Hence: the preferred form, then the other.
+    Text with a LaTeX command (``50\\%``, ``\\frac``: a box's content) is LaTeX first.
     """
     from math_verify import parse
 
     forms = [text] if "$" in text or "\\boxed" in text else [f"${text}$", text]
-    for form in forms if latex_first else forms[::-1]:
+    for form in forms if latex_first or "\\" in text else forms[::-1]:
         parsed = parse(form, parsing_timeout=None)
         if parsed:
             return parsed
