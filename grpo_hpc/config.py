@@ -106,8 +106,9 @@ class RewardConfig:
     timeout_s: float = 2.0
     """Time limit per answer verification."""
     require_marker: bool = True
-    """Correctness needs an ``Answer: N`` line; false judges unformatted text by its last
-    number (a starting signal for small models that ignore the format)."""
+    """Correctness needs an answer convention (``Answer: N``, ``#### N``, ``\\boxed{N}``, "the
+    answer is N"; the last one counts); false judges text with none by its last number (a
+    starting signal for small models that ignore the format)."""
 
 
 @dataclass
