@@ -8,7 +8,7 @@ import time
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.config import builtin_configs, normalize_overrides
 from grpo_hpc.errors import ConfigError, ExitCode
-from grpo_hpc.paths import RunPaths, default_logs_root
+from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.profiles import known_profiles, load_profile
 from grpo_hpc.progress import read_progress
 
@@ -76,9 +76,11 @@ def _submit(argv: list[str]) -> int:
             print(f"{name:14s} {load_profile(name).description}")
         return ExitCode.OK
     overrides = normalize_overrides(overrides)
-    root = default_logs_root() if not args.logs else __import__("pathlib").Path(args.logs)
+    root = logs_root(args.logs)
     if args.resume:
         return _resume(args, overrides, root)
+    if args.from_step is not None:
+        raise ConfigError("--from-step goes with --resume: e.g. --resume gsm8k-a --from-step 200")
     if not args.profile:
         raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())

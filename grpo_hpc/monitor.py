@@ -43,7 +43,7 @@ from grpo_hpc.decision import (
 )
 from grpo_hpc.errors import ConfigError, ExitCode, GrpoError, SlurmUnavailableError
 from grpo_hpc.fsutil import append_jsonl, read_jsonl
-from grpo_hpc.paths import RunPaths, default_logs_root
+from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import read_progress
 from grpo_hpc.runs import SlurmView, job_view, pid_alive, query_slurm, resolve_runs, slurm_ids
 from grpo_hpc.slurm_query import JobRecord
@@ -57,7 +57,10 @@ POLL_S = 0.5
 
 
 def cancel_local(pid: int) -> None:
-    """Terminate a local-executor job (its process group when it leads one)."""
+    """Terminate a local-executor job (its process group when it leads one). Never init or
+    this process: a hand-edited or corrupt jobs.jsonl must not take the machine down."""
+    if pid <= 1 or pid == os.getpid():
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signal.SIGTERM)
@@ -132,8 +135,13 @@ def _is_new(events: list[dict[str, Any]], ev: dict[str, Any]) -> bool:
 
 @contextlib.contextmanager
 def run_lock(paths: RunPaths) -> Iterator[bool]:
-    """Non-blocking per-run lock; yields False when another monitor holds it."""
-    fd = os.open(paths.monitor_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    """Non-blocking per-run lock; yields False when another monitor holds it or the run
+    directory is gone (deleted under the monitor: nothing left to watch)."""
+    try:
+        fd = os.open(paths.monitor_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileNotFoundError, NotADirectoryError):
+        yield False
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -356,7 +364,7 @@ def _parser() -> Parser:
 
 def _watch(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    root = (args.logs or default_logs_root()).resolve()
+    root = logs_root(args.logs)
     policy = MonitorPolicy(
         step0_timeout_s=args.step0_timeout,
         heartbeat_timeout_s=args.heartbeat_timeout,

@@ -35,6 +35,20 @@ def default_logs_root() -> Path:
     return Path(os.environ.get("GRPO_HPC_LOGS", "logs")).resolve()
 
 
+def logs_root(arg: str | Path | None, must_exist: bool = False) -> Path:
+    """The runs directory a command was given (``--logs``), else the default; ConfigError
+    if it is a file, or (``must_exist``) if it is missing."""
+    root = Path(arg).resolve() if arg else default_logs_root()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--logs {root} is not a directory: point it at your runs directory")
+    if must_exist and not root.is_dir():
+        raise ConfigError(
+            f"no runs: {root} does not exist (submit one with grpo-submit, or point --logs "
+            "or $GRPO_HPC_LOGS at your runs directory)"
+        )
+    return root
+
+
 def validate_run_name(name: str) -> str:
     """Run names become directory names and Slurm job names: keep them boring."""
     if not RUN_NAME_RE.match(name):
@@ -115,10 +129,12 @@ class RunPaths:
 
     def checkpoint_steps(self, complete_only: bool = True) -> list[int]:
         """Steps with a checkpoint directory, ascending; by default only COMPLETE ones."""
-        if not self.checkpoints.is_dir():
+        try:
+            entries = list(self.checkpoints.iterdir())
+        except (FileNotFoundError, NotADirectoryError):  # none yet, or deleted under us
             return []
         steps = []
-        for p in self.checkpoints.iterdir():
+        for p in entries:
             m = CKPT_RE.match(p.name)
             if m and (not complete_only or (p / COMPLETE_MARKER).exists()):
                 steps.append(int(m.group(1)))

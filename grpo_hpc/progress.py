@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,12 +111,27 @@ def write_progress(path: Path, record: ProgressRecord) -> None:
 def read_progress(path: Path) -> ProgressRecord | None:
     """The current record, or None if the run has not written one yet.
 
-    A corrupt file (should not happen with atomic writes, but disks fill up)
-    reads as None rather than crashing a dashboard of 100 runs.
+    An unreadable file (should not happen with atomic writes, but disks fill up and
+    people edit files) reads as None rather than crashing a dashboard of 100 runs, with
+    one warning line on stderr per file and process.
     """
     try:
-        return ProgressRecord.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        return ProgressRecord.from_dict(data)
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, TypeError, ValueError):
+    except (OSError, TypeError, ValueError) as e:  # JSONDecodeError, UnicodeError: ValueError
+        _warn_once(path, e)
         return None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(path: Path, err: Exception) -> None:
+    if str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        why = " ".join(str(err).split())[:200]
+        print(f"warning: {path} is unreadable ({why}); read as no progress", file=sys.stderr)

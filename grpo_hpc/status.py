@@ -22,7 +22,7 @@ from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.decision import MonitorPolicy, history_from
 from grpo_hpc.errors import ConfigError, ExitCode, SlurmUnavailableError
 from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.paths import RunPaths, default_logs_root
+from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import read_progress
 from grpo_hpc.runs import SlurmView, job_view, query_slurm, resolve_run, resolve_runs, slurm_ids
 from grpo_hpc.status_view import (
@@ -131,22 +131,6 @@ def collect_detail(
     )
 
 
-def write_png(rewards: list[tuple[int, float]], out: Path, title: str) -> None:
-    """The reward curve as a PNG (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install matplotlib") from None
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([s for s, _ in rewards], [r for _, r in rewards])
-    ax.set(xlabel="step", ylabel="reward/mean", title=title)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 EXAMPLES = """examples:
   grpo-status                       # every run under logs/, one line each
   grpo-status --watch               # refresh every 5 s (Ctrl-C to leave)
@@ -177,7 +161,12 @@ def _parser() -> Parser:
         metavar="S",
         help="refresh every S seconds (default 5)",
     )
-    p.add_argument("--plot", type=Path, metavar="FILE.png", help="write RUN's reward curve")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="write RUN's curves (reward, correctness, KL, length, accuracy) as a PNG",
+    )
     p.add_argument(
         "--heartbeat-timeout",
         type=float,
@@ -190,12 +179,15 @@ def _parser() -> Parser:
 
 def _status(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    root = (args.logs or default_logs_root()).resolve()
+    root = logs_root(args.logs, must_exist=True)
     single = resolve_run(args.runs[0], root) if len(args.runs) == 1 else None
     if args.plot is not None:
         if single is None:
             raise ConfigError("--plot needs exactly one RUN")
-        write_png(collect_detail(single).rewards, args.plot, single.name)
+        from grpo_hpc.plot import plot_data, write_png
+
+        data = plot_data(read_jsonl(single.metrics), read_jsonl(single.jobs))
+        write_png(data, args.plot, single.name)
         print(f"wrote {args.plot}")
         return ExitCode.OK
     if args.json:

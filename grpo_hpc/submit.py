@@ -74,11 +74,25 @@ def make_executor(profile: Profile, paths: RunPaths, setup: list[str]) -> submit
     return executor
 
 
+class _SlurmPreviewExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor minus its ``srun`` check, so that ``--dry-run`` renders the
+    sbatch script on a machine with no Slurm installed (a laptop, CI). It never submits."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
 def render_sbatch(profile: Profile, paths: RunPaths, setup: list[str]) -> str:
-    """The exact sbatch script submitit would write for this run."""
-    executor = submitit.AutoExecutor(folder=paths.submitit_dir / "%j", cluster="slurm")
-    executor.update_parameters(**executor_parameters(profile, paths.name, setup))
-    inner = executor._executor  # submitit's SlurmExecutor: the same code path as submit()
+    """The exact sbatch script submitit would write for this run; needs no Slurm."""
+    params = executor_parameters(profile, paths.name, setup)
+    inner = _SlurmPreviewExecutor(folder=paths.submitit_dir / "%j")
+    # AutoExecutor's translation for the slurm cluster: generic names are converted,
+    # slurm_* keys pass through without their prefix.
+    generic = submitit.AutoExecutor._valid_parameters()
+    converted = inner._convert_parameters({k: v for k, v in params.items() if k in generic})
+    converted |= {k[len("slurm_") :]: v for k, v in params.items() if k.startswith("slurm_")}
+    inner.update_parameters(**converted)
     return inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
 
 

@@ -122,19 +122,21 @@ def step_metrics(
 ) -> dict[str, float]:
     """Metrics of one step from globally summed values (pure): ``sums`` holds
     [reward total, completions, generated tokens, generation seconds summed over ranks,
-    then one total per reward component]."""
+    sum of squared rewards, then one total per reward component]."""
     n = max(sums[1], 1)
+    mean = sums[0] / n
     m: dict[str, float] = {
         "step": step,
         "max_steps": cfg.training.max_steps,
         "prompts": cfg.rollout.prompts_per_step,
         "group_size": cfg.rollout.num_generations,
         "completions": int(sums[1]),
-        "reward/mean": sums[0] / n,
+        "reward/mean": mean,
+        "reward/std": math.sqrt(max(sums[4] / n - mean * mean, 0.0)),
         "tokens_per_s": sums[2] / max(sums[3] / world_size, 1e-9),
         "gen_len/mean": sums[2] / n,
     }
-    for name, total in zip(component_names, sums[4:], strict=True):
+    for name, total in zip(component_names, sums[5:], strict=True):
         m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / n
     return m
 

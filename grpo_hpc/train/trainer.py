@@ -322,6 +322,7 @@ class Trainer:
         n_tok = sum(s.batch.num_tokens for s in scored)
         sums = dist.all_reduce_sum(
             [sum(sel.rewards), len(sel.rewards), float(n_tok), times["time/generate"]]
+            + [sum(r * r for r in sel.rewards)]
             + [sum(v) for v in sel.components.values()],
             info,
         )

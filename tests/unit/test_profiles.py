@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def test_rendered_job_matches_golden(name: str) -> None:
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text(), f"regenerate with UPDATE_GOLDEN=1 if intended ({golden})"
+
+
+@pytest.mark.parametrize("name", ["supercloud", "h100x2", "slurm-local"])
+def test_golden_renders_without_slurm_installed(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun: submitit's own executor refuses
+    assert shutil.which("srun") is None
+    assert _normalized_preview(name) == (GOLDEN / f"{name}.sbatch").read_text()
 
 
 def test_supercloud_is_v100_fp16_ddp() -> None:

@@ -213,7 +213,7 @@ def fake_all(ids: list[str]) -> SlurmView:
     return SlurmView({j: JobRecord(j, SLURM[j]) for j in ids}, set())
 
 
-def test_single_run_cli_and_plot_needs_matplotlib(
+def test_single_run_cli_and_plot_without_matplotlib(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_run(tmp_path, "loc", "999999999", executor="local", progress={}, rewards=[0.1, 0.3])
@@ -221,7 +221,7 @@ def test_single_run_cli_and_plot_needs_matplotlib(
     assert status.main(["loc", "--logs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "LOCAL_EXITED" in out and "reward/mean per step" in out
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # a damaged environment
     assert status.main(["loc", "--logs", str(tmp_path), "--plot", str(tmp_path / "r.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install matplotlib" in err

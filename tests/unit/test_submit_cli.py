@@ -78,6 +78,17 @@ def test_slurm_tools_missing(tmp_path: Path, logs_dir: Path) -> None:
     env = {"PATH": _fake_bin(tmp_path)}  # no sbatch on PATH
     result = submit("--profile", "slurm-local", "--config", "tiny", env=env)
     _assert_one_line_error(result, logs_dir, "sbatch not found")
+    assert "use --profile local" in result.stderr  # what to do instead
+
+
+def test_dry_run_without_slurm_installed(tmp_path: Path, logs_dir: Path) -> None:
+    env = {"PATH": _fake_bin(tmp_path)}  # a laptop or CI box: no srun, no sbatch
+    args = ("--profile", "supercloud", "--config", "gsm8k", "--dry-run", "--name", "d")
+    result = submit(*args, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --gres=gpu:volta:2" in result.stdout and "\nsrun " in result.stdout
+    assert "torch.distributed.run --nproc-per-node=2" in result.stdout
+    assert not logs_dir.exists()
 
 
 def test_slurmctld_down(tmp_path: Path, logs_dir: Path) -> None:

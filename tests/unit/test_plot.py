@@ -1,0 +1,114 @@
+"""grpo-status --plot: the series it draws (pure) and the PNG it writes from a real run's
+metrics (bench/results/demo_cpu_metrics.jsonl, logged by the demo on a CPU)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.errors import ConfigError
+from grpo_hpc.fsutil import append_jsonl
+from grpo_hpc.plot import PANELS, build_figure, plot_data, write_png
+from tests.conftest import REPO, run_cli
+
+DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_metrics.jsonl"
+
+
+def _metrics() -> list[dict]:
+    return [json.loads(line) for line in DEMO_METRICS.read_text().splitlines() if line.strip()]
+
+
+def _jobs_with_resume_at(metrics: list[dict], step: int) -> list[dict]:
+    """Two attempts: the second submitted right after ``step`` was logged."""
+    t = next(m["time"] for m in metrics if m.get("step") == step and "reward/mean" in m)
+    return [
+        {"job_id": "11", "attempt": 0, "submitted_at": metrics[0]["time"] - 5},
+        {"job_id": "12", "attempt": 1, "submitted_at": t + 1},
+    ]
+
+
+def test_plot_data_series_and_attempts() -> None:
+    metrics = [
+        {"time": 10.0, "step": 1, "reward/mean": 0.5, "reward/std": 0.1, "kl": 0.0},
+        {"time": 11.0, "step": 2, "reward/mean": 0.7, "reward/std": 0.2, "kl": None},
+        {"time": 12.0, "step": 2, "eval/accuracy": 0.25},
+        {"time": 30.0, "step": 3, "reward/mean": 0.9, "gen_len/mean": 40.0},
+    ]
+    jobs = [{"attempt": 0, "submitted_at": 1.0}, {"attempt": 1, "submitted_at": 20.0}]
+    data = plot_data(metrics, jobs + [{"attempt": 2, "submitted_at": 99.0}])
+    assert data.series["reward/mean"] == [(1, 0.5), (2, 0.7), (3, 0.9)]
+    assert data.series["kl"] == [(1, 0.0)]  # a null (non-finite) value is not a point
+    assert data.series["eval/accuracy"] == [(2, 0.25)]
+    assert data.reward_std == [(1, 0.1), (2, 0.2)]
+    # attempt 1 first logged step 3; attempt 2 has logged nothing yet: after the last step
+    assert data.attempts == [(1, 2.5), (2, 3.5)]
+
+
+def test_figure_has_one_panel_per_metric_and_attempt_lines() -> None:
+    metrics = _metrics()
+    data = plot_data(metrics, _jobs_with_resume_at(metrics, 15))
+    data.reward_std = [(s, 0.1) for s, _ in data.series["reward/mean"]]
+    fig = build_figure(data, "demo")
+    try:
+        axes = fig.get_axes()
+        assert [ax.get_title() for ax in axes] == [title for _, title in PANELS]
+        for ax, (key, _) in zip(axes, PANELS, strict=True):
+            assert ax.get_xlabel() == "step"
+            curve, *attempt_lines = ax.get_lines()
+            assert len(curve.get_xdata()) == len(data.series[key]) > 0
+            assert [line.get_xdata()[0] for line in attempt_lines] == [15.5]
+        assert len(axes[0].collections) == 1  # the reward spread band
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", "not a PNG file"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_grpo_status_plot_writes_a_png(logs_dir: Path, tmp_path: Path) -> None:
+    metrics = _metrics()
+    run = logs_dir / "demo"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(DEMO_METRICS.read_text())
+    for job in _jobs_with_resume_at(metrics, 15):
+        append_jsonl(run / "jobs.jsonl", {**job, "executor": "slurm"})
+    out = tmp_path / "curves.png"
+    result = run_cli("grpo_hpc.status:main", "demo", "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    assert _png_size(out) == (1100, 900)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(out)  # decodes: a whole, valid image
+    assert pixels.shape[:2] == (900, 1100) and pixels.std() > 0
+
+
+@pytest.mark.parametrize(
+    ("metrics", "out", "message"),
+    [
+        ([], "x.png", "has logged no metrics yet"),
+        ([{"step": 1, "time": 1.0, "reward/mean": 0.5}], "missing/x.png", "does not exist"),
+        ([{"step": 1, "time": 1.0, "reward/mean": 0.5}], "x.unknownformat", "cannot write"),
+    ],
+)
+def test_plot_errors_are_one_line(tmp_path: Path, metrics: list, out: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        write_png(plot_data(metrics, []), tmp_path / out, "r")
+
+
+def test_step_metrics_reports_reward_spread() -> None:
+    from grpo_hpc.config import build_config
+    from grpo_hpc.train.tracking import step_metrics
+
+    rewards = [0.0, 1.0, 1.0, 0.0]
+    sums = [sum(rewards), len(rewards), 40.0, 2.0, sum(r * r for r in rewards), 2.0]
+    m = step_metrics(3, build_config("tiny", []), sums, ["correctness"], 1)
+    assert m["reward/mean"] == 0.5 and m["reward/std"] == pytest.approx(0.5)
+    assert m["reward/correctness"] == 0.5
