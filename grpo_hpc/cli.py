@@ -128,17 +128,10 @@ def _start_monitor(paths: RunPaths) -> None:
 
 
 def _wait(paths: RunPaths, result) -> int:  # noqa: ANN001
-    """Wait for the job, printing a progress line when the step changes."""
-    last = None
-    while not result.job.done():
-        rec = read_progress(paths.progress)
-        if rec is not None and (rec.step, rec.state) != last:
-            last = (rec.step, rec.state)
-            reward = "-" if rec.reward_mean is None else f"{rec.reward_mean:.3f}"
-            print(
-                f"  [{rec.state.value}] step {rec.step}/{rec.max_steps} reward {reward}", flush=True
-            )
-        time.sleep(2)
+    """Wait for the job with a live progress bar (a line per step when not a terminal)."""
+    from grpo_hpc.live import follow
+
+    follow(paths, result.job.done)
     rec = read_progress(paths.progress)
     if rec is not None and rec.exit_code is not None:
         code = int(rec.exit_code)

@@ -67,3 +67,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def tail_jsonl(path: Path, max_bytes: int = 32768) -> list[dict[str, Any]]:
+    """The last lines of a JSONL file without reading all of it (torn lines skipped)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - max_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        return []
+    if size > max_bytes:
+        lines = lines[1:]  # the first line is cut
+    out = []
+    for line in filter(None, (raw.strip() for raw in lines)):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -21,7 +20,7 @@ from rich.table import Table
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.decision import MonitorPolicy, history_from
 from grpo_hpc.errors import ConfigError, ExitCode, SlurmUnavailableError
-from grpo_hpc.fsutil import read_jsonl
+from grpo_hpc.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import read_progress
 from grpo_hpc.runs import SlurmView, job_view, query_slurm, resolve_run, resolve_runs, slurm_ids
@@ -38,26 +37,6 @@ TREND_POINTS = 16
 
 
 # ------------------------------------------------------------------------------- I/O shell
-
-
-def tail_jsonl(path: Path, max_bytes: int = 32768) -> list[dict[str, Any]]:
-    """The last lines of a JSONL file without reading all of it (torn lines skipped)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - max_bytes))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except FileNotFoundError:
-        return []
-    if size > max_bytes:
-        lines = lines[1:]  # the first line is cut
-    out = []
-    for line in filter(None, (raw.strip() for raw in lines)):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:

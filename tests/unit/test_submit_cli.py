@@ -138,10 +138,13 @@ def test_local_profile_runs_with_shell_metacharacters_as_data(tmp_path: Path, lo
         "--wait",
         f"wandb.project=$(touch {marker}); `touch {marker}`",
         "training.max_steps=2",
-        env={"OMP_NUM_THREADS": "1"},
+        # rich treats the pipe as a terminal: --wait draws its live bar
+        env={"OMP_NUM_THREADS": "1", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert not marker.exists()
+    final_frame = result.stdout.rsplit("\r", 1)[-1]
+    assert "finished" in final_frame and "2/2" in final_frame and "tok/s" in final_frame
     run = logs_dir / "meta"
     for name in (
         "config.yaml",
