@@ -128,7 +128,10 @@ class AlgoConfig:
     updates_per_batch: int = 1
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
     micro_batch_size: int = 8
-    """Sequences per forward/backward pass per rank (gradient accumulation)."""
+    """Most sequences per forward/backward pass per rank (gradient accumulation)."""
+    micro_batch_tokens: int = 4096
+    """Most padded tokens (sequences x longest) per forward/backward pass; bounds the
+    activation memory whatever the completion lengths (0 = rows only)."""
 
 
 @dataclass
@@ -369,6 +372,8 @@ def validate(cfg: Config) -> None:
         "algo.micro_batch_size": cfg.algo.micro_batch_size,
         "dist.nproc_per_node": cfg.dist.nproc_per_node,
     }
+    if cfg.algo.micro_batch_tokens < 0:
+        raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")

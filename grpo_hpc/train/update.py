@@ -16,13 +16,8 @@ import torch
 
 from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
-from grpo_hpc.train.loss import (
-    aggregate,
-    loss_stats,
-    per_token_loss,
-    selective_log_softmax,
-    token_entropy,
-)
+from grpo_hpc.train.logp_head import fused_logp_head
+from grpo_hpc.train.loss import aggregate, loss_stats, per_token_loss
 from grpo_hpc.train.rollout import RolloutBatch
 
 
@@ -41,12 +36,34 @@ class MicroBatch:
     ref_logp: torch.Tensor | None = None
 
 
-def split(batch: RolloutBatch, rows: list[int], adv: torch.Tensor, size: int) -> list[MicroBatch]:
-    out = []
-    for i in range(0, len(rows), size):
-        idx = torch.tensor(rows[i : i + size], dtype=torch.long)
-        out.append(MicroBatch(batch, idx, adv[i : i + size]))
+def row_lengths(batch: RolloutBatch, rows: list[int]) -> list[int]:
+    """Real tokens (prompt without padding + completion up to EOS) of each row."""
+    return batch.attention_mask[rows].sum(1).tolist()
+
+
+def split(
+    batch: RolloutBatch, rows: list[int], adv: torch.Tensor, max_rows: int, max_tokens: int = 0
+) -> list[MicroBatch]:
+    """Consecutive rows in micro-batches of at most ``max_rows`` rows and, when
+    ``max_tokens`` > 0, at most ``max_tokens`` padded tokens (rows x longest row): the
+    activation memory of a forward grows with tokens, not rows. A row longer than the
+    budget trains alone."""
+    lengths = row_lengths(batch, rows) if max_tokens else [0] * len(rows)
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        longest_with = max(longest, n)
+        full = i - start == max_rows or (max_tokens and (i - start + 1) * longest_with > max_tokens)
+        if full and i > start:
+            out.append(_micro(batch, rows, adv, start, i))
+            start, longest_with = i, n
+        longest = longest_with
+    if rows:
+        out.append(_micro(batch, rows, adv, start, len(rows)))
     return out
+
+
+def _micro(batch: RolloutBatch, rows: list[int], adv: torch.Tensor, a: int, b: int) -> MicroBatch:
+    return MicroBatch(batch, torch.tensor(rows[a:b], dtype=torch.long), adv[a:b])
 
 
 def right_align(
@@ -72,19 +89,29 @@ def right_align(
 def completion_logp(
     model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the completion tokens under ``model`` ([B, C])."""
+    """Log-probs of the completion tokens under ``model`` ([B, C], fp32), and the
+    entropy of each next-token distribution when asked.
+
+    The LM head is fused with the token selection (:mod:`logp_head`): no [B, T, vocab]
+    logits. Columns past the micro-batch's longest row are cut before the forward; the
+    result is zero-padded back to the batch's C columns.
+    """
     b = mb.batch
     ids, mask, start = right_align(
         b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
     )
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    c_all = b.input_ids.shape[1] - b.prompt_len
+    c = max(int(b.completion_mask[mb.rows].sum(1).max()), 1)
+    width = int((start + c).max())
     # Token t of the completion is predicted at position start + t - 1.
-    c = b.input_ids.shape[1] - b.prompt_len
-    pos = (start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)).unsqueeze(-1)
-    logits = logits.gather(1, pos.expand(-1, -1, logits.shape[-1])).float()
-    logp = selective_log_softmax(logits, b.input_ids[mb.rows, b.prompt_len :])
-    entropy = token_entropy(logits.detach()) if with_entropy else None
-    return logp, entropy
+    pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
+    targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    with fused_logp_head(model, pos, targets) as head:
+        model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
+    assert head.logp is not None and head.entropy is not None
+    pad = (0, c_all - c)
+    entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
+    return torch.nn.functional.pad(head.logp, pad), entropy
 
 
 @torch.no_grad()

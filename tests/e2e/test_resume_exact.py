@@ -56,13 +56,14 @@ def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize(("nproc", "engine"), [(1, "hf"), (1, "native"), (2, "native")])
+def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -> None:
     seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
-    ref = make_run(tmp_path, "uninterrupted", *STEPS, nproc=nproc)
+    steps = [*STEPS, f"rollout.engine={engine}"]
+    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
     assert train(ref, nproc).returncode == 0
-    run = make_run(tmp_path, "killed", *STEPS, nproc=nproc)
+    run = make_run(tmp_path, "killed", *steps, nproc=nproc)
     _kill_after_first_checkpoint(run, nproc, rng)
     killed_at = read_progress(run.progress)
     assert killed_at is not None and killed_at.state != TrainState.FINISHED, (

@@ -1,0 +1,168 @@
+"""The native rollout engine on the CPU against HF ``generate`` and a plain forward pass,
+with real models saved and loaded through ``from_pretrained``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc.errors import ConfigError, StalledError
+from grpo_hpc.train.models import LlamaShape, char_tokenizer, save_random_llama
+from grpo_hpc.train.native.engine import NativeEngine
+from grpo_hpc.train.native.sampling import choose, top_p_filter
+from grpo_hpc.train.rollout import (
+    EngineOptions,
+    GenerationAborted,
+    HFEngine,
+    build_engine,
+    pick_engine,
+)
+from grpo_hpc.train.update import MicroBatch, completion_logp
+
+PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
+
+
+def _load(path: Path):  # noqa: ANN202
+    from grpo_hpc.train.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(path, "sdpa", torch.device("cpu"))
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    out = tmp_path_factory.mktemp("llama") / "m"
+    save_random_llama(out, LlamaShape(64, 2, 4, 2, 128), seed=3)
+    return _load(out)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A random Qwen2 (q/k/v biases, untied head, 3 query heads per KV head)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("qwen2") / "m"
+    tok = char_tokenizer()
+    torch.manual_seed(5)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        initializer_range=0.3,  # larger weights: greedy text that is not one repeated char
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # HF initialises biases to zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return _load(out)
+
+
+def _engines(model, tok, new: int = 40):  # noqa: ANN001, ANN202
+    return HFEngine(model, tok, new, 1.0, 1.0, 60), NativeEngine(model, tok, new, 1.0, 1.0, 60)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_greedy_tokens_equal_hf_generate(name: str, request: pytest.FixtureRequest) -> None:
+    model, tok = request.getfixturevalue(name)
+    hf, native = _engines(model, tok)
+    a = hf.generate(PROMPTS, 2, greedy=True)
+    b = native.generate(PROMPTS, 2, greedy=True)
+    assert len({t for t in b.texts}) > 1, "degenerate test: every completion is the same"
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+    assert a.texts == b.texts
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_sampled_logp_equals_a_plain_forward(name: str, request: pytest.FixtureRequest) -> None:
+    model, tok = request.getfixturevalue(name)
+    torch.manual_seed(0)
+    batch = NativeEngine(model, tok, 24, 0.7, 0.9, 60).generate(PROMPTS, 4)
+    rows = batch.input_ids.shape[0]
+    with torch.no_grad():
+        logp, _ = completion_logp(model, MicroBatch(batch, torch.arange(rows), torch.zeros(rows)))
+    mask = batch.completion_mask.bool()
+    assert batch.sampled_logp is not None
+    torch.testing.assert_close(batch.sampled_logp[mask], logp[mask], atol=1e-5, rtol=0)
+    # Completions of one prompt differ: each row samples on its own from the shared prefix.
+    assert len(set(batch.texts[:4])) > 1
+
+
+def test_rows_stop_at_eos_and_generation_ends_early(llama) -> None:  # noqa: ANN001
+    model, tok = llama
+    probe = NativeEngine(model, tok, 40, 1.0, 1.0, 60).generate(PROMPTS, 1, greedy=True)
+    # Make a token the model emits early in some rows (not all) the end-of-sequence token.
+    completion = probe.input_ids[:, probe.prompt_len :]
+    eos = int(completion[0, 2])
+    hits = completion == eos
+    want = torch.where(hits.any(1), hits.int().argmax(1) + 1, torch.tensor(40))
+    assert want.min() < 40 < want.max() + 1  # some rows end early, at least one does not
+    tok2 = copy.deepcopy(tok)
+    tok2.eos_token = tok.convert_ids_to_tokens(eos)
+    hf, native = _engines(model, tok2, new=40)
+    a = hf.generate(PROMPTS, 1, greedy=True)
+    b = native.generate(PROMPTS, 1, greedy=True)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert b.completion_mask.sum(1).tolist() == want.tolist()  # up to EOS, inclusive
+    first = int(want[0])
+    assert (b.input_ids[0, b.prompt_len + first :] == tok2.pad_token_id).all()
+    alone = native.generate(PROMPTS[:1], 1, greedy=True)  # its only row ends at token 3
+    assert alone.input_ids.shape[1] - alone.prompt_len < 40  # the loop stopped early
+
+
+def test_time_budget_raises_stalled_and_abort_raises_aborted(llama) -> None:  # noqa: ANN001
+    model, tok = llama
+    with pytest.raises(StalledError, match="generation_timeout_s"):
+        NativeEngine(model, tok, 64, 1.0, 1.0, timeout_s=0.0).generate(PROMPTS, 2)
+    beats: list[int] = []
+    engine = NativeEngine(
+        model, tok, 64, 1.0, 1.0, 60, tick=lambda: beats.append(1), abort=lambda: len(beats) > 1
+    )
+    with pytest.raises(GenerationAborted):
+        engine.generate(PROMPTS, 2)
+    assert len(beats) == 2  # heartbeats come from inside the decode loop
+
+
+def test_sampling_follows_the_tempered_distribution() -> None:
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
+    tokens, logp = choose(logits, temperature=0.5, top_p=1.0, greedy=False)
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    want = torch.softmax(logits[0] / 0.5, -1)
+    assert (freq - want).abs().max() < 0.015
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.equal(top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
+    assert torch.equal(top_p_filter(probs, 0.4), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
+    assert torch.equal(top_p_filter(probs, 1.0), probs)
+
+
+def test_engine_choice(llama) -> None:  # noqa: ANN001
+    model, tok = llama
+    opts = EngineOptions(8, 1.0, 1.0, 60)
+    assert pick_engine("hf", model, opts) == "hf"
+    assert pick_engine("auto", model, opts) == "hf"  # CPU: HF generate unless asked
+    assert pick_engine("native", model, opts) == "native"
+    lora = EngineOptions(8, 1.0, 1.0, 60, lora=True)
+    assert pick_engine("auto", model, lora) == "hf"
+    with pytest.raises(ConfigError, match="use rollout.engine=hf"):
+        pick_engine("native", model, lora)
+    engine = build_engine(
+        "native", model, tok, opts, tick=lambda: None, abort=lambda: False, autocast=None
+    )
+    assert isinstance(engine, NativeEngine)
