@@ -122,7 +122,9 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts per rollout")
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--engines", nargs="+", default=["native", "hf"])
+    p.add_argument(
+        "--engines", nargs="+", default=["native", "hf"], choices=["native", "native-eager", "hf"]
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -139,13 +141,15 @@ def main() -> None:
     prompts = [f"Question {i}: what is {7 * i} plus {3 * i + 1}?" for i in range(args.prompts)]
     bw = hbm_bandwidth(device)
     native = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype)
+    eager = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype, compile=False)
     hf = HFEngine(model, tok, args.max_new, 1.0, 1.0, 3600, autocast=autocast)
     plen = tok(prompts, return_tensors="pt", padding=True).input_ids.shape[1]
     rows = []
     for batch in args.batch:
         roof = roofline(model, batch, plen, args.max_new, bw)
         for name in args.engines:
-            r = time_engine(native if name == "native" else hf, prompts, batch, args.reps, device)
+            engine = {"native": native, "native-eager": eager, "hf": hf}[name]
+            r = time_engine(engine, prompts, batch, args.reps, device)
             r |= {"engine": name, "batch": batch, "roofline_tok_per_s": roof}
             r["roofline_frac"] = r["tok_per_s"] / roof
             rows.append(r)

@@ -19,12 +19,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for stage in "$@"; do
     echo "== $stage $(date +%T)"
     case $stage in
-    decode) python3 bench/decode.py --shape qwen2.5-0.5b --batch 64 256 --out "$out/decode.json" ;;
+    decode) python3 bench/decode.py --shape qwen2.5-0.5b --batch 64 256 \
+        --engines native native-eager hf --out "$out/decode.json" ;;
     step) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
         --G 8 --max-new 256 --micro 16 --engine native --out "$out/step_native.json" | tail -22 ;;
     trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --out "$out/trl_vs_grpo_hpc.json" \
         2>&1 | grep -v "it/s\]" | tail -30 ;;
-    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -30 ;;
+    tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
     profile) python3 bench/profile_step.py --out "$out/profile.txt" 2>&1 | tail -60 ;;
     *) echo "unknown stage $stage" ;;
     esac

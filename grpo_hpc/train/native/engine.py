@@ -15,6 +15,7 @@ One ``generate`` call:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,9 @@ class NativeEngine:
     """Compute dtype of weights, activations and cache (bf16/fp16 on GPU)."""
     use_graphs: bool = True
     """Capture decode steps in CUDA graphs (ignored on CPU)."""
+    compile: bool = True
+    """torch.compile the decode layers on CUDA (ignored on CPU; falls back to eager,
+    with a warning, if compilation fails)."""
     tick: Callable[[], None] = lambda: None
     abort: Callable[[], bool] = lambda: False
     span_bucket: int = 64
@@ -80,6 +84,8 @@ class NativeEngine:
         self.packed = weights.allocate(self.model, self.dtype, self.device)
         self.graphed = self.use_graphs and self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
+        cuda = self.device.type == "cuda"
+        self.fns = forward.DecodeFns.compiled() if self.compile and cuda else forward.EAGER
         self.spaces: dict[int, Workspace] = {}
         self.eos = int(self.tokenizer.eos_token_id)
         self.pad = int(self.tokenizer.pad_token_id)
@@ -183,7 +189,7 @@ class NativeEngine:
     def _step_eager(self, ws: Workspace, span: int, greedy: bool) -> None:
         """Feed ``ws.tokens`` at slot ``ws.pos``; write the next token of every row."""
         logits = forward.decode_step(
-            self.packed, ws.cache, ws.tokens, ws.pos, ws.left_pad, span, self.dtype
+            self.packed, ws.cache, ws.tokens, ws.pos, ws.left_pad, span, self.fns
         )
         token, logp = choose(logits, self.temperature, self.top_p, greedy)
         token = torch.where(ws.done, torch.full_like(token, self.pad), token)
@@ -203,7 +209,20 @@ class NativeEngine:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._step_eager(ws, span, greedy)
+            try:
+                self._step_eager(ws, span, greedy)  # compiles on first use
+            except Exception as e:  # noqa: BLE001  (any compiler failure: run eager)
+                if self.fns is forward.EAGER:
+                    raise
+                warnings.warn(
+                    f"native engine: torch.compile failed, decoding eagerly ({e})", stacklevel=2
+                )
+                self.fns = forward.EAGER
+                for dst, src in zip(
+                    (ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True
+                ):
+                    dst.copy_(src)
+                self._step_eager(ws, span, greedy)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
