@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stop the single-node Slurm test cluster started by slurm/up.sh.
+# Stop the Slurm test cluster started by slurm/up.sh (also the namespaces and bridge of
+# --nodes N).
 #   bash slurm/down.sh           stop daemons (state and accounting DB are kept)
 #   bash slurm/down.sh --purge   also wipe state, DB, generated configs and fake GPUs
 # Only stops processes named in this toolkit's pid files (munged only if up.sh started it).
@@ -14,7 +15,7 @@ for arg in "$@"; do
     case "$arg" in
     --purge) PURGE=1 ;;
     -h | --help)
-        sed -n '2,5s/^# \{0,1\}//p' "$0"
+        sed -n '2,6s/^# \{0,1\}//p' "$0"
         exit 0
         ;;
     *)
@@ -45,7 +46,10 @@ fi
 
 # Three rounds (each daemon takes 1-2 s to exit): Slurm, then slurmdbd (and munged if
 # up.sh started it), then MariaDB last so slurmdbd can still flush to it.
-stop_daemons 15 slurmd slurmctld
+# shellcheck disable=SC2046 # one word per daemon name
+stop_daemons 15 slurmd $(node_slurmds) slurmctld
+stop_netns_processes # whatever the cancelled jobs left in the node namespaces
+remove_netns
 if [[ -e $STATE/run/munged.ours ]]; then
     stop_daemons 15 slurmdbd munged
     rm -f "$STATE/run/munged.ours"

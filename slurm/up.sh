@@ -4,18 +4,35 @@
 # (node "localhost", partition "debug", 2 fake GPUs). Idempotent: returns in well
 # under a second when the cluster is already up and healthy. Must run as root.
 #
+#   bash slurm/up.sh              the single-node cluster
+#   bash slurm/up.sh --nodes 2    plus nodes grpo-n1, grpo-n2 (partition "multi"), each slurmd
+#                                 in its own network namespace on the bridge grpo-br0
+#   (--nodes 1 after --nodes 2 removes the extra nodes again)
+#
 # Environment (all optional):
 #   GRPO_SLURM_STATE    state dir (default /var/lib/grpo-slurm: DB, spool, logs, pids)
 #   GRPO_SLURM_GPUS     number of fake GPUs (default 2)
 #   GRPO_SLURM_DB_PORT  MariaDB TCP port on 127.0.0.1 (default 3307)
 #   GRPO_SLURM_MEM      RealMemory in MB (default: 90% of MemTotal)
 #   GRPO_SLURM_WAIT     seconds to wait for the node to be idle (default 60)
+#   GRPO_SLURM_NODES    default for --nodes (1)
+#   GRPO_SLURM_SUBNET   first three octets of the multi-node /24 (default 10.213.7)
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/lib.sh
 source "$HERE/lib.sh"
 
+NODES=${GRPO_SLURM_NODES:-1}
+while (($#)); do
+    case "$1" in
+    --nodes) NODES=${2:-} && shift 2 || { echo "slurm/up.sh: --nodes needs a number" >&2; exit 2; } ;;
+    --nodes=*) NODES=${1#--nodes=} && shift ;;
+    -h | --help) sed -n '2,18s/^# \{0,1\}//p' "$0" && exit 0 ;;
+    *) echo "slurm/up.sh: unknown argument '$1' (see --help)" >&2 && exit 2 ;;
+    esac
+done
+[[ $NODES =~ ^[1-9]$ ]] || { echo "slurm/up.sh: --nodes must be 1..9 (got '$NODES')" >&2; exit 2; }
 WAIT=${GRPO_SLURM_WAIT:-60}
 LOG="$STATE/log"
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -66,7 +83,36 @@ db_pass() {
     cat "$f"
 }
 render() {
-    # render TEMPLATE -> stdout
+    # render TEMPLATE -> stdout (slurm.conf gets the multi-node changes when NODES > 1)
+    if [[ $1 == slurm.conf.in ]] && ((NODES > 1)); then
+        render_plain "$1" | multi_node_conf
+    else
+        render_plain "$1"
+    fi
+}
+multi_node_conf() {
+    # The single-node slurm.conf on stdin -> the multi-node one: slurmctld reachable from the
+    # namespaces at $HOST_ADDR, one pid/spool/log per slurmd (%n = node name), a short
+    # SlurmdTimeout so a dead node is DOWN (its job NODE_FAIL) within ~20 s, and the nodes.
+    # The new nodes come *before* localhost: while a node named localhost is the only one
+    # defined, Slurm's node lookup returns it for any name (and then rejects the next node).
+    local i names=() nodes
+    nodes="# Multi-node mode (up.sh --nodes $NODES): one slurmd per network namespace."
+    for ((i = 1; i <= NODES; i++)); do
+        names+=("$(node_name "$i")")
+        nodes+=$'\n'"NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i")"
+        nodes+=" NodeHostname=$(node_name "$i") CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+    done
+    sed -e "s|^SlurmctldHost=localhost\$|SlurmctldHost=localhost($HOST_ADDR)|" \
+        -e "s|^SlurmdPidFile=\(.*\)/slurmd.pid\$|SlurmdPidFile=\1/slurmd-%n.pid|" \
+        -e "s|^SlurmdSpoolDir=\(.*\)/slurmd\$|SlurmdSpoolDir=\1/slurmd-%n|" \
+        -e "s|^SlurmdLogFile=\(.*\)/slurmd.log\$|SlurmdLogFile=\1/slurmd-%n.log|" \
+        -e "s|^SlurmdTimeout=.*|SlurmdTimeout=20|" |
+        awk -v nodes="$nodes" '/^NodeName=localhost / { print nodes } { print }'
+    local IFS=,
+    echo "PartitionName=multi Nodes=${names[*]} Default=NO MaxTime=INFINITE State=UP"
+}
+render_plain() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@CPUS@|$CPUS|g" \
         -e "s|@MEM@|$MEM|g" -e "s|@NGPU@|$NGPU|g" -e "s|@GPU_FILES@|$GPU_FILES|g" \
         -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_USER@|$DB_USER|g" -e "s|@DB_PASS@|$DB_PASS|g" \
@@ -89,22 +135,37 @@ configs_current() {
 
 # ---------------------------------------------------------------- fast path
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
-node_state() { sinfo -h -N -n localhost -o %t 2>/dev/null | head -n 1; }
+node_state() { sinfo -h -N -n "${1:-localhost}" -o %t 2>/dev/null | head -n 1; }
+all_nodes() {
+    local i
+    echo localhost
+    for ((i = 1; i <= NODES && NODES > 1; i++)); do node_name "$i"; done
+}
+slurmd_names() {
+    # the slurmd daemons of this mode, as pidfile_of names them
+    local i
+    if ((NODES == 1)); then echo slurmd && return; fi
+    echo slurmd@localhost
+    for ((i = 1; i <= NODES; i++)); do echo "slurmd@$(node_name "$i")"; done
+}
+node_up() { case "$(node_state "$1")" in idle | mix | alloc | comp) ;; *) return 1 ;; esac; }
 
 healthy() {
     local d
-    for d in mariadbd slurmdbd slurmctld slurmd; do alive "$d" || return 1; done
+    for d in mariadbd slurmdbd slurmctld $(slurmd_names); do alive "$d" || return 1; done
     munge_ok || return 1
     local i
     for ((i = 0; i < NGPU; i++)); do [[ -e /dev/fakegpu$i ]] || return 1; done
     configs_current || return 1
-    case "$(node_state)" in idle | mix | alloc | comp) ;; *) return 1 ;; esac
+    for d in $(all_nodes); do node_up "$d" || return 1; done
     sacct -n -X -o JobID >/dev/null 2>&1 || return 1
 }
 
 take_lock # fd 9; every daemon below is started with 9>&- so it does not inherit the lock
 if command -v sinfo >/dev/null && healthy; then
-    echo "slurm: cluster already up (node localhost $(node_state), cluster $CLUSTER)"
+    echo "slurm: cluster already up ($NODES node(s): $(all_nodes | while read -r n; do
+        printf '%s %s ' "$n" "$(node_state "$n")"
+    done)cluster $CLUSTER)"
     exit 0
 fi
 
@@ -167,7 +228,13 @@ write_conf slurm.conf 644 changed_slurm
 write_conf gres.conf 644 changed_slurm
 write_conf slurmdbd.conf 600 changed_dbd
 
-log_of() { case "$1" in munged) echo /var/log/munge/munged.log ;; *) echo "$LOG/$1.log" ;; esac; }
+log_of() {
+    case "$1" in
+    munged) echo /var/log/munge/munged.log ;;
+    slurmd@*) echo "$LOG/slurmd-${1#slurmd@}.log" ;;
+    *) echo "$LOG/$1.log" ;;
+    esac
+}
 
 # launch NAME CMD...: run a self-daemonizing daemon (without the lock fd 9 and with stdio
 # off any pipe of our caller), then wait until its pid file names a live process.
@@ -191,6 +258,47 @@ wait_for() {
         ((SECONDS - t0 < timeout)) || return 0
         sleep 0.1
     done
+}
+
+# ---------------------------------------------------------------- multi-node network
+setup_network() {
+    # The bridge with the host's address, then one namespace + veth pair per node.
+    local route
+    route=$(ip -4 route show "$SUBNET.0/24" 2>/dev/null || true)
+    if [[ -n $route && $route != *"dev $BRIDGE"* ]]; then
+        die "subnet $SUBNET.0/24 is already routed ($route): set GRPO_SLURM_SUBNET to a free /24"
+    fi
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge || die "ip link add $BRIDGE type bridge (needs CAP_NET_ADMIN)"
+    fi
+    ip -4 addr show dev "$BRIDGE" | grep -q "inet $HOST_ADDR/" ||
+        ip addr add "$HOST_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    local i
+    for ((i = 1; i <= NODES; i++)); do setup_node "$i"; done
+}
+
+setup_node() {
+    local i=$1 ns addr veth
+    ns=$(node_name "$i") addr=$(node_addr "$i") veth=grpo-v$i
+    mkdir -p "/etc/netns/$ns"
+    {
+        echo "# Generated by grpo_hpc slurm/up.sh: /etc/hosts inside namespace $ns"
+        echo "127.0.0.1 localhost"
+        echo "$HOST_ADDR grpo-ctl"
+        for ((j = 1; j <= NODES; j++)); do echo "$(node_addr "$j") $(node_name "$j")"; done
+    } >"/etc/netns/$ns/hosts"
+    if ip netns exec "$ns" ip -4 addr show dev eth0 2>/dev/null | grep -q "inet $addr/"; then
+        return 0
+    fi
+    ip netns delete "$ns" 2>/dev/null || true # half-made by an interrupted run
+    ip link delete "$veth" 2>/dev/null || true
+    ip netns add "$ns" || die "ip netns add $ns (needs CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+    ip link add "$veth" type veth peer name eth0 netns "$ns" || die "ip link add $veth type veth"
+    ip link set "$veth" master "$BRIDGE" up
+    ip netns exec "$ns" ip addr add "$addr/24" dev eth0
+    ip netns exec "$ns" ip link set eth0 up
+    ip netns exec "$ns" ip link set lo up
 }
 
 # ---------------------------------------------------------------- munge
@@ -279,43 +387,72 @@ fi
 
 # ---------------------------------------------------------------- slurmctld + slurmd
 if ((changed_slurm)); then
-    stop_daemons 15 slurmd slurmctld
+    # shellcheck disable=SC2046 # one word per daemon name
+    stop_daemons 15 slurmd $(node_slurmds) slurmctld
+    stop_netns_processes
+fi
+if ((NODES == 1)); then
+    remove_netns # left by an earlier --nodes N (its slurmds were stopped just above)
+else
+    setup_network
 fi
 if ! alive slurmctld; then
     launch slurmctld slurmctld
 fi
 wait_for slurmctld 30 scontrol ping
 scontrol ping >/dev/null 2>&1 || die "slurmctld does not answer (scontrol ping)" "$LOG/slurmctld.log"
-if ! alive slurmd; then
-    launch slurmd slurmd -N localhost
-fi
+for d in $(slurmd_names); do
+    alive "$d" && continue
+    node=${d#slurmd@}
+    if [[ $d == slurmd || $node == localhost ]]; then
+        launch "$d" slurmd -N localhost
+    else
+        # Its own network namespace, a mount namespace that only swaps in its /etc/hosts, and
+        # a UTS namespace so that `hostname` in a job prints the node's name, as on a real
+        # cluster. (Not `ip netns exec`: it remounts /sys without /sys/fs/cgroup, which
+        # slurmd needs.)
+        mkdir -p "$STATE/spool/slurmd-$node"
+        launch "$d" nsenter --net="/run/netns/$node" unshare --mount --uts --propagation slave \
+            sh -c "mount --bind /etc/netns/$node/hosts /etc/hosts && hostname $node &&
+                exec slurmd -N $node"
+    fi
+done
 
 # ---------------------------------------------------------------- wait for idle node + sacct
-resumed=0
+declare -A resumed=()
 state=""
+node=""
 deadline=$((SECONDS + WAIT))
+# all_ready: every node idle (resuming a node an earlier run left down/drained, e.g. after a
+# killed slurmd, at most 3 times); sets $node/$state to the first one that is not.
+all_ready() {
+    for node in $(all_nodes); do
+        state=$(node_state "$node")
+        case "$state" in
+        idle | mix | alloc | comp) continue ;;
+        down* | drain* | drng* | fail* | inval*)
+            if ((${resumed[$node]:-0} < 3)) && [[ $state != *'*' ]]; then
+                scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true
+                resumed[$node]=$((${resumed[$node]:-0} + 1))
+            fi
+            ;;
+        esac
+        return 1
+    done
+    return 0
+}
 while ((SECONDS < deadline)); do
-    alive slurmd || die "slurmd exited" "$LOG/slurmd.log"
+    for d in $(slurmd_names); do alive "$d" || die "$d exited" "$(log_of "$d")"; done
     alive slurmctld || die "slurmctld exited" "$LOG/slurmctld.log"
-    state=$(node_state)
-    case "$state" in
-    idle | mix | alloc | comp)
-        if sacct -n -X -o JobID >/dev/null 2>&1; then
-            echo "slurm: cluster up in $((SECONDS - T0))s (node localhost $state," \
-                "CPUs=$CPUS RealMemory=$MEM gpu:$NGPU, partition debug, logs in $LOG)"
-            exit 0
-        fi
-        ;;
-    down* | drain* | drng* | fail* | inval*)
-        # Left down/drained by an earlier run (e.g. a killed slurmd): return it to service.
-        if ((resumed < 3)) && [[ $state != *'*' ]]; then
-            scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
-            resumed=$((resumed + 1))
-        fi
-        ;;
-    esac
+    if all_ready && sacct -n -X -o JobID >/dev/null 2>&1; then
+        extra=""
+        ((NODES == 1)) || extra="; partition multi: $(all_nodes | tail -n +2 | paste -sd, -)"
+        echo "slurm: cluster up in $((SECONDS - T0))s (node localhost idle," \
+            "CPUs=$CPUS RealMemory=$MEM gpu:$NGPU, partition debug$extra; logs in $LOG)"
+        exit 0
+    fi
     sleep 0.2
 done
-reason=$(sinfo -h -N -n localhost -o %E 2>/dev/null || true)
-die "node localhost not idle after ${WAIT}s (state '${state:-?}', reason '${reason:-?}')" \
-    "or sacct fails; see also $LOG/slurmd.log and $LOG/slurmdbd.log" "$LOG/slurmctld.log"
+reason=$(sinfo -h -N -n "${node:-localhost}" -o %E 2>/dev/null || true)
+die "node ${node:-?} not idle after ${WAIT}s (state '${state:-?}', reason '${reason:-?}')" \
+    "or sacct fails; see also the slurmd logs and $LOG/slurmdbd.log" "$LOG/slurmctld.log"
