@@ -32,6 +32,7 @@ from grpo_hpc.paths import COMPLETE_MARKER, RunPaths, default_logs_root
 from grpo_hpc.runs import resolve_run
 
 MANIFEST = "manifest.json"
+DCP_DIR = "dcp"
 NOT_LISTED = frozenset({MANIFEST, COMPLETE_MARKER})
 STEP_RE = re.compile(r"step-(\d+)$")
 CHUNK = 1 << 20
@@ -52,10 +53,13 @@ def _step_of(ckpt_dir: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def write_manifest(ckpt_dir: Path, step: int | None = None) -> dict[str, Any]:
+def write_manifest(
+    ckpt_dir: Path, step: int | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Record every file under ``ckpt_dir`` (size, sha256) in its manifest.json, atomically.
 
-    ``step`` defaults to the N of a ``step-N`` / ``.tmp-step-N`` directory name.
+    ``step`` defaults to the N of a ``step-N`` / ``.tmp-step-N`` directory name; ``extra``
+    adds keys (the trainer's ``format`` and ``world_size``).
     """
     ckpt_dir = Path(ckpt_dir)
     files: dict[str, dict[str, Any]] = {}
@@ -64,7 +68,8 @@ def write_manifest(ckpt_dir: Path, step: int | None = None) -> dict[str, Any]:
         if p.is_file() and rel not in NOT_LISTED:
             size, sha = file_digest(p)
             files[rel] = {"size": size, "sha256": sha}
-    manifest = {"step": _step_of(ckpt_dir) if step is None else step, "files": files}
+    manifest = {"step": _step_of(ckpt_dir) if step is None else step, **(extra or {})}
+    manifest["files"] = files
     atomic_write_json(ckpt_dir / MANIFEST, manifest)
     return manifest
 
@@ -87,7 +92,54 @@ def verify_checkpoint(ckpt_dir: Path) -> list[str]:
         problems.append(f"{MANIFEST} says step {manifest.get('step')}, directory is step {step}")
     for rel, meta in sorted(files.items()):
         problems += _check_file(ckpt_dir, rel, meta)
+    return problems + format_problems(ckpt_dir, manifest)
+
+
+def required_files(fmt: str, world_size: int) -> list[str]:
+    """The files a trainer checkpoint of this format and world size must have (pure)."""
+    per_rank = [f"rng-rank{r}.pt" for r in range(world_size)]
+    weights = {"gathered": ["model.pt", "optim.pt"], "sharded": [f"{DCP_DIR}/.metadata"]}[fmt]
+    return ["trainer.pt", *weights, *per_rank]
+
+
+def format_problems(ckpt_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """What a checkpoint lacks for its recorded format (gathered: model.pt + optim.pt;
+    sharded: a DCP directory whose .metadata points only at listed, long-enough shards).
+    A manifest without ``format`` (not written by the trainer) gets no such checks."""
+    fmt, world = manifest.get("format"), manifest.get("world_size")
+    if fmt is None:
+        return []
+    if fmt not in ("gathered", "sharded"):
+        return [f"{MANIFEST}: unknown format {fmt!r} (gathered or sharded)"]
+    if not isinstance(world, int) or world < 1:
+        return [f"{MANIFEST}: world_size {world!r} is not a positive integer"]
+    files = manifest["files"]
+    need = required_files(fmt, world)
+    problems = [
+        f"{rel}: missing ({fmt} checkpoint of {world} ranks)" for rel in need if rel not in files
+    ]
+    if fmt == "sharded" and f"{DCP_DIR}/.metadata" in files:
+        problems += dcp_problems(ckpt_dir / DCP_DIR, files)
     return problems
+
+
+def dcp_problems(dcp_dir: Path, files: dict[str, Any]) -> list[str]:
+    """Every byte range DCP's .metadata refers to lies in a shard file of the manifest."""
+    from torch.distributed.checkpoint import FileSystemReader  # only for sharded checkpoints
+
+    try:
+        meta = FileSystemReader(str(dcp_dir)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is the finding
+        return [f"{DCP_DIR}/.metadata: unreadable ({type(e).__name__}: {e})"]
+    problems: set[str] = set()
+    for info in (meta.storage_data or {}).values():
+        rel = f"{DCP_DIR}/{info.relative_path}"
+        entry = files.get(rel)
+        if entry is None:
+            problems.add(f"{rel}: named by {DCP_DIR}/.metadata but not in the manifest")
+        elif info.offset + info.length > entry.get("size", 0):
+            problems.add(f"{rel}: shorter than {DCP_DIR}/.metadata says")
+    return sorted(problems)
 
 
 def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str]:

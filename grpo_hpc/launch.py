@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,9 +52,9 @@ def torchrun_command(
     if ctx.nnodes == 1:
         cmd += ["--standalone", "--nnodes=1"]
     else:
+        # No --node-rank: c10d assigns node ranks itself (torchrun warns that it ignores it).
         cmd += [
             f"--nnodes={ctx.nnodes}",
-            f"--node-rank={ctx.node_rank}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={ctx.master_addr}:{rendezvous_port(ctx.job_id)}",
             f"--rdzv-id={ctx.job_id}",
@@ -68,14 +69,28 @@ def node_context() -> NodeContext:
 
         env = submitit.JobEnvironment()
         hosts = env.hostnames
+        nnodes = env.num_nodes
         return NodeContext(
-            nnodes=env.num_nodes,
+            nnodes=nnodes,
             node_rank=env.node,
-            master_addr=hosts[0] if hosts else "127.0.0.1",
+            master_addr=rendezvous_host(hosts[0]) if hosts and nnodes > 1 else "127.0.0.1",
             job_id=str(env.job_id),
         )
     except RuntimeError:  # not inside a submitit job
         return NodeContext(job_id=str(os.getpid()))
+
+
+def rendezvous_host(first_node: str) -> str:
+    """The address of the allocation's first node (from SLURM_JOB_NODELIST), resolved here,
+    inside the job, where the cluster's name service knows the compute nodes: torchrun's
+    c10d store binds on that node and every node's agent connects to it."""
+    try:
+        return socket.gethostbyname(first_node)
+    except OSError as e:
+        raise RuntimeError(
+            f"cannot resolve the first node {first_node!r} of the allocation ({e}): the "
+            "compute nodes must resolve each other's names (DNS or /etc/hosts)"
+        ) from None
 
 
 def exit_code_from_progress(paths: RunPaths, returncode: int) -> int:

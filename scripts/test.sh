@@ -12,7 +12,7 @@ echo "== installing grpo_hpc and test dependencies (constraints: $PIP_CONSTRAINT
 
 if [ "$(id -u)" = "0" ]; then
   echo "== bringing up the local test Slurm cluster"
-  bash slurm/up.sh
+  bash slurm/up.sh --nodes 2  # node localhost (partition debug) + grpo-n1, grpo-n2 (multi)
   export GRPO_HPC_REQUIRE_SLURM=1
 else
   echo "== not root: Slurm tests will be skipped (slurm/up.sh needs root)"

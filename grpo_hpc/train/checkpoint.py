@@ -1,14 +1,20 @@
 """Checkpoints that count only when complete, and hold everything for an exact resume.
 
-Layout of ``checkpoints/step-N/``: ``model.pt`` and ``optim.pt`` (full state dicts,
-gathered across FSDP shards), ``trainer.pt`` (step, scheduler, data position,
-counters), ``rng-rank{R}.pt`` (each rank's RNG states), ``manifest.json`` (sizes and
-sha256 of every file), and ``COMPLETE``. All of it is written into
-``.tmp-step-N/``, renamed, and only then marked COMPLETE: a job killed at any
+Layout of ``checkpoints/step-N/``: the weights and optimizer state in one of two formats,
+``trainer.pt`` (step, scheduler, data position, counters, world size), ``rng-rank{R}.pt``
+(each rank's RNG states), ``manifest.json`` (format, world size, size and sha256 of every
+file), and ``COMPLETE``. All of it is written into ``.tmp-step-N/``, renamed, and only then
+marked COMPLETE (by rank 0, after every rank's files are on disk): a job killed at any
 moment leaves either no checkpoint or a partial one that resume ignores.
 
-Full (gathered) state dicts keep this simple and portable across world sizes;
-for multi-billion-parameter FSDP runs, sharded DCP saving would be the next step.
+* **gathered** (DDP, one process): ``model.pt`` and ``optim.pt``, full state dicts written
+  by rank 0. Simple, and loads at any world size.
+* **sharded** (FSDP2 on more than one process): ``dcp/``, a ``torch.distributed.checkpoint``
+  directory in which every rank writes its own shard (``__R_0.distcp``, fsynced) and rank 0
+  the ``.metadata``; no rank ever holds the whole model. DCP reshards on load, so it resumes
+  on the same world size, on a different one, and in a single process.
+
+Resume reads whichever format the checkpoint has, whatever the run uses now.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -29,6 +36,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from grpo_hpc.paths import COMPLETE_MARKER, RunPaths
 from grpo_hpc.train.dist import DistInfo, barrier
+
+GATHERED, SHARDED = "gathered", "sharded"
+DCP_DIR = "dcp"
 
 
 def rng_state() -> dict[str, Any]:
@@ -50,10 +60,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _options(trainable_only: bool) -> StateDictOptions:
+def _options(trainable_only: bool, full: bool = True) -> StateDictOptions:
     return StateDictOptions(
-        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
+        full_state_dict=full, cpu_offload=full, ignore_frozen_params=trainable_only
     )
+
+
+def choose_format(params_sharded: bool, world_size: int) -> str:
+    """Sharded (DCP) when the parameters are FSDP2 shards across processes, else gathered."""
+    return SHARDED if params_sharded and world_size > 1 else GATHERED
+
+
+def has_sharded_params(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) turned the parameters into DTensor shards."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def format_of(ckpt: Path) -> str:
+    """The format a checkpoint directory was written in."""
+    return SHARDED if (ckpt / DCP_DIR / ".metadata").is_file() else GATHERED
 
 
 def save(
@@ -71,23 +98,33 @@ def save(
 ) -> Path:
     """Collective: every rank calls it. ``rng`` is this rank's RNG state to store."""
     tmp, final = paths.checkpoint_tmp(step), paths.checkpoint(step)
+    fmt = choose_format(has_sharded_params(model), info.world_size)
     if info.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     barrier(info)
+    if fmt == SHARDED:
+        model_sd, optim_sd = get_state_dict(
+            model, optimizer, options=_options(trainable_only, False)
+        )
+        # Each rank writes (and fsyncs) its own shard; rank 0 writes .metadata once all have.
+        writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+        if info.is_main:
+            torch.save(model_sd, tmp / "model.pt")
+            torch.save(optim_sd, tmp / "optim.pt")
     torch.save(rng, tmp / f"rng-rank{info.rank}.pt")
     if info.is_main:
-        torch.save(model_sd, tmp / "model.pt")
-        torch.save(optim_sd, tmp / "optim.pt")
         torch.save({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
         if slow_save_s:
             time.sleep(slow_save_s)  # fault injection: a save that outlives the signal lead
-    barrier(info)
+    barrier(info)  # every rank's files are written before rank 0 completes the checkpoint
     if info.is_main:
         from grpo_hpc.ckpt import write_manifest
 
-        write_manifest(tmp)
+        write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         (final / COMPLETE_MARKER).write_text(f"{time.time()}\n")
@@ -122,18 +159,40 @@ def load(
     RNG is None when the world size changed: the run continues, but no longer
     bit-identical to an uninterrupted one.
     """
-    model_sd = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=False)
-    optim_sd = torch.load(ckpt / "optim.pt", map_location="cpu", weights_only=False)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=model_sd,
-        optim_state_dict=optim_sd,
-        options=_options(trainable_only),
-    )
+    if format_of(ckpt) == SHARDED:
+        _load_sharded(ckpt / DCP_DIR, model, optimizer, trainable_only)
+    else:
+        model_sd = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=False)
+        optim_sd = torch.load(ckpt / "optim.pt", map_location="cpu", weights_only=False)
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=optim_sd,
+            options=_options(trainable_only),
+        )
     state = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
     rng_file = ckpt / f"rng-rank{info.rank}.pt"
     rng = None
     if state.get("world_size") == info.world_size and rng_file.is_file():
         rng = torch.load(rng_file, map_location="cpu", weights_only=False)
     return state, rng
+
+
+def _load_sharded(
+    dcp_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool
+) -> None:
+    """Load a DCP checkpoint into this process's model and optimizer, in whatever layout
+    they have now (FSDP2 shards of any world size, DDP, or one process): DCP reads each
+    tensor's slice that this rank holds from whichever shard files contain it."""
+    opts = _options(trainable_only, full=False)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)  # the templates
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(dcp_dir))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=opts,
+    )

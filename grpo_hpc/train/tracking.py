@@ -135,6 +135,7 @@ def step_metrics(
         "reward/std": math.sqrt(max(sums[4] / n - mean * mean, 0.0)),
         "tokens_per_s": sums[2] / max(sums[3] / world_size, 1e-9),
         "gen_len/mean": sums[2] / n,
+        "world_size": world_size,
     }
     for name, total in zip(component_names, sums[5:], strict=True):
         m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / n

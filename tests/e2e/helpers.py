@@ -17,9 +17,13 @@ def make_run(root: Path, name: str, *overrides: str, nproc: int = 1) -> RunPaths
     paths = RunPaths(root / name)
     overrides = (*overrides, "training.num_threads=1")
     create_run(paths, load_profile("local"), "tiny", list(overrides))
+    text = paths.config.read_text()
     if nproc != 1:  # the local profile runs one process; tests ask for more
-        text = paths.config.read_text().replace("nproc_per_node: 1", f"nproc_per_node: {nproc}")
-        paths.config.write_text(text)
+        text = text.replace("nproc_per_node: 1", f"nproc_per_node: {nproc}")
+    for o in overrides:  # the profile decides the strategy (ddp); a test may ask for another
+        if o.startswith("dist.strategy="):
+            text = text.replace("strategy: ddp", f"strategy: {o.split('=', 1)[1]}")
+    paths.config.write_text(text)
     return paths
 
 

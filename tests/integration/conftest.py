@@ -1,9 +1,13 @@
-"""Integration-test fixtures: the local single-node Slurm test cluster (slurm/up.sh).
+"""Integration-test fixtures: the local Slurm test cluster (slurm/up.sh).
 
 Tests marked ``@pytest.mark.slurm`` get the session-scoped ``slurm_cluster`` fixture
-automatically. It runs ``bash slurm/up.sh`` once per session (well under a second when
-the cluster is already up) and never stops the cluster, so reruns are fast; stop it with
-``bash slurm/down.sh``.
+automatically. It runs ``bash slurm/up.sh --nodes 2`` once per session (well under a second
+when the cluster is already up): node ``localhost`` in the default partition ``debug`` for
+the single-node tests, plus ``grpo-n1``/``grpo-n2`` (each slurmd in its own network
+namespace) in partition ``multi`` for the two-node tests, which ask for ``two_nodes``. If
+the two extra nodes cannot be made (no network namespaces here), it falls back to the
+single-node cluster and only the two-node tests are skipped. The cluster is never stopped,
+so reruns are fast; stop it with ``bash slurm/down.sh``.
 
 If the cluster cannot be brought up (not root, packages missing, up.sh fails) the test
 is skipped, unless ``GRPO_HPC_REQUIRE_SLURM`` is set (as in CI): then it fails.
@@ -22,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 UP_SH = REPO_ROOT / "slurm" / "up.sh"
 REQUIRE_ENV = "GRPO_HPC_REQUIRE_SLURM"
 UP_TIMEOUT_S = 600
+MULTI_NODES = ("grpo-n1", "grpo-n2")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,10 @@ class SlurmCluster:
     node: str = "localhost"
     gpus: int = 2
     state_dir: Path = Path("/var/lib/grpo-slurm")
+    multi_nodes: tuple[str, ...] = ()
+    """The nodes of partition ``multi`` (empty when up.sh --nodes 2 failed)."""
+    multi_error: str = ""
+    """Why there are no multi nodes."""
 
     @property
     def log_dir(self) -> Path:
@@ -52,9 +61,31 @@ def slurm_cluster() -> SlurmCluster:
     """Bring up (or reuse) the local Slurm cluster; it is left running after the session."""
     if os.geteuid() != 0:
         _unavailable("slurm/up.sh needs root (it starts munged, MariaDB and Slurm daemons)")
+    multi_error = ""
+    proc = _up("--nodes", str(len(MULTI_NODES)))
+    if proc.returncode != 0:
+        multi_error = _tail(proc)
+        proc = _up()  # the single-node cluster still serves every other test
+    if proc.returncode != 0:
+        _unavailable(f"{UP_SH} exited with {proc.returncode}:\n{_tail(proc)}")
+    state_dir = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
+    gpus = int(os.environ.get("GRPO_SLURM_GPUS", "2"))
+    nodes = () if multi_error else MULTI_NODES
+    return SlurmCluster(gpus=gpus, state_dir=state_dir, multi_nodes=nodes, multi_error=multi_error)
+
+
+@pytest.fixture(scope="session")
+def two_nodes(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    """The cluster with its two namespace nodes in partition ``multi``."""
+    if not slurm_cluster.multi_nodes:
+        _unavailable(f"{UP_SH} --nodes 2 failed:\n{slurm_cluster.multi_error}")
+    return slurm_cluster
+
+
+def _up(*args: str) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(
-            ["bash", str(UP_SH)],
+        return subprocess.run(
+            ["bash", str(UP_SH), *args],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -63,12 +94,11 @@ def slurm_cluster() -> SlurmCluster:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         _unavailable(f"running {UP_SH} failed: {exc}")
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
-        _unavailable(f"{UP_SH} exited with {proc.returncode}:\n{tail}")
-    state_dir = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
-    gpus = int(os.environ.get("GRPO_SLURM_GPUS", "2"))
-    return SlurmCluster(gpus=gpus, state_dir=state_dir)
+        raise  # not reached: _unavailable skips or fails
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,9 +72,9 @@ def submit(logs: Path, name: str, *overrides: str, profile: str = "slurm-local")
     return job_ids(RunPaths(logs / name))[0]
 
 
-def write_profile(path: Path, **changes: Any) -> Path:
-    """A copy of templates/slurm-local.yaml with some keys changed (e.g. time_min=1)."""
-    data = yaml.safe_load((REPO / "templates" / "slurm-local.yaml").read_text())
+def write_profile(path: Path, base: str = "slurm-local", **changes: Any) -> Path:
+    """A copy of templates/<base>.yaml with some keys changed (e.g. time_min=1)."""
+    data = yaml.safe_load((REPO / "templates" / f"{base}.yaml").read_text())
     path.write_text(yaml.safe_dump({**data, **changes}))
     return path
 
@@ -206,3 +207,83 @@ def scancel(*ids: str) -> None:
 
 def dump_json(rows: Any) -> str:
     return json.dumps(rows, indent=1, default=str)
+
+
+# ------------------------------------------------------------------ nodes of the cluster
+
+
+def sacct_attempts(job_id: str) -> list[tuple[str, str]]:
+    """(state, nodelist) of every run of a job, a requeued one's earlier runs included."""
+    out = _run("sacct", "-D", "-X", "-n", "-P", "-o", "State,NodeList", "-j", job_id)
+    return [tuple(line.split("|")) for line in out.splitlines() if "|" in line]  # type: ignore[misc]
+
+
+def step_nodes(job_id: str) -> str:
+    """The node list of the job's first step (the one submitit's srun starts)."""
+    out = _run("sacct", "-n", "-P", "-o", "JobID,NodeList", "-j", job_id)
+    rows = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    return rows.get(f"{job_id}.0", "")
+
+
+def node_processes(node: str) -> dict[int, str]:
+    """pid -> command name of every process in the node's network namespace."""
+    pids = [int(p) for p in _run("ip", "netns", "pids", node).split()]
+    comms = {}
+    for pid in pids:
+        try:
+            comms[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:  # exited meanwhile
+            continue
+    return comms
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def kill_job_processes(node: str) -> list[int]:
+    """SIGKILL the job's processes on a node (its slurmd and slurmstepd stay): the node's
+    part of a job dies as under the OOM killer. Returns the pids killed."""
+    pids = [p for p, c in node_processes(node).items() if c not in ("slurmd", "slurmstepd")]
+    kill_pids(pids)
+    return pids
+
+
+def kill_node(node: str) -> list[int]:
+    """SIGKILL everything on a node, its slurmd included: the node is dead to Slurm."""
+    pids = list(node_processes(node))
+    kill_pids(pids)
+    return pids
+
+
+def restart_nodes(nodes: int = 2) -> None:
+    """``slurm/up.sh --nodes N``: restarts what is missing (a killed slurmd); the node
+    returns to service by itself (ReturnToService=2)."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "slurm" / "up.sh"), "--nodes", str(nodes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, f"up.sh --nodes {nodes} failed:\n{proc.stdout}{proc.stderr}"
+
+
+def full_state(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's model weights as one state dict, whatever its format (a sharded one
+    is gathered from its DCP shards in this process)."""
+    import torch
+
+    if not (ckpt / "dcp").is_dir():
+        return torch.load(ckpt / "model.pt", map_location="cpu")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = ckpt.parent / f".full-{ckpt.name}.pt"
+    dcp_to_torch_save(ckpt / "dcp", out)
+    state = torch.load(out, map_location="cpu", weights_only=False)["model"]
+    out.unlink()
+    return state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,69 @@ def test_run_without_checkpoints(run: RunPaths, capsys: pytest.CaptureFixture) -
     assert main(["verify", "r", "--logs", str(run.root.parent)]) == 0
     assert "no complete checkpoints" in capsys.readouterr().out
     assert list_checkpoints(run) == []
+
+
+# ------------------------------------------------------------- trainer formats (real DCP)
+
+
+def trainer_ckpt(run: RunPaths, fmt: str, world: int = 1) -> Path:
+    """A checkpoint laid out as the trainer writes it: gathered (model.pt, optim.pt) or
+    sharded (a real torch.distributed.checkpoint directory, saved in this one process)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    d = run.checkpoint(2)
+    d.mkdir(parents=True)
+    state = {"model": {"w": torch.arange(64.0)}, "optim": {"m": torch.ones(8)}}
+    if fmt == "sharded":
+        with warnings.catch_warnings():  # "no process group: saving in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(d / "dcp"))
+    else:
+        torch.save(state["model"], d / "model.pt")
+        torch.save(state["optim"], d / "optim.pt")
+    torch.save({"step": 2, "world_size": world}, d / "trainer.pt")
+    for r in range(world):
+        torch.save({"torch": torch.get_rng_state()}, d / f"rng-rank{r}.pt")
+    write_manifest(d, extra={"format": fmt, "world_size": world})
+    (d / "COMPLETE").touch()
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["gathered", "sharded"])
+def test_both_trainer_formats_verify(run: RunPaths, fmt: str) -> None:
+    d = trainer_ckpt(run, fmt, world=2)
+    assert json.loads((d / "manifest.json").read_text())["format"] == fmt
+    assert verify_checkpoint(d) == []
+    assert main(["verify", str(run.root)]) == 0
+
+
+def test_gathered_without_optimizer_state_is_bad(run: RunPaths) -> None:
+    d = trainer_ckpt(run, "gathered")
+    (d / "optim.pt").unlink()
+    write_manifest(d, extra={"format": "gathered", "world_size": 1})  # consistent, yet short
+    assert verify_checkpoint(d) == ["optim.pt: missing (gathered checkpoint of 1 ranks)"]
+
+
+def test_rng_state_of_every_rank_is_required(run: RunPaths) -> None:
+    d = trainer_ckpt(run, "sharded", world=1)
+    write_manifest(d, extra={"format": "sharded", "world_size": 2})
+    assert verify_checkpoint(d) == ["rng-rank1.pt: missing (sharded checkpoint of 2 ranks)"]
+
+
+def test_truncated_shard_is_caught_through_dcp_metadata(run: RunPaths) -> None:
+    d = trainer_ckpt(run, "sharded")
+    (shard,) = (d / "dcp").glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    write_manifest(d, extra={"format": "sharded", "world_size": 1})  # manifest agrees...
+    rel = f"dcp/{shard.name}"
+    assert verify_checkpoint(d) == [f"{rel}: shorter than dcp/.metadata says"]  # ...DCP not
+    shard.unlink()
+    write_manifest(d, extra={"format": "sharded", "world_size": 1})
+    assert verify_checkpoint(d) == [f"{rel}: named by dcp/.metadata but not in the manifest"]
+
+
+def test_unknown_format_is_reported(run: RunPaths) -> None:
+    d = trainer_ckpt(run, "gathered")
+    write_manifest(d, extra={"format": "zipped", "world_size": 1})
+    assert verify_checkpoint(d) == ["manifest.json: unknown format 'zipped' (gathered or sharded)"]

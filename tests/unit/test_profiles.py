@@ -24,7 +24,9 @@ def _normalized_preview(name: str) -> str:
     return text.replace(sys.executable, "<PYTHON>")
 
 
-@pytest.mark.parametrize("name", ["supercloud", "h100x2", "slurm-local", "local"])
+@pytest.mark.parametrize(
+    "name", ["supercloud", "h100x2", "slurm-local", "slurm-local-2node", "local"]
+)
 def test_rendered_job_matches_golden(name: str) -> None:
     text = _normalized_preview(name)
     golden = GOLDEN / f"{name}.sbatch"

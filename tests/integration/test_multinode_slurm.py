@@ -1,0 +1,229 @@
+"""Two-node runs on the test cluster's partition ``multi`` (slurm/up.sh --nodes 2: nodes
+grpo-n1 and grpo-n2, each slurmd in its own network namespace), through grpo-submit, torchrun's
+c10d rendezvous and gloo, and what happens when one node dies mid-run.
+
+* FSDP2 on the two nodes: sharded (DCP) checkpoints, ``grpo-ckpt verify``, and a resume
+  from one of them that ends with the same weights.
+* ``reference``: one uninterrupted two-node run (module fixture, also the weights to match).
+* the failure run: its job processes on grpo-n2 are SIGKILLed (the monitor resubmits), then
+  the whole of grpo-n2 dies, slurmd included (Slurm marks the job NODE_FAIL and requeues
+  it; it runs again once the node is back). Its final weights equal the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc.fsutil import read_jsonl
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import TrainState, read_progress
+
+from .slurm_helpers import (
+    ENDED,
+    cli,
+    describe,
+    events,
+    final_event,
+    full_state,
+    job_ids,
+    kill_job_processes,
+    kill_node,
+    progress,
+    restart_nodes,
+    sacct,
+    sacct_attempts,
+    scancel,
+    start_cli,
+    step_log,
+    step_nodes,
+    submit,
+    wait_for,
+    write_profile,
+)
+
+pytestmark = pytest.mark.slurm
+
+PROFILE = "slurm-local-2node"
+STEPS, SAVE_EVERY = 10, 2
+RUN_ARGS = ["training.num_threads=1", f"training.max_steps={STEPS}"]
+RUN_ARGS += [f"training.save_every_steps={SAVE_EVERY}"]
+VICTIM = "grpo-n2"  # the batch script runs on grpo-n1, the first node
+KILLED_JOB_END_S = 60.0
+"""Bound for a job to end after one node's job processes were killed (gloo sees the peer go
+at once; measured ~3 s)."""
+DEAD_NODE_JOB_END_S = 90.0
+"""Bound for a job to end after a whole node died: SlurmdTimeout=20 s plus slurmctld's ping
+cycle (measured ~25 s)."""
+MONITOR_ARGS = [
+    "--interval", "2", "--step0-timeout", "120", "--heartbeat-timeout", "120",
+    "--max-retries", "3", "--backoff", "1",
+]  # fmt: skip
+
+
+@dataclass
+class Reference:
+    paths: RunPaths
+    returncode: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def reference(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """``grpo-submit --profile slurm-local-2node --wait``: the uninterrupted run."""
+    logs = tmp_path_factory.mktemp("multinode") / "logs"
+    args = ["--profile", PROFILE, "--config", "tiny", "--name", "ref", "--logs", str(logs)]
+    proc = cli("cli", *args, "--wait", *RUN_ARGS, timeout=300)
+    return Reference(RunPaths(logs / "ref"), proc.returncode, proc.stdout + proc.stderr)
+
+
+def final_weights(paths: RunPaths) -> dict[str, torch.Tensor]:
+    return torch.load(paths.checkpoint(STEPS) / "model.pt", map_location="cpu")
+
+
+def test_submit_wait_completes_on_both_nodes(reference: Reference) -> None:
+    paths = reference.paths
+    assert reference.returncode == 0, f"{reference.output}\n{describe(paths)}"
+    (job,) = job_ids(paths)
+    assert sacct(job)[job] == "COMPLETED"
+    assert step_nodes(job) == "grpo-n[1-2]", describe(paths)
+    metrics = [m for m in read_jsonl(paths.metrics) if "reward/mean" in m]
+    assert [int(m["step"]) for m in metrics] == list(range(1, STEPS + 1))
+    assert {m["world_size"] for m in metrics} == {2}
+    ckpt = paths.checkpoint(STEPS)
+    assert (ckpt / "rng-rank0.pt").is_file() and (ckpt / "rng-rank1.pt").is_file()
+    assert "(node 0/2)" in paths.job_summary.read_text()
+
+
+@dataclass
+class Killed:
+    job: str
+    at: float
+    step: int
+    pids: list[int]
+
+
+def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str) -> Killed:
+    """Once the run's attempt ``attempt`` is training at ``min_step`` or later with a
+    checkpoint behind it, kill ``node`` (its job processes, or all of it)."""
+
+    def ready() -> bool:
+        rec = read_progress(paths.progress)
+        ids = job_ids(paths)
+        return (
+            rec is not None
+            and len(ids) > attempt
+            and rec.job_id == ids[attempt]
+            and rec.step >= min_step
+            and not rec.state.terminal
+            and (paths.latest_checkpoint() or 0) >= SAVE_EVERY
+        )
+
+    wait_for(f"attempt {attempt} at step {min_step}", ready, 240, interval=0.3)
+    step = progress(paths).step
+    return Killed(job_ids(paths)[attempt], time.time(), step, kill(node))
+
+
+def _wait_ended(job: str, since: float, bound: float, paths: RunPaths) -> float:
+    """Wait for the job's first run to end; return how long after ``since`` it did."""
+    wait_for(
+        f"job {job} to end after the kill\n{describe(paths)}",
+        lambda: any(state in ENDED for state, _ in sacct_attempts(job)),
+        bound + 30,
+        interval=0.5,
+    )
+    return time.time() - since
+
+
+@pytest.fixture
+def monitor(tmp_path: Path) -> Iterator[tuple[Path, Path, list]]:
+    logs, log = tmp_path / "logs", tmp_path / "monitor.log"
+    procs = []
+    yield logs, log, procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if logs.is_dir():
+        scancel(*(j for d in logs.iterdir() if d.is_dir() for j in job_ids(RunPaths(d))))
+    restart_nodes()  # leave both nodes up for whatever runs next
+
+
+@pytest.mark.slow
+def test_node_failure_resumes_and_matches_uninterrupted_run(
+    reference: Reference, monitor: tuple
+) -> None:
+    logs, log, procs = monitor
+    submit(logs, "failover", *RUN_ARGS[1:], "faults.enabled=true", "faults.step_sleep=1",
+           profile=PROFILE)  # fmt: skip
+    paths = RunPaths(logs / "failover")
+    procs.append(start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
+
+    # 1. The job's processes on grpo-n2 die: the survivors fail at once, the monitor resubmits.
+    first = _wait_and_kill(paths, 0, SAVE_EVERY + 1, kill_job_processes, VICTIM)
+    assert first.pids, f"no job processes found on {VICTIM}"
+    took = _wait_ended(first.job, first.at, KILLED_JOB_END_S, paths)
+    assert took < KILLED_JOB_END_S, f"job {first.job} took {took:.0f} s to end"
+    assert sacct(first.job)[first.job] == "FAILED"
+
+    # 2. All of grpo-n2 dies (slurmd too): NODE_FAIL, Slurm requeues the job, which waits
+    # for two nodes; the node comes back and the job runs again.
+    second = _wait_and_kill(paths, 1, 2 * SAVE_EVERY + 1, kill_node, VICTIM)
+    took = _wait_ended(second.job, second.at, DEAD_NODE_JOB_END_S, paths)
+    assert took < DEAD_NODE_JOB_END_S, f"job {second.job} took {took:.0f} s to end"
+    assert sacct_attempts(second.job)[0][0] == "NODE_FAIL", sacct_attempts(second.job)
+    restart_nodes()
+
+    done = wait_for(f"DONE\n{describe(paths)}\n{log.read_text()}", lambda: final_event(paths), 300)
+    assert done["action"] == "DONE", describe(paths)
+    assert job_ids(paths) == [first.job, second.job], describe(paths)
+    resubmit = [e for e in events(paths, "decision") if e["action"] == "RESUBMIT"]
+    assert [(e["job_id"], e["class"]) for e in resubmit] == [(first.job, "crash")]
+    runs = lambda: [s for s, _ in sacct_attempts(second.job)]  # noqa: E731
+    wait_for(
+        f"job {second.job}: NODE_FAIL, then COMPLETED", lambda: runs()[-1:] == ["COMPLETED"], 60
+    )
+    assert runs() == ["NODE_FAIL", "COMPLETED"]
+    rec = progress(paths)
+    assert rec.state is TrainState.FINISHED and rec.step == STEPS and rec.restarts == 2
+    assert set(step_log(paths)) == set(range(1, STEPS + 1))
+
+    mine, ref = final_weights(paths), final_weights(reference.paths)
+    assert mine.keys() == ref.keys()
+    differ = [k for k in ref if not torch.equal(mine[k], ref[k])]
+    assert not differ, f"weights differ from the uninterrupted run in {differ}"
+
+
+def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    fsdp = write_profile(tmp_path / "fsdp-2node.yaml", base=PROFILE, strategy="fsdp")
+    where = ["--name", "fsdp", "--logs", str(logs)]
+    steps = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
+    proc = cli("cli", "--profile", str(fsdp), "--config", "tiny", *where, "--wait", *steps,
+               timeout=300)  # fmt: skip
+    paths = RunPaths(logs / "fsdp")
+    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}\n{describe(paths)}"
+    ckpt = paths.checkpoint(4)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert (manifest["format"], manifest["world_size"]) == ("sharded", 2)
+    assert not (ckpt / "model.pt").exists()
+    assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
+    verify = cli("ckpt", "verify", "fsdp", "--logs", str(logs))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "step-2: ok" in verify.stdout and "step-4: ok" in verify.stdout
+    uninterrupted = full_state(ckpt)
+
+    # Resume from the sharded step-2 checkpoint on the same two nodes: same final weights.
+    again = cli("cli", "--resume", "fsdp", "--from-step", "2", *where[2:], "--wait", timeout=300)
+    assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{describe(paths)}"
+    rec = progress(paths)
+    assert (rec.step, rec.start_step, rec.restarts) == (4, 2, 1)
+    resumed = full_state(paths.checkpoint(4))
+    differ = [k for k in uninterrupted if not torch.equal(resumed[k], uninterrupted[k])]
+    assert resumed.keys() == uninterrupted.keys() and not differ, differ
