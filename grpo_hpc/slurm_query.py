@@ -49,6 +49,8 @@ class JobRecord:
     """Elapsed wall time in seconds."""
     started_at: float | None = None
     """Unix time the job (its latest run, after a requeue) started; None if not yet."""
+    nodes: str | None = None
+    """Its nodes as Slurm writes them (``grpo-n[1-2]``); None before any are assigned."""
 
     @property
     def active(self) -> bool:
@@ -113,14 +115,14 @@ def _parse_elapsed(text: str) -> int | None:
         return None
 
 
-SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,Start"
+SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,Start,NodeList"
 """sacct has no requeue counter (there is no ``Restarts`` field in Slurm 22.05; sacct
 rejects the whole call for an unknown field); without ``-D`` it shows a requeued job's
 latest run, whose Start is that run's start."""
 
 
 def parse_sacct(text: str) -> dict[str, JobRecord]:
-    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Start`` output (with
+    """Parse ``sacct -X -n -P -o JobID,State,ExitCode,Elapsed,Start,NodeList`` output (with
     ``SLURM_TIME_FORMAT=%s``, so Start is a Unix time or "Unknown") (pure)."""
     out: dict[str, JobRecord] = {}
     for line in text.splitlines():
@@ -129,6 +131,7 @@ def parse_sacct(text: str) -> dict[str, JobRecord]:
             continue
         job_id, state, exit_code, elapsed = parts[:4]
         start = parts[4] if len(parts) > 4 else ""
+        nodes = parts[5].strip() if len(parts) > 5 else ""
         code = exit_code.split(":")[0]
         out[job_id] = JobRecord(
             job_id=job_id,
@@ -136,6 +139,7 @@ def parse_sacct(text: str) -> dict[str, JobRecord]:
             exit_code=int(code) if code.isdigit() else None,
             elapsed_s=_parse_elapsed(elapsed),
             started_at=float(start) if start.isdigit() else None,
+            nodes=nodes if nodes and nodes != "None assigned" else None,
         )
     return out
 

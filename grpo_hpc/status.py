@@ -49,6 +49,8 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         local = entry.get("executor") == "local"
         known = view is not None or local
         row.slurm_state = job_view(entry, view or SlurmView(), events).state if known else "?"
+        record = view.records.get(row.job_id) if view is not None else None
+        row.nodes = record.nodes if record is not None else None
         last = [e for e in events if e.get("phase") == "decision" and e.get("job_id") == row.job_id]
         if last:
             row.monitor_action, row.monitor_class = last[-1].get("action"), last[-1].get("class")

@@ -30,6 +30,8 @@ class RunRow:
     """Cluster profile of the newest job."""
     slurm_state: str = "-"
     """Slurm state, LOCAL_RUNNING/LOCAL_EXITED, MISSING, or ? when Slurm did not answer."""
+    nodes: str | None = None
+    """The newest job's nodes as Slurm writes them (``grpo-n[1-2]``); None before any."""
     train_state: str | None = None
     """Trainer state from progress.json (None: no progress yet)."""
     step: int | None = None
@@ -99,9 +101,9 @@ def _eta(row: RunRow) -> str:
     return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
 
 
-COLUMNS = "RUN JOB PROFILE SLURM TRAIN STEP REWARD KL TOK/S HB ATT CKPT ETA FLAG".split()
+COLUMNS = "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD KL TOK/S HB ATT CKPT ETA FLAG".split()
 # Dropped first when the terminal is narrow (the rest still fits in 80 columns).
-OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA")
+OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES")
 FULL_WIDTH = 150
 
 
@@ -133,6 +135,7 @@ def build_table(
             row.job_id or "-",
             row.profile or "-",
             row.slurm_state,
+            row.nodes or "-",
             row.train_state or "no progress",
             step_bar(row.step, row.max_steps),
             reward,

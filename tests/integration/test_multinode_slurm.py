@@ -99,6 +99,10 @@ def test_submit_wait_completes_on_both_nodes(reference: Reference) -> None:
     ckpt = paths.checkpoint(STEPS)
     assert (ckpt / "rng-rank0.pt").is_file() and (ckpt / "rng-rank1.pt").is_file()
     assert "(node 0/2)" in paths.job_summary.read_text()
+    status = cli("status", "--logs", str(paths.root.parent), "--json")
+    assert status.returncode == 0, status.stderr
+    (row,) = json.loads(status.stdout)
+    assert (row["run"], row["slurm_state"], row["nodes"]) == ("ref", "COMPLETED", "grpo-n[1-2]")
 
 
 @dataclass

@@ -21,6 +21,16 @@ def test_parse_sacct_fields_and_states() -> None:
     assert recs["11"].elapsed_s == 33 and recs["11"].started_at == 1795279905.0
     assert recs["12"].started_at is None and recs["12"].active
     assert recs["13"].elapsed_s == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert recs["11"].nodes is None  # no NodeList column
+
+
+def test_parse_sacct_node_list() -> None:
+    text = (
+        "21|RUNNING|0:0|00:01:00|1795279905|grpo-n[1-2]\n"
+        "22|PENDING|0:0|00:00:00|Unknown|None assigned\n"
+    )
+    recs = parse_sacct(text)
+    assert recs["21"].nodes == "grpo-n[1-2]" and recs["22"].nodes is None
 
 
 def test_parse_submit_lines_keeps_only_this_runs_recent_jobs() -> None:

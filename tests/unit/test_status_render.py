@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ SLURM = {
 
 def fake_query(ids: list[str]) -> SlurmView:
     assert sorted(ids) == sorted(SLURM)  # one call for all runs
-    return SlurmView({j: JobRecord(j, SLURM[j]) for j in ids}, set())
+    nodes = {"101": "grpo-n[1-2]", "104": "localhost"}
+    return SlurmView({j: JobRecord(j, SLURM[j], nodes=nodes.get(j)) for j in ids}, set())
 
 
 @pytest.fixture
@@ -137,10 +139,13 @@ def test_table_shows_each_state(logs: Path) -> None:
     assert [r.run for r in rows] == sorted(r.run for r in rows) and len(rows) == 7
     text = render(build_table(rows, NOW))
     assert "grpo runs: 7" in text
-    for col in ("RUN", "SLURM", "TRAIN", "STEP", "REWARD", "TOK/S", "HB", "ETA", "FLAG"):
+    for col in ("RUN", "SLURM", "NODES", "TRAIN", "STEP", "REWARD", "TOK/S", "HB", "ETA", "FLAG"):
         assert col in text
     ok = line_of(text, "a-running")
     assert "RUNNING" in ok and "training" in ok and "40/100 ███░░░░░" in ok
+    assert re.search(r"RUNNING +grpo-n\[1-2\] +training", ok)
+    assert re.search(r"COMPLETED +localhost +finished", line_of(text, "d-finished"))
+    assert re.search(r"PENDING +- +no progress", line_of(text, "g-new"))
     assert "0.500 ▁▂▄▆█" in ok and "0.0123" in ok and "1234" in ok and "h100x2" in ok
     assert "5s" in ok and "2m" in ok  # heartbeat age; ETA = 60 steps * 2 s
     assert "stalled 60m" in line_of(text, "b-stalled")
@@ -210,7 +215,8 @@ def test_details_view(logs: Path) -> None:
 
 
 def fake_all(ids: list[str]) -> SlurmView:
-    return SlurmView({j: JobRecord(j, SLURM[j]) for j in ids}, set())
+    nodes = {"101": "grpo-n[1-2]", "104": "localhost"}
+    return SlurmView({j: JobRecord(j, SLURM[j], nodes=nodes.get(j)) for j in ids}, set())
 
 
 def test_single_run_cli_and_plot_without_matplotlib(
