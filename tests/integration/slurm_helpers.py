@@ -287,3 +287,18 @@ def full_state(ckpt: Path) -> dict[str, Any]:
     state = torch.load(out, map_location="cpu", weights_only=False)["model"]
     out.unlink()
     return state
+
+
+def stop_trainer(node: str) -> list[int]:
+    """SIGSTOP the trainer process(es) on a node: a rank that hangs without dying (alive,
+    holding its sockets, never answering). Returns the pids stopped."""
+    pids = []
+    for pid in node_processes(node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"grpo_hpc.train" in argv and b"torch.distributed.run" not in argv:
+            os.kill(pid, signal.SIGSTOP)
+            pids.append(pid)
+    return pids

@@ -5,7 +5,8 @@ c10d rendezvous and gloo, and what happens when one node dies mid-run.
 * FSDP2 on the two nodes: sharded (DCP) checkpoints, ``grpo-ckpt verify``, and a resume
   from one of them that ends with the same weights.
 * ``reference``: one uninterrupted two-node run (module fixture, also the weights to match).
-* the failure run: its job processes on grpo-n2 are SIGKILLed (the monitor resubmits), then
+* the failure run: its trainer on grpo-n2 hangs (SIGSTOP: the heartbeat rule cancels and
+  resubmits), then its job processes on grpo-n2 are SIGKILLed (the monitor resubmits), then
   the whole of grpo-n2 dies, slurmd included (Slurm marks the job NODE_FAIL and requeues
   it; it runs again once the node is back). Its final weights equal the reference's.
 """
@@ -43,6 +44,7 @@ from .slurm_helpers import (
     start_cli,
     step_log,
     step_nodes,
+    stop_trainer,
     submit,
     wait_for,
     write_profile,
@@ -167,10 +169,25 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     submit(logs, "failover", *RUN_ARGS[1:], "faults.enabled=true", "faults.step_sleep=1",
            profile=PROFILE)  # fmt: skip
     paths = RunPaths(logs / "failover")
+
+    # 0. The trainer on grpo-n2 hangs (SIGSTOP): rank 0 waits in its next collective and its
+    # heartbeat stops; a monitor with a 20 s heartbeat timeout cancels and resubmits. (That
+    # monitor is then replaced by one with a longer timeout, which phase 2 needs: a node's
+    # death takes ~25 s to become NODE_FAIL, and no rank heartbeats meanwhile.)
+    hb = start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
+                   log=log)  # fmt: skip
+    procs.append(hb)
+    hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM)
+    assert hung.pids, f"no trainer found on {VICTIM}"
+    wait_for(
+        f"a second job after the hang\n{log.read_text()}", lambda: len(job_ids(paths)) > 1, 120
+    )
+    hb.kill()
+    hb.wait()
     procs.append(start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
 
     # 1. The job's processes on grpo-n2 die: the survivors fail at once, the monitor resubmits.
-    first = _wait_and_kill(paths, 0, SAVE_EVERY + 1, kill_job_processes, VICTIM)
+    first = _wait_and_kill(paths, 1, SAVE_EVERY + 3, kill_job_processes, VICTIM)
     assert first.pids, f"no job processes found on {VICTIM}"
     took = _wait_ended(first.job, first.at, KILLED_JOB_END_S, paths)
     assert took < KILLED_JOB_END_S, f"job {first.job} took {took:.0f} s to end"
@@ -178,7 +195,7 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
 
     # 2. All of grpo-n2 dies (slurmd too): NODE_FAIL, Slurm requeues the job, which waits
     # for two nodes; the node comes back and the job runs again.
-    second = _wait_and_kill(paths, 1, 2 * SAVE_EVERY + 1, kill_node, VICTIM)
+    second = _wait_and_kill(paths, 2, SAVE_EVERY + 5, kill_node, VICTIM)
     took = _wait_ended(second.job, second.at, DEAD_NODE_JOB_END_S, paths)
     assert took < DEAD_NODE_JOB_END_S, f"job {second.job} took {took:.0f} s to end"
     assert sacct_attempts(second.job)[0][0] == "NODE_FAIL", sacct_attempts(second.job)
@@ -186,16 +203,23 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
 
     done = wait_for(f"DONE\n{describe(paths)}\n{log.read_text()}", lambda: final_event(paths), 300)
     assert done["action"] == "DONE", describe(paths)
-    assert job_ids(paths) == [first.job, second.job], describe(paths)
-    resubmit = [e for e in events(paths, "decision") if e["action"] == "RESUBMIT"]
-    assert [(e["job_id"], e["class"]) for e in resubmit] == [(first.job, "crash")]
+    assert job_ids(paths) == [hung.job, first.job, second.job], describe(paths)
+    acted = [
+        e for e in events(paths, "decision") if e["action"] != "NONE" and e["action"] != "WAIT"
+    ]
+    assert [(e["job_id"], e["action"], e["class"]) for e in acted] == [
+        (hung.job, "CANCEL_AND_RESUBMIT", "stalled_heartbeat"),
+        (first.job, "RESUBMIT", "crash"),
+        (second.job, "DONE", "finished"),
+    ], describe(paths)
+    assert sacct(hung.job)[hung.job] == "CANCELLED"
     runs = lambda: [s for s, _ in sacct_attempts(second.job)]  # noqa: E731
     wait_for(
         f"job {second.job}: NODE_FAIL, then COMPLETED", lambda: runs()[-1:] == ["COMPLETED"], 60
     )
     assert runs() == ["NODE_FAIL", "COMPLETED"]
     rec = progress(paths)
-    assert rec.state is TrainState.FINISHED and rec.step == STEPS and rec.restarts == 2
+    assert rec.state is TrainState.FINISHED and rec.step == STEPS and rec.restarts == 3
     assert set(step_log(paths)) == set(range(1, STEPS + 1))
 
     mine, ref = final_weights(paths), final_weights(reference.paths)
