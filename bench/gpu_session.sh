@@ -26,7 +26,7 @@ for stage in "$@"; do
     trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --out "$out/trl_vs_grpo_hpc.json" \
         2>&1 | grep -v "it/s\]" | tail -30 ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
-    profile) python3 bench/profile_step.py --out "$out/profile.txt" 2>&1 | tail -60 ;;
+    update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac
 done

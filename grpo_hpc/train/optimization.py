@@ -31,6 +31,7 @@ class StepOptimizer:
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
+            fused=info.device.type == "cuda",  # one kernel for the whole update on GPU
         )
         warm = max(cfg.optim.warmup_steps, 0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(

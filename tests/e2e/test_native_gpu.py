@@ -40,11 +40,12 @@ def test_fp32_greedy_tokens_equal_hf_generate(qwen_shaped) -> None:  # noqa: ANN
     assert torch.equal(a.input_ids, b.input_ids)
 
 
-def test_bf16_greedy_is_argmax_up_to_one_rounding_step(qwen_shaped) -> None:  # noqa: ANN001
+def test_bf16_greedy_is_argmax_up_to_bf16_rounding(qwen_shaped) -> None:  # noqa: ANN001
     """In bf16 the head's output is rounded to 8 significant bits, so two correct
     implementations may pick different tokens at near-ties (a random model's logits are
     nearly flat, so sequences diverge). Every native greedy token must still be an
-    argmax of a plain forward over its own prefix, up to one bf16 step of the logits."""
+    argmax of a plain forward over its own prefix, up to two bf16 steps of the logits
+    (each side's logits are rounded once, and their hidden states differ by bf16 noise)."""
     model, tok = qwen_shaped
     native = NativeEngine(model, tok, 48, 1.0, 1.0, 600, dtype=torch.bfloat16)
     b = native.generate(PROMPTS, 2, greedy=True)
@@ -54,7 +55,8 @@ def test_bf16_greedy_is_argmax_up_to_one_rounding_step(qwen_shaped) -> None:  # 
     chosen = pred.gather(-1, b.input_ids[:, b.prompt_len :, None])[..., 0]
     top = pred.max(-1).values
     ulp = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)  # bf16 spacing at that magnitude
-    assert ((top - chosen) <= ulp).all()
+    gap = top - chosen
+    assert (gap <= 2 * ulp).all(), (gap.max(), ulp.min())
 
 
 def test_bf16_logp_match_the_training_forward(qwen_shaped) -> None:  # noqa: ANN001

@@ -1,0 +1,165 @@
+"""Benchmark: the GRPO update (forward + backward over every micro-batch, optimizer step)
+on a random model of a real shape, with the fused LM-head log-probs and with the plain
+path that materialises [tokens, vocab] logits; prints a kernel profile of the first.
+
+MFU = 6 * N * tokens / time / peak, with N the parameter count (embedding included,
+tied head counted once), tokens the padded training tokens, and peak the dense bf16
+rate of the GPU (989 TFLOP/s for an H100 SXM; also the measured 8k matmul rate).
+
+    python bench/update_speed.py --shape qwen2.5-0.5b --out bench/results/update_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHAPES, build_model, env_info, write_result  # noqa: E402
+
+from grpo_hpc.config import AlgoConfig  # noqa: E402
+from grpo_hpc.train import update  # noqa: E402
+from grpo_hpc.train.dist import DistInfo  # noqa: E402
+from grpo_hpc.train.loss import selective_log_softmax, token_entropy  # noqa: E402
+from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
+from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
+
+
+def plain_logp(model, mb, with_entropy=False):  # noqa: ANN001, ANN201
+    """The path before the fused head: full logits, gathered, log-softmaxed in chunks."""
+    b = mb.batch
+    ids, mask, start = update.right_align(
+        b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
+    )
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    c = b.input_ids.shape[1] - b.prompt_len
+    pos = (start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)).unsqueeze(-1)
+    logits = logits.gather(1, pos.expand(-1, -1, logits.shape[-1])).float()
+    logp = selective_log_softmax(logits, b.input_ids[mb.rows, b.prompt_len :])
+    return logp, token_entropy(logits.detach()) if with_entropy else None
+
+
+def fake_batch(rows: int, prompt: int, new: int, vocab: int, device) -> RolloutBatch:  # noqa: ANN001
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, vocab, (rows, prompt + new), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(rows):  # left padding of 0..7 tokens, as a real prompt batch has
+        mask[r, : r % 8] = 0
+        ids[r, : r % 8] = 0
+    return RolloutBatch(
+        ids.to(device), mask.to(device), torch.ones(rows, new, device=device).long(), prompt, []
+    )
+
+
+def measured_peak() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * 10 / (time.perf_counter() - t)
+
+
+def run_update(model, opt, mbs, algo, new) -> float:  # noqa: ANN001
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+
+    def autocast():  # noqa: ANN202
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    update.accumulate(model, mbs, algo, DistInfo(device=torch.device("cuda")), new, None, autocast)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--prompt", type=int, default=30)
+    p.add_argument("--max-new", type=int, default=256)
+    p.add_argument("--micro-tokens", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        build_model(Path(d) / "m", args.shape)
+        model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable()
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    batch = fake_batch(args.rows, args.prompt, args.max_new, model.config.vocab_size, "cuda")
+    tokens = args.rows * (args.prompt + args.max_new)
+    adv = torch.randn(args.rows, device="cuda")
+    peak_meas = measured_peak()
+    gpu = torch.cuda.get_device_name(0)
+    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), peak_meas)
+    fused_path = update.completion_logp
+    runs = []
+    for path in ("fused", "plain"):
+        update.completion_logp = fused_path if path == "fused" else plain_logp
+        for budget in args.micro_tokens:
+            algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=budget)
+            mbs = update.split(batch, list(range(args.rows)), adv, args.rows, budget)
+            run_update(model, opt, mbs, algo, args.max_new)  # warm-up
+            torch.cuda.reset_peak_memory_stats()
+            times = [run_update(model, opt, mbs, algo, args.max_new) for _ in range(args.reps)]
+            t = statistics.median(times)
+            r = {
+                "path": path,
+                "micro_tokens": budget,
+                "micro_batches": len(mbs),
+                "s_per_update": t,
+                "tok_per_s": tokens / t,
+                "mfu": 6 * n_params * tokens / t / peak,
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            }
+            runs.append(r)
+            print(r, flush=True)
+    update.completion_logp = fused_path
+    algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=args.micro_tokens[0])
+    mbs = update.split(batch, list(range(args.rows)), adv, args.rows, args.micro_tokens[0])
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        run_update(model, opt, mbs, algo, args.max_new)
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=25, max_name_column_width=60
+    )
+    print(table)
+    result = {
+        "benchmark": "update_speed",
+        "config": vars(args) | {"out": str(args.out) if args.out else None},
+        "params": n_params,
+        "tokens_per_update": tokens,
+        "peak_flops_used": peak,
+        "measured_matmul_flops": peak_meas,
+        "runs": runs,
+        "env": env_info(),
+    }
+    write_result(result, args.out)
+    if args.out:
+        args.out.with_suffix(".profile.txt").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
