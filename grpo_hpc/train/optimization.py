@@ -31,7 +31,8 @@ class StepOptimizer:
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
-            fused=info.device.type == "cuda",  # one kernel for the whole update on GPU
+            # One kernel for the whole update on GPU (FSDP2's sharded DTensors keep foreach).
+            fused=info.device.type == "cuda" and cfg.dist.strategy != "fsdp",
         )
         warm = max(cfg.optim.warmup_steps, 0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
