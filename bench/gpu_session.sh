@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
-# Usage: bash bench/gpu_session.sh OUTDIR STAGE...   stages: decode step trl tests profile
+# Usage: bash bench/gpu_session.sh OUTDIR STAGE...
+#   stages: decode update step stepc (compiled training forward) trl tests
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -22,9 +23,13 @@ for stage in "$@"; do
     decode) python3 bench/decode.py --shape qwen2.5-0.5b --batch 64 256 \
         --engines native native-eager hf --out "$out/decode.json" ;;
     step) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
-        --G 8 --max-new 256 --micro 16 --engine native --out "$out/step_native.json" | tail -22 ;;
-    trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --out "$out/trl_vs_grpo_hpc.json" \
+        --G 8 --max-new 256 --micro 64 --engine native --out "$out/step_native.json" | tail -22 ;;
+    trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
+        --out "$out/trl_vs_grpo_hpc.json" \
         2>&1 | grep -v "it/s\]" | tail -30 ;;
+    stepc) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 7 --prompts 8 \
+        --G 8 --max-new 256 --micro 64 --engine native --compile --out "$out/step_compiled.json" \
+        | tail -22 ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

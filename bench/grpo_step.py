@@ -48,12 +48,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"rollout.num_generations={args.G}",
         f"rollout.max_new_tokens={args.max_new}",
         f"algo.micro_batch_size={args.micro}",
+        f"algo.micro_batch_tokens={args.micro_tokens}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",
         "wandb.mode=disabled",
         "reward.correctness=1.0",
         "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
         f"rollout.engine={args.engine}",
+        f"dist.compile={args.compile}",
     ]
     create_run(paths, profile, "tiny", overrides)
     cmd = [
@@ -101,10 +103,12 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
-    p.add_argument("--micro", type=int, default=16)
+    p.add_argument("--micro", type=int, default=16, help="most rows per micro-batch")
+    p.add_argument("--micro-tokens", type=int, default=8192, help="most tokens per micro-batch")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
+    p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:

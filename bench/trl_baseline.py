@@ -31,6 +31,22 @@ def digit_fraction(completions: list, **kwargs: object) -> list[float]:
     return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
 
+def same_prompts(n: int) -> list[list[dict]]:
+    """The messages grpo_hpc's trainer sends (system instruction + arithmetic question,
+    from its own data module), so both sides prefill and train on the same lengths."""
+    from grpo_hpc.config import DataConfig
+    from grpo_hpc.train.data import ANSWER_INSTRUCTION, load_problems
+
+    train, _ = load_problems(DataConfig(num_train=n, num_eval=0), seed=0)
+    return [
+        [
+            {"role": "system", "content": ANSWER_INSTRUCTION},
+            {"role": "user", "content": p["question"]},
+        ]
+        for p in train
+    ]
+
+
 def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
     import torch
     from datasets import Dataset
@@ -50,9 +66,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
             torch.cuda.synchronize()
             self.times.append(time.perf_counter() - self.t0)
 
-    n = args.prompts * (args.steps + 1)
-    questions = [f"What is {7 * i % 97} + {13 * i % 89}?" for i in range(n)]
-    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
+    data = Dataset.from_dict({"prompt": same_prompts(args.prompts * (args.steps + 1))})
     completions = args.prompts * args.G
     config = GRPOConfig(
         output_dir=str(work / "trl"),
@@ -103,6 +117,7 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
         f"--G={args.G}",
         f"--max-new={args.max_new}",
         f"--micro={args.micro}",
+        f"--micro-tokens={args.micro_tokens}",
         f"--steps={args.steps}",
         f"--engine={args.engine}",
         f"--out={out}",
@@ -121,6 +136,7 @@ def main() -> None:
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
+    p.add_argument("--micro-tokens", type=int, default=8192, help="grpo_hpc token budget")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--engine", default="auto", help="grpo_hpc rollout.engine")

@@ -91,6 +91,8 @@ class Trainer:
             )
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if cfg.dist.compile and self.info.device.type == "cuda":
+            model.compile()  # in place: parameter names (checkpoints) are unchanged
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
