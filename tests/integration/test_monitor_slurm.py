@@ -5,7 +5,7 @@ for all of them, so the runs share the cluster's two CPU slots instead of waitin
 other; each test then waits (bounded) for its own run and checks what happened:
 
 * ``hang``     hangs at step 0 (heartbeat alive)   -> stalled_step0, cancelled, resubmitted
-* ``limit``    1-minute time limit, ~2 min of work -> USR2, checkpoint, in-job requeues
+* ``limit``    1-minute time limit, over 1 min of work -> USR2, checkpoint, in-job requeues
 * ``preempt``  scancel'd (a stand-in for preemption) after a checkpoint -> resumed
 * ``zero``     zero reward                          -> circuit breaker, STOP, no resubmit
 * ``crash``    crashes at step 1 every attempt      -> retried, then budget exhausted
@@ -65,6 +65,10 @@ MONITOR_ARGS = [
 ]  # fmt: skip
 FAULTS = "faults.enabled=true"
 LIMIT_STEPS, LIMIT_SAVE_EVERY = 24, 4
+LIMIT_SLEEP_S = 2
+"""Sleep per step of the ``limit`` run: its 48 s of sleep alone outlast the latest moment
+the time-limit signal can come (60 s limit - 20 s lead), however fast the steps compute
+(with 1 s, a fast machine finished all 24 steps before any signal)."""
 PREEMPT_STEPS, PREEMPT_SAVE_EVERY = 10, 2
 FLEET_TIMEOUT_S = 480.0
 """Bound for any one run of the fleet to reach its end (all share two CPU slots)."""
@@ -116,8 +120,9 @@ def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
     short = write_profile(root / "short.yaml", time_min=1, signal_lead_s=20)
     # Longest first: Slurm starts jobs in submission order on the node's two CPUs.
     submit(
-        logs, "limit", FAULTS, "faults.step_sleep=1", f"training.max_steps={LIMIT_STEPS}",
-        f"training.save_every_steps={LIMIT_SAVE_EVERY}", profile=str(short),
+        logs, "limit", FAULTS, f"faults.step_sleep={LIMIT_SLEEP_S}",
+        f"training.max_steps={LIMIT_STEPS}", f"training.save_every_steps={LIMIT_SAVE_EVERY}",
+        profile=str(short),
     )  # fmt: skip
     submit(logs, "hang", FAULTS, "faults.hang_at_step=0", "training.max_steps=3")
     submit(
