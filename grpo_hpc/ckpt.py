@@ -174,6 +174,9 @@ class CheckpointInfo:
     """Total size of its files."""
     mtime: float
     """When it was completed (COMPLETE marker), else the directory's mtime."""
+    format: str = "-"
+    """gathered or sharded (with the world size that wrote it), from the manifest; - if
+    the manifest does not say."""
 
 
 def list_checkpoints(paths: RunPaths) -> list[CheckpointInfo]:
@@ -184,10 +187,22 @@ def list_checkpoints(paths: RunPaths) -> list[CheckpointInfo]:
         marker = d / COMPLETE_MARKER
         size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
         stamp = (marker if marker.exists() else d).stat().st_mtime
-        out.append(
-            CheckpointInfo(step, str(d), marker.exists(), (d / MANIFEST).exists(), size, stamp)
-        )
+        info = CheckpointInfo(step, str(d), marker.exists(), (d / MANIFEST).exists(), size, stamp)
+        info.format = _format_label(d)
+        out.append(info)
     return out
+
+
+def _format_label(ckpt_dir: Path) -> str:
+    try:
+        manifest = json.loads((ckpt_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "-"
+    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if not isinstance(fmt, str):
+        return "-"
+    world = manifest.get("world_size")
+    return f"{fmt} x{world}" if fmt == "sharded" and isinstance(world, int) else fmt
 
 
 def fmt_bytes(n: int) -> str:
@@ -203,7 +218,7 @@ def fmt_bytes(n: int) -> str:
 def build_list_table(run: str, infos: list[CheckpointInfo]) -> Table:
     """The ``grpo-ckpt list`` table (pure)."""
     table = Table(title=f"checkpoints of {run}: {len(infos)}", title_justify="left", box=None)
-    for name in ("STEP", "TIME", "SIZE", "COMPLETE", "MANIFEST"):
+    for name in ("STEP", "TIME", "SIZE", "FORMAT", "COMPLETE", "MANIFEST"):
         table.add_column(name, justify="right" if name in ("STEP", "SIZE") else "left")
     for c in infos:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.mtime))
@@ -211,6 +226,7 @@ def build_list_table(run: str, infos: list[CheckpointInfo]) -> Table:
             str(c.step),
             when,
             fmt_bytes(c.size_bytes),
+            c.format,
             "yes" if c.complete else "NO",
             "yes" if c.manifest else "-",
             style="" if c.complete else "yellow",
@@ -219,7 +235,7 @@ def build_list_table(run: str, infos: list[CheckpointInfo]) -> Table:
 
 
 EXAMPLES = """examples:
-  grpo-ckpt list gsm8k-a              # step, time, size, complete or not
+  grpo-ckpt list gsm8k-a              # step, time, size, format, complete or not
   grpo-ckpt list gsm8k-a --json
   grpo-ckpt verify gsm8k-a            # every complete checkpoint against its manifest
   grpo-ckpt verify gsm8k-a --step 200

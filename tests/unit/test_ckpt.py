@@ -108,7 +108,7 @@ def test_list_checkpoints_and_table(run: RunPaths) -> None:
     text = console.file.getvalue()
     assert "checkpoints of r: 3" in text and "STEP" in text and "COMPLETE" in text
     row20 = next(line for line in text.splitlines() if line.strip().startswith("20"))
-    assert "NO" in row20
+    assert "NO" in row20 and " - " in row20  # no format in a manifest not written by the trainer
     assert (fmt_bytes(5), fmt_bytes(2048), fmt_bytes(3 * 1024**3)) == ("5 B", "2.0 KiB", "3.0 GiB")
 
 
@@ -174,6 +174,11 @@ def test_both_trainer_formats_verify(run: RunPaths, fmt: str) -> None:
     assert json.loads((d / "manifest.json").read_text())["format"] == fmt
     assert verify_checkpoint(d) == []
     assert main(["verify", str(run.root)]) == 0
+    (info,) = list_checkpoints(run)
+    assert info.format == {"gathered": "gathered", "sharded": "sharded x2"}[fmt]
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    console.print(build_list_table("r", [info]))
+    assert info.format in console.file.getvalue() and "FORMAT" in console.file.getvalue()
 
 
 def test_gathered_without_optimizer_state_is_bad(run: RunPaths) -> None:
