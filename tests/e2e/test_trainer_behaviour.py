@@ -20,10 +20,17 @@ def _metrics(paths) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "engine"), [("ddp", "hf"), ("fsdp", "hf"), ("fsdp", "native")]
+)
+def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engine: str) -> None:
     paths = make_run(
-        tmp_path, strategy, f"dist.strategy={strategy}", "training.eval_every=2", nproc=2
+        tmp_path,
+        strategy,
+        f"dist.strategy={strategy}",
+        f"rollout.engine={engine}",
+        "training.eval_every=2",
+        nproc=2,
     )
     result = train(paths, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
