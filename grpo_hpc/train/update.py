@@ -17,7 +17,7 @@ import torch
 from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.logp_head import fused_logp_head
-from grpo_hpc.train.loss import aggregate, loss_stats, per_token_loss
+from grpo_hpc.train.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.rollout import RolloutBatch
 
 
@@ -34,11 +34,9 @@ class MicroBatch:
     """0.0 for padding micro-batches that only keep collectives in step across ranks."""
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
-
-
-def row_lengths(batch: RolloutBatch, rows: list[int]) -> list[int]:
-    """Real tokens (prompt without padding + completion up to EOS) of each row."""
-    return batch.attention_mask[rows].sum(1).tolist()
+    extent: tuple[int, int] | None = None
+    """(longest completion, columns needed after right-alignment), known on the host
+    when the split was made, so the forward needs no device-to-host sync to trim."""
 
 
 def split(
@@ -48,22 +46,34 @@ def split(
     ``max_tokens`` > 0, at most ``max_tokens`` padded tokens (rows x longest row): the
     activation memory of a forward grows with tokens, not rows. A row longer than the
     budget trains alone."""
-    lengths = row_lengths(batch, rows) if max_tokens else [0] * len(rows)
+    prompt = batch.attention_mask[rows, : batch.prompt_len].sum(1).tolist()
+    completion = batch.completion_mask[rows].sum(1).tolist()  # one sync per rollout batch
+    lengths = [p + c for p, c in zip(prompt, completion, strict=True)]
     out, start, longest = [], 0, 0
     for i, n in enumerate(lengths):
         longest_with = max(longest, n)
-        full = i - start == max_rows or (max_tokens and (i - start + 1) * longest_with > max_tokens)
-        if full and i > start:
-            out.append(_micro(batch, rows, adv, start, i))
+        over = max_tokens and (i - start + 1) * longest_with > max_tokens
+        if (i - start == max_rows or over) and i > start:
+            out.append(_micro(batch, rows, adv, start, i, prompt, completion))
             start, longest_with = i, n
         longest = longest_with
     if rows:
-        out.append(_micro(batch, rows, adv, start, len(rows)))
+        out.append(_micro(batch, rows, adv, start, len(rows), prompt, completion))
     return out
 
 
-def _micro(batch: RolloutBatch, rows: list[int], adv: torch.Tensor, a: int, b: int) -> MicroBatch:
-    return MicroBatch(batch, torch.tensor(rows[a:b], dtype=torch.long), adv[a:b])
+def _micro(
+    batch: RolloutBatch,
+    rows: list[int],
+    adv: torch.Tensor,
+    a: int,
+    b: int,
+    prompt: list[int],
+    completion: list[int],
+) -> MicroBatch:
+    c = max(max(completion[a:b]), 1)
+    extent = (c, max(p + c for p in prompt[a:b]))
+    return MicroBatch(batch, torch.tensor(rows[a:b], dtype=torch.long), adv[a:b], extent=extent)
 
 
 def right_align(
@@ -101,8 +111,11 @@ def completion_logp(
         b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
     )
     c_all = b.input_ids.shape[1] - b.prompt_len
-    c = max(int(b.completion_mask[mb.rows].sum(1).max()), 1)
-    width = int((start + c).max())
+    if mb.extent is None:
+        c = max(int(b.completion_mask[mb.rows].sum(1).max()), 1)
+        width = int((start + c).max())
+    else:
+        c, width = mb.extent
     # Token t of the completion is predicted at position start + t - 1.
     pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
@@ -152,7 +165,7 @@ def pad_microbatches(mbs: list[MicroBatch], info: DistInfo) -> list[MicroBatch]:
     """All ranks run the same number of forward/backward passes (FSDP collectives)."""
     target = int(all_reduce_max(len(mbs), info))
     pad = [
-        MicroBatch(mbs[0].batch, mbs[0].rows, mbs[0].advantages, weight=0.0)
+        MicroBatch(mbs[0].batch, mbs[0].rows, mbs[0].advantages, weight=0.0, extent=mbs[0].extent)
         for _ in range(target - len(mbs))
     ]
     return mbs + pad
@@ -171,15 +184,9 @@ def accumulate(
     local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
     local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
     total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
-    sums = {
-        "loss": 0.0,
-        "kl": 0.0,
-        "clip_frac": 0.0,
-        "clip_frac_low": 0.0,
-        "clip_frac_high": 0.0,
-        "entropy": 0.0,
-        "tokens": 0.0,
-    }
+    # Statistics stay on the device until the end: a host sync per micro-batch would
+    # stall the launch queue, and this loop is launch-bound on a GPU.
+    sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=info.device)
     for i, mb in enumerate(mbs):
         with _no_sync(model, last=i == len(mbs) - 1), autocast():
             logp, entropy = completion_logp(model, mb, with_entropy=True)
@@ -203,14 +210,58 @@ def accumulate(
             ) * (info.world_size * mb.weight)
             (scaler.scale(loss) if scaler else loss).backward()
         if mb.weight:
-            n = float(cmask.sum())
-            st = loss_stats(stats, cmask)
-            sums["loss"] += float(loss.detach()) / info.world_size
-            sums["entropy"] += float((entropy * cmask).sum())
-            for key in ("kl", "clip_frac", "clip_frac_low", "clip_frac_high"):
-                sums[key] += st[key] * n
-            sums["tokens"] += n
-    keys = list(sums)
-    reduced = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], info), strict=True))
+            sums += _stat_sums(loss.detach() / info.world_size, logp, entropy, stats, cmask, mb)
+    reduced = dict(zip(STAT_KEYS, all_reduce_sum(sums.tolist(), info), strict=True))
     tokens = max(reduced.pop("tokens"), 1.0)
-    return {"loss": reduced.pop("loss"), **{k: v / tokens for k, v in reduced.items()}}
+    out = {"loss": reduced.pop("loss")}
+    diff, engine_tokens = reduced.pop("logp_diff"), reduced.pop("engine_tokens")
+    if engine_tokens:
+        out["rollout/logp_diff"] = diff / engine_tokens
+    return out | {k: v / tokens for k, v in reduced.items()}
+
+
+STAT_KEYS = (
+    "loss",
+    "entropy",
+    "kl",
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "tokens",
+    "logp_diff",
+    "engine_tokens",
+)
+
+
+@torch.no_grad()
+def _stat_sums(
+    loss: torch.Tensor,
+    logp: torch.Tensor,
+    entropy: torch.Tensor | None,
+    stats: TokenStats,
+    cmask: torch.Tensor,
+    mb: MicroBatch,
+) -> torch.Tensor:
+    """Token sums of the step statistics (order of STAT_KEYS), as one device tensor.
+    ``logp_diff`` compares the rollout engine's log-probs with this forward's: a large
+    value means the engine and the trainer disagree about the policy."""
+    m = cmask.bool()
+    low, high = stats.is_clipped_low & m, stats.is_clipped_high & m
+    zero = loss.new_zeros(())
+    diff, n_engine = zero, zero
+    if mb.batch.sampled_logp is not None:
+        sampled = mb.batch.sampled_logp[mb.rows].to(loss.device)
+        diff = torch.where(m, (logp - sampled).abs(), 0.0).sum()
+        n_engine = m.sum()
+    parts = [
+        loss,
+        torch.where(m, entropy, 0.0).sum() if entropy is not None else zero,
+        torch.where(m, stats.kl, 0.0).sum(),
+        (low | high).sum(),
+        low.sum(),
+        high.sum(),
+        m.sum(),
+        diff,
+        n_engine,
+    ]
+    return torch.stack([p.double() for p in parts])

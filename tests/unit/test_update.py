@@ -1,13 +1,18 @@
-"""The training forward sees exactly what generation saw (right-aligned rows)."""
+"""The training forward sees exactly what generation saw (right-aligned rows), and the
+micro-batch split changes nothing but memory."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpo_hpc.config import AlgoConfig
+from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.loss import selective_log_softmax
 from grpo_hpc.train.rollout import RolloutBatch
-from grpo_hpc.train.update import MicroBatch, completion_logp, right_align
+from grpo_hpc.train.update import MicroBatch, accumulate, completion_logp, right_align, split
 
 
 def test_right_align_moves_left_pads_to_the_end() -> None:
@@ -46,3 +51,52 @@ def test_completion_logp_matches_unpadded_forward() -> None:
             expected = selective_log_softmax(logits, torch.tensor([c]))[0]
             n = int(cmask[row].sum())
             torch.testing.assert_close(logp[row, :n], expected[:n], rtol=1e-5, atol=1e-5)
+
+
+def _ragged_batch(lengths: list[int], prompt: int = 3, new: int = 6) -> RolloutBatch:
+    """Rows with full prompts and completions of the given lengths (then padding)."""
+    g = torch.Generator().manual_seed(1)
+    n = len(lengths)
+    ids = torch.randint(1, 50, (n, prompt + new), generator=g)
+    cmask = (torch.arange(new).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()
+    ids[:, prompt:] *= cmask
+    mask = torch.cat([torch.ones(n, prompt, dtype=torch.long), cmask], 1)
+    return RolloutBatch(ids, mask, cmask, prompt_len=prompt, texts=[""] * n, pad_token_id=0)
+
+
+def test_split_by_token_budget_counts_padded_tokens() -> None:
+    batch = _ragged_batch([6, 1, 1, 2, 6, 6])  # rows of 9, 4, 4, 5, 9, 9 real tokens
+    mbs = split(batch, list(range(6)), torch.zeros(6), max_rows=8, max_tokens=18)
+    # 9+4 -> 2 rows x 9 = 18 fits; a third row would make 27 > 18.
+    assert [mb.rows.tolist() for mb in mbs] == [[0, 1], [2, 3], [4, 5]]
+    assert [mb.extent for mb in mbs] == [(6, 9), (2, 5), (6, 9)]
+    rows_only = split(batch, list(range(6)), torch.zeros(6), max_rows=4, max_tokens=0)
+    assert [mb.rows.tolist() for mb in rows_only] == [[0, 1, 2, 3], [4, 5]]
+    alone = split(batch, [0, 4], torch.zeros(2), max_rows=8, max_tokens=5)
+    assert [mb.rows.tolist() for mb in alone] == [[0], [4]]  # longer than the budget
+
+
+def test_gradient_does_not_depend_on_the_micro_batch_split() -> None:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float64)
+    batch = _ragged_batch([6, 1, 3, 2, 6, 5])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], dtype=torch.float64)
+    grads = []
+    for max_rows, budget in ((6, 0), (8, 18), (1, 0)):
+        mbs = split(batch, list(range(6)), adv, max_rows, budget)
+        stats = accumulate(model, mbs, AlgoConfig(), DistInfo(), 6, None, contextlib.nullcontext)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+        assert stats["clip_frac"] == 0.0 and "rollout/logp_diff" not in stats
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
