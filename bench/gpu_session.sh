@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl tests
+#   stages: decode update step stepc (compiled training forward) trl tests multi dcp (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -30,6 +30,17 @@ for stage in "$@"; do
     stepc) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 7 --prompts 8 \
         --G 8 --max-new 256 --micro 64 --engine native --compile --out "$out/step_compiled.json" \
         | tail -22 ;;
+    multi) # weak scaling: 8 prompts x G=8 per GPU; DDP and FSDP2 on 2 GPUs against 1 GPU
+        for run in "1 ddp 8" "2 ddp 16" "2 fsdp 16"; do
+            set -- $run
+            python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 4 \
+                --prompts "$3" --G 8 --max-new 256 --micro 64 --nproc "$1" --strategy "$2" \
+                --engine native --out "$out/step_${1}gpu_$2.json" >/dev/null &&
+                python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['median']; print(sys.argv[1], m)" \
+                    "$out/step_${1}gpu_$2.json"
+        done ;;
+    dcp) python3 bench/fsdp_dcp.py --nproc 2 --shape smollm2-135m --precision bf16 \
+        --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
