@@ -77,6 +77,8 @@ class FailureClass(str, enum.Enum):
     CONFIG_ERROR = "config_error"
     BUDGET_EXHAUSTED = "budget_exhausted"
     FINISHED = "finished"
+    MANUAL = "manual"
+    """A person resubmitted (grpo-submit --resume): no retry budget is spent."""
 
 
 C = FailureClass

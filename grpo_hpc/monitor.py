@@ -234,9 +234,9 @@ def _apply(
     try:
         adopted = None
         if since and not job.state.startswith("LOCAL_"):
-            adopted = adopt_orphan(
-                paths, reason, since, backend.submitted_jobs, backend.cancel_slurm, backend.adopt
-            )
+            why = f"{reason} (adopted: its submitter was killed before recording it)"
+            jobs_since, cancel = backend.submitted_jobs, backend.cancel_slurm
+            adopted = adopt_orphan(paths, why, since, jobs_since, cancel, backend.adopt)
         out.new_job_id = adopted or backend.resubmit(paths, reason)
     except GrpoError as e:
         out.error = str(e)

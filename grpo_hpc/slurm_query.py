@@ -85,11 +85,12 @@ def _run(cmd: list[str], check: bool = True, env: dict[str, str] | None = None) 
 
 def check_available() -> None:
     """Raise SlurmUnavailableError unless sbatch exists and slurmctld answers."""
-    if shutil.which("sbatch") is None:
-        raise SlurmUnavailableError(
-            "sbatch not found: this machine has no Slurm client tools "
-            "(load the Slurm module, or use --profile local)"
-        )
+    for tool in ("sbatch", "srun"):  # submitit needs srun on PATH to build the job
+        if shutil.which(tool) is None:
+            raise SlurmUnavailableError(
+                f"{tool} not found: this machine has no Slurm client tools "
+                "(load the Slurm module, or use --profile local)"
+            )
     try:
         _run(["sinfo", "-h", "-o", "%P"])
     except SlurmUnavailableError as e:

@@ -91,10 +91,17 @@ def test_dry_run_without_slurm_installed(tmp_path: Path, logs_dir: Path) -> None
     assert not logs_dir.exists()
 
 
+def test_srun_missing(tmp_path: Path, logs_dir: Path) -> None:
+    env = {"PATH": _fake_bin(tmp_path, sbatch="exit 1")}  # sbatch but no srun
+    result = submit("--profile", "slurm-local", "--config", "tiny", env=env)
+    _assert_one_line_error(result, logs_dir, "srun not found")
+
+
 def test_slurmctld_down(tmp_path: Path, logs_dir: Path) -> None:
     path = _fake_bin(
         tmp_path,
         sbatch="exit 1",
+        srun="exit 1",
         sinfo='echo "sinfo: error: Unable to contact slurm controller" >&2; exit 1',
     )
     result = submit("--profile", "slurm-local", "--config", "tiny", env={"PATH": path})
