@@ -82,8 +82,9 @@ def test_next_resume_adopts_instead_of_submitting_again(tmp_path: Path, logs_dir
     assert _sbatch_calls(env) == 2, "submitted a second job for one --resume"
     jobs = read_jsonl(paths.jobs)
     assert [j["job_id"] for j in jobs] == ["101", "102"] and "adopted" in jobs[-1]["reason"]
-    assert read_jsonl(paths.events)[-1] | {"phase": "done", "new_job_id": "102"} == (
-        read_jsonl(paths.events)[-1]
+    assert (
+        read_jsonl(paths.events)[-1] | {"phase": "done", "new_job_id": "102"}
+        == (read_jsonl(paths.events)[-1])
     )
 
     _submit(env, "--resume", "r")  # an ordinary resume afterwards: intent, sbatch, done
