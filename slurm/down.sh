@@ -3,7 +3,8 @@
 # --nodes N).
 #   bash slurm/down.sh           stop daemons (state and accounting DB are kept)
 #   bash slurm/down.sh --purge   also wipe state, DB, generated configs and fake GPUs
-# Only stops processes named in this toolkit's pid files (munged only if up.sh started it).
+# Only stops processes named in this toolkit's pid files (munged only if up.sh started it)
+# and whatever is left inside its node namespaces (by the pids `ip netns pids` lists).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -15,7 +16,7 @@ for arg in "$@"; do
     case "$arg" in
     --purge) PURGE=1 ;;
     -h | --help)
-        sed -n '2,6s/^# \{0,1\}//p' "$0"
+        sed -n '2,7s/^# \{0,1\}//p' "$0"
         exit 0
         ;;
     *)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bring up a real single-node Slurm 22.05 test cluster on this host, without systemd:
+# Bring up a real Slurm 22.05 test cluster on this host (one node, or more), without systemd:
 # munged, a private MariaDB on 127.0.0.1:$DB_PORT, slurmdbd, slurmctld and slurmd
 # (node "localhost", partition "debug", 2 fake GPUs). Idempotent: returns in well
 # under a second when the cluster is already up and healthy. Must run as root.
@@ -28,7 +28,7 @@ while (($#)); do
     case "$1" in
     --nodes) NODES=${2:-} && shift 2 || { echo "slurm/up.sh: --nodes needs a number" >&2; exit 2; } ;;
     --nodes=*) NODES=${1#--nodes=} && shift ;;
-    -h | --help) sed -n '2,18s/^# \{0,1\}//p' "$0" && exit 0 ;;
+    -h | --help) sed -n '2,19s/^# \{0,1\}//p' "$0" && exit 0 ;;
     *) echo "slurm/up.sh: unknown argument '$1' (see --help)" >&2 && exit 2 ;;
     esac
 done
