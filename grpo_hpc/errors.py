@@ -52,6 +52,12 @@ class StalledError(GrpoError):
     exit_code = ExitCode.STALLED
 
 
+class StoppedBeforeTrainingError(GrpoError):
+    """A stop signal arrived before the attempt's first step: nothing new to checkpoint."""
+
+    exit_code = ExitCode.CHECKPOINTED
+
+
 class CircuitBreakerError(GrpoError):
     """Training must stop: continuing would waste the allocation."""
 

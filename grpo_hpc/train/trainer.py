@@ -20,7 +20,12 @@ import time
 import torch
 
 from grpo_hpc.config import Config
-from grpo_hpc.errors import CircuitBreakerError, ConfigError, ExitCode
+from grpo_hpc.errors import (
+    CircuitBreakerError,
+    ConfigError,
+    ExitCode,
+    StoppedBeforeTrainingError,
+)
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
 from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout
@@ -28,15 +33,19 @@ from grpo_hpc.train.advantages import informative_groups
 from grpo_hpc.train.batching import Scored
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout import GenerationAborted, RolloutBatch
+from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.tracking import Tracker, step_metrics
-
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, paths: RunPaths, info: dist.DistInfo) -> None:
+    def __init__(
+        self, cfg: Config, paths: RunPaths, info: dist.DistInfo, stop_signal: int | None = None
+    ) -> None:
+        """``stop_signal``: one that arrived before the trainer existed (train.signals)."""
         self.cfg, self.paths, self.info = cfg, paths, info
-        self.stop_signal: int | None = None
+        self.stop_signal = stop_signal
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
         self.tracker = Tracker(paths, cfg, info.is_main)
         self.step = 0
         self.zero_streak = 0
@@ -46,8 +55,7 @@ class Trainer:
     def setup(self) -> None:
         cfg, info = self.cfg, self.info
         self.tracker.update(TrainState.LOADING)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
+        self._stop_before_training()
         if cfg.training.num_threads:
             torch.set_num_threads(cfg.training.num_threads)
         if cfg.rollout.prompts_per_step % info.world_size:
@@ -69,6 +77,7 @@ class Trainer:
         model, self.tok = models.load_model_and_tokenizer(
             model_dir, cfg.model.attn_implementation, info.device
         )
+        self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
         self._maybe_resume()
 
@@ -148,7 +157,17 @@ class Trainer:
         )
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.stop_signal = signum
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
+    def _stop_before_training(self) -> None:
+        """During setup no step of this attempt has run: a stop exits 5 at once."""
+        if self._stop_agreed():
+            name = signal.Signals(self.stop_signal).name if self.stop_signal else "a peer rank"
+            raise StoppedBeforeTrainingError(
+                f"stopped on {name} during start-up, before any step of this attempt: "
+                "nothing new to checkpoint; resubmit me"
+            )
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ExitCode:
