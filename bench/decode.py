@@ -125,13 +125,15 @@ def main() -> None:
     p.add_argument(
         "--engines", nargs="+", default=["native", "hf"], choices=["native", "native-eager", "hf"]
     )
+    p.add_argument("--model", type=Path, help="a real model directory instead of --shape")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.precision] if device.type == "cuda" else torch.float32
     with tempfile.TemporaryDirectory() as d:
-        build_model(Path(d) / "m", args.shape)
-        model, tok = load_model_and_tokenizer(Path(d) / "m", "sdpa", device)
+        if args.model is None:
+            build_model(Path(d) / "m", args.shape)
+        model, tok = load_model_and_tokenizer(args.model or Path(d) / "m", "sdpa", device)
     model.eval()
     low = dtype != torch.float32
 
@@ -160,7 +162,12 @@ def main() -> None:
     print(json.dumps(agree))
     result = {
         "benchmark": "decode",
-        "config": vars(args) | {"out": str(args.out) if args.out else None, "prompt_len": plen},
+        "config": vars(args)
+        | {
+            "out": str(args.out) if args.out else None,
+            "model": str(args.model or ""),
+            "prompt_len": plen,
+        },
         "hbm_bytes_per_s": bw,
         "runs": rows,
         "agreement": agree,
