@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,24 +24,17 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPES = {
-    # hidden, layers, heads, kv_heads, intermediate, vocab
-    "smollm2-135m": (576, 30, 9, 3, 1536, 49152),
-    "qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936),
-    "tiny": (64, 2, 4, 2, 128, 1024),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
 
 def make_run(args: argparse.Namespace, work: Path):
     from grpo_hpc.paths import RunPaths
     from grpo_hpc.profiles import profile_from_dict
     from grpo_hpc.submit import create_run
-    from grpo_hpc.train.models import LlamaShape, save_random_llama
 
-    h, n_layers, heads, kv, inter, vocab = SHAPES[args.shape]
     model_dir = work / "model"
-    shape = LlamaShape(h, n_layers, heads, kv, inter)
-    save_random_llama(model_dir, shape, seed=0, vocab_size=vocab)
+    build_model(model_dir, args.shape)
     profile = profile_from_dict(
         {"executor": "local", "precision": args.precision, "strategy": "fsdp",
          "nproc_per_node": args.nproc},
@@ -162,19 +153,9 @@ def main() -> None:
     import torch
 
     result["config"] = vars(args) | {"out": str(args.out) if args.out else None}
-    result["env"] = {
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "gpus": torch.cuda.device_count(),
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    result["env"] = env_info() | {"backend": "nccl" if torch.cuda.is_available() else "gloo"}
+    print(json.dumps(result, indent=2))
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":
