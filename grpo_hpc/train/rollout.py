@@ -196,29 +196,10 @@ def build_engine(
     autocast: Callable[[], contextlib.AbstractContextManager],
 ) -> RolloutEngine:
     """The engine ``rollout.engine`` names (see :func:`pick_engine`)."""
+    common = (model, tokenizer, opts.max_new_tokens, opts.temperature, opts.top_p)
+    hooks = {"tick": tick, "abort": abort}
     if pick_engine(name, model, opts) == "hf":
-        return HFEngine(
-            model,
-            tokenizer,
-            opts.max_new_tokens,
-            opts.temperature,
-            opts.top_p,
-            opts.timeout_s,
-            synced=opts.synced,
-            autocast=autocast,
-            tick=tick,
-            abort=abort,
-        )
+        return HFEngine(*common, opts.timeout_s, synced=opts.synced, autocast=autocast, **hooks)
     from grpo_hpc.train.native.engine import NativeEngine
 
-    return NativeEngine(
-        model,
-        tokenizer,
-        opts.max_new_tokens,
-        opts.temperature,
-        opts.top_p,
-        opts.timeout_s,
-        dtype=opts.dtype,
-        tick=tick,
-        abort=abort,
-    )
+    return NativeEngine(*common, opts.timeout_s, dtype=opts.dtype, **hooks)

@@ -24,9 +24,8 @@ def test_right_align_moves_left_pads_to_the_end() -> None:
     assert start.tolist() == [1, 3]
 
 
-def test_completion_logp_matches_unpadded_forward() -> None:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+def _small_llama_config() -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=50,
         hidden_size=32,
         intermediate_size=64,
@@ -35,6 +34,11 @@ def test_completion_logp_matches_unpadded_forward() -> None:
         num_key_value_heads=2,
         pad_token_id=0,
     )
+
+
+def test_completion_logp_matches_unpadded_forward() -> None:
+    torch.manual_seed(0)
+    cfg = _small_llama_config()
     model = LlamaForCausalLM(cfg).eval()
     prompts = [[7, 8], [9, 10, 11, 12]]  # ragged prompts, left-padded to 4
     completions = [[13, 14, 15], [16, 17, 0]]  # second one ended early (masked tail)
@@ -78,15 +82,7 @@ def test_split_by_token_budget_counts_padded_tokens() -> None:
 
 def test_gradient_does_not_depend_on_the_micro_batch_split() -> None:
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-    )
+    cfg = _small_llama_config()
     model = LlamaForCausalLM(cfg).to(torch.float64)
     batch = _ragged_batch([6, 1, 3, 2, 6, 5])
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], dtype=torch.float64)
