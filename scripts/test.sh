@@ -10,6 +10,13 @@ PY="${PYTHON:-python3}"
 echo "== installing grpo_hpc and test dependencies (constraints: $PIP_CONSTRAINT)"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
 
+if [ "$(id -u)" = "0" ] && ! command -v bwrap > /dev/null && command -v apt-get > /dev/null; then
+  echo "== installing bubblewrap (the code-reward sandbox uses it where it works)"
+  apt-get install -y -q bubblewrap > /dev/null 2>&1 \
+    || { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q bubblewrap > /dev/null 2>&1; } \
+    || echo "   bubblewrap not installed: sandbox tests run the fallback only"
+fi
+
 if [ "$(id -u)" = "0" ]; then
   echo "== bringing up the local test Slurm cluster"
   bash slurm/up.sh --nodes 2  # node localhost (partition debug) + grpo-n1, grpo-n2 (multi)

@@ -10,6 +10,7 @@ step costs well under a second of scoring.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -200,7 +201,16 @@ def _run_custom(
     return scores, errors, first
 
 
+@functools.cache
+def announce_sandbox() -> str:
+    """Say once per process, in the training log, which sandbox runs the code reward."""
+    iso = sandbox.bwrap.detect()
+    print(f"[Sandbox] code reward runs in {iso.name}: {iso.detail}", flush=True)
+    return iso.name
+
+
 def _code_scores(completions: Sequence[str], samples: Sequence[dict]) -> list[float]:
+    announce_sandbox()
     # Sandboxes mostly wait on their child, so threads give real parallelism.
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with ThreadPoolExecutor(max_workers=max(1, min(8, cpus or 1))) as pool:

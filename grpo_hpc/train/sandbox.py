@@ -22,9 +22,11 @@ Layers, each cheap and each covering a gap in the others:
   both sides to plain builtin values first, so an object whose ``__eq__`` always returns
   True (another known hack) does not pass.
 
-Limits: this raises the bar against accidents and the reward hacks policies discover; it is
-not a security boundary against code written to escape (frame introspection, APIs CPython
-does not audit such as ``os.mknod``). For hostile inputs, run the trainer in a container.
+Limits: on its own this raises the bar against accidents and the reward hacks policies
+discover; it is not a security boundary against code written to escape (frame
+introspection, APIs CPython does not audit such as ``os.mknod``). Where bubblewrap works
+(:mod:`grpo_hpc.train.bwrap`), the child runs inside it too: read-only root, private /tmp,
+no network, own PID namespace; the layers above stay, as defence in depth.
 We cannot use ``preexec_fn`` for the limits: it is unsafe in a multi-threaded parent, and the
 reward code runs sandboxes from a thread pool.
 """
@@ -42,6 +44,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from grpo_hpc.train import bwrap
 
 OUTPUT_LIMIT_BYTES = 8 * 2**20
 """RLIMIT_FSIZE of the child: caps stdout/stderr files and anything it writes."""
@@ -212,6 +216,8 @@ class SandboxResult:
     stderr: str
     pid: int = 0
     """Pid of the child, also its process-group id (tests check the group is gone)."""
+    isolation: str = "audit-hook"
+    """Which sandbox ran it: ``bwrap`` or ``audit-hook``."""
 
 
 class _StrictEq(ast.NodeTransformer):
@@ -280,15 +286,20 @@ def _tail(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")[-RETURNED_CHARS:]
 
 
-def _execute(root: str, payload: dict, timeout_s: float) -> tuple[int, int, bool, bytes, bytes]:
+def _execute(
+    root: str, payload: dict, timeout_s: float, use_bwrap: bool
+) -> tuple[int, int, bool, bytes, bytes]:
     """Run the harness in ``root``; (pid, returncode, timed_out, stdout, stderr)."""
+    argv = [sys.executable, "-I", "-S", "-c", _HARNESS]
+    if use_bwrap:  # killing bwrap's group ends its PID namespace, and all inside
+        argv = bwrap.command(root, argv)
     env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LC_ALL": "C.UTF-8"}
     # Output goes to files, not pipes: a child printing gigabytes cannot grow our memory, and
     # RLIMIT_FSIZE caps them. We read through our own descriptors, so deleting or replacing
     # the files from inside the sandbox changes nothing.
     with tempfile.TemporaryFile(dir=root) as out, tempfile.TemporaryFile(dir=root) as err:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _HARNESS],
+            argv,
             stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=root, env=env,
             start_new_session=True, close_fds=True,
         )  # fmt: skip
@@ -309,13 +320,21 @@ def _execute(root: str, payload: dict, timeout_s: float) -> tuple[int, int, bool
 
 
 def run_python(
-    code: str, timeout_s: float = 5.0, memory_mb: int = 512, *, checks: Sequence[str] = ()
+    code: str,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    *,
+    checks: Sequence[str] = (),
+    isolation: str = "auto",
 ) -> SandboxResult:
     """Run ``code`` then each of ``checks`` (trusted, e.g. assert lines) in one sandboxed child.
 
     The checks share the code's namespace and run only if the code ran without error.
     Never raises for anything the code does; returns within about ``timeout_s`` seconds.
+    ``isolation``: ``auto`` (bwrap where it works, see :func:`bwrap.detect`), ``bwrap``
+    or ``audit-hook`` (the latter two for tests and comparisons).
     """
+    use_bwrap = (bwrap.detect().name if isolation == "auto" else isolation) == "bwrap"
     root = os.path.realpath(tempfile.mkdtemp(prefix="grpo-sandbox-"))
     nonce = secrets.token_hex(16)
     # A per-run helper name: code can neither pre-define nor (from a thread) overwrite it.
@@ -329,7 +348,7 @@ def run_python(
         "limits": _limits(timeout_s, memory_mb),
     }
     try:
-        pid, returncode, timed_out, stdout, stderr = _execute(root, payload, timeout_s)
+        pid, returncode, timed_out, stdout, stderr = _execute(root, payload, timeout_s, use_bwrap)
     finally:
         _remove_tree(root)
     marker = ("\n" + nonce + "\n").encode()
@@ -340,4 +359,5 @@ def run_python(
         stdout=_tail(stdout.replace(marker, b"")),
         stderr=_tail(stderr),
         pid=pid,
+        isolation="bwrap" if use_bwrap else "audit-hook",
     )

@@ -288,3 +288,16 @@ def test_last_number_fallback_only_when_marker_not_required() -> None:
     lenient = compute_rewards(texts, samples, {"correctness": 1.0}, require_marker=False)
     assert strict.components["correctness"] == [0.0, 1.0, 0.0]
     assert lenient.components["correctness"] == [1.0, 1.0, 0.0]  # last number 13 is wrong
+
+
+def test_code_reward_says_once_which_sandbox_ran(capsys: pytest.CaptureFixture) -> None:
+    from grpo_hpc.train import rewards
+    from grpo_hpc.train.bwrap import detect
+
+    rewards.announce_sandbox.cache_clear()
+    samples = [{"gold": "", "tests": ["assert add(1, 2) == 3"]}] * 2
+    for _ in range(2):
+        batch = compute_rewards([f"```python\n{SOLUTION}```"] * 2, samples, {"code": 1.0})
+        assert batch.total == [1.0, 1.0]
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[Sandbox]")]
+    assert lines == [f"[Sandbox] code reward runs in {detect().name}: {detect().detail}"]

@@ -1,4 +1,7 @@
-"""The code sandbox, with real subprocesses: limits, blocked operations, unfakeable results."""
+"""The code sandbox, with real subprocesses: limits, blocked operations, unfakeable results.
+
+Every test runs twice: inside bubblewrap (where it works; scripts/test.sh installs it) and
+with the audit-hook sandbox alone (the fallback)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from grpo_hpc.train import bwrap, sandbox
 from grpo_hpc.train.sandbox import RETURNED_CHARS, SandboxResult, harden_check, run_python
+
+BWRAP_WORKS = bwrap.detect().name == "bwrap"
+needs_bwrap = pytest.mark.skipif(not BWRAP_WORKS, reason=bwrap.detect().detail)
+
+
+@pytest.fixture(autouse=True, params=["bwrap", "audit-hook"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with this sandbox as the one ``auto`` picks."""
+    if request.param == "bwrap" and not BWRAP_WORKS:
+        pytest.skip(bwrap.detect().detail)
+    chosen = bwrap.Isolation(request.param, "test")
+    monkeypatch.setattr(sandbox.bwrap, "detect", lambda: chosen)
+    return request.param
 
 
 def _gone(pgid: int) -> bool:
@@ -152,3 +169,53 @@ def test_code_cannot_tamper_with_its_result_channel() -> None:
     code = "import os\nfor name in os.listdir('.'):\n    os.remove(name)\nprint('still here')"
     res = run_python(code, checks=["assert True"])
     assert res.ok and res.stdout == "still here\n"
+
+
+ESCAPE = "import os\nos.mknod({path!r})\nprint('escaped')\n"  # mknod raises no audit event
+
+
+def test_audit_hook_alone_misses_mknod_outside(tmp_path: Path, isolation: str) -> None:
+    target = tmp_path / "escaped"
+    res = run_python(ESCAPE.format(path=str(target)), isolation="audit-hook")
+    assert res.ok and target.exists() and res.isolation == "audit-hook"  # the known hole
+
+
+@needs_bwrap
+def test_bwrap_contains_that_escape(tmp_path: Path, isolation: str) -> None:
+    target = tmp_path / "escaped"
+    res = run_python(ESCAPE.format(path=str(target)), isolation="bwrap")
+    assert not res.ok and not target.exists() and res.isolation == "bwrap"
+    ro = run_python(ESCAPE.format(path="/usr/escaped"), isolation="bwrap")
+    assert not ro.ok and "Read-only file system" in ro.stderr and not Path("/usr/escaped").exists()
+
+
+@needs_bwrap
+def test_bwrap_namespaces(isolation: str) -> None:
+    code = (
+        "import os\n"
+        "print(len(os.listdir('/tmp')))\n"  # private /tmp: only the work dir
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"  # own PID namespace
+        "print([l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])\n"
+    )
+    res = run_python(code, isolation="bwrap")
+    assert res.ok, res.stderr
+    tmp_entries, pids, nets = res.stdout.strip().splitlines()
+    assert tmp_entries == "1" and len(eval(pids)) <= 3 and eval(nets) == ["lo"]
+
+
+def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolation: str) -> None:
+    monkeypatch.undo()  # the real detect()
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    try:
+        for path, why in ((str(tmp_path / "none"), "not installed"), (str(tmp_path), "unusable")):
+            monkeypatch.setenv("PATH", path)
+            bwrap.detect.cache_clear()
+            found = bwrap.detect()
+            assert found.name == "audit-hook" and why in found.detail, found
+            res = run_python("print(6 * 7)")
+            assert res.ok and res.stdout.strip() == "42" and res.isolation == "audit-hook"
+    finally:
+        monkeypatch.undo()
+        bwrap.detect.cache_clear()
