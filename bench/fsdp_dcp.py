@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
+from grpo_hpc.train.checkpoint import model_weights  # noqa: E402
+
 
 def make_run(args: argparse.Namespace, work: Path):
     from grpo_hpc.paths import RunPaths
@@ -66,20 +68,6 @@ def torchrun(paths, nproc: int) -> float:
     return time.time() - t0
 
 
-def full_weights(ckpt: Path) -> dict:
-    """The model weights of a checkpoint as one CPU state dict (DCP shards gathered here)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    if not (ckpt / "dcp").is_dir():
-        return torch.load(ckpt / "model.pt", map_location="cpu")
-    out = ckpt.parent / f".full-{ckpt.name}.pt"
-    dcp_to_torch_save(ckpt / "dcp", out)
-    state = torch.load(out, map_location="cpu", weights_only=False)["model"]
-    out.unlink()
-    return state
-
-
 def max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
@@ -110,11 +98,11 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     result["median"] = {k: statistics.median(m[k] for m in steps) for k in keys if k in steps[0]}
     first, last = args.save_every, args.steps
     result["checkpoint"] = ckpt_facts(paths.checkpoint(last))
-    reference = full_weights(paths.checkpoint(last))
+    reference = model_weights(paths.checkpoint(last))
 
     rewind(paths, first)  # resume from the first checkpoint, same world size
     result["resume_same_world_wall_s"] = torchrun(paths, args.nproc)
-    again = full_weights(paths.checkpoint(last))
+    again = model_weights(paths.checkpoint(last))
     result["resume_same_world"] = {
         "bit_identical": all(bool((again[k] == reference[k]).all()) for k in reference),
         "max_abs_diff": max_abs_diff(again, reference),
@@ -124,7 +112,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     text = paths.config.read_text().replace(f"nproc_per_node: {args.nproc}", "nproc_per_node: 1")
     paths.config.write_text(text)
     result["resume_one_process_wall_s"] = torchrun(paths, 1)
-    single = full_weights(paths.checkpoint(last))
+    single = model_weights(paths.checkpoint(last))
     result["resume_one_process"] = {
         "finished": json.loads(paths.progress.read_text())["state"] == "finished",
         "checkpoint_format": ckpt_facts(paths.checkpoint(last))["format"],

@@ -83,6 +83,21 @@ def format_of(ckpt: Path) -> str:
     return SHARDED if (ckpt / DCP_DIR / ".metadata").is_file() else GATHERED
 
 
+def model_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint as one CPU state dict, in either format (DCP
+    shards are gathered in this process through a temporary file next to ``ckpt``)."""
+    if format_of(ckpt) == GATHERED:
+        return torch.load(ckpt / "model.pt", map_location="cpu")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = ckpt.parent / f".full-{ckpt.name}.pt"
+    dcp_to_torch_save(ckpt / DCP_DIR, out)
+    try:
+        return torch.load(out, map_location="cpu", weights_only=False)["model"]
+    finally:
+        out.unlink()
+
+
 def save(
     paths: RunPaths,
     step: int,

@@ -273,22 +273,6 @@ def restart_nodes(nodes: int = 2) -> None:
     assert proc.returncode == 0, f"up.sh --nodes {nodes} failed:\n{proc.stdout}{proc.stderr}"
 
 
-def full_state(ckpt: Path) -> dict[str, Any]:
-    """A checkpoint's model weights as one state dict, whatever its format (a sharded one
-    is gathered from its DCP shards in this process)."""
-    import torch
-
-    if not (ckpt / "dcp").is_dir():
-        return torch.load(ckpt / "model.pt", map_location="cpu")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = ckpt.parent / f".full-{ckpt.name}.pt"
-    dcp_to_torch_save(ckpt / "dcp", out)
-    state = torch.load(out, map_location="cpu", weights_only=False)["model"]
-    out.unlink()
-    return state
-
-
 def stop_trainer(node: str) -> list[int]:
     """SIGSTOP the trainer process(es) on a node: a rank that hangs without dying (alive,
     holding its sockets, never answering). Returns the pids stopped."""

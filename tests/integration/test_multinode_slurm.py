@@ -25,6 +25,7 @@ import torch
 from grpo_hpc.fsutil import read_jsonl
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.train.checkpoint import model_weights
 
 from .slurm_helpers import (
     ENDED,
@@ -32,7 +33,6 @@ from .slurm_helpers import (
     describe,
     events,
     final_event,
-    full_state,
     job_ids,
     kill_job_processes,
     kill_node,
@@ -245,13 +245,13 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_pat
     verify = cli("ckpt", "verify", "fsdp", "--logs", str(logs))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "step-2: ok" in verify.stdout and "step-4: ok" in verify.stdout
-    uninterrupted = full_state(ckpt)
+    uninterrupted = model_weights(ckpt)
 
     # Resume from the sharded step-2 checkpoint on the same two nodes: same final weights.
     again = cli("cli", "--resume", "fsdp", "--from-step", "2", *where[2:], "--wait", timeout=300)
     assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{describe(paths)}"
     rec = progress(paths)
     assert (rec.step, rec.start_step, rec.restarts) == (4, 2, 1)
-    resumed = full_state(paths.checkpoint(4))
+    resumed = model_weights(paths.checkpoint(4))
     differ = [k for k in uninterrupted if not torch.equal(resumed[k], uninterrupted[k])]
     assert resumed.keys() == uninterrupted.keys() and not differ, differ
