@@ -45,7 +45,8 @@ def test_every_gold_is_one_number_and_the_reference_solution_scores_one() -> Non
     # The dataset's own worked solutions end in '#### N': the reward judges them right,
     # and judges them wrong against another problem's gold.
     sample = held_out[:200]
-    solutions = [json.loads(x)["answer"] for x in (GSM8K_DIR / "test.jsonl").read_text().splitlines()]
+    lines = (GSM8K_DIR / "test.jsonl").read_text().splitlines()
+    solutions = [json.loads(x)["answer"] for x in lines]
     right = score_correctness_batch(solutions[:200], [p["gold"] for p in sample])
     assert sum(right) == 200
     shifted = [p["gold"] for p in sample[1:] + sample[:1]]
