@@ -106,6 +106,12 @@ class RewardConfig:
     """Custom rewards: ``{"module:function": weight}``; fn(completion, sample) -> float."""
     timeout_s: float = 2.0
     """Time limit per answer verification."""
+    overlong: float = 0.0
+    """Weight of DAPO's overlong reward shaping: a completion cut off at
+    rollout.max_new_tokens scores -1 times this (0 = off)."""
+    overlong_buffer: int = 0
+    """With ``overlong``: a completion that ends within this many tokens of the cap gets a
+    penalty that grows linearly to the full weight at the cap (0 = only cut-off ones)."""
     require_marker: bool = True
     """Correctness needs an answer convention (``Answer: N``, ``#### N``, ``\\boxed{N}``, "the
     answer is N"; the last one counts); false judges text with none by its last number (a
@@ -387,6 +393,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
     if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
         raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
+    if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 and below "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
     _validate_faults(cfg.faults)
 
 
