@@ -109,6 +109,13 @@ class NativeEngine:
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
         cuda = self.device.type == "cuda"
         self.fns = forward.DecodeFns.compiled() if self.compile and cuda else forward.EAGER
+        if self.fns is not forward.EAGER:
+            # Each decode batch size is one compilation of the layers (``dynamic=False``);
+            # compaction's halving buckets plus a large evaluation batch exceed dynamo's
+            # default limit of 8, past which a fullgraph compile raises (then: eager).
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         self.spaces: dict[int, Workspace] = {}
         self.eos = int(self.tokenizer.eos_token_id)
         self.stats: dict[str, int] = {}
