@@ -67,6 +67,10 @@ class Workspace:
     rows_of: torch.Tensor
     """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
     graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
+    compacted: dict[int, Workspace] = field(default_factory=dict)
+    """Smaller batches finished rows are compacted into; their caches are views of the
+    first rows of this one's (no memory beyond the decode state), and their graphs are
+    kept for the next rollout."""
 
     @property
     def rows(self) -> int:
@@ -175,13 +179,18 @@ class NativeEngine:
             return ws
         self.spaces.pop(rows, None)  # drop the old graphs before allocating anew
         capacity = round_up(capacity, self.span_bucket)
-        dev, m = self.device, self.max_new_tokens
+        cache = forward.KVCache.empty(self.packed, rows, capacity, self.dtype)
+        ws = self.spaces[rows] = self._new_workspace(cache)
+        return ws
+
+    def _new_workspace(self, cache: forward.KVCache) -> Workspace:
+        rows, dev, m = cache.rows, self.device, self.max_new_tokens
 
         def zeros(*size: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*size, dtype=dt, device=dev)
 
-        ws = Workspace(
-            cache=forward.KVCache.empty(self.packed, rows, capacity, self.dtype),
+        return Workspace(
+            cache=cache,
             tokens=zeros(rows),
             pos=zeros(1),
             first_slot=zeros(1),
@@ -191,8 +200,6 @@ class NativeEngine:
             out_logp=zeros(rows, m, dt=torch.float32),
             rows_of=torch.arange(rows, device=dev),
         )
-        self.spaces[rows] = ws
-        return ws
 
     def _start(
         self,
@@ -226,12 +233,18 @@ class NativeEngine:
     ) -> tuple[Workspace, int]:
         """The ``live`` rows of ``ws`` moved into a workspace of ``rows`` rows (cache slots
         ``[0, filled)``, decode state, output so far); padding rows repeat the last live
-        row and count as done. Rows of ``ws`` are written back to ``root`` first."""
+        row and count as done. Rows of ``ws`` are written back to ``root`` first.
+        The new cache is the first ``rows`` rows of ``root``'s: rows are gathered into a
+        temporary one layer at a time, then written over the (earlier) rows they replace."""
         self._write_back(root, ws, real)
-        new = self._workspace(rows, ws.cache.capacity)
+        new = root.compacted.get(rows)
+        if new is None:
+            view = forward.KVCache(root.cache.k[:, :rows], root.cache.v[:, :rows])
+            new = root.compacted[rows] = self._new_workspace(view)
         idx = _pad_rows(live, rows)
         for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
-            dst[:, :, :, :filled].copy_(src[:, :, :, :filled].index_select(1, idx))
+            for layer in range(dst.shape[0]):
+                dst[layer, :, :, :filled] = src[layer, :, :, :filled].index_select(0, idx)
         for name in ("tokens", "left_pad", "done", "out", "out_logp", "rows_of"):
             getattr(new, name).copy_(getattr(ws, name).index_select(0, idx))
         new.done[live.numel() :] = True
