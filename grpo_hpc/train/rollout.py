@@ -1,6 +1,6 @@
 """Rollout engines: turn prompts into G sampled completions each.
 
-The interface is small so a faster engine (vLLM) can sit behind it later. The HF
+The interface is small so another engine can sit behind it (the native one does). The HF
 engine enforces a time budget per batch from *inside* ``generate`` (a stopping
 criterion checked every token): a hung or pathologically slow generation ends
 the step with StalledError instead of waiting forever, and the same hook
