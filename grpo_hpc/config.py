@@ -181,6 +181,10 @@ class DistConfig:
     compile: bool = False
     """torch.compile the training forward on CUDA (fewer, fused kernels; the first steps
     pay the compilation). The native rollout engine compiles its decode layers anyway."""
+    cpu_offload: bool = False
+    """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
+    (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
+    does not fit the GPUs otherwise (grpo_hpc.memory)."""
 
 
 @dataclass

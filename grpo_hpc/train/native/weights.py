@@ -113,9 +113,13 @@ def shape_of(model: torch.nn.Module) -> Shape:
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A parameter as a plain full tensor (gathers an FSDP2 DTensor shard: a collective,
-    so every rank packs in the same order)."""
+    so every rank packs in the same order). A shard offloaded to host memory
+    (``dist.cpu_offload``) moves to the mesh's device first: NCCL gathers device tensors."""
     t = t.detach()
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    if not hasattr(t, "full_tensor"):
+        return t
+    mesh_device = t.device_mesh.device_type
+    return (t if t.device.type == mesh_device else t.to(mesh_device)).full_tensor()
 
 
 def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Packed:
