@@ -502,3 +502,45 @@ def check(cfg: Config, profile: Profile) -> Check:
         f"{would}; --force submits anyway"
     )
     return Check(f"{head}: does NOT fit (+{over:.1f} GiB); {how}; {would}", plan, refusal)
+
+
+OOM_HEADROOM = 0.85
+"""After a real out-of-memory error the estimate was evidently low: advise settings whose
+estimate leaves 15 % of the GPU free."""
+OVERRIDES = {
+    "FSDP2": "a profile with strategy: fsdp",
+    "micro_batch_tokens=2048": "algo.micro_batch_tokens=2048",
+    "gradient checkpointing": "model.gradient_checkpointing=true",
+    "optimizer CPU offload": "dist.cpu_offload=true",
+}
+"""How a user asks for each of MEANS in a new run."""
+
+
+def oom_advice(cfg: Config, capacity_gib: float) -> str:
+    """What would fit a GPU of ``capacity_gib`` after ``cfg`` ran out of memory (pure but
+    for reading config.json): the cheapest memory means, else LoRA or a smaller budget."""
+    generic = (
+        "start a new run with model.gradient_checkpointing=true, a smaller "
+        "algo.micro_batch_tokens or model.lora_rank=16"
+    )
+    shape = model_shape(cfg.model)
+    if shape is None:
+        return generic
+    s, budget = settings_of(cfg), capacity_gib * OOM_HEADROOM
+    est = estimate(shape, s).total_gib
+    plan = fit(shape, s, budget, allow_offload=s.ranks > 1)
+    said = f"estimated {est:.1f} GiB as run"
+    if plan.fits and not plan.changed:
+        half = max(256, (s.micro_batch_tokens or micro_tokens(s)) // 2)
+        return (
+            f"{said}, which should fit: something else took GPU memory (another process, "
+            f"prompts longer than {s.prompt_tokens} tokens); try "
+            f"model.gradient_checkpointing=true or algo.micro_batch_tokens={half}"
+        )
+    if plan.fits:
+        how = ", ".join(OVERRIDES[c] for c in plan.changed)
+        return f"{said}; would fit: {how} (estimated {plan.estimate.total_gib:.1f} GiB)"
+    alts = alternatives(shape, s, budget, allow_offload=s.ranks > 1)
+    if alts:
+        return f"{said}; would fit: " + " or ".join(f"{k} ({v:.1f} GiB)" for k, v in alts)
+    return f"{said}; nothing tried fits {capacity_gib:g} GiB: use larger or more GPUs"

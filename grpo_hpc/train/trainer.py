@@ -261,6 +261,11 @@ class Trainer:
         t0 = time.monotonic()
         self._inject_faults()
         self.tracker.update(TrainState.GENERATING)
+        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
+            raise torch.cuda.OutOfMemoryError(
+                "fault injection: CUDA out of memory (a GPU of "
+                f"{cfg.faults.oom_gpu_gb:g} GiB is full)"
+            )
         scored, t_gen, t_score = self._collect_groups()
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
