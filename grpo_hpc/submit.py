@@ -16,7 +16,7 @@ from typing import Any
 import submitit
 import yaml
 
-from grpo_hpc import memory, slurm_query
+from grpo_hpc import memory_plan, slurm_query
 from grpo_hpc.config import Config, build_config, load_resolved, to_yaml
 from grpo_hpc.errors import ConfigError, GrpoError
 from grpo_hpc.fsutil import append_jsonl, atomic_write_text, read_jsonl
@@ -42,14 +42,14 @@ def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
 
 def resolve(
     config_source: str | None, overrides: list[str], profile: Profile, run_name: str
-) -> tuple[Config, memory.Check]:
+) -> tuple[Config, memory_plan.Check]:
     """The resolved config and its memory verdict: the profile decides how to run, and when
     the run does not fit the profile's GPUs as given, the cheapest memory means that leave
     the training math unchanged are applied (grpo_hpc.memory.MEANS)."""
     cfg = apply_profile(build_config(config_source, overrides), profile, run_name)
-    chk = memory.check(cfg, profile)
+    chk = memory_plan.check(cfg, profile)
     if chk.plan is not None and chk.plan.changed:
-        cfg = memory.apply_settings(cfg, chk.plan.settings)
+        cfg = memory_plan.apply_settings(cfg, chk.plan.settings)
     return cfg, chk
 
 
@@ -187,7 +187,7 @@ def create_run(
     config_source: str | None,
     overrides: list[str],
     force: bool = False,
-) -> tuple[Config, memory.Check]:
+) -> tuple[Config, memory_plan.Check]:
     """Validate everything, then write the run directory (config + profile), atomically.
 
     Raises before touching the disk when anything is wrong, including a run whose estimated

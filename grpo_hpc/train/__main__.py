@@ -87,19 +87,19 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
     the estimator says would fit this GPU) and the peak in GiB (None without CUDA)."""
     import torch
 
-    from grpo_hpc import memory
+    from grpo_hpc import memory_plan
 
     cfg = trainer.cfg
     phase = trainer.tracker.record.state.value
     if torch.cuda.is_available():
-        peak = torch.cuda.max_memory_allocated() / memory.GIB
+        peak = torch.cuda.max_memory_allocated() / memory_plan.GIB
         capacity = torch.cuda.get_device_properties(trainer.info.device).total_memory
-        capacity /= memory.GIB
+        capacity /= memory_plan.GIB
         seen = f"peak {peak:.1f} GiB allocated of {capacity:.0f} GiB"
     else:  # only an injected fault gets here (faults.oom_at_step)
         peak, capacity = None, cfg.faults.oom_gpu_gb
         seen = f"peak unknown (no CUDA device; injected on a {capacity:g} GiB GPU)"
-    advice = memory.oom_advice(cfg, capacity)
+    advice = memory_plan.oom_advice(cfg, capacity)
     return f"CUDA out of memory while {phase} at step {trainer.step} ({seen}); {advice}", peak
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc import memory
+from grpo_hpc import memory, memory_plan
 from grpo_hpc.config import build_config
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.profiles import load_profile
@@ -89,7 +89,7 @@ def test_estimate_within_15_percent_of_measured_benchmarks() -> None:
         assert abs(est / measured - 1) <= 0.15, (name, est, measured)
 
 
-def _check(profile: str, *overrides: str) -> memory.Check:
+def _check(profile: str, *overrides: str) -> memory_plan.Check:
     over = [f"model.name_or_path={SHAPES / 'qwen2.5-7b'}", *overrides]
     return resolve("gsm8k", over, load_profile(profile), "r")[1]
 
@@ -117,7 +117,7 @@ def test_means_are_applied_only_when_needed() -> None:
 
 def test_cpu_profile_has_no_budget() -> None:
     cfg = build_config("tiny", [])
-    chk = memory.check(cfg, load_profile("local"))
+    chk = memory_plan.check(cfg, load_profile("local"))
     assert chk.refusal is None and chk.line.startswith("memory: ~")
 
 
