@@ -12,8 +12,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 - autocast's cache of low-precision weight copies during a forward/backward (DDP or one
   GPU with fp32 weights); under FSDP2 the all-gathered bf16/fp16 layers instead (two
   decoder layers in flight, and the root's embedding and head);
-- the native engine's packed bf16/fp16 weights (a full, unsharded copy) and its static KV
-  cache of rows x (prompt + max_new) slots, both kept for the whole run;
+- the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in)
+  and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
 - activations of one micro-batch (``algo.micro_batch_tokens`` padded tokens); with gradient
   checkpointing the layer inputs plus one layer being recomputed;
 - the fused log-prob head: a few ``chunk x vocab`` fp32 logit blocks and its fp32 weight
@@ -43,8 +43,6 @@ FRAGMENTATION = 1.05
 """The caching allocator holds a little more than it hands out."""
 HEAD_CHUNK_TOKENS = 1024
 """grpo_hpc.train.logp_head.DEFAULT_CHUNK_TOKENS."""
-NATIVE_LORA = False
-"""Whether the native engine runs LoRA policies (rollout.pick_engine)."""
 ROW_BUCKET, SPAN_BUCKET = 8, 64
 """The native engine pads rows and cache slots to these multiples."""
 
@@ -145,6 +143,8 @@ class Settings:
             parts.append("gradient checkpointing")
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
+        if self.engine == "hf":
+            parts.append("HF generate")
         parts.append(f"micro_batch_tokens={self.micro_batch_tokens}")
         return ", ".join(parts)
 
@@ -245,8 +245,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         compute = 0  # weights are already in the compute dtype: autocast caches nothing
     else:  # autocast keeps a low-precision copy of every linear weight for backward
         compute = c * (p - shape.embed_params)
-    # LoRA policies generate with HF generate until the engine folds adapters.
-    native = s.engine == "native" and not (lora and not NATIVE_LORA)
+    native = s.engine == "native"  # LoRA too: adapters are folded into the packed copy
     engine_weights = c * p if native else 0
     slots = s.prompt_tokens + s.max_new_tokens
     rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
@@ -290,11 +289,13 @@ MEANS = (
     ("fsdp", "FSDP2", 1),
     ("micro_batch_tokens", "micro_batch_tokens=2048", 1),
     ("gradient_checkpointing", "gradient checkpointing", 2),
+    ("engine_hf", "rollout.engine=hf", 10),
     ("cpu_offload", "optimizer CPU offload", 8),
 )
 """Memory means that leave the training math unchanged: (name, label, speed cost). When the
 run's own settings do not fit, the cheapest combination that fits is applied. CPU offload
-is only tried where the profile allows it (``allow_cpu_offload``)."""
+is only tried where the profile allows it (``allow_cpu_offload``). HF generate instead of the
+native engine drops the engine's packed copy of the weights, at ~10x slower decoding."""
 
 
 def _apply(s: Settings, mean: str) -> Settings | None:
@@ -306,6 +307,8 @@ def _apply(s: Settings, mean: str) -> Settings | None:
     if mean == "micro_batch_tokens":
         ok = s.micro_batch_tokens == 0 or s.micro_batch_tokens > 2048
         return replace(s, micro_batch_tokens=2048) if ok else None
+    if mean == "engine_hf":  # HF generate: no packed weight copy, a smaller KV cache
+        return replace(s, engine="hf") if s.engine == "native" else None
     if mean == "cpu_offload":  # FSDP2's offload policy: needs (and implies) FSDP
         return replace(s, cpu_offload=True) if s.fsdp and not s.cpu_offload else None
     raise ValueError(mean)

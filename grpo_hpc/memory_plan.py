@@ -78,6 +78,7 @@ def apply_settings(cfg: Config, s: Settings) -> Config:
         model=replace(cfg.model, gradient_checkpointing=s.gradient_checkpointing),
         algo=replace(cfg.algo, micro_batch_tokens=s.micro_batch_tokens),
         dist=replace(cfg.dist, strategy=s.strategy, cpu_offload=s.cpu_offload),
+        rollout=replace(cfg.rollout, engine=s.engine if s.engine == "hf" else cfg.rollout.engine),
     )
 
 
@@ -138,6 +139,7 @@ OVERRIDES = {
     "micro_batch_tokens=2048": "algo.micro_batch_tokens=2048",
     "gradient checkpointing": "model.gradient_checkpointing=true",
     "optimizer CPU offload": "dist.cpu_offload=true",
+    "rollout.engine=hf": "rollout.engine=hf",
 }
 """How a user asks for each of MEANS in a new run."""
 

@@ -171,12 +171,11 @@ def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
 
     if name == "hf":
         return "hf"
-    why = "LoRA (peft) policies" if opts.lora else ""
-    if not why:
-        try:
-            shape_of(model)
-        except UnsupportedModel as e:
-            why = str(e)
+    why = ""
+    try:
+        shape_of(model)  # a peft LoRA policy is folded into the packed weights
+    except UnsupportedModel as e:
+        why = str(e)
     if name == "native" and why:
         raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
     cuda = next(model.parameters()).device.type == "cuda"
