@@ -236,7 +236,12 @@ def main() -> None:
     p.add_argument("--micro-tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=3, help="steps per row (the first is warm-up)")
     p.add_argument("--row-timeout", type=float, default=150.0)
-    p.add_argument("--time-budget", type=float, default=480.0, help="stop starting rows after")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=420.0,
+        help="start no row after this many seconds (with --row-timeout: under 10 minutes)",
+    )
     p.add_argument("--redo", action="store_true", help="rerun rows already in --out")
     p.add_argument("--out", type=Path, default=HERE / "results" / "ladder.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
