@@ -136,6 +136,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         f"rollout.num_generations={args.G}",
         f"rollout.max_new_tokens={args.max_new}",
         "rollout.generation_timeout_s=3600",
+        f"rollout.engine={'hf' if s.engine == 'hf' else 'auto'}",
         f"algo.micro_batch_size={s.micro_batch_size}",
         f"algo.micro_batch_tokens={s.micro_batch_tokens}",
         f"training.max_steps={args.steps}",

@@ -255,7 +255,11 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     h, i = shape.hidden, shape.intermediate
     # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
     resid = c if (lora or s.fsdp) else 4
-    per_layer = 4 * c * i + 20 * c * h  # bytes per token saved by one decoder layer
+    # Bytes per token one decoder layer keeps for backward: gate, up, silu(gate) and their
+    # product (the product only as the input of a trained down projection), plus ~20
+    # hidden-sized tensors (norms, q/k/v, attention output, residuals).
+    mlp_saved = 3 if lora and "down_proj" not in s.lora_targets else 4
+    per_layer = mlp_saved * c * i + 20 * c * h
     if s.gradient_checkpointing:
         activations = tokens * (shape.layers * resid * h + per_layer)
     else:
