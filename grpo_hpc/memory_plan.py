@@ -50,9 +50,10 @@ def model_shape(model: ModelConfig) -> ModelShape | None:
     return ModelShape.from_config(found) if found else None
 
 
-def settings_of(cfg: Config) -> Settings:
-    """Memory settings of a resolved config (one rank's share of the step)."""
-    ranks = cfg.dist.nproc_per_node  # FSDP2 shards within the job's ranks on one node
+def settings_of(cfg: Config, nodes: int = 1) -> Settings:
+    """Memory settings of a resolved config (one rank's share of the step) on ``nodes``
+    nodes: FSDP2 shards over every rank of the job."""
+    ranks = cfg.dist.nproc_per_node * nodes
     engine = "hf" if cfg.rollout.engine == "hf" else "native"
     return Settings(
         ranks=ranks,
@@ -102,7 +103,7 @@ def check(cfg: Config, profile: Profile) -> Check:
             "machine (a local directory, or a hub id in the local Hugging Face cache)",
             None,
         )
-    s = settings_of(cfg)
+    s = settings_of(cfg, profile.nodes)
     if gpu_mem_gb is None:
         est = estimate(shape, replace(s, precision="fp32"))
         line = f"memory: ~{est.total_gib:.1f} GiB per process (profile {profile_name}: no GPU)"
