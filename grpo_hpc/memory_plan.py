@@ -145,7 +145,7 @@ OVERRIDES = {
 """How a user asks for each of MEANS in a new run."""
 
 
-def oom_advice(cfg: Config, capacity_gib: float) -> str:
+def oom_advice(cfg: Config, capacity_gib: float, nodes: int = 1) -> str:
     """What would fit a GPU of ``capacity_gib`` after ``cfg`` ran out of memory (pure but
     for reading config.json): the cheapest memory means, else LoRA or a smaller budget."""
     generic = (
@@ -155,7 +155,7 @@ def oom_advice(cfg: Config, capacity_gib: float) -> str:
     shape = model_shape(cfg.model)
     if shape is None:
         return generic
-    s, budget = settings_of(cfg), capacity_gib * OOM_HEADROOM
+    s, budget = settings_of(cfg, nodes), capacity_gib * OOM_HEADROOM
     est = estimate(shape, s).total_gib
     plan = fit(shape, s, budget, allow_offload=s.ranks > 1)
     said = f"estimated {est:.1f} GiB as run"

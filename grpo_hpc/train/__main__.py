@@ -99,7 +99,8 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
     else:  # only an injected fault gets here (faults.oom_at_step)
         peak, capacity = None, cfg.faults.oom_gpu_gb
         seen = f"peak unknown (no CUDA device; injected on a {capacity:g} GiB GPU)"
-    advice = memory_plan.oom_advice(cfg, capacity)
+    nodes = max(1, trainer.info.world_size // cfg.dist.nproc_per_node)
+    advice = memory_plan.oom_advice(cfg, capacity, nodes)
     return f"CUDA out of memory while {phase} at step {trainer.step} ({seen}); {advice}", peak
 
 
