@@ -188,6 +188,10 @@ class DistConfig:
     compile: bool = False
     """torch.compile the training forward on CUDA (fewer, fused kernels; the first steps
     pay the compilation). The native rollout engine compiles its decode layers anyway."""
+    cpu_offload: bool = False
+    """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
+    (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
+    does not fit the GPUs otherwise (grpo_hpc.memory)."""
 
 
 @dataclass
@@ -214,6 +218,11 @@ class FaultsConfig:
     """Sleep this many seconds inside each checkpoint save."""
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
+    oom_at_step: int = -1
+    """Raise torch.cuda.OutOfMemoryError at this step, as a GPU of ``oom_gpu_gb`` would
+    (-1 = off); the trainer handles it like a real one."""
+    oom_gpu_gb: float = 16.0
+    """GPU memory (GiB) the injected out-of-memory error pretends to have exhausted."""
 
 
 @dataclass
@@ -408,6 +417,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.zero_reward
         or f.slow_save > 0
         or f.step_sleep > 0
+        or f.oom_at_step >= 0
     )
     if active and not f.enabled:
         raise ConfigError(

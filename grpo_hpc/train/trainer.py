@@ -74,8 +74,14 @@ class Trainer:
         )
         dist.barrier(info)
         model_dir = model_dir or models.materialize(cfg.model, self.paths.root, cfg.training.seed)
+        # A LoRA policy's frozen base needs no fp32 master copy: keep it in the compute dtype.
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+        lora_base = cfg.model.lora_rank > 0 and info.device.type == "cuda" and half is not None
         model, self.tok = models.load_model_and_tokenizer(
-            model_dir, cfg.model.attn_implementation, info.device
+            model_dir,
+            cfg.model.attn_implementation,
+            info.device,
+            dtype=half if lora_base else torch.float32,
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
@@ -255,6 +261,11 @@ class Trainer:
         t0 = time.monotonic()
         self._inject_faults()
         self.tracker.update(TrainState.GENERATING)
+        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
+            raise torch.cuda.OutOfMemoryError(
+                "fault injection: CUDA out of memory (a GPU of "
+                f"{cfg.faults.oom_gpu_gb:g} GiB is full)"
+            )
         scored, t_gen, t_score = self._collect_groups()
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
