@@ -58,6 +58,13 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_all(seed: int) -> None:
+    """Seed every generator a checkpoint restores (Python, NumPy, torch CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

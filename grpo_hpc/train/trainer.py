@@ -66,7 +66,6 @@ class Trainer:
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
                 f"of the {info.world_size} processes (each rank trains whole groups)"
             )
-        torch.manual_seed(cfg.training.seed + info.rank)
         self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
         self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
         self.custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
@@ -82,6 +81,9 @@ class Trainer:
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
+        # Step 0 is the same state in every attempt: the first one built the random tiny
+        # model (drawing from the generator), a later one loaded it and drew nothing.
+        checkpoint.seed_all(cfg.training.seed + info.rank)
         self._maybe_resume()
 
     def _setup_model(self, model: torch.nn.Module) -> None:
