@@ -16,10 +16,10 @@ from grpo_hpc.attempts import Effects, LiveJobError, live_job, refuse_if_live
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.progress import ProgressRecord, TrainState, read_progress, write_progress
 from tests.conftest import REPO, run_cli
 
-from .helpers import signal_job
+from .helpers import env, make_run, signal_job, start, torchrun_cmd
 
 LONG_RUN = ["training.max_steps=1000", "faults.enabled=true", "faults.step_sleep=1"]
 
@@ -106,3 +106,30 @@ def test_resume_refuses_a_running_trainer_at_once(tmp_path: Path) -> None:
     with pytest.raises(LiveJobError, match="live job 7 .*scancel 7"):
         refuse_if_live(paths, fx)
     assert slept == []
+
+
+@pytest.mark.slow
+def test_second_trainer_on_one_run_dir_exits_untouched(tmp_path: Path) -> None:
+    """Whatever started it (a person's torchrun, a duplicate job): a second trainer on a run
+    directory another trainer holds exits 2 at once and leaves the first one's progress."""
+    paths = make_run(tmp_path, "r", *LONG_RUN)
+    first = start(paths)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            rec = read_progress(paths.progress)
+            if rec is not None and rec.step >= 1:
+                break
+            assert first.poll() is None, "the first trainer exited"
+            time.sleep(0.2)
+        before = read_progress(paths.progress)
+        second = subprocess.run(
+            torchrun_cmd(paths, 1), capture_output=True, text=True, env=env(), timeout=120
+        )
+        assert second.returncode != 0 and "another trainer (pid" in second.stderr
+        after = read_progress(paths.progress)
+        assert after.attempt == before.attempt and not after.state.terminal, after
+        assert first.poll() is None, "the first trainer was disturbed"
+    finally:
+        signal_job(first.pid, signal.SIGKILL)
+        first.wait()
