@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl tests multi dcp (2 GPUs)
+#   stages: decode update step stepc (compiled training forward) trl tests ladder multi dcp (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -41,6 +41,9 @@ for stage in "$@"; do
         done ;;
     dcp) python3 bench/fsdp_dcp.py --nproc 2 --shape smollm2-135m --precision bf16 \
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
+    ladder) # resumable: rows already in bench/results/ladder.json are kept (copy it back first)
+        python3 bench/ladder.py --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
+        cp bench/results/ladder.json "$out/ladder.json" ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

@@ -46,7 +46,14 @@ def _parser() -> Parser:
         help="with --resume: restart from checkpoint N (newer ones are set aside, not deleted)",
     )
     p.add_argument("--watch", action="store_true", help="start grpo-monitor for this run")
-    p.add_argument("--dry-run", action="store_true", help="print the job; submit nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the job and its memory estimate only"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="submit even when the estimated GPU memory exceeds the profile's gpu_mem_gb",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the job and show progress")
     p.add_argument("--no-wait", action="store_true", help="do not wait (local profile waits)")
     p.add_argument("--list-profiles", action="store_true", help="list known profiles and exit")
@@ -86,10 +93,12 @@ def _submit(argv: list[str]) -> int:
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
     profile = load_profile(args.profile)
     if args.dry_run:
-        submit.apply_profile(submit.build_config(args.config, overrides), profile, paths.name)
+        _, chk = submit.resolve(args.config, overrides, profile, paths.name)
         sys.stdout.write(submit.preview(profile, paths))
+        print(chk.line)
         return ExitCode.OK
-    result = submit.new_run(paths, args.profile, args.config, overrides)
+    result = submit.new_run(paths, args.profile, args.config, overrides, force=args.force)
+    print(result.memory_line)
     print(f"submitted run {paths.name}: job {result.job_id} ({profile.executor}), dir {paths.root}")
     if args.watch:
         _start_monitor(paths)

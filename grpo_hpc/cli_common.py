@@ -15,7 +15,8 @@ from grpo_hpc.errors import ExitCode, GrpoError
 
 EXIT_CODES_HELP = """exit codes:
   0  success            1  crash (unexpected error)     2  configuration/usage error
-  3  circuit breaker    4  stalled                      5  checkpointed, resubmit me"""
+  3  circuit breaker    4  stalled                      5  checkpointed, resubmit me
+  6  out of GPU memory (peak and settings that would fit in progress.json)"""
 
 
 class Parser(argparse.ArgumentParser):

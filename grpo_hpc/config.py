@@ -105,6 +105,12 @@ class RewardConfig:
     """Custom rewards: ``{"module:function": weight}``; fn(completion, sample) -> float."""
     timeout_s: float = 2.0
     """Time limit per answer verification."""
+    overlong: float = 0.0
+    """Weight of DAPO's overlong reward shaping: a completion cut off at
+    rollout.max_new_tokens scores -1 times this (0 = off)."""
+    overlong_buffer: int = 0
+    """With ``overlong``: a completion that ends within this many tokens of the cap gets a
+    penalty that grows linearly to the full weight at the cap (0 = only cut-off ones)."""
     require_marker: bool = True
     """Correctness needs an answer convention (``Answer: N``, ``#### N``, ``\\boxed{N}``, "the
     answer is N"; the last one counts); false judges text with none by its last number (a
@@ -181,6 +187,10 @@ class DistConfig:
     compile: bool = False
     """torch.compile the training forward on CUDA (fewer, fused kernels; the first steps
     pay the compilation). The native rollout engine compiles its decode layers anyway."""
+    cpu_offload: bool = False
+    """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
+    (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
+    does not fit the GPUs otherwise (grpo_hpc.memory)."""
 
 
 @dataclass
@@ -207,6 +217,11 @@ class FaultsConfig:
     """Sleep this many seconds inside each checkpoint save."""
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
+    oom_at_step: int = -1
+    """Raise torch.cuda.OutOfMemoryError at this step, as a GPU of ``oom_gpu_gb`` would
+    (-1 = off); the trainer handles it like a real one."""
+    oom_gpu_gb: float = 16.0
+    """GPU memory (GiB) the injected out-of-memory error pretends to have exhausted."""
 
 
 @dataclass
@@ -386,6 +401,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
     if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
         raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
+    if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 and below "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
     _validate_faults(cfg.faults)
 
 
@@ -396,6 +416,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.zero_reward
         or f.slow_save > 0
         or f.step_sleep > 0
+        or f.oom_at_step >= 0
     )
     if active and not f.enabled:
         raise ConfigError(

@@ -11,6 +11,8 @@ situation                                    action                 class
 run already STOPPED/DONE (events.jsonl)      NONE                   -
 own exit_code 3 / 2                          STOP (never resubmit)  circuit_breaker /
                                                                     config_error
+own exit_code 6, or ended OUT_OF_MEMORY      STOP (never resubmit   out_of_memory
+                                             unchanged)
 own state finished and step >= max_steps     DONE                   finished
 RUNNING, own live, step 0, started > step0   CANCEL_AND_RESUBMIT    stalled_step0
 RUNNING, own live, heartbeat > hb timeout    CANCEL_AND_RESUBMIT    stalled_heartbeat
@@ -77,6 +79,9 @@ class FailureClass(str, enum.Enum):
     CONFIG_ERROR = "config_error"
     BUDGET_EXHAUSTED = "budget_exhausted"
     FINISHED = "finished"
+    OUT_OF_MEMORY = "out_of_memory"
+    """CUDA out-of-memory (trainer exit 6) or Slurm's OUT_OF_MEMORY: the same settings
+    would fail again."""
     MANUAL = "manual"
     """A person resubmitted (grpo-submit --resume): no retry budget is spent."""
 
@@ -225,6 +230,9 @@ def decide(
         why = f"{cls.value} at step {own.step}: {own.reason or 'no reason given'}"
         fix = "never resubmitted (fix the cause, then grpo-submit --resume)"
         return Action(ActionKind.STOP, cls, f"{why}; {fix}")
+    oom = _out_of_memory(own, job)
+    if oom is not None:
+        return oom
     if own is not None and own.state is TrainState.FINISHED and own.step >= own.max_steps:
         return Action(ActionKind.DONE, C.FINISHED, f"finished {own.step}/{own.max_steps} steps")
     if job.state in RUNNING_STATES:
@@ -236,6 +244,21 @@ def decide(
         return Action(ActionKind.NONE, reason="just submitted; not in squeue/sacct yet")
     cls, why = classify_end(own, job)
     return _retry(cls, why, history, now, policy, cancel=False)
+
+
+def _out_of_memory(own: ProgressRecord | None, job: JobView) -> Action | None:
+    """STOP for a run that ran out of memory: resubmitting it unchanged fails again."""
+    fix = "never resubmitted unchanged"
+    if own is not None and own.exit_code == ExitCode.OUT_OF_MEMORY:
+        return Action(ActionKind.STOP, C.OUT_OF_MEMORY, f"out of memory: {own.reason}; {fix}")
+    if job.state == "OUT_OF_MEMORY":  # Slurm's cgroup killed it: host memory, not the GPU
+        where = f"at step {own.step}/{own.max_steps}" if own else "with no progress record"
+        why = (
+            f"Slurm killed job {job.job_id} for host memory (OUT_OF_MEMORY) {where}: raise "
+            "the profile's mem_gb (dist.cpu_offload needs ~16 bytes per parameter)"
+        )
+        return Action(ActionKind.STOP, C.OUT_OF_MEMORY, f"{why}; {fix}")
+    return None
 
 
 def classify_end(own: ProgressRecord | None, job: JobView) -> tuple[FailureClass, str]:

@@ -26,6 +26,9 @@ class ExitCode(enum.IntEnum):
     """A phase exceeded its time budget (e.g. generation hung). Resubmit within budget."""
     CHECKPOINTED = 5
     """Preempted / time limit warning: a checkpoint was saved, resubmit me."""
+    OUT_OF_MEMORY = 6
+    """The GPU ran out of memory (CUDA out-of-memory in the trainer). Resubmitting the same
+    settings would fail again: stop, and say the peak and what would fit."""
 
 
 class GrpoError(Exception):
@@ -61,6 +64,12 @@ class StoppedBeforeTrainingError(GrpoError):
     """A stop signal arrived before the attempt's first step: nothing new to checkpoint."""
 
     exit_code = ExitCode.CHECKPOINTED
+
+
+class OutOfMemoryError(GrpoError):
+    """The trainer ran out of GPU memory; the message gives the peak and what would fit."""
+
+    exit_code = ExitCode.OUT_OF_MEMORY
 
 
 class CircuitBreakerError(GrpoError):

@@ -138,6 +138,8 @@ def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) 
             f"checkpoint: {rec.last_checkpoint}",
             f"reason:     {rec.reason or '-'}",
         ]
+        if rec.peak_gpu_gib is not None:
+            lines.append(f"peak GPU:   {rec.peak_gpu_gib:.1f} GiB allocated")
     atomic_write_text(paths.job_summary, "\n".join(lines) + "\n")
 
 

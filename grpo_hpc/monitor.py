@@ -302,7 +302,8 @@ EXAMPLES = """examples:
 
 Each decision is logged to logs/<run>/events.jsonl; STOP and DONE stick until the run is
 resubmitted by hand (grpo-submit --resume RUN). The loop exits 0 when every watched run is
-DONE and 1 when some run was STOPPED (circuit breaker, config error, budget exhausted).
+DONE and 1 when some run was STOPPED (circuit breaker, config error, out of memory,
+budget exhausted).
 """
 
 

@@ -15,9 +15,12 @@ PANELS = (
     ("kl", "KL to reference"),
     ("gen_len/mean", "generation length (tokens)"),
     ("eval/accuracy", "held-out accuracy (greedy)"),
+    ("reward/format", "answer-line format"),
 )
 """(metrics key, panel title), in the order they are drawn."""
-BOUNDED = ("reward/correctness", "eval/accuracy")
+OVERLAYS = {"eval/accuracy": "eval/accuracy_strict"}
+"""A second series drawn dashed in another key's panel (held-out: with an answer line)."""
+BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format")
 """Panels drawn on a fixed 0..1 scale, so that runs compare at a glance."""
 
 
@@ -37,7 +40,7 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
     """The series of every panel (pure). An attempt's line sits just before the first step
     logged after its submission (or after the last step when it has logged none yet)."""
     data = PlotData()
-    for key, _ in PANELS:
+    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()):
         data.series[key] = _series(metrics, key)
     data.reward_std = _series(metrics, "reward/std")
     timed = [(float(m["time"]), int(m["step"])) for m in metrics if _point(m.get("time"), m)]
@@ -64,13 +67,16 @@ def build_figure(data: PlotData, title: str) -> Any:
     """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
     plt = _pyplot()
     fig, grid = plt.subplots(3, 2, figsize=(11, 9))
-    axes = list(grid.flat)
-    fig.delaxes(axes[-1])
-    for ax, (key, label) in zip(axes, PANELS, strict=False):
+    for ax, (key, label) in zip(grid.flat, PANELS, strict=True):
         points = data.series.get(key, [])
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o" if len(points) < 30 else None, ms=3, label=key)
+            extra = data.series.get(OVERLAYS.get(key, ""), [])
+            if extra:
+                xs, ys = zip(*extra, strict=True)
+                ax.plot(xs, ys, ls="--", marker="x", ms=3, label=OVERLAYS[key])
+                ax.legend(fontsize=7, loc="lower right")
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
         if key == "reward/mean" and data.reward_std:

@@ -38,6 +38,12 @@ class Profile:
     """Nodes per job; one task per node launches torchrun for that node."""
     gpus_per_node: int = 0
     """GPUs per node (0 on CPU profiles)."""
+    gpu_mem_gb: float | None = None
+    """Memory of one GPU in GiB (None on CPU profiles): grpo-submit refuses a run whose
+    estimated peak per GPU exceeds it (grpo_hpc.memory)."""
+    allow_cpu_offload: bool = False
+    """grpo-submit may turn on FSDP2 optimizer CPU offload to fit a run (needs ~16 bytes of
+    host memory per parameter on the node, and costs a CPU optimizer step)."""
     gres: str | None = None
     """Explicit --gres (e.g. gpu:volta:2); default gpu:<gpus_per_node> when GPUs are asked."""
     nproc_per_node: int = 0
@@ -145,6 +151,7 @@ def _validate(p: Profile) -> None:
             "attn_implementation must be sdpa, eager or flash_attention_2",
         ),
         (isinstance(p.nodes, int) and p.nodes >= 1, "nodes must be an integer >= 1"),
+        (p.gpu_mem_gb is None or p.gpu_mem_gb > 0, "gpu_mem_gb must be > 0 (or left out)"),
         (isinstance(p.time_min, int) and p.time_min >= 1, "time_min must be an integer >= 1"),
         (0 <= p.signal_lead_s < p.time_min * 60, "signal_lead_s must be below the time limit"),
         (p.executor == "slurm" or p.nodes == 1, "the local executor runs one node only"),

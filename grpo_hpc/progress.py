@@ -79,6 +79,8 @@ class ProgressRecord:
     """Set when the attempt ends: an ``ExitCode`` value."""
     reason: str | None = None
     """Human-readable reason for a FAILED/INTERRUPTED state."""
+    peak_gpu_gib: float | None = None
+    """Peak GPU memory allocated by this attempt (set when it ran out of memory)."""
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

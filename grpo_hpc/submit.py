@@ -16,7 +16,7 @@ from typing import Any
 import submitit
 import yaml
 
-from grpo_hpc import slurm_query
+from grpo_hpc import memory_plan, slurm_query
 from grpo_hpc.config import Config, build_config, load_resolved, to_yaml
 from grpo_hpc.errors import ConfigError, GrpoError
 from grpo_hpc.fsutil import append_jsonl, atomic_write_text, read_jsonl
@@ -38,6 +38,19 @@ def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
     if cfg.model.attn_implementation == "auto":
         cfg.model = dataclasses.replace(cfg.model, attn_implementation=profile.attn_implementation)
     return cfg
+
+
+def resolve(
+    config_source: str | None, overrides: list[str], profile: Profile, run_name: str
+) -> tuple[Config, memory_plan.Check]:
+    """The resolved config and its memory verdict: the profile decides how to run, and when
+    the run does not fit the profile's GPUs as given, the cheapest memory means that leave
+    the training math unchanged are applied (grpo_hpc.memory.MEANS)."""
+    cfg = apply_profile(build_config(config_source, overrides), profile, run_name)
+    chk = memory_plan.check(cfg, profile)
+    if chk.plan is not None and chk.plan.changed:
+        cfg = memory_plan.apply_settings(cfg, chk.plan.settings)
+    return cfg, chk
 
 
 def executor_parameters(profile: Profile, run_name: str, setup: list[str]) -> dict[str, Any]:
@@ -120,6 +133,8 @@ class SubmitResult:
     job_id: str
     attempt: int
     job: submitit.Job
+    memory_line: str = ""
+    """The ``memory:`` verdict of a new run (empty for resubmissions)."""
 
 
 def next_attempt(paths: RunPaths) -> int:
@@ -167,18 +182,25 @@ def adopt(paths: RunPaths, job_id: str, reason: str) -> None:
 
 
 def create_run(
-    paths: RunPaths, profile: Profile, config_source: str | None, overrides: list[str]
-) -> Config:
+    paths: RunPaths,
+    profile: Profile,
+    config_source: str | None,
+    overrides: list[str],
+    force: bool = False,
+) -> tuple[Config, memory_plan.Check]:
     """Validate everything, then write the run directory (config + profile), atomically.
 
-    Raises before touching the disk when anything is wrong.
+    Raises before touching the disk when anything is wrong, including a run whose estimated
+    peak GPU memory exceeds the profile's ``gpu_mem_gb`` (unless ``force``).
     """
     if paths.root.exists():
         raise ConfigError(
             f"run {paths.name!r} already exists in {paths.root.parent}: choose another --name, "
             f"or continue it with --resume {paths.name}"
         )
-    cfg = apply_profile(build_config(config_source, overrides), profile, paths.name)
+    cfg, chk = resolve(config_source, overrides, profile, paths.name)
+    if chk.refusal and not force:
+        raise ConfigError(chk.refusal)
     render_setup(profile, _template_context(paths))  # template errors before any write
     if profile.executor == "slurm":
         slurm_query.check_available()
@@ -188,7 +210,7 @@ def create_run(
     atomic_write_text(tmp / paths.config.name, to_yaml(cfg))
     atomic_write_text(tmp / paths.profile.name, yaml.safe_dump(_profile_dict(profile)))
     tmp.rename(paths.root)
-    return cfg
+    return cfg, chk
 
 
 def _profile_dict(profile: Profile) -> dict[str, Any]:
@@ -211,13 +233,18 @@ def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
 
 
 def new_run(
-    paths: RunPaths, profile_name: str, config_source: str | None, overrides: list[str]
+    paths: RunPaths,
+    profile_name: str,
+    config_source: str | None,
+    overrides: list[str],
+    force: bool = False,
 ) -> SubmitResult:
     """Create the run directory and submit its first attempt; undo the directory on failure."""
     profile = load_profile(profile_name)
-    create_run(paths, profile, config_source, overrides)
+    _, chk = create_run(paths, profile, config_source, overrides, force)
     try:
-        return submit_run(paths, profile, reason="initial submission")
+        result = submit_run(paths, profile, reason="initial submission")
+        return dataclasses.replace(result, memory_line=chk.line)
     except BaseException:
         shutil.rmtree(paths.root, ignore_errors=True)
         raise

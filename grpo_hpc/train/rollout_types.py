@@ -30,6 +30,9 @@ class RolloutBatch:
     """Decoded completions, for scoring."""
     pad_token_id: int = 0
     """Token id used for padding."""
+    finished: torch.Tensor | None = None
+    """[N] bool: True where the completion ended with EOS, False where the length cap cut
+    it off."""
     sampled_logp: torch.Tensor | None = None
     """[N, C] log-probability of each completion token under the policy as the engine
     computed it while sampling (native engine only; 0 on masked positions)."""
@@ -70,6 +73,7 @@ def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> 
         prompt_len=p,
         texts=texts,
         pad_token_id=tok.pad_token_id,
+        finished=is_eos.any(1),
     )
 
 

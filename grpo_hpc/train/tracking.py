@@ -79,15 +79,20 @@ class Tracker:
             )
         print(console_line(metrics), flush=True)
 
-    def log_eval(self, step: int, accuracy: float, correct: int, total: int) -> None:
+    def log_eval(self, step: int, accuracy: float, correct: int, total: int, strict: float) -> None:
+        """``accuracy``: judged as the run's correctness reward judges; ``strict``: with an
+        answer convention required (the same figure when the run requires one)."""
         if not self.is_main:
             return
-        append_jsonl(
-            self.paths.metrics, {"time": time.time(), "step": step, "eval/accuracy": accuracy}
-        )
+        row = {"eval/accuracy": accuracy, "eval/accuracy_strict": strict}
+        append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
         if self._wandb is not None:
-            self._wandb.log({"eval/accuracy": accuracy}, step=step)
-        print(f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total})", flush=True)
+            self._wandb.log(row, step=step)
+        print(
+            f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total}), "
+            f"with an answer line {strict:.3f}",
+            flush=True,
+        )
 
     def start_wandb(self) -> None:
         """One W&B run per training run across attempts: the id is stored in the run dir."""

@@ -29,7 +29,7 @@ from grpo_hpc.errors import (
 from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
-from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout
+from grpo_hpc.train import batching, checkpoint, data, dist, evaluation, models, rewards, rollout
 from grpo_hpc.train.advantages import informative_groups
 from grpo_hpc.train.batching import Scored
 from grpo_hpc.train.optimization import StepOptimizer
@@ -76,8 +76,14 @@ class Trainer:
         )
         dist.barrier(info)
         model_dir = model_dir or models.materialize(cfg.model, self.paths.root, cfg.training.seed)
+        # A LoRA policy's frozen base needs no fp32 master copy: keep it in the compute dtype.
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+        lora_base = cfg.model.lora_rank > 0 and info.device.type == "cuda" and half is not None
         model, self.tok = models.load_model_and_tokenizer(
-            model_dir, cfg.model.attn_implementation, info.device
+            model_dir,
+            cfg.model.attn_implementation,
+            info.device,
+            dtype=half if lora_base else torch.float32,
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
@@ -269,6 +275,11 @@ class Trainer:
         t0 = time.monotonic()
         self._inject_faults()
         self.tracker.update(TrainState.GENERATING)
+        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
+            raise torch.cuda.OutOfMemoryError(
+                "fault injection: CUDA out of memory (a GPU of "
+                f"{cfg.faults.oom_gpu_gb:g} GiB is full)"
+            )
         scored, t_gen, t_score = self._collect_groups()
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
@@ -329,15 +340,8 @@ class Trainer:
     def _score(self, batch: RolloutBatch, problems: list[dict]) -> Scored:
         g = self.cfg.rollout.num_generations
         samples = [p for p in problems for _ in range(g)]
-        rc = self.cfg.reward
-        weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code, **rc.custom}
-        out = rewards.compute_rewards(
-            batch.texts,
-            samples,
-            weights,
-            self.custom,
-            timeout_s=rc.timeout_s,
-            require_marker=rc.require_marker,
+        out = rewards.run_rewards(
+            batch.texts, samples, self.cfg.reward, self.custom, _lengths(batch, self.cfg)
         )
         for name in self.custom:
             if out.errors.get(name, 0) == len(samples):  # a bug in the function, not the text
@@ -390,11 +394,18 @@ class Trainer:
             1,
             greedy=True,
         )
-        correct = sum(
-            rewards.correctness_reward(t, p["gold"])
-            for t, p in zip(batch.texts[:counted], mine[:counted], strict=True)
+        golds = [p["gold"] for p in mine[:counted]]
+        score = evaluation.score_eval(batch.texts[:counted], golds, self.cfg.reward)
+        total, strict, n = dist.all_reduce_sum(
+            [float(score.correct), float(score.strict), float(counted)], info
         )
-        total, n = dist.all_reduce_sum([float(correct), float(counted)], info)
         acc = total / max(n, 1)
-        self.tracker.log_eval(self.step, acc, int(total), int(n))
+        self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1))
         return acc
+
+
+def _lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:
+    """Token counts and EOS flags of a batch, for the overlong reward."""
+    tokens = batch.completion_mask.sum(1).tolist()
+    finished = batch.finished.tolist() if batch.finished is not None else [True] * len(tokens)
+    return rewards.Lengths(tokens, finished, cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer)

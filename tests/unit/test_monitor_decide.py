@@ -176,8 +176,8 @@ def test_node_fail_lost_and_stalled_phase_are_failures_with_backoff() -> None:
     stalled = rec(state=TrainState.FAILED, exit_code=4, reason="generation > 900 s")
     a = run(stalled, job("FAILED"), h)
     assert (a.kind, a.failure_class) == (K.RESUBMIT, C.STALLED_PHASE)
-    assert run(crashed := rec(state=TrainState.FAILED, exit_code=1), job("OUT_OF_MEMORY"), h)
-    assert run(crashed, job("OUT_OF_MEMORY"), h).failure_class is C.CRASH
+    crashed = rec(state=TrainState.FAILED, exit_code=1)  # Slurm's OOM kill: never retried
+    assert run(crashed, job("OUT_OF_MEMORY"), h).failure_class is C.OUT_OF_MEMORY
 
 
 @pytest.mark.parametrize(("code", "cls"), [(3, C.CIRCUIT_BREAKER), (2, C.CONFIG_ERROR)])

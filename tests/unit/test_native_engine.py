@@ -158,10 +158,8 @@ def test_engine_choice(llama) -> None:  # noqa: ANN001
     assert pick_engine("hf", model, opts) == "hf"
     assert pick_engine("auto", model, opts) == "hf"  # CPU: HF generate unless asked
     assert pick_engine("native", model, opts) == "native"
-    lora = EngineOptions(8, 1.0, 1.0, 60, lora=True)
-    assert pick_engine("auto", model, lora) == "hf"
     with pytest.raises(ConfigError, match="use rollout.engine=hf"):
-        pick_engine("native", model, lora)
+        pick_engine("native", torch.nn.Linear(2, 2), opts)  # not a supported architecture
     engine = build_engine(
         "native", model, tok, opts, tick=lambda: None, abort=lambda: False, autocast=None
     )

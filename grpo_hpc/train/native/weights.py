@@ -8,6 +8,11 @@ time (autocast would cast them again for every token), fuses q/k/v and gate/up i
 matrix each (fewer, larger matrix products per layer), and gives CUDA graphs fixed
 addresses. Under FSDP2 each sharded parameter is gathered here, once per rollout, not
 once per token. The refill is a device-local copy of ~2 bytes per parameter.
+
+A LoRA policy (peft) is folded in at the refill: each adapted projection is packed as
+``W + scaling * B @ A`` (summed in fp32 over the active, unmerged adapters), so decoding
+costs what it costs for full fine-tuning. Plain LoRA on the decoder's projections only;
+other variants (DoRA, LoRA on embeddings, biased adapters) raise UnsupportedModel.
 """
 
 from __future__ import annotations
@@ -79,8 +84,58 @@ class Packed:
     """Rotary attention scaling (1.0 except for some scaled-rope variants)."""
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder-layer linears the packed weights hold (LoRA may adapt any of these)."""
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF causal LM inside a peft wrapper (its LoRA layers in place), else ``model``."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def _check_lora(model: torch.nn.Module) -> None:
+    """Plain LoRA on the packed projections only (what :func:`lora_delta` folds)."""
+    for name, mod in model.named_modules():
+        if not hasattr(mod, "lora_A"):
+            continue
+        if name.rsplit(".", 1)[-1] not in PROJECTIONS:
+            raise UnsupportedModel(f"LoRA on {name} (native engine folds {PROJECTIONS})")
+        variant = getattr(mod, "lora_variant", {})
+        if any(a in variant for a in mod.active_adapters) or getattr(mod, "fan_in_fan_out", 0):
+            raise UnsupportedModel(f"a LoRA variant on {name} (native engine folds plain LoRA)")
+        if any(getattr(b, "bias", None) is not None for b in mod.lora_B.values()):
+            raise UnsupportedModel(f"LoRA with a bias on {name}")
+
+
+def lora_delta(part: torch.nn.Module) -> torch.Tensor | None:
+    """``sum scaling * B @ A`` (fp32) over the active adapters of a peft LoRA linear that are
+    not merged into its weight; None for a plain linear or disabled adapters."""
+    if not hasattr(part, "lora_A") or part.disable_adapters:
+        return None
+    delta = None
+    for name in part.active_adapters:
+        if name not in part.lora_A or name in part.merged_adapters:
+            continue
+        a = _full(part.lora_A[name].weight).float()
+        b = _full(part.lora_B[name].weight).float()
+        d = (b @ a) * part.scaling[name]
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def _weight(part: torch.nn.Module) -> torch.Tensor:
+    """A projection's effective weight: its (gathered) weight plus any LoRA delta."""
+    w = _full(part.weight)
+    d = lora_delta(part)
+    return w if d is None else w.float() + d
+
+
 def shape_of(model: torch.nn.Module) -> Shape:
-    """Read the architecture from an HF causal LM; raise UnsupportedModel otherwise."""
+    """Read the architecture from an HF causal LM (or a peft LoRA model around one); raise
+    UnsupportedModel otherwise."""
+    model = base_model(model)
+    _check_lora(model)
     cfg = getattr(model, "config", None)
     mtype = getattr(cfg, "model_type", None)
     if mtype not in SUPPORTED_TYPES:
@@ -113,14 +168,19 @@ def shape_of(model: torch.nn.Module) -> Shape:
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A parameter as a plain full tensor (gathers an FSDP2 DTensor shard: a collective,
-    so every rank packs in the same order)."""
+    so every rank packs in the same order). A shard offloaded to host memory
+    (``dist.cpu_offload``) moves to the mesh's device first: NCCL gathers device tensors."""
     t = t.detach()
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    if not hasattr(t, "full_tensor"):
+        return t
+    mesh_device = t.device_mesh.device_type
+    return (t if t.device.type == mesh_device else t.to(mesh_device)).full_tensor()
 
 
 def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Packed:
     """Empty buffers of the right shapes (filled by :func:`refill`)."""
     s = shape_of(model)
+    model = base_model(model)
 
     def w(*size: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.empty(*size, dtype=dt, device=device)
@@ -153,7 +213,8 @@ def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -
 
 @torch.no_grad()
 def refill(packed: Packed, model: torch.nn.Module) -> None:
-    """Copy (and cast) the model's current weights into ``packed``, in place."""
+    """Copy (and cast) the model's current weights into ``packed``, in place (LoRA folded)."""
+    model = base_model(model)
     s, inner = packed.shape, model.model
     packed.embed.copy_(_full(inner.embed_tokens.weight))
     if not s.tied:
@@ -165,13 +226,13 @@ def refill(packed: Packed, model: torch.nn.Module) -> None:
         dst.in_norm.copy_(_full(layer.input_layernorm.weight))
         dst.post_norm.copy_(_full(layer.post_attention_layernorm.weight))
         for part, lo, hi in ((att.q_proj, 0, nq), (att.k_proj, nq, nq + nkv)):
-            dst.wqkv[lo:hi].copy_(_full(part.weight))
+            dst.wqkv[lo:hi].copy_(_weight(part))
             if dst.bqkv is not None:
                 dst.bqkv[lo:hi].copy_(_full(part.bias))
-        dst.wqkv[nq + nkv :].copy_(_full(att.v_proj.weight))
+        dst.wqkv[nq + nkv :].copy_(_weight(att.v_proj))
         if dst.bqkv is not None:
             dst.bqkv[nq + nkv :].copy_(_full(att.v_proj.bias))
-        dst.wo.copy_(_full(att.o_proj.weight))
-        dst.wgu[: s.intermediate].copy_(_full(mlp.gate_proj.weight))
-        dst.wgu[s.intermediate :].copy_(_full(mlp.up_proj.weight))
-        dst.wdown.copy_(_full(mlp.down_proj.weight))
+        dst.wo.copy_(_weight(att.o_proj))
+        dst.wgu[: s.intermediate].copy_(_weight(mlp.gate_proj))
+        dst.wgu[s.intermediate :].copy_(_weight(mlp.up_proj))
+        dst.wdown.copy_(_weight(mlp.down_proj))

@@ -1,0 +1,288 @@
+"""Model-size ladder: which Qwen2.5 shapes fit which GPU budget, how fast a GRPO step is there,
+and how close the memory estimator (grpo_hpc.memory) comes to the measured peak.
+
+For each shape (bench/shapes: 0.5B, 1.5B, 3B, 7B; random weights built on the GPU) x budget
+x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8, 512 new tokens.
+
+- ``h100``: bf16 autocast, the GPU capped at 80 GiB;
+- ``supercloud``: fp16 autocast + grad scaler, SDPA, capped at 32 GiB (a V100's memory)
+  with ``torch.cuda.set_per_process_memory_fraction``.
+
+Each row runs the real trainer (``grpo_hpc.train``) in its own process with a timeout, with
+the memory means the estimator picks for one GPU under the cap (gradient checkpointing, a
+smaller token budget). Rows the estimator says cannot fit one GPU are not run ("estimated:
+does not fit"). Beside every row: the estimator's figures for one GPU and for the 2-GPU
+profile (h100x2: FSDP2; supercloud: as grpo-submit would resolve it); ``measured`` says
+which figures come from a run. ladder.json is rewritten (atomically) after every row, and
+rows already in it are skipped, so a cut-short run continues where it stopped.
+
+    python bench/ladder.py --out bench/results/ladder.json            # one H100, ~8 min
+    python bench/ladder.py --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import env_info, write_result  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SHAPES_DIR = HERE / "shapes"
+SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+BUDGETS = {
+    # name: (precision, cap GiB, 2-GPU profile)
+    "h100": ("bf16", 80.0, "h100x2"),
+    "supercloud": ("fp16", 32.0, "supercloud"),
+}
+MODES = ("full", "lora")
+LORA_RANK = 16
+PEAK_FLOPS = 989e12
+"""H100 SXM dense bf16/fp16 tensor-core peak (the fp16 rows run on the same H100)."""
+DECODE_BW = 2.99e12
+"""Measured device copy bandwidth of the H100 (bench/results/README.md, decode roofline)."""
+
+
+def load_shape(name: str):  # noqa: ANN201
+    from grpo_hpc import memory
+
+    config = json.loads((SHAPES_DIR / name / "config.json").read_text())
+    return memory.ModelShape.from_config(config)
+
+
+@functools.cache
+def prompt_tokens(vocab: int) -> int:
+    """Longest prompt of the first step, as the trainer builds it (char tokenizer)."""
+    from grpo_hpc.config import DataConfig
+    from grpo_hpc.train import data
+    from grpo_hpc.train.models import char_tokenizer
+
+    tok = char_tokenizer(vocab)
+    problems = data.arithmetic_problems(64, DataConfig(), 0)
+    return max(len(tok(data.prompt_text(tok, p["question"])).input_ids) for p in problems)
+
+
+def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, ranks: int = 1):  # noqa: ANN201
+    from grpo_hpc import memory
+
+    precision = "fp32" if args.device == "cpu" else BUDGETS[budget][0]
+    return memory.Settings(
+        ranks=ranks,
+        strategy="ddp",
+        precision=precision,
+        rows=args.prompts * args.G,
+        prompt_tokens=prompt,
+        max_new_tokens=args.max_new,
+        micro_batch_size=args.prompts * args.G,
+        micro_batch_tokens=args.micro_tokens,
+        lora_rank=LORA_RANK if mode == "lora" else 0,
+    )
+
+
+def estimates(args: argparse.Namespace, name: str, budget: str, mode: str) -> dict:
+    """The estimator's plan for one GPU under the cap, and for the budget's 2-GPU profile."""
+    from grpo_hpc import memory
+    from grpo_hpc.profiles import load_profile
+
+    shape = load_shape(name)
+    prompt = prompt_tokens(shape.vocab)
+    cap = BUDGETS[budget][1]
+    one = memory.fit(shape, settings(args, budget, mode, prompt), cap)
+    prof = load_profile(BUDGETS[budget][2])
+    two_s = settings(args, budget, mode, prompt, ranks=2)
+    two = memory.fit(
+        shape, memory.replace(two_s, strategy=prof.strategy), cap, prof.allow_cpu_offload
+    )
+
+    def view(p: memory.Plan) -> dict:
+        e = p.estimate
+        return {
+            "fits": p.fits,
+            "settings": p.settings.describe(),
+            "changed": list(p.changed),
+            "peak_gib": round(e.peak_gib, 2),
+            "total_gib": round(e.total_gib, 2),
+            "phase": e.peak_phase,
+            "breakdown_gib": e.breakdown(),
+        }
+
+    return {"prompt_tokens": prompt, "one": one, "gpu1": view(one), "gpu2": view(two)}
+
+
+def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, work: Path) -> dict:  # noqa: ANN001
+    """The real trainer on one GPU (or CPU) with the plan's settings; its measured figures."""
+    from grpo_hpc.paths import RunPaths
+    from grpo_hpc.profiles import profile_from_dict
+    from grpo_hpc.submit import create_run
+
+    s = plan.settings
+    prof = {"executor": "local", "precision": s.precision, "strategy": "ddp"}
+    profile = profile_from_dict({**prof, "attn_implementation": "sdpa"}, name="ladder")
+    paths = RunPaths(work / f"{name}-{budget}-{mode}")
+    overrides = [
+        f"model.name_or_path=random:{SHAPES_DIR / name}",
+        f"model.lora_rank={s.lora_rank}",
+        f"model.gradient_checkpointing={s.gradient_checkpointing}",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.num_generations={args.G}",
+        f"rollout.max_new_tokens={args.max_new}",
+        "rollout.generation_timeout_s=3600",
+        f"rollout.engine={'hf' if s.engine == 'hf' else 'auto'}",
+        f"algo.micro_batch_size={s.micro_batch_size}",
+        f"algo.micro_batch_tokens={s.micro_batch_tokens}",
+        f"training.max_steps={args.steps}",
+        "training.save_every_steps=0",
+        "data.num_eval=0",
+        "wandb.mode=disabled",
+        "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
+    ]
+    create_run(paths, profile, "tiny", overrides, force=True)
+    cap = BUDGETS[budget][1] if args.device == "cuda" else 0
+    cmd = [sys.executable, __file__, "--child", str(paths.root), "--cap-gib", str(cap)]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+        code, tail = proc.returncode, (proc.stderr or "")[-1500:]
+    except subprocess.TimeoutExpired:
+        code, tail = None, f"timed out after {args.row_timeout} s"
+    out: dict = {"wall_s": round(time.monotonic() - t0, 1), "exit_code": code}
+    metrics = (
+        [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+        if (paths.metrics.exists())
+        else []
+    )
+    steps = [m for m in metrics if "loss" in m]
+    peaks = [m["gpu_mem_gb"] for m in steps if "gpu_mem_gb" in m]
+    if peaks:
+        out["peak_gib"] = round(max(peaks), 2)
+    if code == 0:
+        out["status"] = "fits"
+        out |= speed(steps[1:] or steps, load_shape(name), plan, args)
+        return out
+    progress = json.loads(paths.progress.read_text()) if paths.progress.exists() else {}
+    if code == 6:
+        out["status"] = "oom"
+        out["oom_phase"] = _phase(progress.get("reason") or "")
+        out["oom_reason"] = progress.get("reason")
+        if progress.get("peak_gpu_gib") is not None:
+            out["peak_gib"] = round(progress["peak_gpu_gib"], 2)
+    else:
+        out["status"] = "timeout" if code is None else "error"
+        out["error"] = (progress.get("reason") or tail).strip()[-600:]
+    return out
+
+
+def _phase(reason: str) -> str:
+    for phase in ("loading", "generating", "training", "scoring", "checkpointing"):
+        if f"while {phase}" in reason:
+            return phase
+    return "unknown"
+
+
+def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # noqa: ANN001
+    """Medians of the measured steps: s/step split, decode tok/s and % of the decode
+    roofline, update MFU (model FLOPs: 6 per parameter and token for full parameters, 4 for
+    LoRA whose frozen weights get no gradient; recomputation not counted)."""
+    med = {k: statistics.median(m[k] for m in steps) for k in ("time/step", "time/generate",
+           "time/train", "tokens_per_s", "gen_len/mean")}  # fmt: skip
+    s, c = plan.settings, plan.settings.compute_bytes
+    rows, gen = s.rows, med["gen_len/mean"]
+    per_slot = shape.layers * 2 * shape.kv_heads * shape.head_dim * c
+    step_bytes = shape.params * c + rows * (s.prompt_tokens + gen / 2) * per_slot
+    roofline = rows / (step_bytes / DECODE_BW)
+    tokens = rows * (s.prompt_tokens + gen)
+    flops = (4 if s.lora_rank else 6) * (shape.params - shape.embed_params) * tokens
+    return {
+        "s_per_step": round(med["time/step"], 3),
+        "generate_s": round(med["time/generate"], 3),
+        "update_s": round(med["time/train"], 3),
+        "decode_tok_s": round(med["tokens_per_s"]),
+        "decode_roofline_pct": round(100 * med["tokens_per_s"] / roofline, 1),
+        "update_mfu_pct": round(100 * flops / med["time/train"] / PEAK_FLOPS, 1),
+        "steps_measured": len(steps),
+    }
+
+
+def child(run_dir: str, cap_gib: float) -> int:
+    """One row's trainer, in this process, under the budget's memory cap."""
+    import torch
+
+    if cap_gib and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib / total))
+    from grpo_hpc.train.__main__ import main as train_main
+
+    return train_main([run_dir])
+
+
+def main() -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="names in bench/shapes")
+    p.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=512)
+    p.add_argument("--micro-tokens", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=3, help="steps per row (the first is warm-up)")
+    p.add_argument("--row-timeout", type=float, default=150.0)
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=420.0,
+        help="start no row after this many seconds (with --row-timeout: under 10 minutes)",
+    )
+    p.add_argument("--redo", action="store_true", help="rerun rows already in --out")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "ladder.json")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cap-gib", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        sys.exit(child(args.child, args.cap_gib))
+    result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}
+    result.setdefault("rows", [])
+    done = {(r["shape"], r["budget"], r["mode"]) for r in result["rows"] if r.get("measured")}
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("child", "cap_gib")}
+    result["config"]["out"] = str(args.out)
+    result["env"] = env_info()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as work:
+        for name in args.shapes:
+            for budget in args.budgets:
+                for mode in args.modes:
+                    key = (name, budget, mode)
+                    if key in done:
+                        continue
+                    est = estimates(args, name, budget, mode)
+                    row = {"shape": name, "budget": budget, "mode": mode, "device": args.device}
+                    row |= {"prompt_tokens": est["prompt_tokens"], "estimate_1gpu": est["gpu1"]}
+                    row["estimate_2gpu"] = est["gpu2"]
+                    if args.device == "cuda" and not est["one"].fits:
+                        row |= {"status": "estimated: does not fit", "measured": False}
+                    elif time.monotonic() - start > args.time_budget:
+                        row |= {"status": "not run: ladder time budget spent", "measured": False}
+                    else:
+                        row |= run_row(args, name, budget, mode, est["one"], Path(work))
+                        row["measured"] = True
+                        row["run_settings"] = dataclasses.asdict(est["one"].settings)
+                    result["rows"] = [
+                        r for r in result["rows"] if (r["shape"], r["budget"], r["mode"]) != key
+                    ] + [row]
+                    write_result(result, args.out)
+                    print(json.dumps({k: row.get(k) for k in ("shape", "budget", "mode", "status",
+                          "peak_gib", "s_per_step")}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""bench/ladder.py end to end on CPU with the tiny shape: a row runs the real trainer in its
+own process, lands in the JSON with its figures and the estimator's, and is not rerun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import env
+
+pytestmark = pytest.mark.slow
+LADDER = Path(__file__).resolve().parents[2] / "bench" / "ladder.py"
+
+
+def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "ladder.json"
+    cmd = [sys.executable, str(LADDER), "--device", "cpu", "--shapes", "tiny", "--budgets",
+           "supercloud", "--modes", "full", "--steps", "2", "--max-new", "8", "--prompts", "2",
+           "--G", "4", "--out", str(out)]  # fmt: skip
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "fits" and row["measured"] and row["exit_code"] == 0
+    assert row["s_per_step"] > 0 and row["generate_s"] > 0 and row["update_s"] > 0
+    assert row["run_settings"]["precision"] == "fp32" and row["prompt_tokens"] > 100
+    assert row["estimate_2gpu"]["settings"].startswith("ddp")  # supercloud's strategy
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert again.returncode == 0 and again.stdout == ""  # the measured row is kept, not rerun

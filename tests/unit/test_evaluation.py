@@ -1,0 +1,84 @@
+"""Held-out evaluation judges answers exactly as the run's training reward does."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_hpc.config import RewardConfig, build_config
+from grpo_hpc.train import evaluation, rewards
+
+# Completions as small models write them: the demo's step-30 model answered in prose
+# ("so Hana has 20 + 7 = 27 cards") and never wrote an answer line.
+COMPLETIONS = [
+    "Hana has 20 cards and gets 7 more, so Hana has 20 + 7 = 27 cards.",
+    "20 + 7 = 27\nAnswer: 27",
+    "The total is \\boxed{27}.",
+    "20 + 7 = 26\nAnswer: 26",
+    "Hana has now 16 stamps. Hana has now 16 stamps. Hana has now 16",
+    "#### 27",
+    "Answer: 27 or 28",
+    "",
+]
+GOLDS = ["27"] * len(COMPLETIONS)
+
+
+def _training_correctness(rc: RewardConfig) -> list[float]:
+    samples = [{"gold": g} for g in GOLDS]
+    custom = {spec: rewards.load_custom_reward(spec) for spec in rc.custom}
+    return rewards.run_rewards(COMPLETIONS, samples, rc, custom).components["correctness"]
+
+
+@pytest.mark.parametrize("config", ["demo", "tiny", "gsm8k"])
+@pytest.mark.parametrize("require_marker", [True, False])
+def test_eval_judges_each_completion_as_the_training_reward(
+    config: str, require_marker: bool
+) -> None:
+    rc = build_config(config, [f"reward.require_marker={str(require_marker).lower()}"]).reward
+    assert evaluation.judge(COMPLETIONS, GOLDS, rc) == _training_correctness(rc)
+    score = evaluation.score_eval(COMPLETIONS, GOLDS, rc)
+    assert score.correct == sum(_training_correctness(rc))
+    assert score.n == len(COMPLETIONS)
+
+
+def test_prose_answers_count_where_the_run_judges_the_last_number() -> None:
+    loose = evaluation.score_eval(COMPLETIONS, GOLDS, RewardConfig(require_marker=False))
+    strict = evaluation.score_eval(COMPLETIONS, GOLDS, RewardConfig(require_marker=True))
+    # Answer line, \boxed{} and #### count under both; the prose answer only without a marker.
+    assert (strict.correct, strict.strict) == (3, 3)
+    assert (loose.correct, loose.strict) == (4, 3)
+    assert loose.accuracy == pytest.approx(4 / 8) and loose.strict_accuracy == pytest.approx(3 / 8)
+
+
+def test_demo_config_evaluates_as_it_rewards() -> None:
+    """The demo judges by the last number; its held-out figure must too."""
+    rc = build_config("demo", []).reward
+    prose = ["So Hana has 20 + 7 = 27 cards."]
+    assert evaluation.score_eval(prose, ["27"], rc).correct == _prose_reward(rc, prose) == 1
+
+
+def _prose_reward(rc: RewardConfig, texts: list[str]) -> int:
+    return int(sum(rewards.run_rewards(texts, [{"gold": "27"}], rc).components["correctness"]))
+
+
+@pytest.mark.parametrize(
+    ("length", "finished", "buffer", "expected"),
+    [
+        (48, False, 0, -1.0),  # cut off at the cap: no answer of its own
+        (48, True, 0, 0.0),  # ended with EOS exactly at the cap
+        (20, True, 16, 0.0),  # well before the buffer
+        (40, True, 16, -0.5),  # half-way into the 16-token buffer before a cap of 48
+        (48, False, 16, -1.0),
+    ],
+)
+def test_overlong_reward_is_dapo_shaping(
+    length: int, finished: bool, buffer: int, expected: float
+) -> None:
+    assert rewards.overlong_reward(length, finished, 48, buffer) == pytest.approx(expected)
+
+
+def test_overlong_component_enters_the_total_with_its_weight() -> None:
+    lengths = rewards.Lengths([10, 48], [True, False], cap=48)
+    rc = RewardConfig(correctness=1.0, format=0.0, overlong=0.5, require_marker=False)
+    out = rewards.run_rewards(["Answer: 27", "27 27 27"], [{"gold": "27"}] * 2, rc, None, lengths)
+    assert out.components["overlong"] == [0.0, -1.0]
+    assert out.total == [1.0, 0.5]

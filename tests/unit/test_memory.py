@@ -1,0 +1,161 @@
+"""The memory estimator: parameter counts against real models, peaks against the measured
+benchmark files, and grpo-submit's refusal/acceptance as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc import memory, memory_plan
+from grpo_hpc.config import build_config
+from grpo_hpc.errors import ExitCode
+from grpo_hpc.profiles import load_profile
+from grpo_hpc.submit import resolve
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = ROOT / "bench" / "shapes"
+RESULTS = ROOT / "bench" / "results"
+SIZES = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"]
+
+
+def shape(name: str) -> memory.ModelShape:
+    return memory.ModelShape.from_config(json.loads((SHAPES / name / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("name", SIZES)
+def test_parameter_count_matches_the_real_model(name: str) -> None:
+    """The count from config.json equals the parameters transformers builds (on the meta
+    device: no memory, no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(SHAPES / name))
+    real = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    assert shape(name).params == real
+
+
+def test_lora_parameter_count_matches_peft() -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(SHAPES / SIZES[0]))
+    model = get_peft_model(model, LoraConfig(r=16, target_modules=list(targets)))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert shape(SIZES[0]).lora_params(16, targets) == trainable
+
+
+def _measured_rows() -> list[tuple[str, memory.Settings, float]]:
+    """(file, settings, measured max_memory_allocated GiB) of the bench files that record
+    the trainer's own peak (bench/grpo_step.py and bench/trl_baseline.py)."""
+    rows = []
+    for f in sorted(RESULTS.glob("*.json")):
+        data = json.loads(f.read_text())
+        run = data.get("grpo_hpc", data)
+        cfg, median = run.get("config", {}), run.get("median", {})
+        if cfg.get("shape") != "qwen2.5-0.5b" or "gpu_mem_gb" not in median:
+            continue
+        if "micro_tokens" not in cfg or cfg.get("engine") != "native":
+            continue  # runs of the trainer before the token budget and the native engine
+        s = memory.Settings(
+            ranks=cfg["nproc"],
+            strategy=cfg["strategy"],
+            precision=cfg["precision"],
+            rows=cfg["prompts"] // cfg["nproc"] * cfg["G"],
+            prompt_tokens=310,  # the trainer's prompts in these runs (bench README)
+            max_new_tokens=cfg["max_new"],
+            micro_batch_size=cfg["micro"],
+            micro_batch_tokens=cfg["micro_tokens"],
+            gradient_checkpointing=cfg["grad_ckpt"],
+            engine=cfg.get("engine", "native"),
+        )
+        rows.append((f.name, s, median["gpu_mem_gb"]))
+    return rows
+
+
+def test_estimate_within_15_percent_of_measured_benchmarks() -> None:
+    rows = _measured_rows()
+    assert len(rows) >= 4, "expected the 0.5B native-engine step files in bench/results"
+    bench_shape = memory.ModelShape.from_config(
+        {**json.loads((SHAPES / SIZES[0] / "config.json").read_text()), "model_type": "llama"}
+    )  # bench/common.py builds the 0.5B shape as a Llama (no q/k/v bias)
+    for name, s, measured in rows:
+        est = memory.estimate(bench_shape, s).peak_gib
+        assert abs(est / measured - 1) <= 0.15, (name, est, measured)
+
+
+def _check(profile: str, *overrides: str) -> memory_plan.Check:
+    over = [f"model.name_or_path={SHAPES / 'qwen2.5-7b'}", *overrides]
+    return resolve("gsm8k", over, load_profile(profile), "r")[1]
+
+
+def test_7b_targets() -> None:
+    full_sc = _check("supercloud")
+    assert full_sc.refusal and "model.lora_rank=16" in full_sc.refusal
+    full_h100 = _check("h100x2")
+    assert full_h100.refusal is None and full_h100.plan.settings.strategy == "fsdp"
+    lora_sc = _check("supercloud", "model.lora_rank=16")
+    assert lora_sc.refusal is None and lora_sc.plan.estimate.total_gib <= 32
+
+
+def test_means_are_applied_only_when_needed() -> None:
+    small = _check("h100x2", f"model.name_or_path={SHAPES / 'qwen2.5-0.5b'}")
+    assert small.plan.changed == () and "fits" in small.line
+    cfg, chk = resolve(
+        "gsm8k",
+        [f"model.name_or_path={SHAPES / 'qwen2.5-1.5b'}"],
+        load_profile("supercloud"),
+        "r",
+    )
+    assert chk.plan.changed == ("FSDP2",) and cfg.dist.strategy == "fsdp"
+
+
+def test_cpu_profile_has_no_budget() -> None:
+    cfg = build_config("tiny", [])
+    chk = memory_plan.check(cfg, load_profile("local"))
+    assert chk.refusal is None and chk.line.startswith("memory: ~")
+
+
+def test_config_json_from_the_local_hf_cache(tmp_path: Path, monkeypatch) -> None:
+    snap = tmp_path / "models--Org--Model" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text((SHAPES / SIZES[1] / "config.json").read_text())
+    (tmp_path / "models--Org--Model" / "refs").mkdir()
+    (tmp_path / "models--Org--Model" / "refs" / "main").write_text("abc")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    assert memory.read_config_json("Org/Model")["hidden_size"] == 1536
+    assert memory.read_config_json("Org/Absent") is None
+
+
+def submit(*args: str, env: dict | None = None):
+    return run_cli("grpo_hpc.cli:submit_main", *args, env=env)
+
+
+def test_submit_refuses_7b_full_on_supercloud(logs_dir: Path) -> None:
+    model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
+    result = submit("--profile", "supercloud", "--config", "gsm8k", model, "--name", "big")
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "exceeds supercloud's 32 GiB by" in lines[0], result.stderr
+    assert "model.lora_rank=16" in lines[0] and "--force" in lines[0]
+    assert not logs_dir.exists() or not any(logs_dir.iterdir())
+    # --force passes the memory check and stops only at the next one (no Slurm here)
+    forced = submit(
+        "--profile", "supercloud", "--config", "gsm8k", model, "--force", env={"PATH": "/nope"}
+    )
+    assert forced.returncode == ExitCode.CONFIG_ERROR and "sbatch not found" in forced.stderr
+
+
+def test_dry_run_prints_the_memory_line(logs_dir: Path) -> None:
+    model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
+    result = submit("--profile", "h100x2", "--config", "gsm8k", model, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("memory:"))
+    assert "of 80 GiB (h100x2): fits" in line and "fsdp, bf16" in line

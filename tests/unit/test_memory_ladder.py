@@ -1,0 +1,48 @@
+"""The memory estimator against the model-size ladder measured on a GPU
+(bench/results/ladder.json, written by bench/ladder.py): within 15 % of every measured peak,
+and no row the estimator let run ran out of memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc import memory
+
+ROOT = Path(__file__).resolve().parents[2]
+LADDER = ROOT / "bench" / "results" / "ladder.json"
+TOLERANCE = 0.15
+
+
+def _gpu_rows() -> list[dict]:
+    if not LADDER.exists():
+        pytest.skip(f"{LADDER.relative_to(ROOT)} is absent: run bench/ladder.py on a GPU")
+    rows = json.loads(LADDER.read_text())["rows"]
+    measured = [r for r in rows if r.get("measured") and r.get("device") == "cuda"]
+    if not measured:
+        pytest.skip(f"{LADDER.relative_to(ROOT)} has no row measured on a GPU")
+    return measured
+
+
+def _estimate(row: dict) -> memory.Estimate:
+    config = json.loads((ROOT / "bench" / "shapes" / row["shape"] / "config.json").read_text())
+    s = dict(row["run_settings"])
+    s["lora_targets"] = tuple(s["lora_targets"])
+    return memory.estimate(memory.ModelShape.from_config(config), memory.Settings(**s))
+
+
+def test_estimate_within_15_percent_of_every_measured_row() -> None:
+    bad = []
+    for row in _gpu_rows():
+        name = f"{row['shape']} {row['budget']} {row['mode']}"
+        if row["status"] == "oom":
+            bad.append(f"{name}: the estimator let it run, but it ran out of memory")
+            continue
+        if row["status"] != "fits" or row.get("peak_gib") is None:
+            continue  # timeouts and errors say nothing about memory
+        est, got = _estimate(row).peak_gib, row["peak_gib"]
+        if abs(est / got - 1) > TOLERANCE:
+            bad.append(f"{name}: estimated {est:.1f} GiB, measured {got:.1f} GiB")
+    assert not bad, "; ".join(bad)
