@@ -50,8 +50,9 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     source: str = "arithmetic"
-    """``arithmetic`` (built-in generator), a local .jsonl/.parquet path in GSM8K format
-    (``question``, ``answer`` ending in ``#### N``), or ``hf:<dataset>[:<config>]``."""
+    """``arithmetic`` (built-in generator), ``gsm8k`` (the GSM8K shipped in the package:
+    train split for training, test split held out), a local .jsonl/.parquet path in GSM8K
+    format (``question``, ``answer`` ending in ``#### N``), or ``hf:<dataset>[:<config>]``."""
     split: str = "train"
     """Dataset split for ``hf:`` sources."""
     num_train: int = 2000

@@ -1,5 +1,9 @@
 """Problems and prompts: GSM8K-format files, an HF dataset, or a built-in generator.
 
+``source: gsm8k`` is the real GSM8K (original release, MIT) shipped in the package
+(``grpo_hpc/data/gsm8k``): compute nodes are often offline. It trains on the train
+split and holds out the test split, never trained on.
+
 A problem is a dict ``{"question": str, "gold": str}`` (plus ``tests`` for code
 tasks). The sampler's whole state is two integers (epoch, position), so resuming
 at the exact next prompt is trivial and the order is a pure function of the seed.
@@ -18,6 +22,7 @@ from grpo_hpc.errors import ConfigError
 from grpo_hpc.train.rewards import ANSWER_INSTRUCTION, extract_gold
 
 Problem = dict[str, Any]
+GSM8K_DIR = Path(__file__).resolve().parents[1] / "data" / "gsm8k"
 WORDS = ["apples", "books", "coins", "marbles", "stamps", "pencils", "shells", "cards"]
 NAMES = ["Ada", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goran", "Hana"]
 
@@ -87,6 +92,8 @@ def load_hf(spec: str, split: str) -> list[Problem]:
 
 def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
     """(train, eval) problems. Eval problems are held out from training."""
+    if cfg.source == "gsm8k":
+        return load_gsm8k(cfg)
     if cfg.source == "arithmetic":
         problems = arithmetic_problems(cfg.num_train + cfg.num_eval, cfg, seed)
     elif cfg.source.startswith("hf:"):
@@ -100,6 +107,14 @@ def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Probl
     if not train:
         raise ConfigError(f"dataset {cfg.source!r} has no training problems: it is empty")
     return train, evals
+
+
+def load_gsm8k(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """The packaged GSM8K: train split (first ``num_train``, 0 = all 7,473) and the
+    first ``num_eval`` problems of the test split (1,319 for all of it)."""
+    train = load_file(GSM8K_DIR / "train.jsonl")
+    test = load_file(GSM8K_DIR / "test.jsonl")
+    return train[: cfg.num_train or None], test[: cfg.num_eval]
 
 
 def prompt_text(tokenizer: Any, question: str, system_prompt: str = "") -> str:

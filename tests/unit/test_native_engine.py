@@ -11,7 +11,7 @@ import torch
 
 from grpo_hpc.errors import ConfigError, StalledError
 from grpo_hpc.train.models import LlamaShape, char_tokenizer, save_random_llama
-from grpo_hpc.train.native.engine import NativeEngine
+from grpo_hpc.train.native.engine import NativeEngine, compact_rows
 from grpo_hpc.train.native.sampling import choose, top_p_filter
 from grpo_hpc.train.rollout import (
     EngineOptions,
@@ -164,3 +164,61 @@ def test_engine_choice(llama) -> None:  # noqa: ANN001
         "native", model, tok, opts, tick=lambda: None, abort=lambda: False, autocast=None
     )
     assert isinstance(engine, NativeEngine)
+
+
+def _eos_in_most_rows(model, tok, prompts: list[str], g: int, greedy: bool):  # noqa: ANN001, ANN202
+    """A copy of ``tok`` whose EOS is the token that occurs in the most rows of a rollout
+    (not among any row's first 4 tokens): rows then end at many different steps, as a real
+    model's do."""
+    torch.manual_seed(0)
+    probe = NativeEngine(model, tok, 64, 1.0, 1.0, 60).generate(prompts, g, greedy=greedy)
+    completion = probe.input_ids[:, probe.prompt_len :]
+    rows_with = torch.zeros(len(tok), dtype=torch.long)
+    for row in completion:
+        rows_with[row.unique()] += 1
+    rows_with[completion[:, :4].unique()] = 0
+    rows_with[tok.pad_token_id] = 0
+    tok2 = copy.deepcopy(tok)
+    tok2.eos_token = tok.convert_ids_to_tokens(int(rows_with.argmax()))
+    return tok2
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_compacting_finished_rows_keeps_tokens_and_logp(qwen2, greedy: bool) -> None:  # noqa: ANN001
+    model, tok = qwen2
+    prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS] if greedy else PROMPTS
+    g = 2 if greedy else 8  # 24 rows either way
+    tok2 = _eos_in_most_rows(model, tok, prompts, g, greedy)
+    runs = []
+    for compact in (False, True):
+        torch.manual_seed(1)
+        engine = NativeEngine(
+            model, tok2, 64, 1.0, 1.0, 60, row_bucket=4, check_every=4, compact=compact
+        )
+        runs.append((engine.generate(prompts, g, greedy=greedy), dict(engine.stats)))
+    (full, full_stats), (compacted, stats) = runs
+    torch.manual_seed(1)  # again on the same engine: its compacted batches are reused
+    assert torch.equal(engine.generate(prompts, g, greedy=greedy).input_ids, full.input_ids)
+    lengths = compacted.completion_mask.sum(1)
+    assert lengths.min() < 16 and lengths.max() > 40  # rows end at very different steps
+    assert full_stats["compactions"] == 0 and stats["compactions"] >= 1
+    assert stats["row_steps"] < full_stats["row_steps"]  # finished rows stopped costing
+    assert torch.equal(full.input_ids, compacted.input_ids)
+    assert torch.equal(full.completion_mask, compacted.completion_mask)
+    assert full.texts == compacted.texts
+    assert full.sampled_logp is not None and compacted.sampled_logp is not None
+    torch.testing.assert_close(compacted.sampled_logp, full.sampled_logp, atol=1e-6, rtol=0)
+
+
+def test_compaction_halves_row_buckets() -> None:
+    assert [compact_rows(n, 64, 8) for n in (64, 33, 32, 17, 9, 8, 1)] == [
+        64,
+        64,
+        32,
+        32,
+        16,
+        8,
+        8,
+    ]
+    assert compact_rows(20, 24, 8) == 24  # the next bucket (32) is no smaller: stay
+    assert compact_rows(16, 24, 8) == 16

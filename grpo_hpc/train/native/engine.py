@@ -9,7 +9,21 @@ One ``generate`` call:
    replayed for every later step and rollout; attention reads only the span bucket
    that holds the filled slots. Token choice, EOS tracking and the output write happen
    inside the graph; the host looks at the device only every ``check_every`` tokens to
-   refresh the heartbeat, enforce the time budget and stop once every row has ended.
+   refresh the heartbeat, enforce the time budget and stop once every row has ended;
+4. compact finished rows out (``compact``): at those same checks, once the rows still
+   running fit a row bucket at most half the current one, they move (cache, state,
+   output so far) into that smaller workspace, whose graphs then run the remaining steps.
+
+Why compaction rather than refilling freed slots with new completions (continuous
+batching): every row of a rollout shares one cache slot index, so a refilled row would
+need its own positions and masks in every graph, and a rollout has no further prompts
+to refill with unless steps overlap (off-policy). Compaction keeps the decode step as it
+is and costs one gather of the live rows' cache per halving. With the real model on
+GSM8K prompts, a few long completions hold the rollout for hundreds of steps at a
+fraction of the batch (``bench/decode.py --model DIR --prompts gsm8k`` measures both).
+Sampling stays exact: the race noise is drawn for the whole original batch and each
+compacted row takes its own row of it (``sampling.choose``), so a row's tokens are those
+it would have had without compaction.
 """
 
 from __future__ import annotations
@@ -51,7 +65,17 @@ class Workspace:
     """[rows, max_new] completion tokens."""
     out_logp: torch.Tensor
     """[rows, max_new] log-probability of each under the policy (fp32)."""
-    graphs: dict[tuple[int, bool], Any] = field(default_factory=dict)
+    rows_of: torch.Tensor
+    """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
+    graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
+    compacted: dict[int, Workspace] = field(default_factory=dict)
+    """Smaller batches finished rows are compacted into; their caches are views of the
+    first rows of this one's (no memory beyond the decode state), and their graphs are
+    kept for the next rollout."""
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
 
 
 @dataclass
@@ -78,7 +102,10 @@ class NativeEngine:
     row_bucket: int = 8
     """Rows are padded up to a multiple of this (fewer distinct graphs)."""
     check_every: int = 16
-    """Decode steps between host checks (heartbeat, deadline, all rows done)."""
+    """Decode steps between host checks (heartbeat, deadline, all rows done, compaction)."""
+    compact: bool = True
+    """Move the rows still running into a smaller row bucket once they fit in half the
+    current one (finished rows stop costing); False decodes every row to the end."""
 
     def __post_init__(self) -> None:
         self.device = next(self.model.parameters()).device
@@ -87,8 +114,18 @@ class NativeEngine:
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
         cuda = self.device.type == "cuda"
         self.fns = forward.DecodeFns.compiled() if self.compile and cuda else forward.EAGER
+        if self.fns is not forward.EAGER:
+            # Each decode batch size is one compilation of the layers (``dynamic=False``);
+            # compaction's halving buckets plus a large evaluation batch exceed dynamo's
+            # default limit of 8, past which a fullgraph compile raises (then: eager).
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         self.spaces: dict[int, Workspace] = {}
         self.eos = int(self.tokenizer.eos_token_id)
+        self.stats: dict[str, int] = {}
+        """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
+        decode cost) and ``compactions``."""
         self.pad = int(self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ public
@@ -102,9 +139,11 @@ class NativeEngine:
         deadline = time.monotonic() + self.timeout_s
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
-            ws = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
-            self._start(ws, ids, pmask, g, n_rows, greedy)
+            root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
+            self._start(root, ids, pmask, g, n_rows, greedy)
+            ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
+            self.stats = {"row_steps": 0, "compactions": 0}
             for t in range(1, self.max_new_tokens):
                 if t % self.check_every == 0:
                     self.tick()
@@ -115,12 +154,19 @@ class NativeEngine:
                         )
                     if self.abort():
                         raise GenerationAborted()
-                    if bool(ws.done[:n_rows].all()):
+                    live = (~ws.done[:real]).nonzero().squeeze(1)
+                    if live.numel() == 0:
                         cols = t
                         break
-                self._step(ws, round_up(length + t, self.span_bucket), greedy)
-            completion = ws.out[:n_rows, :cols].clone()
-            logp = ws.out_logp[:n_rows, :cols].clone()
+                    target = compact_rows(live.numel(), ws.rows, self.row_bucket)
+                    if self.compact and target < ws.rows:
+                        ws, real = self._compacted(root, ws, real, live, target, length + t - 1)
+                        self.stats["compactions"] += 1
+                self.stats["row_steps"] += ws.rows
+                self._step(ws, round_up(length + t, self.span_bucket), greedy, root.rows)
+            self._write_back(root, ws, real)
+            completion = root.out[:n_rows, :cols].clone()
+            logp = root.out_logp[:n_rows, :cols].clone()
         self.tick()
         full = torch.cat([ids.repeat_interleave(g, 0), completion], 1)
         batch = to_batch(full, pmask.repeat_interleave(g, 0), length, self.tokenizer)
@@ -134,13 +180,18 @@ class NativeEngine:
             return ws
         self.spaces.pop(rows, None)  # drop the old graphs before allocating anew
         capacity = round_up(capacity, self.span_bucket)
-        dev, m = self.device, self.max_new_tokens
+        cache = forward.KVCache.empty(self.packed, rows, capacity, self.dtype)
+        ws = self.spaces[rows] = self._new_workspace(cache)
+        return ws
+
+    def _new_workspace(self, cache: forward.KVCache) -> Workspace:
+        rows, dev, m = cache.rows, self.device, self.max_new_tokens
 
         def zeros(*size: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*size, dtype=dt, device=dev)
 
-        ws = Workspace(
-            cache=forward.KVCache.empty(self.packed, rows, capacity, self.dtype),
+        return Workspace(
+            cache=cache,
             tokens=zeros(rows),
             pos=zeros(1),
             first_slot=zeros(1),
@@ -148,9 +199,8 @@ class NativeEngine:
             done=zeros(rows, dt=torch.bool),
             out=zeros(rows, m),
             out_logp=zeros(rows, m, dt=torch.float32),
+            rows_of=torch.arange(rows, device=dev),
         )
-        self.spaces[rows] = ws
-        return ws
 
     def _start(
         self,
@@ -177,22 +227,60 @@ class NativeEngine:
         ws.out_logp[:, 0] = logp
         ws.first_slot.fill_(ids.shape[1])
         ws.pos.fill_(ids.shape[1])
+        ws.rows_of.copy_(torch.arange(rows, device=ws.rows_of.device))
 
-    def _step(self, ws: Workspace, span: int, greedy: bool) -> None:
-        if not self.graphed:
-            self._step_eager(ws, span, greedy)
+    def _compacted(
+        self, root: Workspace, ws: Workspace, real: int, live: torch.Tensor, rows: int, filled: int
+    ) -> tuple[Workspace, int]:
+        """The ``live`` rows of ``ws`` moved into a workspace of ``rows`` rows (cache slots
+        ``[0, filled)``, decode state, output so far); padding rows repeat the last live
+        row and count as done. Rows of ``ws`` are written back to ``root`` first.
+        The new cache is the first ``rows`` rows of ``root``'s: rows are gathered into a
+        temporary one layer at a time, then written over the (earlier) rows they replace."""
+        self._write_back(root, ws, real)
+        new = root.compacted.get(rows)
+        if new is None:
+            view = forward.KVCache(root.cache.k[:, :rows], root.cache.v[:, :rows])
+            new = root.compacted[rows] = self._new_workspace(view)
+        idx = _pad_rows(live, rows)
+        for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
+            for layer in range(dst.shape[0]):
+                dst[layer, :, :, :filled] = src[layer, :, :, :filled].index_select(0, idx)
+        for name in ("tokens", "left_pad", "done", "out", "out_logp", "rows_of"):
+            getattr(new, name).copy_(getattr(ws, name).index_select(0, idx))
+        new.done[live.numel() :] = True
+        new.pos.copy_(ws.pos)
+        new.first_slot.copy_(ws.first_slot)
+        return new, live.numel()
+
+    @staticmethod
+    def _write_back(root: Workspace, ws: Workspace, real: int) -> None:
+        """Copy the output of the ``real`` rows of a compacted ``ws`` into their rows of
+        ``root`` (where the rollout's result is read from)."""
+        if ws is root:
             return
-        graph = ws.graphs.get((span, greedy))
+        rows = ws.rows_of[:real]
+        root.out.index_copy_(0, rows, ws.out[:real])
+        root.out_logp.index_copy_(0, rows, ws.out_logp[:real])
+
+    def _step(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
+        """One decode step; ``draw``: rows of the rollout's first batch (sampling noise)."""
+        if not self.graphed:
+            self._step_eager(ws, span, greedy, draw)
+            return
+        key = (span, greedy, 0 if greedy else draw)
+        graph = ws.graphs.get(key)
         if graph is None:
-            graph = ws.graphs[(span, greedy)] = self._capture(ws, span, greedy)
+            graph = ws.graphs[key] = self._capture(ws, span, greedy, draw)
         graph.replay()
 
-    def _step_eager(self, ws: Workspace, span: int, greedy: bool) -> None:
+    def _step_eager(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
         """Feed ``ws.tokens`` at slot ``ws.pos``; write the next token of every row."""
         logits = forward.decode_step(
             self.packed, ws.cache, ws.tokens, ws.pos, ws.left_pad, span, self.fns
         )
-        token, logp = choose(logits, self.temperature, self.top_p, greedy)
+        rows_of = None if draw == ws.rows else ws.rows_of  # compacted: noise of its rows
+        token, logp = choose(logits, self.temperature, self.top_p, greedy, rows_of, draw)
         token = torch.where(ws.done, torch.full_like(token, self.pad), token)
         logp = torch.where(ws.done, torch.zeros_like(logp), logp)
         col = ws.pos - ws.first_slot + 1
@@ -202,7 +290,7 @@ class NativeEngine:
         ws.tokens.copy_(token)
         ws.pos.add_(1)
 
-    def _capture(self, ws: Workspace, span: int, greedy: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, ws: Workspace, span: int, greedy: bool, draw: int) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream, capture, and restore the state (and RNG) the warm-up
         advanced, so capturing is invisible to the rollout."""
         state = [t.clone() for t in (ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp)]
@@ -211,7 +299,7 @@ class NativeEngine:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             try:
-                self._step_eager(ws, span, greedy)  # compiles on first use
+                self._step_eager(ws, span, greedy, draw)  # compiles on first use
             except Exception as e:  # noqa: BLE001  (any compiler failure: run eager)
                 if self.fns is forward.EAGER:
                     raise
@@ -223,15 +311,25 @@ class NativeEngine:
                     (ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True
                 ):
                     dst.copy_(src)
-                self._step_eager(ws, span, greedy)
+                self._step_eager(ws, span, greedy, draw)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._step_eager(ws, span, greedy)
+            self._step_eager(ws, span, greedy, draw)
         for dst, src in zip((ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True):
             dst.copy_(src)
         torch.cuda.set_rng_state(rng, self.device)
         return graph
+
+
+def compact_rows(live: int, rows: int, bucket: int) -> int:
+    """Rows of the batch to decode ``live`` running rows in: the smallest ``bucket * 2^k``
+    that holds them, or ``rows`` (the current batch) when that is no smaller. Halving
+    steps keep the distinct batch sizes (captured graphs, compiled shapes) few."""
+    target = bucket
+    while target < live:
+        target *= 2
+    return min(target, rows)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

