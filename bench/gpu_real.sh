@@ -10,7 +10,7 @@
 #   tta2 / tta3   time to held-out accuracy, grpo_hpc vs TRL, two-/three-term sums
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 # Knobs (environment): TTA_STEPS (40) TTA_EVERY (5) GSM8K_STEPS (40) GSM8K_PROMPTS (16)
-#   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) DECODE_BATCH ("64 256")
+#   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
 set -uo pipefail
 out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
 shift
@@ -65,7 +65,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
             --profile bench/local-bf16.yaml --config gsm8k --name gsm8k-smollm2 \
             model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
-            data.num_eval=1319 rollout.engine=native \
+            data.num_eval="${GSM8K_EVAL:-1319}" rollout.engine=native \
             rollout.prompts_per_step="${GSM8K_PROMPTS:-16}" rollout.num_generations=8 \
             rollout.max_new_tokens="${GSM8K_MAX_NEW:-512}" optim.lr="${GSM8K_LR:-5e-6}" \
             optim.warmup_steps=0 training.max_steps="$steps" training.eval_every="$steps" \
