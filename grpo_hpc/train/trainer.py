@@ -389,13 +389,19 @@ class Trainer:
         mine = self.eval_set[info.rank * per_rank : (info.rank + 1) * per_rank]
         counted = len(mine)
         mine = mine + [self.eval_set[0]] * (per_rank - counted)
-        batch = self.engine.generate(
-            [data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine],
-            1,
-            greedy=True,
+        prompts = [
+            data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine
+        ]
+        # In chunks of a training rollout's rows: the engine's KV cache and CUDA graphs are
+        # sized for those already, and a 1,319-row batch would capture a set of its own.
+        chunk = (
+            self.cfg.rollout.prompts_per_step // info.world_size * self.cfg.rollout.num_generations
         )
+        texts: list[str] = []
+        for i in range(0, per_rank, chunk):
+            texts += self.engine.generate(prompts[i : i + chunk], 1, greedy=True).texts
         golds = [p["gold"] for p in mine[:counted]]
-        score = evaluation.score_eval(batch.texts[:counted], golds, self.cfg.reward)
+        score = evaluation.score_eval(texts[:counted], golds, self.cfg.reward)
         total, strict, n = dist.all_reduce_sum(
             [float(score.correct), float(score.strict), float(counted)], info
         )
