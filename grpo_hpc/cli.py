@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from grpo_hpc import preflight
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.config import builtin_configs, normalize_overrides
 from grpo_hpc.errors import ConfigError, ExitCode, GrpoError
@@ -88,9 +89,14 @@ def _submit(argv: list[str]) -> int:
         raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
     profile = load_profile(args.profile)
+    cfg = submit.apply_profile(submit.build_config(args.config, overrides), profile, paths.name)
+    problems = preflight.check_all(cfg, profile)
     if args.dry_run:
-        submit.apply_profile(submit.build_config(args.config, overrides), profile, paths.name)
         sys.stdout.write(submit.preview(profile, paths))
+        for line in problems:
+            print(f"# refused at submission: {line}")
+    preflight.refuse(problems)  # before anything is written or queued: exit 2
+    if args.dry_run:
         return ExitCode.OK
     result = submit.new_run(paths, args.profile, args.config, overrides)
     print(f"submitted run {paths.name}: job {result.job_id} ({profile.executor}), dir {paths.root}")
@@ -108,6 +114,7 @@ def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
         )
     if overrides:
         raise ConfigError("--resume continues a run with its stored config: drop the overrides")
+    preflight.refuse(preflight.check_run(paths))  # inputs may have moved since submission
     result = _resubmit_recorded(paths, args.from_step)
     if result is None:
         return ExitCode.OK
