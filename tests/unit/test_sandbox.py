@@ -26,7 +26,7 @@ def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "bwrap" and not BWRAP_WORKS:
         pytest.skip(bwrap.detect().detail)
     chosen = bwrap.Isolation(request.param, "test")
-    monkeypatch.setattr(sandbox.bwrap, "detect", lambda: chosen)
+    monkeypatch.setattr(sandbox, "proven_isolation", lambda: chosen)
     return request.param
 
 
@@ -212,6 +212,7 @@ def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolat
         for path, why in ((str(tmp_path / "none"), "not installed"), (str(tmp_path), "unusable")):
             monkeypatch.setenv("PATH", path)
             bwrap.detect.cache_clear()
+            sandbox.proven_isolation.cache_clear()
             found = bwrap.detect()
             assert found.name == "audit-hook" and why in found.detail, found
             res = run_python("print(6 * 7)")
@@ -219,3 +220,4 @@ def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolat
     finally:
         monkeypatch.undo()
         bwrap.detect.cache_clear()
+        sandbox.proven_isolation.cache_clear()
