@@ -122,6 +122,8 @@ class TrialResult:
     """From the (first) fault to the next training step logged after it."""
     wall_s: float = 0.0
     monitor_rc: int | None = None
+    struck: int = 0
+    """Faults that struck (a fault whose trigger never came, e.g. the run had finished, not)."""
     injected: list[str] = field(default_factory=list)
     """What the injector did, in order (with times from the trial start)."""
     error: str | None = None

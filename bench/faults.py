@@ -248,6 +248,7 @@ class Trial:
                     return
                 rec = read_progress(self.paths.progress)
                 self.fault_times.append((time.time(), rec.step if rec else 0))
+                self.result.struck += 1
                 self._strike(f)
         except Exception as e:  # noqa: BLE001
             self.log(f"injector error: {type(e).__name__}: {e}")

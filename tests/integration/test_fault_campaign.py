@@ -32,4 +32,4 @@ def test_short_fault_campaign(slurm_cluster, tmp_path: Path) -> None:
     total = doc["summary"]["total"]
     assert total["trials"] == 3 and total["passed"] == 3, detail
     assert total["duplicate_job_trials"] == 0 and total["bad_checkpoints"] == 0
-    assert all(t["injected"] for t in doc["trials"]), "a fault never struck: the test proved nothing"
+    assert all(t["struck"] for t in doc["trials"]), "a fault never struck: the test proved nothing"
