@@ -28,6 +28,9 @@ KINDS = (
 COMBINABLE = ("kill_trainer", "kill_trainer_in_save", "kill_monitor", "scancel", "disk_full")
 """The kinds a ``two_faults`` trial draws from (single node, no cluster-wide effects)."""
 TWO_NODE_KINDS = ("hang_rank", "node_down")
+EXCLUSIVE = ("restart_slurmctld", "node_down")
+"""Faults that reach beyond their own run (the whole cluster, a node): their trials run
+alone even with --parallel."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,24 @@ def plan_trial(seed: int, index: int) -> TrialPlan:
         faults = (_fault(kind, rng),)
     profile = TWO_NODE if kind in TWO_NODE_KINDS else SINGLE_NODE
     return TrialPlan(index, kind, profile, faults)
+
+
+def batches(plans: list[TrialPlan], parallel: int) -> list[list[TrialPlan]]:
+    """Groups of trials run at the same time, in order: at most ``parallel`` per group,
+    and a trial whose fault reaches beyond its run (EXCLUSIVE) in a group of its own."""
+    out: list[list[TrialPlan]] = []
+    group: list[TrialPlan] = []
+    for p in plans:
+        if any(f.kind in EXCLUSIVE for f in p.faults):
+            out += [group] if group else []
+            out.append([p])
+            group = []
+            continue
+        group.append(p)
+        if len(group) >= max(1, parallel):
+            out.append(group)
+            group = []
+    return out + ([group] if group else [])
 
 
 def plan_campaign(seed: int, trials: int) -> list[TrialPlan]:

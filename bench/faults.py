@@ -23,11 +23,21 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_plan import Fault, TrialPlan, TrialResult, plan_trial, summarize, verdict  # noqa: E402
+from fault_plan import (  # noqa: E402
+    EXCLUSIVE,
+    Fault,
+    TrialPlan,
+    TrialResult,
+    batches,
+    plan_trial,
+    summarize,
+    verdict,
+)
 
 from grpo_hpc.fsutil import atomic_write_text, read_jsonl  # noqa: E402
 from grpo_hpc.paths import RunPaths  # noqa: E402
@@ -48,7 +58,7 @@ RUN_OVERRIDES = [
     "faults.slow_save=0.3",  # saves long enough to be hit
 ]
 MONITOR_FLAGS = [
-    "--interval", "1", "--step0-timeout", "90", "--heartbeat-timeout", "20",
+    "--interval", "1", "--step0-timeout", "60", "--heartbeat-timeout", "20",
     "--backoff", "0", "--max-retries", "8",
 ]  # fmt: skip
 TRIAL_TIMEOUT_S = 300.0
@@ -367,7 +377,12 @@ class Trial:
         if v.returncode not in (0, 1):
             r.notes.append(f"grpo-ckpt verify rc {v.returncode}: {v.stderr.strip()[-200:]}")
         r.recover_s = self._recovery()
-        if self.mounted:
+        if self.mounted:  # keep the run's small files: the tmpfs goes away
+            keep = shutil.ignore_patterns("checkpoints", "tiny_model", ".filler")
+            with contextlib.suppress(OSError):
+                shutil.copytree(
+                    self.root, self.root.with_name(self.root.name + "-files"), ignore=keep
+                )
             sh("umount", "-l", str(self.root))
 
     def _recovery(self) -> float | None:
@@ -401,14 +416,21 @@ def trial_weights(result: TrialResult) -> str | None:
 # ------------------------------------------------------------------------- campaign
 
 
-def reference(profile: str, work: Path, seed: int, max_steps: int) -> str:
-    """Final-weights hash of an uninterrupted run (same harness, no fault)."""
-    plan = TrialPlan(-1, "none", profile, ())
-    res = Trial(plan, work / f"reference-{profile}", seed, max_steps).run()
-    res_hash = trial_weights(res)
-    if not res.finished or res_hash is None:
-        raise SystemExit(f"faults.py: the uninterrupted {profile} run did not finish: {res}")
-    return res_hash
+def reference_plans(plans: list[TrialPlan]) -> list[TrialPlan]:
+    """One uninterrupted run per profile the trials use (index -1, -2, ...)."""
+    profiles = sorted({p.profile for p in plans})
+    return [TrialPlan(-1 - i, "reference", prof, ()) for i, prof in enumerate(profiles)]
+
+
+def _run_trial(plan: TrialPlan, work: Path, seed: int, max_steps: int) -> tuple[Trial, TrialResult]:
+    name = f"reference-{plan.profile}" if plan.kind == "reference" else f"trial-{plan.index:03d}"
+    trial = Trial(plan, work / name, seed, max_steps)
+    result = trial.run()
+    if plan.kind in EXCLUSIVE or any(f.kind in EXCLUSIVE for f in plan.faults):
+        why = restore_cluster()
+        if why:
+            result.notes.append(why)
+    return trial, result
 
 
 def write_results(out: Path, meta: dict, results: list[TrialResult]) -> None:
@@ -441,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated trial indices to run (of --seed)")
     p.add_argument("--out", type=Path, default=REPO / "bench/results/faults_campaign.json")
     p.add_argument("--work", type=Path, help="scratch dir for the runs (default /tmp/...)")
+    p.add_argument(
+        "--parallel", type=int, default=1, metavar="K",
+        help="trials at once (slurmctld/node faults always run alone; default 1)",
+    )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep every trial's run directory")
     p.add_argument("--plan", action="store_true", help="print the schedule and exit")
     args = p.parse_args(argv)
@@ -462,31 +488,31 @@ def main(argv: list[str] | None = None) -> int:
     why = restore_cluster()
     if why:
         raise SystemExit(f"faults.py: {why}")
-    refs = {
-        prof: reference(prof, work, args.seed, args.max_steps)
-        for prof in sorted({p.profile for p in plans})
-    }
-    meta["reference_weights"] = refs
-    print(f"reference weights: {refs}", flush=True)
+    refs: dict[str, str | None] = {}
     results: list[TrialResult] = []
-    for plan in plans:
-        trial = Trial(plan, work / f"trial-{plan.index:03d}", args.seed, args.max_steps)
-        r = trial.run()
-        got = trial_weights(r)
-        r.weights_match = None if got is None else got == refs[plan.profile]
-        if plan.kind in ("restart_slurmctld", "node_down") or any(
-            f.kind in ("restart_slurmctld", "node_down") for f in plan.faults
-        ):
-            why = restore_cluster()
-            if why:
-                r.notes.append(why)
-        results.append(r)
-        write_results(args.out, meta, results)
-        status = "ok" if not verdict(r) else "FAIL: " + "; ".join(verdict(r))
-        line = f"trial {plan.index:3d} {plan.kind:26s} {r.wall_s:6.1f}s"
-        print(f"{line} jobs {r.jobs_submitted} {status}", flush=True)
-        if not verdict(r) and not args.keep:
-            shutil.rmtree(trial.root, ignore_errors=True)
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for batch in batches(reference_plans(plans) + plans, args.parallel):
+            runs = [pool.submit(_run_trial, p, work, args.seed, args.max_steps) for p in batch]
+            for plan, fut in zip(batch, runs, strict=True):
+                trial, r = fut.result()
+                if plan.kind == "reference":
+                    ok = r.finished and not r.error and r.max_live_jobs <= 1
+                    refs[plan.profile] = trial_weights(r) if ok else None
+                    meta["reference_weights"] = refs
+                    print(f"reference {plan.profile}: {refs[plan.profile]}", flush=True)
+                    if refs[plan.profile] is None:
+                        raise SystemExit(f"faults.py: the uninterrupted run failed: {r}")
+                    continue
+                got = trial_weights(r)
+                r.weights_match = None if got is None else got == refs[plan.profile]
+                results.append(r)
+                write_results(args.out, meta, sorted(results, key=lambda x: x.index))
+                status = "ok" if not verdict(r) else "FAIL: " + "; ".join(verdict(r))
+                line = f"trial {plan.index:3d} {plan.kind:26s} {r.wall_s:6.1f}s"
+                print(f"{line} jobs {r.jobs_submitted} {status}", flush=True)
+                if not verdict(r) and not args.keep:  # a failed trial's files stay
+                    shutil.rmtree(trial.root, ignore_errors=True)
+                    shutil.rmtree(trial.root.with_name(trial.root.name + "-files"), True)
     s = summarize(results)["total"]
     print(f"passed {s['passed']}/{s['trials']}; results in {args.out}")
     return 0 if s["passed"] == s["trials"] else 1

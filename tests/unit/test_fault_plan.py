@@ -15,6 +15,7 @@ from fault_plan import (  # noqa: E402
     SINGLE_NODE,
     TWO_NODE,
     TrialResult,
+    batches,
     plan_campaign,
     plan_trial,
     summarize,
@@ -84,3 +85,10 @@ def test_summary_counts() -> None:
     assert s["total"]["weights_identical"] == 1 and s["total"]["recover_s_max"] == 4.0
     assert s["by_kind"]["disk_full"]["passed"] == 0
     assert s["failed"] == [{"index": 1, "kind": "disk_full", "why": [verdict(bad)[0]]}]
+
+
+def test_batches_keep_cluster_wide_faults_alone() -> None:
+    plans = plan_campaign(1, 10)  # kinds in KINDS order: 5 restart_slurmctld, 7 node_down
+    groups = [[p.index for p in g] for g in batches(plans, 3)]
+    assert groups == [[0, 1, 2], [3, 4], [5], [6], [7], [8, 9]]
+    assert [[p.index for p in g] for g in batches(plans[:3], 1)] == [[0], [1], [2]]
