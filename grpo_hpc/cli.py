@@ -115,6 +115,9 @@ def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
     if overrides:
         raise ConfigError("--resume continues a run with its stored config: drop the overrides")
     preflight.refuse(preflight.check_run(paths))  # inputs may have moved since submission
+    from grpo_hpc.attempts import refuse_if_live
+
+    refuse_if_live(paths)  # before the lock file or anything else is written
     result = _resubmit_recorded(paths, args.from_step)
     if result is None:
         return ExitCode.OK
@@ -143,6 +146,7 @@ def _resubmit_locked(paths: RunPaths, from_step: int | None):  # noqa: ANN202
     earlier, killed ``--resume`` submitted without recording it is adopted instead (None
     returned): nothing is submitted twice."""
     from grpo_hpc import adoption, submit
+    from grpo_hpc.attempts import refuse_if_live
 
     adopted = adoption.adopt_pending(paths)
     if adopted is not None:
@@ -151,6 +155,7 @@ def _resubmit_locked(paths: RunPaths, from_step: int | None):  # noqa: ANN202
             "before it recorded the job; not submitting again"
         )
         return None
+    refuse_if_live(paths)
     intent = adoption.open_manual_intent(paths, "manual --resume")
     try:
         if from_step is not None:

@@ -46,6 +46,11 @@ class SlurmUnavailableError(GrpoError):
     exit_code = ExitCode.CONFIG_ERROR
 
 
+class RunDirBusyError(ConfigError):
+    """Another trainer holds the run directory (train/checkpoint.lock_run_dir): this one
+    must not touch it, not even progress.json, which is the other trainer's."""
+
+
 class StalledError(GrpoError):
     """A phase (generation, typically) ran past its time budget."""
 

@@ -10,9 +10,10 @@ Layout of ``logs/<run>/``::
     events.jsonl           monitor decisions and actions
     training_output.log    combined stdout/stderr of the torchrun processes
     job_summary.txt        human summary written when an attempt ends
-    monitor.lock           per-run lock held by a monitor pass
+    monitor.lock           per-run lock held by a monitor pass (and by a resubmission)
+    trainer.lock           held by the running trainer's rank 0: one trainer per run directory
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
-    checkpoints/step-N/    checkpoints; a COMPLETE marker makes one count
+    checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
 """
 
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_hpc.errors import ConfigError
+from grpo_hpc.manifest import COMPLETE_MARKER, is_complete  # noqa: F401 - re-exported
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 CKPT_RE = re.compile(r"^step-(\d+)$")
-COMPLETE_MARKER = "COMPLETE"
 
 
 def default_logs_root() -> Path:
@@ -110,6 +111,10 @@ class RunPaths:
         return self.root / "monitor.lock"
 
     @property
+    def trainer_lock(self) -> Path:
+        return self.root / "trainer.lock"
+
+    @property
     def submitit_dir(self) -> Path:
         return self.root / "submitit"
 
@@ -128,7 +133,8 @@ class RunPaths:
         return self.checkpoints / f".tmp-step-{step}"
 
     def checkpoint_steps(self, complete_only: bool = True) -> list[int]:
-        """Steps with a checkpoint directory, ascending; by default only COMPLETE ones."""
+        """Steps with a checkpoint directory, ascending; by default only complete ones
+        (COMPLETE marker and a manifest listing the weights: manifest.is_complete)."""
         try:
             entries = list(self.checkpoints.iterdir())
         except (FileNotFoundError, NotADirectoryError):  # none yet, or deleted under us
@@ -136,11 +142,11 @@ class RunPaths:
         steps = []
         for p in entries:
             m = CKPT_RE.match(p.name)
-            if m and (not complete_only or (p / COMPLETE_MARKER).exists()):
+            if m and (not complete_only or is_complete(p)):
                 steps.append(int(m.group(1)))
         return sorted(steps)
 
     def latest_checkpoint(self) -> int | None:
-        """Newest COMPLETE checkpoint step, or None."""
+        """Newest complete checkpoint step, or None."""
         steps = self.checkpoint_steps()
         return steps[-1] if steps else None

@@ -32,3 +32,18 @@ def run_cli(module_main: str, *args: str, env: dict | None = None, timeout: floa
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def make_checkpoint(paths, step: int, complete: bool = True) -> Path:  # noqa: ANN001
+    """A small checkpoint directory of the trainer's gathered layout (placeholder bytes,
+    a real manifest) that resume counts as complete (grpo_hpc.manifest.is_complete)."""
+    from grpo_hpc.manifest import COMPLETE_MARKER, write_manifest
+
+    d = paths.checkpoint(step)
+    d.mkdir(parents=True)
+    for name in ("model.pt", "optim.pt", "trainer.pt", "rng-rank0.pt"):
+        (d / name).write_bytes(f"{name} {step}".encode())
+    write_manifest(d, extra={"format": "gathered", "world_size": 1})
+    if complete:
+        (d / COMPLETE_MARKER).write_text("1\n")
+    return d

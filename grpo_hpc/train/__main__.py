@@ -17,7 +17,12 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from grpo_hpc.config import load_resolved  # noqa: E402
-from grpo_hpc.errors import ExitCode, GrpoError, StoppedBeforeTrainingError  # noqa: E402
+from grpo_hpc.errors import (  # noqa: E402
+    ExitCode,
+    GrpoError,
+    RunDirBusyError,
+    StoppedBeforeTrainingError,
+)
 from grpo_hpc.paths import RunPaths  # noqa: E402
 from grpo_hpc.progress import ProgressRecord, TrainState, write_progress  # noqa: E402
 
@@ -47,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"grpo_hpc.train: {e}\n")
     except GrpoError as e:
         code = e.exit_code
-        _record_failure(trainer, code, str(e), paths)
+        if not isinstance(e, RunDirBusyError):  # progress.json is the other trainer's
+            _record_failure(trainer, code, str(e), paths)
         sys.stderr.write(f"grpo_hpc.train: error: {e}\n")
     except Exception as e:  # noqa: BLE001 - a crash is recorded, then reported with its traceback
         code = ExitCode.CRASH

@@ -8,7 +8,7 @@ import torch
 
 from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.advantages import group_advantages, informative_groups
-from grpo_hpc.train.rollout import RolloutBatch
+from grpo_hpc.train.rollout_types import RolloutBatch
 from grpo_hpc.train.update import MicroBatch, split
 
 

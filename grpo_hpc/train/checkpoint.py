@@ -4,8 +4,10 @@ Layout of ``checkpoints/step-N/``: the weights and optimizer state in one of two
 ``trainer.pt`` (step, scheduler, data position, counters, world size), ``rng-rank{R}.pt``
 (each rank's RNG states), ``manifest.json`` (format, world size, size and sha256 of every
 file), and ``COMPLETE``. All of it is written into ``.tmp-step-N/``, renamed, and only then
-marked COMPLETE (by rank 0, after every rank's files are on disk): a job killed at any
-moment leaves either no checkpoint or a partial one that resume ignores.
+marked COMPLETE (by rank 0, after every rank's files are on disk, and only when the
+manifest lists the model and optimizer files and they are all there): a job killed at any
+moment leaves either no checkpoint or a partial one that resume ignores, and a checkpoint
+whose files vanished under its writer is never marked COMPLETE (grpo_hpc.manifest).
 
 * **gathered** (DDP, one process): ``model.pt`` and ``optim.pt``, full state dicts written
   by rank 0. Simple, and loads at any world size.
@@ -19,6 +21,8 @@ Resume reads whichever format the checkpoint has, whatever the run uses now.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import shutil
 import time
@@ -34,7 +38,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from grpo_hpc.paths import COMPLETE_MARKER, RunPaths
+from grpo_hpc.errors import RunDirBusyError
+from grpo_hpc.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
+from grpo_hpc.paths import RunPaths
 from grpo_hpc.train.dist import DistInfo, barrier
 
 GATHERED, SHARDED = "gathered", "sharded"
@@ -50,6 +56,13 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def seed_all(seed: int) -> None:
+    """Seed every generator a checkpoint restores (Python, NumPy, torch CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -137,15 +150,43 @@ def save(
             time.sleep(slow_save_s)  # fault injection: a save that outlives the signal lead
     barrier(info)  # every rank's files are written before rank 0 completes the checkpoint
     if info.is_main:
-        from grpo_hpc.ckpt import write_manifest
-
+        # Refuses (CheckpointIncompleteError) when the weights are not all there: a
+        # directory with COMPLETE but no model must never exist.
         write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        (final / COMPLETE_MARKER).write_text(f"{time.time()}\n")
+        mark_complete(final, f"{time.time()}\n")
         prune(paths, keep_last)
     barrier(info)
     return final
+
+
+def lock_run_dir(paths: RunPaths) -> int:
+    """Hold the run directory for this trainer (rank 0) until the process exits; raise
+    RunDirBusyError if another trainer holds it. Two trainers on one run directory log every
+    step twice, and one's checkpoint rotation deletes the files the other is writing."""
+    fd = os.open(paths.trainer_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirBusyError(
+            f"another trainer ({holder}) is training run directory {paths.root}: not starting "
+            "a second one (cancel one of the two jobs)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+    return fd  # kept open: the lock lasts as long as this process
+
+
+def final_weights_problems(paths: RunPaths, step: int) -> list[str]:
+    """Why the run may not report success at ``step``: no complete checkpoint there, or
+    one that fails full verification (every file's sha256 against the manifest)."""
+    ckpt = paths.checkpoint(step)
+    if not is_complete(ckpt):
+        return [f"no complete checkpoint at step {step} ({ckpt})"]
+    return verify_checkpoint(ckpt)
 
 
 def prune(paths: RunPaths, keep_last: int) -> None:

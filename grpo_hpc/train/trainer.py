@@ -26,6 +26,7 @@ from grpo_hpc.errors import (
     ExitCode,
     StoppedBeforeTrainingError,
 )
+from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
 from grpo_hpc.train import batching, checkpoint, data, dist, models, rewards, rollout
@@ -54,6 +55,8 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg, info = self.cfg, self.info
+        if info.is_main:
+            self.run_dir_lock = checkpoint.lock_run_dir(self.paths)
         self.tracker.update(TrainState.LOADING)
         self._stop_before_training()
         if cfg.training.num_threads:
@@ -63,7 +66,6 @@ class Trainer:
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
                 f"of the {info.world_size} processes (each rank trains whole groups)"
             )
-        torch.manual_seed(cfg.training.seed + info.rank)
         self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
         self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
         self.custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
@@ -80,6 +82,9 @@ class Trainer:
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
+        # Step 0 is the same state in every attempt: the first one built the random tiny
+        # model (drawing from the generator), a later one loaded it and drew nothing.
+        checkpoint.seed_all(cfg.training.seed + info.rank)
         self._maybe_resume()
 
     def _setup_model(self, model: torch.nn.Module) -> None:
@@ -189,10 +194,19 @@ class Trainer:
                     self.sampler.load_state_dict(snapshot[1])
                     return self._interrupt()
                 self._after_step()
+            self._verify_final_weights()
             self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
             return ExitCode.OK
         finally:
             self.tracker.finish()
+
+    def _verify_final_weights(self) -> None:
+        """Success only with the final weights on disk and verified (sha256 of every file)."""
+        steps = self.cfg.training.max_steps
+        problems = checkpoint.final_weights_problems(self.paths, steps) if self.info.is_main else []
+        if dist.all_reduce_max(float(bool(problems)), self.info) > 0:
+            why = "; ".join(problems[:3]) or "see rank 0"
+            raise CheckpointIncompleteError(f"final weights of step {steps} not verified: {why}")
 
     def _stop_agreed(self) -> bool:
         return dist.all_reduce_max(1.0 if self.stop_signal else 0.0, self.info) > 0

@@ -18,7 +18,7 @@ from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.logp_head import fused_logp_head
 from grpo_hpc.train.loss import TokenStats, aggregate, per_token_loss
-from grpo_hpc.train.rollout import RolloutBatch
+from grpo_hpc.train.rollout_types import RolloutBatch
 
 
 @dataclass

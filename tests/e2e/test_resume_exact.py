@@ -74,3 +74,31 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
     _assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
+
+
+@pytest.mark.slow
+def test_restart_from_step0_same_state(tmp_path: Path) -> None:
+    """An attempt killed inside its first checkpoint save leaves no checkpoint: the next one
+    starts again from step 0, and must be in the same state as the first one was. The first
+    attempt builds the random ``tiny`` model (drawing from the seeded generator), a later one
+    loads it from the run directory and draws nothing: without a reseed after the model is
+    built or loaded, step 1 already sampled different completions (issue 14)."""
+    steps = ["training.max_steps=4", "training.save_every_steps=2", "training.keep_last=1"]
+    slow = ["faults.enabled=true", "faults.slow_save=3"]  # a save that can be killed inside
+    ref = make_run(tmp_path, "uninterrupted", *steps, *slow)
+    assert train(ref).returncode == 0
+    run = make_run(tmp_path, "killed", *steps, *slow)
+    proc = start(run)
+    inside = run.checkpoint_tmp(2) / "trainer.pt"  # written just before the slow part
+    deadline = time.time() + 240
+    while not inside.exists() and time.time() < deadline:
+        assert proc.poll() is None, "trainer exited before its first checkpoint"
+        time.sleep(0.05)
+    signal_job(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert run.latest_checkpoint() is None, "the kill missed the first save"
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rec = read_progress(run.progress)
+    assert rec.state == TrainState.FINISHED and rec.attempt == 1 and rec.step == 4
+    _assert_same(_final_state(ref, 4), _final_state(run, 4))

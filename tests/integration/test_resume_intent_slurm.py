@@ -1,5 +1,6 @@
-"""grpo-submit --resume killed between sbatch and jobs.jsonl, on the real cluster: the next
---resume adopts the job Slurm accepted instead of submitting another one."""
+"""grpo-submit --resume on the real cluster: refused while the run's job is live; killed
+between sbatch and jobs.jsonl, the next --resume adopts the job Slurm accepted instead of
+submitting another one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from grpo_hpc.fsutil import read_jsonl
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.slurm_query import job_name
 
-from .slurm_helpers import REPO, cli, cli_env, job_ids, submit
+from .slurm_helpers import REPO, cli, cli_env, job_ids, queued, scancel, submit, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -34,13 +35,37 @@ def _run_jobs(name: str) -> set[str]:
     return set(out.split())
 
 
+LONG_RUN = ("training.max_steps=1000", "faults.enabled=true", "faults.step_sleep=1")
+
+
+def test_resume_refuses_while_job_live(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    first = submit(logs, "live", *LONG_RUN)
+    paths = RunPaths(logs / "live")
+    try:
+        wait_for(f"job {first} in squeue", lambda: first in queued(), 30, interval=0.2)
+        before = {p.name: p.read_bytes() for p in (paths.jobs, paths.events) if p.exists()}
+        listing = sorted(p.name for p in paths.root.iterdir())
+        proc = cli("cli", "--resume", "live", "--logs", str(logs))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert f"live job {first}" in line and f"scancel {first}" in line, line
+        after = {p.name: p.read_bytes() for p in (paths.jobs, paths.events) if p.exists()}
+        assert after == before and _run_jobs("live") == {first}, "a second job was submitted"
+        new = {p.name for p in paths.root.iterdir()} - set(listing)
+        assert not new & {"monitor.lock", "events.jsonl"}, f"the refusal wrote {new}"
+    finally:
+        scancel(first)
+
+
 def test_killed_resume_is_adopted_not_resubmitted(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    first = submit(logs, "adopt", "training.max_steps=1000", "faults.enabled=true",
-                   "faults.step_sleep=1")  # fmt: skip
+    first = submit(logs, "adopt", *LONG_RUN)
     paths = RunPaths(logs / "adopt")
     ours = {first}
     try:
+        scancel(first)  # a resume while it is live is refused (test above)
+        wait_for(f"job {first} gone from squeue", lambda: first not in queued(), 60)
         cmd = [sys.executable, "-c", KILLED_AFTER_SBATCH, "--resume", "adopt", "--logs", str(logs)]
         killed = subprocess.run(cmd, env=cli_env(), cwd=REPO, timeout=120)
         assert killed.returncode == 9 and job_ids(paths) == [first]

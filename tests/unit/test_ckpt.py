@@ -19,6 +19,7 @@ from grpo_hpc.ckpt import (
     verify_checkpoint,
     write_manifest,
 )
+from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 
 
@@ -181,16 +182,25 @@ def test_both_trainer_formats_verify(run: RunPaths, fmt: str) -> None:
     assert info.format in console.file.getvalue() and "FORMAT" in console.file.getvalue()
 
 
+def _short_manifest(d: Path, **extra: object) -> None:
+    """A manifest consistent with the files, yet short of what its format needs (the
+    trainer's write_manifest refuses to write one: tests/unit/test_ckpt_complete.py)."""
+    m = write_manifest(d)
+    (d / "manifest.json").write_text(json.dumps({**m, **extra}))
+
+
 def test_gathered_without_optimizer_state_is_bad(run: RunPaths) -> None:
     d = trainer_ckpt(run, "gathered")
     (d / "optim.pt").unlink()
-    write_manifest(d, extra={"format": "gathered", "world_size": 1})  # consistent, yet short
+    _short_manifest(d, format="gathered", world_size=1)
     assert verify_checkpoint(d) == ["optim.pt: missing (gathered checkpoint of 1 ranks)"]
+    with pytest.raises(CheckpointIncompleteError, match="optim.pt: not in manifest.json"):
+        write_manifest(d, extra={"format": "gathered", "world_size": 1})
 
 
 def test_rng_state_of_every_rank_is_required(run: RunPaths) -> None:
     d = trainer_ckpt(run, "sharded", world=1)
-    write_manifest(d, extra={"format": "sharded", "world_size": 2})
+    _short_manifest(d, format="sharded", world_size=2)
     assert verify_checkpoint(d) == ["rng-rank1.pt: missing (sharded checkpoint of 2 ranks)"]
 
 

@@ -14,7 +14,7 @@ from grpo_hpc.errors import ExitCode
 from grpo_hpc.fsutil import append_jsonl
 from grpo_hpc.monitor import Backend, monitor_pass
 from grpo_hpc.paths import RunPaths
-from tests.conftest import run_cli
+from tests.conftest import make_checkpoint, run_cli
 
 MAINS = {
     "grpo-status": "grpo_hpc.status:main",
@@ -90,8 +90,7 @@ def test_run_deleted_under_the_monitor_is_skipped(logs_dir: Path) -> None:
 
 def test_checkpoints_deleted_under_a_reader(logs_dir: Path, monkeypatch) -> None:
     paths = _run_dir(logs_dir, "r")
-    (paths.checkpoint(4) / "COMPLETE").parent.mkdir(parents=True)
-    (paths.checkpoint(4) / "COMPLETE").write_text("x")
+    make_checkpoint(paths, 4)
     assert paths.latest_checkpoint() == 4
     # deleted after is_dir() said yes, before the listing: as if no checkpoint
     real_iterdir = Path.iterdir

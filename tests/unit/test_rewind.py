@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.errors import ConfigError
-from grpo_hpc.paths import COMPLETE_MARKER, RunPaths
+from grpo_hpc.paths import RunPaths
 from grpo_hpc.submit import rewind
-
-
-def _ckpt(paths: RunPaths, step: int, complete: bool = True) -> None:
-    d = paths.checkpoint(step)
-    d.mkdir(parents=True)
-    if complete:
-        (d / COMPLETE_MARKER).write_text("1\n")
+from tests.conftest import make_checkpoint as _ckpt
 
 
 def test_rewind_sets_newer_checkpoints_aside(tmp_path: Path) -> None:

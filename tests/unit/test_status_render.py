@@ -31,6 +31,7 @@ from grpo_hpc.status import (
 )
 from grpo_hpc.status_view import _eta
 from grpo_hpc.termviz import fmt_age, sparkline, step_bar, text_plot
+from tests.conftest import make_checkpoint
 
 NOW = 1_700_000_000.0
 
@@ -200,8 +201,7 @@ def test_json_output_for_local_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_details_view(logs: Path) -> None:
     paths = RunPaths(logs / "a-running")
     for step in (10, 20):
-        (paths.checkpoint(step)).mkdir(parents=True)
-        (paths.checkpoint(step) / "COMPLETE").touch()
+        make_checkpoint(paths, step)
     detail = collect_detail(
         paths, query=lambda ids: SlurmView({"101": JobRecord("101", "RUNNING")})
     )

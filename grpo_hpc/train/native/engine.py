@@ -25,6 +25,7 @@ import torch
 from grpo_hpc.errors import StalledError
 from grpo_hpc.train.native import forward, weights
 from grpo_hpc.train.native.sampling import choose
+from grpo_hpc.train.rollout_types import GenerationAborted, RolloutBatch, to_batch
 
 
 def round_up(n: int, k: int) -> int:
@@ -91,9 +92,9 @@ class NativeEngine:
         self.pad = int(self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ public
-    def generate(self, prompts: list[str], num_generations: int, *, greedy: bool = False):  # noqa: ANN201
-        from grpo_hpc.train.rollout import GenerationAborted, to_batch
-
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids = enc.input_ids.to(self.device)
         pmask = enc.attention_mask.to(self.device)

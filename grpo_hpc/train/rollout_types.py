@@ -1,0 +1,89 @@
+"""What every rollout engine shares: the batch it returns, its interface, its options, the
+stop exception, and the conversion of generated ids into a batch.
+
+Both engines (rollout.HFEngine and native.engine.NativeEngine) and the trainer import
+this module; it imports no engine, so the dependency runs one way:
+rollout -> native.engine -> rollout_types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """Token-level view of one batch of completions (rows = prompts x G, grouped)."""
+
+    input_ids: torch.Tensor
+    """[N, P+C] left-padded prompt followed by the completion (right-padded)."""
+    attention_mask: torch.Tensor
+    """[N, P+C] 1 on real prompt tokens and completion tokens up to and including EOS."""
+    completion_mask: torch.Tensor
+    """[N, C] 1 on completion tokens that count in the loss."""
+    prompt_len: int
+    """P: padded prompt length (completion starts here)."""
+    texts: list[str]
+    """Decoded completions, for scoring."""
+    pad_token_id: int = 0
+    """Token id used for padding."""
+    sampled_logp: torch.Tensor | None = None
+    """[N, C] log-probability of each completion token under the policy as the engine
+    computed it while sampling (native engine only; 0 on masked positions)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch: ...
+
+
+class GenerationAborted(Exception):
+    """Generation stopped because a stop was requested (signal): the step is abandoned."""
+
+
+def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:
+    completion = out[:, p:]
+    is_eos = completion == tok.eos_token_id
+    # Tokens after the first EOS are padding: mask = positions <= first EOS.
+    first_eos = torch.where(
+        is_eos.any(1),
+        is_eos.int().argmax(1),
+        torch.full_like(is_eos[:, 0], completion.shape[1], dtype=torch.long),
+    )
+    pos = torch.arange(completion.shape[1], device=out.device).unsqueeze(0)
+    cmask = (pos <= first_eos.unsqueeze(1)).long()
+    texts = tok.batch_decode(
+        completion * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True
+    )
+    return RolloutBatch(
+        input_ids=out,
+        attention_mask=torch.cat([prompt_mask, cmask], 1),
+        completion_mask=cmask,
+        prompt_len=p,
+        texts=texts,
+        pad_token_id=tok.pad_token_id,
+    )
+
+
+@dataclass
+class EngineOptions:
+    """What every engine needs besides the model (from ``rollout.*`` and the profile)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    timeout_s: float
+    dtype: torch.dtype = torch.float32
+    """Compute dtype for generation (bf16/fp16 on GPU, fp32 on CPU)."""
+    synced: bool = False
+    """FSDP with several ranks (HF generate must then keep ranks in step)."""
+    lora: bool = False
+    """The policy is a peft LoRA model."""

@@ -1,0 +1,78 @@
+"""``grpo-submit --resume RUN`` while RUN's job is still live refuses (local executor, real
+process): two trainers on one run directory logged every step twice and overwrote each
+other's checkpoints. The Slurm version is in tests/integration/test_resume_intent_slurm.py."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.attempts import live_job
+from grpo_hpc.errors import ExitCode
+from grpo_hpc.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.paths import RunPaths
+from tests.conftest import REPO, run_cli
+
+from .helpers import signal_job
+
+LONG_RUN = ["training.max_steps=1000", "faults.enabled=true", "faults.step_sleep=1"]
+
+
+def _snapshot(paths: RunPaths) -> dict[str, object]:
+    """What a resubmission writes: job history, events, lock, submitit job folders."""
+    return {
+        "jobs": paths.jobs.read_text(),
+        "events": paths.events.read_text() if paths.events.exists() else None,
+        "lock": paths.monitor_lock.exists(),
+        "submitit": sorted(p.name for p in paths.submitit_dir.iterdir()),
+    }
+
+
+def _submit_no_wait(logs: Path, *args: str) -> None:
+    """grpo-submit with its output in a file: the local job inherits the submitter's
+    stdout, so captured pipes would stay open (and the call blocked) until the job ends."""
+    log = logs.parent / "submit.log"
+    code = "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))"
+    with open(log, "w") as out:
+        cmd = [sys.executable, "-c", code, *args]
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, log.read_text()
+
+
+@pytest.mark.slow
+def test_resume_refuses_while_job_live(logs_dir: Path) -> None:
+    args = ["--profile", "local", "--config", "tiny", "--name", "r", "--no-wait"]
+    _submit_no_wait(logs_dir, *args, "training.num_threads=1", *LONG_RUN)
+    paths = RunPaths(logs_dir / "r")
+    pid = str(read_jsonl(paths.jobs)[0]["job_id"])
+    try:
+        before = _snapshot(paths)
+        result = run_cli("grpo_hpc.cli:submit_main", "--resume", "r")
+        assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("grpo-submit: error:"), result.stderr
+        assert f"live job {pid}" in lines[0] and f"kill {pid}" in lines[0]
+        assert _snapshot(paths) == before, "a refused --resume wrote to the run directory"
+    finally:
+        signal_job(int(pid), signal.SIGKILL)
+    deadline = time.time() + 30
+    while live_job(paths) is not None and time.time() < deadline:
+        time.sleep(0.2)
+    assert live_job(paths) is None, "the killed job still counts as live"
+
+
+def test_unrelated_process_with_a_recorded_pid_is_not_live(tmp_path: Path) -> None:
+    """A local job's pid reused by another process (days later) does not block a resume."""
+    paths = RunPaths(tmp_path / "r")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        append_jsonl(paths.jobs, {"job_id": str(other.pid), "executor": "local"})
+        assert live_job(paths) is None
+    finally:
+        other.kill()
+        other.wait()

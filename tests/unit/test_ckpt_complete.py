@@ -1,0 +1,127 @@
+"""A checkpoint with no model is never COMPLETE, never resumed from, and `grpo-ckpt verify`
+calls it BAD; a run never reports success without its final weights.
+
+The fault (issue 14): two trainers on one run directory; one's checkpoint rotation (prune)
+deleted the ``.tmp-step-N`` directory the other was still writing; the other then wrote a
+manifest of nothing into a re-created directory, renamed it over the good ``step-N`` and
+marked it COMPLETE. The tests replay that with the real save and prune functions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc.ckpt import main as ckpt_main
+from grpo_hpc.errors import RunDirBusyError
+from grpo_hpc.manifest import COMPLETE_MARKER, MANIFEST, CheckpointIncompleteError, is_complete
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.train import checkpoint
+from grpo_hpc.train.dist import DistInfo
+
+
+def _save(paths: RunPaths, step: int, slow_save_s: float = 0.0) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optim.step()
+    state = {"step": step}
+    rng = checkpoint.rng_state()
+    return checkpoint.save(
+        paths, step, model, optim, state, rng, DistInfo(), keep_last=2, slow_save_s=slow_save_s
+    )
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> RunPaths:
+    p = RunPaths(tmp_path / "r")
+    p.root.mkdir()
+    return p
+
+
+def test_checkpoint_without_model_never_complete(paths: RunPaths) -> None:
+    """A second trainer's prune deletes the directory a save of step 8 is writing: the save
+    fails, no COMPLETE step-8 without a model appears, and the good step-8 is kept."""
+    good = _save(paths, 8)
+    errors: list[BaseException] = []
+
+    def slow_writer() -> None:
+        try:
+            _save(paths, 8, slow_save_s=1.0)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    deadline = time.time() + 10
+    while not (paths.checkpoint_tmp(8) / "trainer.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    checkpoint.prune(paths, keep_last=2)  # what the other trainer's rotation does
+    writer.join()
+    assert len(errors) == 1 and isinstance(errors[0], CheckpointIncompleteError), errors
+    assert (good / "model.pt").is_file(), "the good step-8 was replaced by an empty one"
+    assert paths.latest_checkpoint() == 8 and is_complete(good)
+
+
+def test_checkpoint_without_model_is_not_resumed_from(
+    paths: RunPaths, capsys: pytest.CaptureFixture
+) -> None:
+    """What the overlapping attempts left behind: COMPLETE + a manifest listing no files."""
+    _save(paths, 6)
+    model_gone = _save(paths, 10)
+    for step in (7, 8):
+        d = paths.checkpoint(step)
+        d.mkdir(parents=True)
+        (d / MANIFEST).write_text(f'{{"step": {step}, "files": {{}}}}')
+        (d / COMPLETE_MARKER).write_text("1\n")
+    (model_gone / "model.pt").unlink()
+    assert paths.checkpoint_steps() == [6] and paths.latest_checkpoint() == 6
+    assert ckpt_main(["verify", str(paths.root)]) == 1
+    out = capsys.readouterr().out
+    assert "step-7: BAD" in out and "step-8: BAD" in out and "step-10: BAD" in out
+    assert "step-6: ok" in out
+
+
+def test_run_never_succeeds_without_final_weights(paths: RunPaths) -> None:
+    assert checkpoint.final_weights_problems(paths, 3) == [
+        f"no complete checkpoint at step 3 ({paths.checkpoint(3)})"
+    ]
+    d = _save(paths, 3)
+    assert checkpoint.final_weights_problems(paths, 3) == []
+    blob = bytearray((d / "model.pt").read_bytes())
+    blob[-1] ^= 1  # same size, other bytes: only the full (sha256) check sees it
+    (d / "model.pt").write_bytes(bytes(blob))
+    assert is_complete(d)
+    assert checkpoint.final_weights_problems(paths, 3) == [
+        "model.pt: sha256 differs from the manifest"
+    ]
+
+
+def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
+    held = checkpoint.lock_run_dir(paths)
+    try:
+        code = (
+            "import sys; from grpo_hpc.paths import RunPaths; "
+            "from grpo_hpc.train.checkpoint import lock_run_dir; "
+            "lock_run_dir(RunPaths(__import__('pathlib').Path(sys.argv[1])))"
+        )
+        other = subprocess.run(
+            [sys.executable, "-c", code, str(paths.root)], capture_output=True, text=True
+        )
+        assert other.returncode != 0 and "RunDirBusyError" in other.stderr
+        assert "another trainer (pid" in other.stderr
+    finally:
+        os.close(held)
+    with pytest.raises(RunDirBusyError):
+        a = checkpoint.lock_run_dir(paths)
+        try:
+            checkpoint.lock_run_dir(paths)  # a second open file in one process conflicts too
+        finally:
+            os.close(a)

@@ -1,0 +1,32 @@
+"""Which module may import which (issue 14, "the house"): read from the source, so a new
+import that turns a one-way dependency into a cycle fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "grpo_hpc"
+
+
+def imports_of(rel: str) -> set[str]:
+    """Every grpo_hpc module a file imports, at the top or inside a function."""
+    tree = ast.parse((PKG / rel).read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.startswith("grpo_hpc")}
+
+
+def test_native_engine_does_not_import_rollout() -> None:
+    """rollout builds the native engine; the engine gets the shared types from
+    rollout_types, never from rollout (they used to import each other)."""
+    assert "grpo_hpc.train.rollout" not in imports_of("train/native/engine.py")
+    assert "grpo_hpc.train.rollout" not in imports_of("train/rollout_types.py")
+    assert not any(
+        m.startswith("grpo_hpc.train.native") for m in imports_of("train/rollout_types.py")
+    )
