@@ -362,6 +362,12 @@ def _parser() -> Parser:
     return p
 
 
+def _say(line: str, stream) -> None:  # noqa: ANN001
+    """Print a line; a log on a full disk must not kill the monitor (bench/faults.py)."""
+    with contextlib.suppress(OSError):
+        print(line, file=stream, flush=True)
+
+
 def _watch(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     root = logs_root(args.logs)
@@ -378,11 +384,11 @@ def _watch(argv: list[str]) -> int:
         try:
             for o in monitor_pass(runs, policy):
                 if o.logged and o.action.kind is not ActionKind.NONE:
-                    print(format_outcome(o, time.time()), flush=True)
-        except SlurmUnavailableError as e:
+                    _say(format_outcome(o, time.time()), sys.stdout)
+        except (SlurmUnavailableError, OSError) as e:  # Slurm away, or a full disk: retry
             if args.once:
                 raise
-            print(f"grpo-monitor: warning: {e}; retrying in {args.interval:.0f} s", file=sys.stderr)
+            _say(f"grpo-monitor: warning: {e}; retrying in {args.interval:.0f} s", sys.stderr)
         if args.once:
             return ExitCode.OK
         finals = [is_final(p) for p in runs]
