@@ -61,8 +61,9 @@ MONITOR_FLAGS = [
     "--interval", "1", "--step0-timeout", "60", "--heartbeat-timeout", "20",
     "--backoff", "0", "--max-retries", "8",
 ]  # fmt: skip
-TRIAL_TIMEOUT_S = 300.0
-TRIGGER_TIMEOUT_S = 120.0
+TRIAL_TIMEOUT_S = 600.0
+"""Whole trial, queue waits included (the cluster is shared)."""
+TRIGGER_TIMEOUT_S = 300.0
 TMPFS_SIZE = "64m"
 
 
