@@ -8,13 +8,10 @@ import time
 from grpo_hpc import preflight
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.config import builtin_configs, normalize_overrides
-from grpo_hpc.errors import ConfigError, ExitCode, GrpoError
+from grpo_hpc.errors import ConfigError, ExitCode
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.profiles import known_profiles, load_profile
 from grpo_hpc.progress import read_progress
-
-LOCK_WAIT_S = 60
-"""How long --resume waits for a monitor pass that holds the run's lock."""
 
 SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile local --config demo            # train SmolLM2-135M on this machine
@@ -107,6 +104,8 @@ def _submit(argv: list[str]) -> int:
 
 
 def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
+    from grpo_hpc.attempts import start_next_attempt
+
     paths = RunPaths.for_run(args.resume, root.resolve())
     if not paths.config.is_file():
         raise ConfigError(
@@ -115,60 +114,20 @@ def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
     if overrides:
         raise ConfigError("--resume continues a run with its stored config: drop the overrides")
     preflight.refuse(preflight.check_run(paths))  # inputs may have moved since submission
-    from grpo_hpc.attempts import refuse_if_live
-
-    refuse_if_live(paths)  # before the lock file or anything else is written
-    result = _resubmit_recorded(paths, args.from_step)
-    if result is None:
-        return ExitCode.OK
-    print(f"resubmitted run {paths.name}: job {result.job_id}, attempt {result.attempt}")
-    if args.watch:
-        _start_monitor(paths)
-    return _wait(paths, result) if args.wait else ExitCode.OK
-
-
-def _resubmit_recorded(paths: RunPaths, from_step: int | None):  # noqa: ANN202
-    """Resubmit under the run's lock (waiting for a monitor pass that holds it)."""
-    from grpo_hpc.monitor import run_lock
-
-    for _ in range(LOCK_WAIT_S):
-        with run_lock(paths) as locked:
-            if locked:
-                return _resubmit_locked(paths, from_step)
-        time.sleep(1)
-    raise ConfigError(
-        f"a grpo-monitor has been acting on run {paths.name!r} for {LOCK_WAIT_S} s: retry later"
-    )
-
-
-def _resubmit_locked(paths: RunPaths, from_step: int | None):  # noqa: ANN202
-    """Record the intent before sbatch and close it after (see grpo_hpc.adoption). A job an
-    earlier, killed ``--resume`` submitted without recording it is adopted instead (None
-    returned): nothing is submitted twice."""
-    from grpo_hpc import adoption, submit
-    from grpo_hpc.attempts import refuse_if_live
-
-    adopted = adoption.adopt_pending(paths)
-    if adopted is not None:
+    started = start_next_attempt(paths, "manual --resume", from_step=args.from_step)
+    if started.how == "adopted":
         print(
-            f"adopted job {adopted}: an earlier submission of {paths.name} was killed "
+            f"adopted job {started.job_id}: an earlier submission of {paths.name} was killed "
             "before it recorded the job; not submitting again"
         )
-        return None
-    refuse_if_live(paths)
-    intent = adoption.open_manual_intent(paths, "manual --resume")
-    try:
-        if from_step is not None:
-            set_aside = submit.rewind(paths, from_step)
-            print(f"resuming from checkpoint {from_step}; set aside: {set_aside or 'none'}")
-        result = submit.resubmit(paths, reason="manual --resume")
-    except (GrpoError, KeyboardInterrupt) as e:  # refused or stopped: nothing to adopt
-        adoption.close_intent(paths, intent, "error", error=str(e) or type(e).__name__)
-        raise
-    # Anything else (say the disk filled after sbatch) leaves the intent open, so the
-    # next --resume or monitor pass looks for the job in Slurm before submitting.
-    adoption.close_intent(paths, intent, "done", new_job_id=result.job_id)
-    return result
+        return ExitCode.OK
+    if args.from_step is not None:
+        aside = started.set_aside or "none"
+        print(f"resuming from checkpoint {args.from_step}; set aside: {aside}")
+    print(f"resubmitted run {paths.name}: job {started.job_id}, attempt {started.attempt}")
+    if args.watch:
+        _start_monitor(paths)
+    return _wait(paths, started) if args.wait else ExitCode.OK
 
 
 def _start_monitor(paths: RunPaths) -> None:

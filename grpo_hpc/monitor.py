@@ -6,29 +6,36 @@ Slurm (one ``sacct`` + one ``squeue`` per pass for all runs), decide, apply, log
 
 Crash safety: before acting, an ``intent`` event goes to events.jsonl; after, ``done``
 (or ``error``). A monitor killed between the two finds the open intent on restart and
-finishes it; before any resubmission it checks that the newest job in jobs.jsonl is still
-the one it decided about, and that Slurm has no job of the run submitted since the intent
-but missing from jobs.jsonl (killed between sbatch and the write: that job is adopted), so
-a restart never submits twice. A cancelled job is resubmitted only once it has left the
-queue, so two trainers never share a run directory. Retry counts and the sticky STOP/DONE
-are derived from events.jsonl, so a restarted monitor continues the budget.
+finishes it. Starting the next attempt (superseded check, adoption of a job a killed
+submitter left unrecorded, the live-job check, submission) is grpo_hpc.attempts', the same
+code ``grpo-submit --resume`` runs, so a restart never submits twice. A cancelled job is
+resubmitted only once it has left the queue, so two trainers never share a run directory.
+Retry counts and the sticky STOP/DONE are derived from events.jsonl, so a restarted
+monitor continues the budget.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpo_hpc import slurm_query
-from grpo_hpc.adoption import adopt_orphan, close_superseded, record_adopted, slurm_submitted_jobs
+from grpo_hpc.attempts import (
+    Effects,
+    close_superseded,
+    record_adopted,
+    run_lock,
+    slurm_submitted_jobs,
+    start_next_attempt,
+    submit_next,
+)
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.decision import (
     RESUBMIT_KINDS,
@@ -68,12 +75,6 @@ def cancel_local(pid: int) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def _resubmit(paths: RunPaths, reason: str) -> str:
-    from grpo_hpc import submit  # submitit, omegaconf...: only when something is submitted
-
-    return submit.resubmit(paths, reason).job_id
-
-
 @dataclass
 class Backend:
     """The monitor's side effects; tests swap in fakes."""
@@ -88,14 +89,25 @@ class Backend:
     """Stop a local-executor job by pid."""
     pid_alive: Callable[[int], bool] = pid_alive
     """Is a local-executor job alive."""
-    resubmit: Callable[[RunPaths, str], str] = _resubmit
-    """Submit the next attempt; returns the new job id."""
+    resubmit: Callable[[RunPaths, str], object] = submit_next
+    """Submit the next attempt: a submit.SubmitResult, or just the new job id."""
     submitted_jobs: Callable[[RunPaths, float], list[str]] = slurm_submitted_jobs
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
     adopt: Callable[[RunPaths, str, str], None] = record_adopted
     """Record in jobs.jsonl a job that was submitted but never recorded."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
+
+    def effects(self) -> Effects:
+        """The part grpo_hpc.attempts uses to start the next attempt."""
+        return Effects(
+            queued_job_ids=self.queued_job_ids,
+            pid_alive=self.pid_alive,
+            submit=self.resubmit,
+            submitted_jobs=self.submitted_jobs,
+            cancel_slurm=self.cancel_slurm,
+            adopt=self.adopt,
+        )
 
 
 @dataclass
@@ -133,26 +145,6 @@ def _is_new(events: list[dict[str, Any]], ev: dict[str, Any]) -> bool:
     return last is None or any(str(last.get(k)) != str(ev.get(k)) for k in keys)
 
 
-@contextlib.contextmanager
-def run_lock(paths: RunPaths) -> Iterator[bool]:
-    """Non-blocking per-run lock; yields False when another monitor holds it or the run
-    directory is gone (deleted under the monitor: nothing left to watch)."""
-    try:
-        fd = os.open(paths.monitor_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except (FileNotFoundError, NotADirectoryError):
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 def is_final(paths: RunPaths) -> ActionKind | None:
     """STOP/DONE if a pass ended the run's newest job (sticky until someone resubmits)
     and left no unfinished intent (e.g. the cancel of a stalled job it stopped)."""
@@ -187,15 +179,16 @@ def monitor_run(
         if intent is not None:  # a monitor died mid-action: finish what it started
             action = _action_of(intent)
             out = Outcome(paths.name, job.job_id, action)
-            return _apply(paths, job, action, t, backend, out, since=float(intent["time"]))
+            return _apply(paths, job, action, t, backend, out, intent, since=float(intent["time"]))
         action = decide(read_progress(paths.progress), job, history, t, policy)
         ev = _event(t, job, action, "decision")
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
         if out.logged:
             append_jsonl(paths.events, ev)
         if action.kind in RESUBMIT_KINDS or action.cancel:
-            append_jsonl(paths.events, _event(t, job, action, "intent", cancel=action.cancel))
-            return _apply(paths, job, action, t, backend, out)
+            intent = _event(t, job, action, "intent", cancel=action.cancel)
+            append_jsonl(paths.events, intent)
+            return _apply(paths, job, action, t, backend, out, intent)
         return out
 
 
@@ -206,13 +199,13 @@ def _apply(
     t: float,
     backend: Backend,
     out: Outcome,
+    intent: dict[str, Any],
     since: float | None = None,
 ) -> Outcome:
-    """Cancel and/or resubmit for an intent already written; close it with done/error.
-
-    ``since``: when re-applying the open intent of a killed monitor, the intent's time; a
-    job that monitor submitted but did not record is adopted instead of submitting again.
-    """
+    """Cancel and/or resubmit for an intent already written; the intent is closed with
+    done/error. Starting the next attempt (superseded, adoption, live-job check, submit)
+    is grpo_hpc.attempts'; ``since``: re-applying the open intent of a killed monitor
+    (its time), whose unrecorded job is adopted instead of submitting again."""
     out.logged = True
     if action.cancel and job.state not in ("LOCAL_EXITED", "MISSING"):
         _cancel(job, backend)
@@ -222,29 +215,18 @@ def _apply(
     if action.kind not in RESUBMIT_KINDS:
         append_jsonl(paths.events, _event(t, job, action, "done"))
         return out
-    jobs = read_jsonl(paths.jobs)
-    newest = str(jobs[-1]["job_id"]) if jobs else None
-    if newest != job.job_id:  # someone (an earlier monitor, a user) already resubmitted
-        out.new_job_id = newest
-        append_jsonl(
-            paths.events, _event(t, job, action, "done", new_job_id=newest, note="superseded")
-        )
-        return out
     reason = f"monitor: {action.failure_class.value}"
     try:
-        adopted = None
-        if since and not job.state.startswith("LOCAL_"):
-            why = f"{reason} (adopted: its submitter was killed before recording it)"
-            jobs_since, cancel = backend.submitted_jobs, backend.cancel_slurm
-            adopted = adopt_orphan(paths, why, since, jobs_since, cancel, backend.adopt)
-        out.new_job_id = adopted or backend.resubmit(paths, reason)
+        started = start_next_attempt(
+            paths, reason, intent=intent, since=since, effects=backend.effects(), lock_held=True
+        )
     except GrpoError as e:
         out.error = str(e)
-        append_jsonl(paths.events, _event(t, job, action, "error", error=str(e)))
+        if pending_intent(read_jsonl(paths.events), job.job_id) is not None:
+            append_jsonl(paths.events, _event(t, job, action, "error", error=str(e)))
         _maybe_give_up(paths, job, t, e)
         return out
-    note = {"note": "adopted"} if adopted else {}
-    append_jsonl(paths.events, _event(t, job, action, "done", new_job_id=out.new_job_id, **note))
+    out.new_job_id = started.job_id
     return out
 
 

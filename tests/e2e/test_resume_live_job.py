@@ -29,7 +29,9 @@ def _snapshot(paths: RunPaths) -> dict[str, object]:
         "jobs": paths.jobs.read_text(),
         "events": paths.events.read_text() if paths.events.exists() else None,
         "lock": paths.monitor_lock.exists(),
-        "submitit": sorted(p.name for p in paths.submitit_dir.iterdir()),
+        # a submission adds a folder named after its job id (the running job's own
+        # controller writes under a literal "%j")
+        "submitit": sorted(p.name for p in paths.submitit_dir.iterdir() if p.name.isdigit()),
     }
 
 

@@ -30,3 +30,14 @@ def test_native_engine_does_not_import_rollout() -> None:
     assert not any(
         m.startswith("grpo_hpc.train.native") for m in imports_of("train/rollout_types.py")
     )
+
+
+def test_one_home_for_starting_the_next_attempt() -> None:
+    """grpo-submit --resume and the monitor both start attempts through grpo_hpc.attempts;
+    the command-line layer imports no monitor internals, and attempts imports neither."""
+    assert not any(m.startswith("grpo_hpc.monitor") for m in imports_of("cli.py"))
+    assert "grpo_hpc.attempts.start_next_attempt" in imports_of("cli.py")
+    assert "grpo_hpc.attempts.start_next_attempt" in imports_of("monitor.py")
+    low = imports_of("attempts.py")
+    assert not any(m.startswith(("grpo_hpc.monitor", "grpo_hpc.cli")) for m in low)
+    assert not (PKG / "adoption.py").exists()
