@@ -79,7 +79,11 @@ def cli_env() -> dict[str, str]:
 
 
 def sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    """Run a command; a hang (slurmctld away) reads as exit 124, never raises."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
 
 
 # ------------------------------------------------------------------------- processes
@@ -225,28 +229,28 @@ class Trial:
             time.sleep(0.5)
 
     # -- injection
-    def _wait(self, what: str, probe) -> bool:  # noqa: ANN001
+    def _wait(self, what: str, probe, poll_s: float = 0.1) -> bool:  # noqa: ANN001
         deadline = time.time() + TRIGGER_TIMEOUT_S
         while time.time() < deadline and not self.done.is_set():
             if probe():
                 return True
-            time.sleep(0.02)
+            time.sleep(poll_s)
         self.log(f"missed: no {what}")
         return False
 
     def _trigger(self, f: Fault) -> bool:
         if f.kind == "kill_trainer_in_save":
-            return self._wait(
-                "checkpoint save", lambda: any(self.paths.checkpoints.glob(".tmp-step-*"))
-            )
+            saving = lambda: any(self.paths.checkpoints.glob(".tmp-step-*"))  # noqa: E731
+            return self._wait("checkpoint save", saving, poll_s=0.02)
         if f.kind == "kill_trainer_in_first_step":
 
             def first_step() -> bool:
-                rec = read_progress(self.paths.progress) if trainer_pids(self.paths) else None
+                rec = read_progress(self.paths.progress)
                 busy = (TrainState.GENERATING, TrainState.SCORING, TrainState.TRAINING)
-                return rec is not None and rec.state in busy and rec.step == 0
+                in_step0 = rec is not None and rec.state in busy and rec.step == 0
+                return in_step0 and bool(trainer_pids(self.paths))
 
-            return self._wait("first step", first_step)
+            return self._wait("first step", first_step, poll_s=0.02)
         return self._wait("trainer process", lambda: trainer_pids(self.paths))
 
     def _inject_all(self) -> None:
