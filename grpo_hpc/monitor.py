@@ -56,6 +56,9 @@ from grpo_hpc.runs import SlurmView, job_view, pid_alive, query_slurm, resolve_r
 from grpo_hpc.slurm_query import JobRecord
 
 MAX_SUBMIT_ERRORS = 5
+SUBMIT_ERROR_WINDOW_S = 600.0
+"""Failed resubmissions STOP a run only when they persisted this long (and at least
+MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults.py)."""
 CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
@@ -258,7 +261,10 @@ def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> N
     events = read_jsonl(paths.events)
     errors = [e for e in events if e.get("phase") == "error" and e.get("job_id") == job.job_id]
     config = isinstance(err, ConfigError) and not isinstance(err, SlurmUnavailableError)
-    if config or len(errors) >= MAX_SUBMIT_ERRORS:
+    tries = [e for e in events if e.get("phase") == "intent" and e.get("job_id") == job.job_id]
+    first = min((float(e.get("time", t)) for e in tries), default=t)  # the pass's own clock
+    persistent = len(errors) >= MAX_SUBMIT_ERRORS and t - first >= SUBMIT_ERROR_WINDOW_S
+    if config or persistent:
         why = f"resubmission failed ({len(errors)}x): {err}"
         cls = FailureClass.CONFIG_ERROR if config else FailureClass.BUDGET_EXHAUSTED
         append_jsonl(paths.events, _event(t, job, Action(ActionKind.STOP, cls, why), "decision"))
