@@ -90,8 +90,9 @@ def sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def trainer_pids(paths: RunPaths) -> dict[int, int]:
-    """pid -> rank of the run's trainer workers (not torchrun), on any node."""
-    out = {}
+    """pid -> rank of the run's trainer processes (not torchrun, and not their forked
+    helpers such as the math-verify worker, which share the trainer's command line)."""
+    found: dict[int, tuple[int, int]] = {}
     want = str(paths.root).encode()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -102,14 +103,15 @@ def trainer_pids(paths: RunPaths) -> dict[int, int]:
                 continue
             if want not in argv:
                 continue
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] in "ZX":
+                continue
             env = (d / "environ").read_bytes().split(b"\0")
             rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), 0)
-            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
-                continue
-            out[int(d.name)] = rank
-        except (OSError, ValueError):
+            found[int(d.name)] = (rank, int(stat[1]))
+        except (OSError, ValueError, IndexError):
             continue
-    return out
+    return {pid: rank for pid, (rank, ppid) in found.items() if ppid not in found}
 
 
 def kill(pids, sig: int) -> None:  # noqa: ANN001
