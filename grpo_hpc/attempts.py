@@ -38,10 +38,16 @@ from grpo_hpc.decision import ActionKind, FailureClass, pending_intent
 from grpo_hpc.errors import ConfigError, ExitCode, GrpoError
 from grpo_hpc.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import read_progress
 from grpo_hpc.runs import pid_alive
 
 LOCK_WAIT_S = 60
 """How long a --resume waits for a monitor pass that holds the run's lock."""
+ENDING_WAIT_S = 60.0
+"""How long to wait for a job whose trainer already recorded its outcome (progress.json)
+to leave the queue (Slurm's epilog and KillWait; ``--wait`` returns on the outcome, so a
+``--resume`` typed right after it meets the job still COMPLETING)."""
+POLL_S = 0.5
 
 
 class LiveJobError(GrpoError):
@@ -84,6 +90,8 @@ class Effects:
     """scancel (an extra orphan)."""
     adopt: Callable[[RunPaths, str, str], None] = record_adopted
     """Record in jobs.jsonl a job that was submitted but never recorded."""
+    sleep: Callable[[float], None] = time.sleep
+    """Pause while an ending job leaves the queue."""
 
 
 @dataclass
@@ -137,17 +145,27 @@ def live_job(paths: RunPaths, fx: Effects | None = None) -> tuple[str, str] | No
     return (live[-1], "in the Slurm queue") if live else None
 
 
+def _ending(paths: RunPaths, job_id: str) -> bool:
+    """Whether the job's trainer already recorded how it ended: the job is only leaving."""
+    rec = read_progress(paths.progress)
+    return rec is not None and rec.state.terminal and str(rec.job_id) == job_id
+
+
 def refuse_if_live(paths: RunPaths, fx: Effects | None = None) -> None:
-    """Raise LiveJobError naming the live job of the run, if there is one."""
-    found = live_job(paths, fx)
-    if found is None:
-        return
-    job, where = found
-    stop = f"kill {job}" if where == "local process" else f"scancel {job}"
-    raise LiveJobError(
-        f"run {paths.name!r} still has a live job {job} ({where}): {stop} or wait for it "
-        "to end, then resume (two jobs would train on one run directory)"
-    )
+    """Raise LiveJobError naming the live job of the run, if there is one. A job whose
+    trainer has recorded its outcome gets up to ENDING_WAIT_S to leave the queue first."""
+    fx = fx or Effects()
+    waited = 0.0
+    while (found := live_job(paths, fx)) is not None:
+        job, where = found
+        if waited >= ENDING_WAIT_S or not _ending(paths, job):
+            stop = f"kill {job}" if where == "local process" else f"scancel {job}"
+            raise LiveJobError(
+                f"run {paths.name!r} still has a live job {job} ({where}): {stop} or wait "
+                "for it to end, then resume (two jobs would train on one run directory)"
+            )
+        fx.sleep(POLL_S)
+        waited += POLL_S
 
 
 # ------------------------------------------------------------------------ the run's lock

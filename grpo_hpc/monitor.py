@@ -110,6 +110,7 @@ class Backend:
             submitted_jobs=self.submitted_jobs,
             cancel_slurm=self.cancel_slurm,
             adopt=self.adopt,
+            sleep=self.sleep,
         )
 
 

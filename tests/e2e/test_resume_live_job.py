@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.attempts import live_job
+from grpo_hpc.attempts import Effects, LiveJobError, live_job, refuse_if_live
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, TrainState, read_progress, write_progress
 from tests.conftest import REPO, run_cli
 
-from .helpers import signal_job
+from .helpers import env, make_run, signal_job, start, torchrun_cmd
 
 LONG_RUN = ["training.max_steps=1000", "faults.enabled=true", "faults.step_sleep=1"]
 
@@ -78,3 +79,57 @@ def test_unrelated_process_with_a_recorded_pid_is_not_live(tmp_path: Path) -> No
     finally:
         other.kill()
         other.wait()
+
+
+def _slurm_run(tmp_path: Path, state: str) -> RunPaths:
+    paths = RunPaths(tmp_path / "r")
+    append_jsonl(paths.jobs, {"job_id": "7", "executor": "slurm"})
+    write_progress(paths.progress, ProgressRecord(run="r", state=TrainState(state), job_id="7"))
+    return paths
+
+
+def test_resume_waits_for_a_job_that_is_only_ending(tmp_path: Path) -> None:
+    """``--wait`` returns when the trainer recorded its outcome; squeue still lists the job
+    (COMPLETING) for a moment: a resume then waits for it to leave instead of refusing."""
+    paths = _slurm_run(tmp_path, "finished")
+    polls = iter([{"7"}, {"7"}, set()])
+    slept: list[float] = []
+    fx = Effects(queued_job_ids=lambda: next(polls), sleep=slept.append)
+    refuse_if_live(paths, fx)
+    assert len(slept) == 2
+
+
+def test_resume_refuses_a_running_trainer_at_once(tmp_path: Path) -> None:
+    paths = _slurm_run(tmp_path, "training")
+    slept: list[float] = []
+    fx = Effects(queued_job_ids=lambda: {"7"}, sleep=slept.append)
+    with pytest.raises(LiveJobError, match="live job 7 .*scancel 7"):
+        refuse_if_live(paths, fx)
+    assert slept == []
+
+
+@pytest.mark.slow
+def test_second_trainer_on_one_run_dir_exits_untouched(tmp_path: Path) -> None:
+    """Whatever started it (a person's torchrun, a duplicate job): a second trainer on a run
+    directory another trainer holds exits 2 at once and leaves the first one's progress."""
+    paths = make_run(tmp_path, "r", *LONG_RUN)
+    first = start(paths)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            rec = read_progress(paths.progress)
+            if rec is not None and rec.step >= 1:
+                break
+            assert first.poll() is None, "the first trainer exited"
+            time.sleep(0.2)
+        before = read_progress(paths.progress)
+        second = subprocess.run(
+            torchrun_cmd(paths, 1), capture_output=True, text=True, env=env(), timeout=120
+        )
+        assert second.returncode != 0 and "another trainer (pid" in second.stderr
+        after = read_progress(paths.progress)
+        assert after.attempt == before.attempt and not after.state.terminal, after
+        assert first.poll() is None, "the first trainer was disturbed"
+    finally:
+        signal_job(first.pid, signal.SIGKILL)
+        first.wait()
