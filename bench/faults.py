@@ -65,6 +65,11 @@ TRIAL_TIMEOUT_S = 600.0
 """Whole trial, queue waits included (the cluster is shared)."""
 TRIGGER_TIMEOUT_S = 300.0
 TMPFS_SIZE = "64m"
+BAD_NODE_STATES = ("down", "drain", "fail", "unk")
+REPAIR_EVERY_S = 15.0
+"""How often a trial checks the cluster for nodes left drained by something outside its
+own fault (e.g. "Kill task failed" when slurmctld was away during a cancel) and repairs
+them as an admin would (slurm/up.sh resumes them); each repair is noted in the trial."""
 
 
 def cli_env() -> dict[str, str]:
@@ -118,6 +123,13 @@ def kill(pids, sig: int) -> None:  # noqa: ANN001
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+
+def unhealthy_nodes() -> list[str]:
+    """Nodes sinfo lists as down, drained, failing or unknown, with Slurm's reason."""
+    out = sh("sinfo", "-h", "-N", "-o", "%N|%t|%E").stdout.splitlines()
+    bad = [line.split("|") for line in out if line.count("|") == 2]
+    return [f"{n} {t} ({why})" for n, t, why in bad if t.startswith(BAD_NODE_STATES)]
 
 
 def restore_cluster() -> str:
@@ -202,8 +214,17 @@ class Trial:
         )
 
     def _wait_monitor(self) -> None:
-        deadline = self.t0 + TRIAL_TIMEOUT_S
+        deadline, next_check = self.t0 + TRIAL_TIMEOUT_S, time.time() + REPAIR_EVERY_S
+        own_nodes = any(f.kind in EXCLUSIVE for f in self.plan.faults)  # its injector repairs
         while time.time() < deadline:
+            if not own_nodes and time.time() > next_check:
+                next_check = time.time() + REPAIR_EVERY_S
+                bad = unhealthy_nodes()
+                if bad:
+                    why = restore_cluster()
+                    self.result.notes.append(
+                        f"cluster repaired: {bad}" + (f"; {why}" if why else "")
+                    )
             mon = self.monitor
             if mon is not None and mon.poll() is not None and mon is self.monitor:
                 self.result.monitor_rc = mon.returncode  # 0: DONE, 1: STOPPED, else a crash
