@@ -152,7 +152,9 @@ class Trial:
 
     def __init__(self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS) -> None:
         self.plan, self.root, self.seed, self.max_steps = plan, root, seed, max_steps
-        self.paths = RunPaths.for_run(f"t{plan.index:03d}", root)
+        # The harness's pid in the name: job names (what squeue is asked about) never
+        # collide with another campaign on the same cluster (CI's, say).
+        self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)
         self.result = TrialResult(
             plan.index, plan.kind, plan.profile, [asdict(f) for f in plan.faults]
         )
