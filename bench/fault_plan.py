@@ -195,3 +195,21 @@ def summarize(results: list[TrialResult]) -> dict[str, Any]:
         "by_kind": {k: block([r for r in results if r.kind == k]) for k in kinds},
         "failed": failed,
     }
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The per-kind table of bench/results/README.md from a campaign's ``summary``."""
+    head = (
+        "| kind | trials | passed | finished | weights identical | jobs | duplicate-job "
+        "trials | bad checkpoints | recover median / max s | trial mean s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+
+    def row(name: str, b: dict[str, Any]) -> str:
+        cells = [b[k] for k in ("trials", "passed", "finished", "weights_identical")]
+        cells += [b["jobs_submitted"], b["duplicate_job_trials"], b["bad_checkpoints"]]
+        cells += [f"{b['recover_s_median']} / {b['recover_s_max']}", b["trial_wall_s_mean"]]
+        return f"| {name} | " + " | ".join(str(c) for c in cells) + " |"
+
+    rows = [row(f"`{k}`", b) for k, b in summary["by_kind"].items()]
+    return "\n".join([head, *rows, row("**total**", summary["total"])])

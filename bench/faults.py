@@ -34,6 +34,7 @@ from fault_plan import (  # noqa: E402
     TrialPlan,
     TrialResult,
     batches,
+    markdown_table,
     plan_trial,
     summarize,
     verdict,
@@ -476,6 +477,7 @@ EXAMPLES = """examples:
   python bench/faults.py --trials 100 --seed 1 --out bench/results/faults_campaign.json
   python bench/faults.py --seed 1 --only 17,23 --out /tmp/rerun.json   # rerun two trials
   python bench/faults.py --plan --trials 20 --seed 1      # print the schedule, run nothing
+  python bench/faults.py --table bench/results/faults_campaign.json   # the README table
 
 Trial i of seed S is the same whatever --trials is (its kind is KINDS[i % 10], its moments
 come from a generator seeded with S and i). Needs root and slurm/up.sh --nodes 2.
@@ -499,7 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep every trial's run directory")
     p.add_argument("--plan", action="store_true", help="print the schedule and exit")
+    p.add_argument("--table", type=Path, metavar="JSON", help="print a results file's table")
     args = p.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())["summary"]))
+        return 0
     indices = [int(i) for i in args.only.split(",")] if args.only else range(args.trials)
     plans = [plan_trial(args.seed, i) for i in indices]
     if args.plan:

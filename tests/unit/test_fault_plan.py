@@ -16,6 +16,7 @@ from fault_plan import (  # noqa: E402
     TWO_NODE,
     TrialResult,
     batches,
+    markdown_table,
     plan_campaign,
     plan_trial,
     summarize,
@@ -92,3 +93,10 @@ def test_batches_keep_cluster_wide_faults_alone() -> None:
     groups = [[p.index for p in g] for g in batches(plans, 3)]
     assert groups == [[0, 1, 2], [3, 4], [5], [6], [7], [8, 9]]
     assert [[p.index for p in g] for g in batches(plans[:3], 1)] == [[0], [1], [2]]
+
+
+def test_markdown_table_rows() -> None:
+    table = markdown_table(summarize([replace(GOOD, recover_s=2.0, wall_s=10.0)]))
+    lines = table.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| `scancel` | 1 | 1 | 1 | 1 | 2 | 0 | 0 |")
+    assert lines[3].startswith("| **total** | 1 | 1 |")
