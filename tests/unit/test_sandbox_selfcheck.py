@@ -5,7 +5,9 @@ The sandbox and the math-verify worker prove themselves at startup; bubblewrap's
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,3 +127,29 @@ def test_math_verifier_broken_worker_stops_the_run(monkeypatch) -> None:
             rewards.prove_workers(RewardConfig(code=0.0, correctness=1.0))
     finally:
         broken._stop()
+
+
+def _die_once(marker: str):  # noqa: ANN202
+    real = verifier._judge
+
+    def judge(*args):  # noqa: ANN002, ANN202 - runs in the forked worker
+        if not Path(marker).exists():
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGTERM)  # the job's scancel reaching the worker
+        return real(*args)
+
+    return judge
+
+
+def test_math_verifier_self_check_survives_worker_killed_by_scancel(monkeypatch, tmp_path) -> None:
+    """Found by bench/faults.py (two_faults: disk_full + scancel): the scancel's SIGTERM
+    killed the worker during the start-up self-check; the run was refused as a config error
+    (exit 2) and the monitor STOPPED it for good."""
+    monkeypatch.setattr(verifier, "_judge", _die_once(str(tmp_path / "died")))
+    fresh = verifier._Verifier()
+    monkeypatch.setattr(verifier, "VERIFIER", fresh)
+    try:
+        assert verifier.self_check() is None
+        assert (tmp_path / "died").exists(), "the worker never died: the test proved nothing"
+    finally:
+        fresh._stop()
