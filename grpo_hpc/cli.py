@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from grpo_hpc import preflight
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.config import builtin_configs, normalize_overrides
 from grpo_hpc.errors import ConfigError, ExitCode
@@ -92,10 +93,15 @@ def _submit(argv: list[str]) -> int:
         raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
     profile = load_profile(args.profile)
+    cfg, chk = submit.resolve(args.config, overrides, profile, paths.name)
+    problems = preflight.check_all(cfg, profile)
     if args.dry_run:
-        _, chk = submit.resolve(args.config, overrides, profile, paths.name)
         sys.stdout.write(submit.preview(profile, paths))
         print(chk.line)
+        for line in problems:
+            print(f"# refused at submission: {line}")
+    preflight.refuse(problems)  # before anything is written or queued: exit 2
+    if args.dry_run:
         return ExitCode.OK
     result = submit.new_run(paths, args.profile, args.config, overrides, force=args.force)
     print(result.memory_line)
@@ -116,6 +122,7 @@ def _resume(args, overrides: list[str], root) -> int:  # noqa: ANN001
         )
     if overrides:
         raise ConfigError("--resume continues a run with its stored config: drop the overrides")
+    preflight.refuse(preflight.check_run(paths))  # inputs may have moved since submission
     started = start_next_attempt(paths, "manual --resume", from_step=args.from_step)
     if started.how == "adopted":
         print(

@@ -38,7 +38,8 @@ def run_cli(prog: str, fn: Callable[[], int]) -> int:
     except GrpoError as e:
         if os.environ.get("GRPO_HPC_DEBUG"):
             raise
-        sys.stderr.write(f"{prog}: error: {e}\n")
+        for line in str(e).splitlines() or [type(e).__name__]:  # one line per problem
+            sys.stderr.write(f"{prog}: error: {line}\n")
         return int(e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")

@@ -56,6 +56,9 @@ from grpo_hpc.runs import SlurmView, job_view, pid_alive, query_slurm, resolve_r
 from grpo_hpc.slurm_query import JobRecord
 
 MAX_SUBMIT_ERRORS = 5
+SUBMIT_ERROR_WINDOW_S = 600.0
+"""Failed resubmissions STOP a run only when they persisted this long (and at least
+MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults.py)."""
 CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
@@ -259,7 +262,10 @@ def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> N
     events = read_jsonl(paths.events)
     errors = [e for e in events if e.get("phase") == "error" and e.get("job_id") == job.job_id]
     config = isinstance(err, ConfigError) and not isinstance(err, SlurmUnavailableError)
-    if config or len(errors) >= MAX_SUBMIT_ERRORS:
+    tries = [e for e in events if e.get("phase") == "intent" and e.get("job_id") == job.job_id]
+    first = min((float(e.get("time", t)) for e in tries), default=t)  # the pass's own clock
+    persistent = len(errors) >= MAX_SUBMIT_ERRORS and t - first >= SUBMIT_ERROR_WINDOW_S
+    if config or persistent:
         why = f"resubmission failed ({len(errors)}x): {err}"
         cls = FailureClass.CONFIG_ERROR if config else FailureClass.BUDGET_EXHAUSTED
         append_jsonl(paths.events, _event(t, job, Action(ActionKind.STOP, cls, why), "decision"))
@@ -346,6 +352,12 @@ def _parser() -> Parser:
     return p
 
 
+def _say(line: str, stream) -> None:  # noqa: ANN001
+    """Print a line; a log on a full disk must not kill the monitor (bench/faults.py)."""
+    with contextlib.suppress(OSError):
+        print(line, file=stream, flush=True)
+
+
 def _watch(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     root = logs_root(args.logs)
@@ -362,11 +374,11 @@ def _watch(argv: list[str]) -> int:
         try:
             for o in monitor_pass(runs, policy):
                 if o.logged and o.action.kind is not ActionKind.NONE:
-                    print(format_outcome(o, time.time()), flush=True)
-        except SlurmUnavailableError as e:
+                    _say(format_outcome(o, time.time()), sys.stdout)
+        except (SlurmUnavailableError, OSError) as e:  # Slurm away, or a full disk: retry
             if args.once:
                 raise
-            print(f"grpo-monitor: warning: {e}; retrying in {args.interval:.0f} s", file=sys.stderr)
+            _say(f"grpo-monitor: warning: {e}; retrying in {args.interval:.0f} s", sys.stderr)
         if args.once:
             return ExitCode.OK
         finals = [is_final(p) for p in runs]

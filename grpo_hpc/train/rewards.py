@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from grpo_hpc.config import RewardConfig
 from grpo_hpc.errors import ConfigError
-from grpo_hpc.train import sandbox
+from grpo_hpc.train import sandbox, verifier
 from grpo_hpc.train.answers import (  # noqa: F401  (extract_*: part of this module's API)
     MARKER,
     NUM,
@@ -242,10 +243,23 @@ def _run_custom(
 
 @functools.cache
 def announce_sandbox() -> str:
-    """Say once per process, in the training log, which sandbox runs the code reward."""
-    iso = sandbox.bwrap.detect()
+    """Say once per process, in the training log, which sandbox runs the code reward
+    (after it proved itself: see :func:`sandbox.proven_isolation`)."""
+    iso = sandbox.proven_isolation()
     print(f"[Sandbox] code reward runs in {iso.name}: {iso.detail}", flush=True)
     return iso.name
+
+
+def prove_workers(weights: RewardConfig) -> None:
+    """At startup: every reward process this run uses must score a trivial right answer 1
+    and a wrong one 0, or the run stops here with one line (a reward that cannot run must
+    not read as zero reward)."""
+    if weights.code:
+        announce_sandbox()
+    if weights.correctness:
+        why = verifier.self_check()
+        if why is not None:
+            raise ConfigError(f"the math-verify worker does not work on this node: {why}")
 
 
 def _code_scores(completions: Sequence[str], samples: Sequence[dict]) -> list[float]:

@@ -34,6 +34,7 @@ reward code runs sandboxes from a thread pool.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import os
@@ -45,6 +46,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grpo_hpc.errors import ConfigError
 from grpo_hpc.train import bwrap
 
 OUTPUT_LIMIT_BYTES = 8 * 2**20
@@ -334,7 +336,7 @@ def run_python(
     ``isolation``: ``auto`` (bwrap where it works, see :func:`bwrap.detect`), ``bwrap``
     or ``audit-hook`` (the latter two for tests and comparisons).
     """
-    use_bwrap = (bwrap.detect().name if isolation == "auto" else isolation) == "bwrap"
+    use_bwrap = (proven_isolation().name if isolation == "auto" else isolation) == "bwrap"
     root = os.path.realpath(tempfile.mkdtemp(prefix="grpo-sandbox-"))
     nonce = secrets.token_hex(16)
     # A per-run helper name: code can neither pre-define nor (from a thread) overwrite it.
@@ -361,3 +363,48 @@ def run_python(
         pid=pid,
         isolation="bwrap" if use_bwrap else "audit-hook",
     )
+
+
+SELF_CHECK_TIMEOUT_S = 20.0
+"""Time limit of each self-check program (generous: a loaded node starts Python slowly)."""
+
+
+class SandboxUnavailableError(ConfigError):
+    """No sandbox can run a trivial program correctly here: the code reward cannot work."""
+
+
+def self_check(isolation: str) -> str | None:
+    """None when ``isolation`` passes a trivial passing program and fails a trivial failing
+    one; else why not, in a few words. A sandbox that cannot start would score every
+    completion 0 -- a correct one too -- and training would go on at zero reward."""
+    kw = {"timeout_s": SELF_CHECK_TIMEOUT_S, "isolation": isolation}
+    try:
+        good = run_python("x = 2", checks=["assert x == 2"], **kw)
+    except OSError as e:  # the interpreter itself cannot be started
+        return f"a trivial passing program failed ({e.strerror}: {e.filename})"
+    if not good.ok:
+        tail = (good.stderr.strip().splitlines() or [""])[-1][:200]
+        why = "timed out" if good.timed_out else tail or f"exit {good.returncode}"
+        return f"a trivial passing program failed ({why})"
+    if run_python("x = 2", checks=["assert x == 3"], **kw).ok:
+        return "a trivial failing program passed"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def proven_isolation() -> bwrap.Isolation:
+    """The sandbox the code reward uses, once proven here: bwrap when it passes the
+    self-check, else the audit-hook sandbox (saying why), else :class:`SandboxUnavailableError`."""
+    iso = bwrap.detect()
+    if iso.name == "bwrap":
+        why = self_check("bwrap")
+        if why is None:
+            return iso
+        iso = bwrap.Isolation("audit-hook", f"bwrap failed its self-check: {why}")
+    why = self_check("audit-hook")
+    if why is not None:
+        raise SandboxUnavailableError(
+            f"the code-reward sandbox does not work on this node: {why}; "
+            "set reward.code=0 or fix the Python installation"
+        )
+    return iso

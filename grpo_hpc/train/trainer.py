@@ -69,6 +69,12 @@ class Trainer:
         self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
         self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
         self.custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
+        try:
+            rewards.prove_workers(cfg.reward)  # a reward that cannot run must not read as zero
+        except ConfigError:
+            if self.stop_signal is not None:  # the job is ending: its signal broke the check
+                raise StoppedBeforeTrainingError("stopped during start-up; resubmit me") from None
+            raise
         model_dir = (
             models.materialize(cfg.model, self.paths.root, cfg.training.seed)
             if info.is_main

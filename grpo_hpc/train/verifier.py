@@ -127,3 +127,25 @@ class _Verifier:
 
 VERIFIER = _Verifier()
 """The process-wide verifier (one worker per trainer rank)."""
+
+
+SELF_CHECK = (("\\frac{1}{2}", "0.5", True), ("\\frac{1}{3}", "0.5", True))
+"""A right and a wrong answer that only math-verify (not the pre-judge) can settle."""
+
+
+def self_check(timeout_s: float = 30.0, tries: int = 2) -> str | None:
+    """None when the worker scores :data:`SELF_CHECK` as (1, 0); else why not. A worker
+    that died under the check (the job's SIGTERM from a scancel reaches it too: found by
+    bench/faults.py) gets a second try with a fresh one before the run is refused."""
+    for _ in range(tries):
+        try:
+            scores, failures = VERIFIER.judge(list(SELF_CHECK), timeout_s)
+        except Exception as e:  # noqa: BLE001 - any failure to start the worker is the answer
+            return f"{type(e).__name__}: {e}"
+        if not failures:
+            break
+    if failures:
+        return f"the worker timed out or crashed on {failures} trivial item(s)"
+    if scores != [1.0, 0.0]:
+        return f"trivial right/wrong answers scored {scores}, expected [1.0, 0.0]"
+    return None

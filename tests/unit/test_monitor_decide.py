@@ -532,9 +532,10 @@ def test_config_error_on_resubmit_stops(tmp_path: Path) -> None:
     s2 = FakeSlurm()
     q = make_run(tmp_path, "q", "100", "TIMEOUT", s2, progress=rec())
     s2.fail_submit = GrpoError("sbatch: transient")
-    for _ in range(5):
-        assert monitor_run(q, FAST, lambda: NOW, s2.backend()).error == "sbatch: transient"
-    assert monitor_run(q, FAST, lambda: NOW, s2.backend()) is None  # gave up after 5
+    for i in range(5):  # five failures over SUBMIT_ERROR_WINDOW_S (600 s)
+        out = monitor_run(q, FAST, lambda i=i: NOW + 150 * i, s2.backend())
+        assert out.error == "sbatch: transient"
+    assert monitor_run(q, FAST, lambda: NOW + 750, s2.backend()) is None  # gave up
 
 
 def test_local_executor_pid_checks(tmp_path: Path) -> None:

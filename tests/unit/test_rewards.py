@@ -292,7 +292,7 @@ def test_last_number_fallback_only_when_marker_not_required() -> None:
 
 def test_code_reward_says_once_which_sandbox_ran(capsys: pytest.CaptureFixture) -> None:
     from grpo_hpc.train import rewards
-    from grpo_hpc.train.bwrap import detect
+    from grpo_hpc.train.sandbox import proven_isolation as detect
 
     rewards.announce_sandbox.cache_clear()
     samples = [{"gold": "", "tests": ["assert add(1, 2) == 3"]}] * 2

@@ -26,7 +26,7 @@ def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "bwrap" and not BWRAP_WORKS:
         pytest.skip(bwrap.detect().detail)
     chosen = bwrap.Isolation(request.param, "test")
-    monkeypatch.setattr(sandbox.bwrap, "detect", lambda: chosen)
+    monkeypatch.setattr(sandbox, "proven_isolation", lambda: chosen)
     return request.param
 
 
@@ -193,14 +193,17 @@ def test_bwrap_contains_that_escape(tmp_path: Path, isolation: str) -> None:
 def test_bwrap_namespaces(isolation: str) -> None:
     code = (
         "import os\n"
-        "print(len(os.listdir('/tmp')))\n"  # private /tmp: only the work dir
+        "print(sorted(os.listdir('/tmp')))\n"  # private /tmp: the work dir (+ a /tmp venv)
         "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"  # own PID namespace
         "print([l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])\n"
     )
     res = run_python(code, isolation="bwrap")
     assert res.ok, res.stderr
     tmp_entries, pids, nets = res.stdout.strip().splitlines()
-    assert tmp_entries == "1" and len(eval(pids)) <= 3 and eval(nets) == ["lo"]
+    env = {p.split("/")[2] for p in bwrap.environment_paths()}  # the interpreter's, if in /tmp
+    shown = set(eval(tmp_entries))
+    assert len(shown - env) == 1 and next(iter(shown - env)).startswith("grpo-sandbox-")
+    assert len(eval(pids)) <= 3 and eval(nets) == ["lo"]
 
 
 def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolation: str) -> None:
@@ -212,6 +215,7 @@ def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolat
         for path, why in ((str(tmp_path / "none"), "not installed"), (str(tmp_path), "unusable")):
             monkeypatch.setenv("PATH", path)
             bwrap.detect.cache_clear()
+            sandbox.proven_isolation.cache_clear()
             found = bwrap.detect()
             assert found.name == "audit-hook" and why in found.detail, found
             res = run_python("print(6 * 7)")
@@ -219,3 +223,4 @@ def test_detect_falls_back_to_the_audit_hook(tmp_path: Path, monkeypatch, isolat
     finally:
         monkeypatch.undo()
         bwrap.detect.cache_clear()
+        sandbox.proven_isolation.cache_clear()

@@ -83,6 +83,12 @@ def test_slurm_tools_missing(tmp_path: Path, logs_dir: Path) -> None:
 
 def test_dry_run_without_slurm_installed(tmp_path: Path, logs_dir: Path) -> None:
     env = {"PATH": _fake_bin(tmp_path)}  # a laptop or CI box: no srun, no sbatch
+    # supercloud's nodes are offline: the model and data must be in the hub cache (preflight)
+    for repo in ("models--Qwen--Qwen2.5-0.5B-Instruct", "datasets--openai--gsm8k"):
+        snap = tmp_path / "hub" / repo / "snapshots" / "0"
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+    env["HF_HUB_CACHE"] = str(tmp_path / "hub")
     args = ("--profile", "supercloud", "--config", "gsm8k", "--dry-run", "--name", "d")
     result = submit(*args, env=env)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,230 @@
+"""Submission checks (grpo_hpc.preflight): one test per check, then through grpo-submit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc import preflight
+from grpo_hpc.config import build_config
+from grpo_hpc.errors import ExitCode
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.profiles import Profile, load_profile
+from tests.conftest import REPO
+
+GOOD_ROW = {"question": "Ada has 2 coins and gets 3 more. How many?", "answer": "2+3=5\n#### 5"}
+
+
+def _cfg(*overrides: str):
+    return build_config("tiny", list(overrides))
+
+
+def _offline_profile() -> Profile:
+    p = load_profile("slurm-local")
+    return dataclasses.replace(p, env={**p.env, "HF_HUB_OFFLINE": "1"})
+
+
+def _cache_with(tmp: Path, kind: str, repo_id: str, files: dict[str, str]) -> Path:
+    """A hub cache laid out as huggingface_hub writes it (blobs elided: files in place)."""
+    cache = tmp / "hub"
+    snap = cache / f"{kind}--{repo_id.replace('/', '--')}" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    for name, text in files.items():
+        (snap / name).write_text(text)
+    return cache
+
+
+# ------------------------------------------------------------------ values
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("optim.lr=0", "optim.lr=0.0 must be > 0"),
+        ("optim.lr=-1e-5", "optim.lr=-1e-05 must be > 0"),
+        ("training.save_every_steps=-1", "training.save_every_steps"),
+        ("training.save_every_seconds=-5", "training.save_every_seconds"),
+        ("training.keep_last=0", "training.keep_last=0 must be >= 1"),
+    ],
+)
+def test_values_that_never_work(override: str, fragment: str) -> None:
+    problems = preflight.check_values(_cfg(override), load_profile("slurm-local"))
+    assert len(problems) == 1 and fragment in problems[0], problems
+
+
+def test_lengths_must_be_positive() -> None:
+    cfg = _cfg()
+    cfg.rollout.max_new_tokens = 0  # build_config refuses it too; the check stands alone
+    problems = preflight.check_values(cfg, load_profile("slurm-local"))
+    assert problems == ["rollout.max_new_tokens=0 must be > 0"]
+
+
+def test_time_limit_shorter_than_signal_lead() -> None:
+    profile = dataclasses.replace(load_profile("slurm-local"), time_min=1, signal_lead_s=90)
+    problems = preflight.check_values(_cfg(), profile)
+    assert len(problems) == 1 and "signal lead (90 s)" in problems[0]
+
+
+def test_good_values_pass() -> None:
+    assert preflight.check_values(_cfg(), load_profile("slurm-local")) == []
+
+
+# ------------------------------------------------------------------ data
+
+
+def test_data_file_missing(tmp_path: Path) -> None:
+    cfg = _cfg(f"data.source={tmp_path / 'nope.jsonl'}")
+    [line] = preflight.check_data(cfg.data, is_offline=False)
+    assert "no such file" in line and "nope.jsonl" in line
+
+
+def test_data_rows_in_wrong_format(tmp_path: Path) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps(GOOD_ROW) + "\n" + json.dumps({"prompt": "x"}) + "\n")
+    [line] = preflight.check_data(_cfg(f"data.source={f}").data, is_offline=False)
+    assert ":2:" in line and "'question' and 'answer'" in line
+
+
+def test_data_row_not_json(tmp_path: Path) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps(GOOD_ROW) + "\n{oops\n")
+    [line] = preflight.check_data(_cfg(f"data.source={f}").data, is_offline=False)
+    assert "d.jsonl:2: not valid JSON" in line
+
+
+def test_data_only_first_rows_read(tmp_path: Path) -> None:
+    f = tmp_path / "d.jsonl"
+    rows = [json.dumps(GOOD_ROW)] * preflight.ROWS_CHECKED + ["{broken later"]
+    f.write_text("\n".join(rows) + "\n")
+    assert preflight.check_data(_cfg(f"data.source={f}").data, is_offline=False) == []
+
+
+def test_data_empty_file(tmp_path: Path) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n")
+    [line] = preflight.check_data(_cfg(f"data.source={f}").data, is_offline=False)
+    assert "is empty" in line
+
+
+def test_hf_dataset_offline_not_cached(tmp_path: Path) -> None:
+    cfg = _cfg("data.source=hf:openai/gsm8k:main")
+    [line] = preflight.check_data(cfg.data, is_offline=True, cache=tmp_path / "empty")
+    assert "HF_HUB_OFFLINE=1" in line and "download openai/gsm8k --repo-type dataset" in line
+    assert preflight.check_data(cfg.data, is_offline=False, cache=tmp_path / "empty") == []
+
+
+def test_hf_dataset_offline_cached(tmp_path: Path) -> None:
+    cache = _cache_with(tmp_path, "datasets", "openai/gsm8k", {"README.md": "x"})
+    cfg = _cfg("data.source=hf:openai/gsm8k:main")
+    assert preflight.check_data(cfg.data, is_offline=True, cache=cache) == []
+
+
+# ------------------------------------------------------------------ model
+
+
+def test_model_dir_missing(tmp_path: Path) -> None:
+    [line] = preflight.check_model(_cfg(f"model.name_or_path={tmp_path}/m").model, False)
+    assert "no such directory" in line
+
+
+def test_model_dir_without_config(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    [line] = preflight.check_model(_cfg(f"model.name_or_path={tmp_path}/m").model, False)
+    assert "has no config.json" in line
+
+
+def test_model_dir_with_config(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert preflight.check_model(_cfg(f"model.name_or_path={tmp_path}/m").model, True) == []
+
+
+def test_hub_model_offline(tmp_path: Path) -> None:
+    model = _cfg("model.name_or_path=Qwen/Qwen2.5-0.5B").model
+    [line] = preflight.check_model(model, is_offline=True, cache=tmp_path / "empty")
+    assert "download Qwen/Qwen2.5-0.5B" in line and "--repo-type" not in line
+    assert preflight.check_model(model, is_offline=False, cache=tmp_path / "empty") == []
+    cache = _cache_with(tmp_path, "models", "Qwen/Qwen2.5-0.5B", {"config.json": "{}"})
+    assert preflight.check_model(model, is_offline=True, cache=cache) == []
+
+
+def test_builtin_models_need_nothing() -> None:
+    assert preflight.check_model(_cfg().model, is_offline=True) == []
+
+
+def test_offline_read_from_profile_env() -> None:
+    assert preflight.offline(_offline_profile())
+    assert not preflight.offline(load_profile("slurm-local"))
+
+
+# ------------------------------------------------------------------ through grpo-submit
+
+
+def _grpo_submit(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The installed console script, as a user runs it."""
+    script = Path(sys.executable).parent / "grpo-submit"
+    exe = str(script) if script.exists() else shutil.which("grpo-submit")
+    assert exe, "grpo-submit is not installed next to this interpreter"
+    return subprocess.run(
+        [exe, *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
+    )
+
+
+def _errors(result: subprocess.CompletedProcess) -> list[str]:
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("grpo-submit: error: ") for line in lines), result.stderr
+    return lines
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_cli_refuses_every_problem_and_leaves_nothing(tmp_path: Path, dry_run: bool) -> None:
+    logs = tmp_path / "logs"
+    args = ["--profile", "local", "--config", "tiny", "--name", "bad"]
+    args += ["optim.lr=0", f"data.source={tmp_path}/none.jsonl", f"model.name_or_path={tmp_path}"]
+    result = _grpo_submit(
+        *args, *(["--dry-run"] if dry_run else []), env={"GRPO_HPC_LOGS": str(logs)}
+    )
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    lines = _errors(result)
+    assert len(lines) == 3, lines
+    assert "optim.lr" in lines[0] and "config.json" in lines[1] and "none.jsonl" in lines[2]
+    assert not logs.exists(), "a run directory was left behind"
+    if dry_run:  # the preview shows the same problems next to the job it would submit
+        assert result.stdout.count("# refused at submission:") == 3
+
+
+def test_cli_offline_profile_names_the_fetch_command(tmp_path: Path) -> None:
+    profile = tmp_path / "offline.yaml"
+    text = (REPO / "templates" / "slurm-local.yaml").read_text()
+    profile.write_text(text.replace("env:\n", 'env:\n  HF_HUB_OFFLINE: "1"\n'))
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    args = ["--profile", str(profile), "--config", "tiny", "--dry-run"]
+    result = _grpo_submit(*args, "model.name_or_path=Org/not-cached", env=env)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    [line] = _errors(result)
+    assert line.endswith("download Org/not-cached"), line
+    _cache_with(tmp_path, "models", "Org/not-cached", {"config.json": "{}"})
+    result = _grpo_submit(*args, "model.name_or_path=Org/not-cached", env=env)
+    assert result.returncode == ExitCode.OK, result.stderr
+
+
+def test_cli_resume_refuses_when_data_went_away(tmp_path: Path) -> None:
+    from grpo_hpc.submit import create_run
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(GOOD_ROW) + "\n")
+    paths = RunPaths.for_run("r", tmp_path / "logs")
+    create_run(paths, load_profile("local"), "tiny", [f"data.source={data}"])
+    data.unlink()
+    result = _grpo_submit("--resume", "r", env={"GRPO_HPC_LOGS": str(tmp_path / "logs")})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    [line] = _errors(result)
+    assert "d.jsonl" in line and "no such file" in line
+    assert not paths.jobs.exists(), "nothing may be submitted"
