@@ -126,7 +126,7 @@ def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> 
     from grpo_hpc.train.data import _row_to_problem
 
     source = cfg.source
-    if source == "arithmetic":
+    if source in ("arithmetic", "gsm8k"):  # generated, or shipped in the package
         return []
     if source.startswith("hf:"):
         repo_id = source[3:].partition(":")[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc import preflight
-from grpo_hpc.config import build_config
+from grpo_hpc.config import DataConfig, build_config
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import Profile, load_profile
@@ -228,3 +228,8 @@ def test_cli_resume_refuses_when_data_went_away(tmp_path: Path) -> None:
     [line] = _errors(result)
     assert "d.jsonl" in line and "no such file" in line
     assert not paths.jobs.exists(), "nothing may be submitted"
+
+
+def test_packaged_gsm8k_needs_no_file_or_cache() -> None:
+    """``data.source=gsm8k`` is shipped in the package: nothing to find on an offline node."""
+    assert preflight.check_data(DataConfig(source="gsm8k"), is_offline=True) == []
