@@ -11,7 +11,7 @@ import pytest
 
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.plot import PANELS, build_figure, plot_data, write_png
+from grpo_hpc.plot import OVERLAYS, PANELS, build_figure, plot_data, write_png
 from tests.conftest import REPO, run_cli
 
 DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_metrics.jsonl"
@@ -57,8 +57,11 @@ def test_figure_has_one_panel_per_metric_and_attempt_lines() -> None:
         assert [ax.get_title() for ax in axes] == [title for _, title in PANELS]
         for ax, (key, _) in zip(axes, PANELS, strict=True):
             assert ax.get_xlabel() == "step"
-            curve, *attempt_lines = ax.get_lines()
+            curve, *others = ax.get_lines()
             assert len(curve.get_xdata()) == len(data.series[key]) > 0
+            overlays = [line for line in others if line.get_label() == OVERLAYS.get(key)]
+            assert len(overlays) == (1 if data.series.get(OVERLAYS.get(key, ""), []) else 0)
+            attempt_lines = [line for line in others if line not in overlays]
             assert [line.get_xdata()[0] for line in attempt_lines] == [15.5]
         assert len(axes[0].collections) == 1  # the reward spread band
     finally:
