@@ -125,6 +125,10 @@ def save(
     slow_save_s: float = 0.0,
 ) -> Path:
     """Collective: every rank calls it. ``rng`` is this rank's RNG state to store."""
+    if not optimizer.state:
+        # get_state_dict would initialise the state with a zero-gradient step: the saved
+        # (and the live) optimizer would be one step ahead of the weights.
+        raise ValueError(f"checkpoint of step {step} before any optimizer step: refusing")
     tmp, final = paths.checkpoint_tmp(step), paths.checkpoint(step)
     fmt = choose_format(has_sharded_params(model), info.world_size)
     if info.is_main:

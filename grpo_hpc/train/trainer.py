@@ -223,8 +223,12 @@ class Trainer:
         return dist.all_reduce_max(1.0 if self.stop_signal else 0.0, self.info) > 0
 
     def _interrupt(self) -> ExitCode:
-        self.save()
         name = signal.Signals(self.stop_signal).name if self.stop_signal else "a peer rank"
+        if self.step == 0:  # nothing trained, nothing to save: the next attempt starts afresh
+            raise StoppedBeforeTrainingError(
+                f"stopped on {name} before step 1: nothing to checkpoint; resubmit me"
+            )
+        self.save()
         self.tracker.update(
             TrainState.INTERRUPTED,
             exit_code=int(ExitCode.CHECKPOINTED),
@@ -251,7 +255,11 @@ class Trainer:
             self.save()
 
     def save(self) -> None:
-        if self.paths.latest_checkpoint() == self.step:
+        # Step 0 is never saved: every attempt rebuilds it identically from the seed, and
+        # saving it would change it. torch's get_state_dict fills an empty optimizer state
+        # by taking an AdamW step on zero gradients, so a step-0 checkpoint carries Adam
+        # step count 1 and every later bias correction is off by one (issue 14, hang_rank).
+        if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)
         state = {

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_hpc.errors import ExitCode
 from grpo_hpc.progress import TrainState, read_progress
 
 from .helpers import make_run, signal_job, start, train
@@ -102,3 +103,34 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.attempt == 1 and rec.step == 4
     _assert_same(_final_state(ref, 4), _final_state(run, 4))
+
+
+@pytest.mark.slow
+def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> None:
+    """A stop that lands after start-up but before step 1 (here inside a hung first
+    generation, as when the monitor cancels a stalled or hung-rank job) used to save a
+    step-0 checkpoint. Saving calls torch's get_state_dict, which fills the still-empty
+    AdamW state with a zero-gradient step: the resumed run was one Adam step ahead and its
+    weights differed from step 2 on (campaign trials 16 and 56, hang_rank on two nodes)."""
+    steps = ["training.max_steps=3", "training.save_every_steps=1", "training.keep_last=1"]
+    ref = make_run(tmp_path, "uninterrupted", *steps)
+    assert train(ref).returncode == 0
+    run = make_run(tmp_path, "stopped", *steps, "faults.enabled=true", "faults.hang_at_step=0")
+    proc = start(run)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        rec = read_progress(run.progress)
+        if rec is not None and rec.state == TrainState.GENERATING and rec.step == 0:
+            break
+        assert proc.poll() is None, "trainer exited before its first generation"
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the hang
+    signal_job(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) is not None
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+    assert run.latest_checkpoint() is None, "a step-0 checkpoint was saved"
+    run.config.write_text(run.config.read_text().replace("hang_at_step: 0", "hang_at_step: -1"))
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_final_state(ref, 3), _final_state(run, 3))
