@@ -95,6 +95,12 @@ def sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------------- processes
 
 
+def git_commit() -> str:
+    """The commit the campaign ran (with "+dirty" when the tree had changes)."""
+    r = sh("git", "-C", str(REPO), "describe", "--always", "--dirty=+dirty", "--abbrev=12")
+    return r.stdout.strip() or "unknown"
+
+
 def trainer_pids(paths: RunPaths) -> dict[int, int]:
     """pid -> rank of the run's trainer processes (not torchrun, and not their forked
     helpers such as the math-verify worker, which share the trainer's command line)."""
@@ -514,7 +520,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.work or Path(f"/tmp/grpo-faults-{args.seed}-{os.getpid()}")
     meta = {
-        "campaign": {"seed": args.seed, "trials": len(plans), "started": time.time()},
+        "campaign": {
+            "seed": args.seed,
+            "trials": len(plans),
+            "started": time.time(),
+            "commit": git_commit(),
+            "command": " ".join(["python", "bench/faults.py", *(argv or sys.argv[1:])]),
+        },
         "run": {
             "config": "tiny",
             "overrides": [f"training.max_steps={args.max_steps}", *RUN_OVERRIDES],
