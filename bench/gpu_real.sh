@@ -54,6 +54,12 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         python3 bench/decode.py --shape smollm2-135m --prompts 8 --batch ${DECODE_BATCH:-64 256} \
             --max-new 512 --reps 3 --engines native --no-agreement \
             --out "$out/h100_decode_random_smollm2.json" 2>&1 | grep -v "^{" | tail -4 ;;
+    evalspeed) need_model  # held-out evaluation: cache sized once vs regrown per chunk
+        for v in ${EVAL_VARIANTS:-grow reserve}; do
+            timeout "${EVAL_TIMEOUT:-200}" python3 bench/eval_speed.py --model $MODEL \
+                --num "${EVAL_NUM:-512}" --chunk 128 --variant "$v" \
+                --out "$out/h100_eval_speed_$v.json" 2>&1 | grep -E '^\{|s for|Error' | cut -c1-200
+        done ;;
     e2e) need_model
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
     tta2 | tta3) need_model

@@ -125,6 +125,20 @@ def prompt_text(tokenizer: Any, question: str, system_prompt: str = "") -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def longest_prompt_tokens(
+    tokenizer: Any, problems: list[dict], system_prompt: str = "", sample: int = 512
+) -> int:
+    """Tokens in the longest prompt among ``problems``, measured on the ``sample`` longest
+    questions by characters (tokens follow characters closely; an outlier past it only
+    makes the engine grow its cache once)."""
+    longest = sorted(problems, key=lambda p: len(p["question"]), reverse=True)[:sample]
+    texts = [prompt_text(tokenizer, p["question"], system_prompt) for p in longest]
+    if not texts:
+        return 0
+    ids = tokenizer(texts, add_special_tokens=False).input_ids
+    return max(len(x) for x in ids)
+
+
 @dataclass
 class Sampler:
     """Deterministic epoch-wise shuffled order over ``n`` problems."""

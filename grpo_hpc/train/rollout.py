@@ -133,4 +133,6 @@ def build_engine(
         return HFEngine(*common, opts.timeout_s, synced=opts.synced, autocast=autocast, **hooks)
     from grpo_hpc.train.native.engine import NativeEngine
 
-    return NativeEngine(*common, opts.timeout_s, dtype=opts.dtype, **hooks)
+    return NativeEngine(
+        *common, opts.timeout_s, dtype=opts.dtype, max_prompt_tokens=opts.max_prompt_tokens, **hooks
+    )

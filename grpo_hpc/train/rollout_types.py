@@ -91,3 +91,6 @@ class EngineOptions:
     """FSDP with several ranks (HF generate must then keep ranks in step)."""
     lora: bool = False
     """The policy is a peft LoRA model."""
+    max_prompt_tokens: int = 0
+    """Longest prompt of the run's data in tokens (0: unknown); the native engine sizes its
+    KV cache for it once instead of regrowing it."""

@@ -79,18 +79,20 @@ class Tracker:
             )
         print(console_line(metrics), flush=True)
 
-    def log_eval(self, step: int, accuracy: float, correct: int, total: int, strict: float) -> None:
+    def log_eval(
+        self, step: int, accuracy: float, correct: int, total: int, strict: float, seconds: float
+    ) -> None:
         """``accuracy``: judged as the run's correctness reward judges; ``strict``: with an
         answer convention required (the same figure when the run requires one)."""
         if not self.is_main:
             return
-        row = {"eval/accuracy": accuracy, "eval/accuracy_strict": strict}
+        row = {"eval/accuracy": accuracy, "eval/accuracy_strict": strict, "eval/seconds": seconds}
         append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
         if self._wandb is not None:
             self._wandb.log(row, step=step)
         print(
             f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total}), "
-            f"with an answer line {strict:.3f}",
+            f"with an answer line {strict:.3f} ({seconds:.0f} s)",
             flush=True,
         )
 

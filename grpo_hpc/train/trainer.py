@@ -143,6 +143,9 @@ class Trainer:
                 dtype=dtype if gpu and dtype else torch.float32,
                 synced=self.info.enabled and cfg.dist.strategy == "fsdp",
                 lora=bool(cfg.model.lora_rank),
+                max_prompt_tokens=data.longest_prompt_tokens(
+                    self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
+                ),
             ),
             tick=self.tracker.heartbeat,
             abort=lambda: self.stop_signal is not None,
@@ -412,15 +415,21 @@ class Trainer:
             self.cfg.rollout.prompts_per_step // info.world_size * self.cfg.rollout.num_generations
         )
         texts: list[str] = []
+        t0 = time.monotonic()
         for i in range(0, per_rank, chunk):
             texts += self.engine.generate(prompts[i : i + chunk], 1, greedy=True).texts
+            if info.is_main and per_rank > chunk:  # long evaluations say how far they are
+                done = min(i + chunk, per_rank)
+                took = time.monotonic() - t0
+                print(f"[Eval] step {self.step}: {done}/{per_rank} prompts ({took:.0f} s)")
         golds = [p["gold"] for p in mine[:counted]]
         score = evaluation.score_eval(texts[:counted], golds, self.cfg.reward)
         total, strict, n = dist.all_reduce_sum(
             [float(score.correct), float(score.strict), float(counted)], info
         )
         acc = total / max(n, 1)
-        self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1))
+        seconds = time.monotonic() - t0
+        self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1), seconds)
         return acc
 
 

@@ -222,3 +222,24 @@ def test_compaction_halves_row_buckets() -> None:
     ]
     assert compact_rows(20, 24, 8) == 24  # the next bucket (32) is no smaller: stay
     assert compact_rows(16, 24, 8) == 16
+
+
+def test_cache_sized_once_for_the_longest_prompt(llama) -> None:  # noqa: ANN001
+    """Evaluation feeds chunks of prompts of many lengths. Without a reservation the cache
+    regrows whenever a chunk's prompts are longer, dropping the captured graphs; sized for
+    the longest prompt it is allocated once, and the tokens are the same either way."""
+    from grpo_hpc.train.data import longest_prompt_tokens, prompt_text
+
+    model, tok = llama
+    texts = [prompt_text(tok, q) for q in PROMPTS]  # as the trainer prompts
+    chunks = [texts[2:], texts[:1], texts[1:2]]  # short, longer, longest
+    longest = longest_prompt_tokens(tok, [{"question": q} for q in PROMPTS])
+    assert longest == max(len(x) for x in tok(texts, add_special_tokens=False).input_ids)
+    grow = NativeEngine(model, tok, 8, 1.0, 1.0, 60)
+    fixed = NativeEngine(model, tok, 8, 1.0, 1.0, 60, max_prompt_tokens=longest)
+    for chunk in chunks:
+        a = grow.generate(chunk, 1, greedy=True)
+        b = fixed.generate(chunk, 1, greedy=True)
+        assert torch.equal(a.input_ids, b.input_ids)
+    assert grow.totals["caches"] > 1
+    assert fixed.totals["caches"] == 1

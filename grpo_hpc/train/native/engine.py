@@ -106,6 +106,11 @@ class NativeEngine:
     compact: bool = True
     """Move the rows still running into a smaller row bucket once they fit in half the
     current one (finished rows stop costing); False decodes every row to the end."""
+    max_prompt_tokens: int = 0
+    """Longest prompt (tokens) the engine will be given, if known: every KV cache is sized
+    for it from the start. A cache that has to grow drops its workspace's captured graphs
+    (and, with new strides, recompiles the layers), which is what made a held-out
+    evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
 
     def __post_init__(self) -> None:
         self.device = next(self.model.parameters()).device
@@ -126,6 +131,8 @@ class NativeEngine:
         self.stats: dict[str, int] = {}
         """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
         decode cost) and ``compactions``."""
+        self.totals = {"captures": 0, "caches": 0}
+        """Since construction: CUDA graphs captured and KV caches allocated."""
         self.pad = int(self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ public
@@ -179,7 +186,10 @@ class NativeEngine:
         if ws is not None and ws.cache.capacity >= capacity:
             return ws
         self.spaces.pop(rows, None)  # drop the old graphs before allocating anew
-        capacity = round_up(capacity, self.span_bucket)
+        reserved = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
+        grown = ws.cache.capacity * 3 // 2 if ws is not None else 0  # few regrowths
+        capacity = round_up(max(capacity, reserved, grown), self.span_bucket)
+        self.totals["caches"] += 1
         cache = forward.KVCache.empty(self.packed, rows, capacity, self.dtype)
         ws = self.spaces[rows] = self._new_workspace(cache)
         return ws
@@ -272,6 +282,7 @@ class NativeEngine:
         graph = ws.graphs.get(key)
         if graph is None:
             graph = ws.graphs[key] = self._capture(ws, span, greedy, draw)
+            self.totals["captures"] += 1
         graph.replay()
 
     def _step_eager(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
