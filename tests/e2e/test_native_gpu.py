@@ -79,3 +79,23 @@ def test_graphs_are_captured_once_and_reused(qwen_shaped) -> None:  # noqa: ANN0
     again = native.generate(PROMPTS, 8)
     assert again.input_ids.shape[0] == 64 and again.num_tokens > 0
     assert {rows: dict(ws.graphs) for rows, ws in native.spaces.items()} == graphs
+
+
+def test_cache_regrowth_keeps_graphs_working(qwen_shaped) -> None:  # noqa: ANN001
+    """A prompt longer than the cache was sized for makes the engine regrow it: every graph
+    is dropped and recaptured into a fresh pool (dropping one workspace's graphs alone
+    tripped a caching-allocator assert). Tokens equal an engine sized for it up front."""
+    model, tok = qwen_shaped
+    long = [p + " Explain every step of the sum in words." * 12 for p in PROMPTS]
+    batches = [PROMPTS, long, PROMPTS]
+    longest = max(len(x) for x in tok(long).input_ids)
+    grow = NativeEngine(model, tok, 32, 1.0, 1.0, 600, dtype=torch.float32)
+    fixed = NativeEngine(
+        model, tok, 32, 1.0, 1.0, 600, dtype=torch.float32, max_prompt_tokens=longest
+    )
+    for prompts in batches:
+        a = grow.generate(prompts, 2, greedy=True)
+        b = fixed.generate(prompts, 2, greedy=True)
+        assert torch.equal(a.input_ids, b.input_ids)
+    assert grow.totals["caches"] == 2 and fixed.totals["caches"] == 1
+    assert grow.totals["captures"] > fixed.totals["captures"]  # recaptured after regrowth

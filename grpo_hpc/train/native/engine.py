@@ -28,6 +28,7 @@ it would have had without compaction.
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from collections.abc import Callable
@@ -127,6 +128,8 @@ class NativeEngine:
 
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         self.spaces: dict[int, Workspace] = {}
+        self.floor = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
+        """Least KV cache capacity of a new workspace (raised when a cache had to regrow)."""
         self.eos = int(self.tokenizer.eos_token_id)
         self.stats: dict[str, int] = {}
         """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
@@ -185,14 +188,25 @@ class NativeEngine:
         ws = self.spaces.get(rows)
         if ws is not None and ws.cache.capacity >= capacity:
             return ws
-        self.spaces.pop(rows, None)  # drop the old graphs before allocating anew
-        reserved = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
-        grown = ws.cache.capacity * 3 // 2 if ws is not None else 0  # few regrowths
-        capacity = round_up(max(capacity, reserved, grown), self.span_bucket)
+        if ws is not None:  # a longer prompt than any before: regrow, by half at least
+            self.floor = max(self.floor, ws.cache.capacity * 3 // 2)
+            self._drop_all_graphs()
+        capacity = round_up(max(capacity, self.floor), self.span_bucket)
         self.totals["caches"] += 1
         cache = forward.KVCache.empty(self.packed, rows, capacity, self.dtype)
         ws = self.spaces[rows] = self._new_workspace(cache)
         return ws
+
+    def _drop_all_graphs(self) -> None:
+        """Forget every workspace and captured graph; later captures use a fresh memory
+        pool. Freeing one workspace's graphs while the others' stay in the shared pool
+        and new ones are captured into it trips an assert in PyTorch's caching allocator
+        ("use_count > 0", seen on an H100 with torch 2.11)."""
+        self.spaces.clear()
+        if self.graphed:
+            torch.cuda.synchronize(self.device)
+            gc.collect()
+            self.pool = torch.cuda.graph_pool_handle()
 
     def _new_workspace(self, cache: forward.KVCache) -> Workspace:
         rows, dev, m = cache.rows, self.device, self.max_new_tokens
