@@ -176,6 +176,14 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
         problems.append(
             f"training.keep_last={training.keep_last} must be >= 1: resume needs a checkpoint"
         )
+    precision = cfg.dist.precision
+    if precision in ("bf16", "fp16") and not profile.gpus_per_node and not profile.gres:
+        # The job would be given no GPU (the local executor hides every GPU from a job that
+        # asks for none) and train on the CPU, silently and ~40x slower.
+        problems.append(
+            f"profile {profile.name!r} trains in {precision} but asks for no GPU: set "
+            "gpus_per_node in the profile (or precision: fp32 to train on the CPU)"
+        )
     if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:
         problems.append(
             f"profile {profile.name!r}: time limit {profile.time_min} min is not longer than "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import signal
 import time
 
@@ -61,6 +62,13 @@ class Trainer:
         self._stop_before_training()
         if cfg.training.num_threads:
             torch.set_num_threads(cfg.training.num_threads)
+        if cfg.dist.precision in ("bf16", "fp16") and info.device.type != "cuda":
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            raise ConfigError(
+                f"dist.precision={cfg.dist.precision} but this process sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
+                "train on the CPU with precision fp32"
+            )
         if cfg.rollout.prompts_per_step % info.world_size:
             raise ConfigError(
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.progress import TrainState, read_progress
@@ -167,3 +168,15 @@ def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str
     assert again.returncode == 0, again.stderr[-3000:]
     rec = read_progress(paths.progress)
     assert (rec.step, rec.restarts, rec.start_step) == (3, 1, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process that sees no GPU")
+def test_low_precision_without_a_gpu_exits_2(tmp_path: Path) -> None:
+    """A bf16 run whose process sees no GPU stops at start-up (exit 2, one line), instead
+    of training on the CPU in fp32 while the config says bf16."""
+    paths = make_run(tmp_path, "nogpu", "training.max_steps=1")
+    paths.config.write_text(paths.config.read_text().replace("precision: fp32", "precision: bf16"))
+    result = train(paths)
+    assert result.returncode == int(ExitCode.CONFIG_ERROR), result.stderr[-2000:]
+    assert "sees no GPU" in result.stderr
+    assert paths.latest_checkpoint() is None

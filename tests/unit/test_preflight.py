@@ -72,6 +72,18 @@ def test_time_limit_shorter_than_signal_lead() -> None:
     assert len(problems) == 1 and "signal lead (90 s)" in problems[0]
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_without_gpus_refused(precision: str) -> None:
+    """The local executor hides every GPU from a job that asks for none: a bf16 profile
+    without gpus_per_node trained on the CPU, ~40x slower, and said nothing (GPU run)."""
+    profile = dataclasses.replace(load_profile("local"), precision=precision)
+    cfg = _cfg(f"dist.precision={precision}")
+    (problem,) = preflight.check_values(cfg, profile)
+    assert f"trains in {precision} but asks for no GPU" in problem and "gpus_per_node" in problem
+    with_gpu = dataclasses.replace(profile, gpus_per_node=1)
+    assert preflight.check_values(cfg, with_gpu) == []
+
+
 def test_good_values_pass() -> None:
     assert preflight.check_values(_cfg(), load_profile("slurm-local")) == []
 
@@ -233,3 +245,16 @@ def test_cli_resume_refuses_when_data_went_away(tmp_path: Path) -> None:
 def test_packaged_gsm8k_needs_no_file_or_cache() -> None:
     """``data.source=gsm8k`` is shipped in the package: nothing to find on an offline node."""
     assert preflight.check_data(DataConfig(source="gsm8k"), is_offline=True) == []
+
+
+def test_cli_refuses_bf16_profile_without_gpus(tmp_path: Path) -> None:
+    prof = tmp_path / "gpuless.yaml"
+    prof.write_text("executor: local\nprecision: bf16\n")
+    logs = tmp_path / "logs"
+    r = _grpo_submit(
+        "--profile", str(prof), "--config", "tiny", "--logs", str(logs), "--name", "g", env={}
+    )  # fmt: skip
+    assert r.returncode == int(ExitCode.CONFIG_ERROR), r.stderr
+    (line,) = _errors(r)
+    assert "asks for no GPU" in line
+    assert not (logs / "g").exists()
