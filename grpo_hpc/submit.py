@@ -63,6 +63,9 @@ def executor_parameters(profile: Profile, run_name: str, setup: list[str]) -> di
         "cpus_per_task": profile.cpus_per_task,
     }
     if profile.executor == "local":
+        # submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES from this: without it the job
+        # sees no GPU at all.
+        params["gpus_per_node"] = profile.gpus_per_node
         return params
     if profile.mem_gb is not None:
         params["mem_gb"] = profile.mem_gb

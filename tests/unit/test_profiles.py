@@ -88,3 +88,16 @@ def test_setup_values_are_quoted(tmp_path: Path) -> None:
     f.write_text('env:\n  EVIL: "x\'; rm -rf / #"\n')
     lines = render_setup(load_profile(str(f)), {"run_name": "r", "run_dir": "/a b"})
     assert "export EVIL='x'\\''; rm -rf / #'" in lines
+
+
+def test_local_executor_is_given_the_profiles_gpus() -> None:
+    """submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES from gpus_per_node: a local
+    profile that did not pass it ran its bf16 job on the CPU (seen on an H100)."""
+    import dataclasses
+
+    from grpo_hpc.submit import executor_parameters
+
+    local = load_profile("local")
+    assert executor_parameters(local, "r", [])["gpus_per_node"] == 0
+    one = dataclasses.replace(local, gpus_per_node=1)
+    assert executor_parameters(one, "r", [])["gpus_per_node"] == 1
