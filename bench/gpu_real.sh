@@ -68,6 +68,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             grep -E "^\[TRL eval\]|^grpo_hpc|^trl|^ratio|Error|error" | tail -30 ;;
     gsm8k) need_model
         steps=${GSM8K_STEPS:-40}
+        rm -rf /tmp/runs/gsm8k-smollm2  # a run left by an earlier call on the held machine
         timeout "${GSM8K_TIMEOUT:-600}" python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
             --profile bench/local-bf16.yaml --config gsm8k --name gsm8k-smollm2 \
             model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
