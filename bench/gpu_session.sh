@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl tests ladder multi dcp (2 GPUs)
+#   stages: decode update step stepc (compiled training forward) trl lean tests ladder multi dcp (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -44,6 +44,14 @@ for stage in "$@"; do
     ladder) # resumable: rows already in bench/results/ladder.json are kept (copy it back first)
         python3 bench/ladder.py --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
         cp bench/results/ladder.json "$out/ladder.json" ;;
+    lean) # issue 12 point 4: peak memory vs step time at the 0.5B shape, grpo_hpc alone
+        # (TRL's side of the same config: trl stage; 9.38 GiB, ~11 s/step measured before)
+        for v in "8192" "4096" "2048" "8192 --ckpt-every 2" "4096 --ckpt-every 2" "4096 --grad-ckpt"; do
+            tag=$(echo "$v" | tr -d ' -')
+            python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
+                --G 8 --max-new 256 --micro 16 --engine native --micro-tokens $v \
+                --out "$out/lean_$tag.json" 2>&1 | grep -E "time/step|gpu_mem|Error" | tail -3
+        done ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

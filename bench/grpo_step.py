@@ -43,7 +43,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     paths = RunPaths(work / "run")
     overrides = [
         f"model.name_or_path={model_dir}",
-        f"model.gradient_checkpointing={args.grad_ckpt}",
+        f"model.gradient_checkpointing={args.grad_ckpt or args.ckpt_every > 1}",
+        f"model.checkpoint_every={args.ckpt_every}",
         f"rollout.prompts_per_step={args.prompts}",
         f"rollout.num_generations={args.G}",
         f"rollout.max_new_tokens={args.max_new}",
@@ -107,6 +108,9 @@ def main() -> None:
     p.add_argument("--micro-tokens", type=int, default=8192, help="most tokens per micro-batch")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument(
+        "--ckpt-every", type=int, default=1, help="checkpoint one layer in N (implies --grad-ckpt)"
+    )
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
     p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")
     p.add_argument("--out", type=Path)

@@ -33,6 +33,10 @@ class ModelConfig:
     """auto (profile decides), sdpa, eager or flash_attention_2."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    checkpoint_every: int = 1
+    """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
+    them; 2: every other one, about half the activation memory saved for half the
+    recompute). Selective checkpointing trades the two where a budget is nearly met."""
     lora_rank: int = 0
     """LoRA rank through peft; 0 trains all weights."""
     lora_alpha: int = 32
@@ -388,6 +392,7 @@ def validate(cfg: Config) -> None:
         "algo.updates_per_batch": cfg.algo.updates_per_batch,
         "algo.micro_batch_size": cfg.algo.micro_batch_size,
         "dist.nproc_per_node": cfg.dist.nproc_per_node,
+        "model.checkpoint_every": cfg.model.checkpoint_every,
     }
     if cfg.algo.micro_batch_tokens < 0:
         raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")

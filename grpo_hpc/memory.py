@@ -119,6 +119,8 @@ class Settings:
     micro_batch_size: int = 8
     micro_batch_tokens: int = 4096
     gradient_checkpointing: bool = False
+    checkpoint_every: int = 1
+    """With checkpointing: one decoder layer in this many recomputes (the rest keep all)."""
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     beta: float = 0.0
@@ -140,7 +142,8 @@ class Settings:
         if self.lora_rank:
             parts.append(f"LoRA r={self.lora_rank}")
         if self.gradient_checkpointing:
-            parts.append("gradient checkpointing")
+            every = self.checkpoint_every
+            parts.append("gradient checkpointing" + (f" (1 layer in {every})" if every > 1 else ""))
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
         if self.engine == "hf":
@@ -261,7 +264,11 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     mlp_saved = 3 if lora and "down_proj" not in s.lora_targets else 4
     per_layer = mlp_saved * c * i + 20 * c * h
     if s.gradient_checkpointing:
-        activations = tokens * (shape.layers * resid * h + per_layer)
+        # Checkpointed layers keep their input; the others keep everything; one layer is
+        # being recomputed at a time.
+        ckpt = -(-shape.layers // max(1, s.checkpoint_every))
+        kept = (shape.layers - ckpt) * per_layer
+        activations = tokens * (ckpt * resid * h + kept + per_layer)
     else:
         activations = tokens * shape.layers * per_layer
     chunk = min(HEAD_CHUNK_TOKENS, tokens)

@@ -64,6 +64,7 @@ def settings_of(cfg: Config, nodes: int = 1) -> Settings:
         micro_batch_size=cfg.algo.micro_batch_size,
         micro_batch_tokens=cfg.algo.micro_batch_tokens,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        checkpoint_every=cfg.model.checkpoint_every,
         lora_rank=cfg.model.lora_rank,
         lora_targets=tuple(cfg.model.lora_target_modules),
         beta=cfg.algo.beta,

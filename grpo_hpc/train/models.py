@@ -214,3 +214,18 @@ def _random_model(
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     tok.padding_side = "left"
     return model, tok
+
+
+def enable_checkpointing(model: torch.nn.Module, every: int) -> int:
+    """Gradient checkpointing on one decoder layer in ``every`` (layers 0, every, 2*every,
+    ...); returns how many layers recompute. transformers checkpoints per layer (each
+    decoder layer reads its own ``gradient_checkpointing`` flag), so clearing the flag on
+    the others keeps their activations."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the newer name
+    (enable or model.gradient_checkpointing_enable)()
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0
+    return sum(1 for layer in layers if layer.gradient_checkpointing)

@@ -124,7 +124,7 @@ class Trainer:
                 ),
             )
         if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            models.enable_checkpointing(model, cfg.model.checkpoint_every)
         if cfg.dist.compile and self.info.device.type == "cuda":
             model.compile()  # in place: parameter names (checkpoints) are unchanged
         self.model = dist.wrap(model, cfg.dist, self.info)

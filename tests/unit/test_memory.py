@@ -161,3 +161,16 @@ def test_dry_run_prints_the_memory_line(logs_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("memory:"))
     assert "of 80 GiB (h100x2): fits" in line and "fsdp, bf16" in line
+
+
+def test_checkpointing_every_other_layer_sits_between() -> None:
+    """Selective checkpointing keeps the activations of the layers it skips."""
+    s = shape("qwen2.5-0.5b")
+    base = memory.Settings(rows=64, micro_batch_tokens=4096)
+    none = memory.estimate(s, base).activations
+    every = [
+        memory.estimate(s, memory.Settings(**{**base.__dict__, "gradient_checkpointing": True,
+                                              "checkpoint_every": k})).activations
+        for k in (1, 2, 4)
+    ]  # fmt: skip
+    assert every[0] < every[1] < every[2] < none
