@@ -10,11 +10,13 @@ often the model writes a proper answer line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from grpo_hpc.config import RewardConfig
 from grpo_hpc.train import rewards
+from grpo_hpc.train.rollout_types import RolloutEngine
 
 
 @dataclass(frozen=True)
@@ -50,3 +52,29 @@ def score_eval(texts: Sequence[str], golds: Sequence[str], reward: RewardConfig)
     else:
         strict = rewards.score_correctness(texts, golds, reward.timeout_s, True)[0]
     return EvalScore(int(sum(scores)), int(sum(strict)), len(scores))
+
+
+def rank_share(n: int, rank: int, world: int) -> tuple[int, int, int]:
+    """(start, stop, padding) of ``rank``'s share of ``n`` held-out problems: equal shares
+    (padded with repeats that are not counted) keep FSDP's synced generation in step."""
+    per_rank = -(-n // world)
+    start = min(rank * per_rank, n)
+    stop = min(start + per_rank, n)
+    return start, stop, per_rank - (stop - start)
+
+
+def generate_greedy(
+    engine: RolloutEngine,
+    prompts: Sequence[str],
+    chunk: int,
+    progress: Callable[[int, float], None] = lambda done, seconds: None,
+) -> list[str]:
+    """Greedy completions of ``prompts``, ``chunk`` at a time (a rollout's rows: the engine's
+    cache and CUDA graphs are sized for those already); ``progress(done, seconds)`` after
+    each chunk."""
+    texts: list[str] = []
+    t0 = time.monotonic()
+    for i in range(0, len(prompts), chunk):
+        texts += engine.generate(list(prompts[i : i + chunk]), 1, greedy=True).texts
+        progress(min(i + chunk, len(prompts)), time.monotonic() - t0)
+    return texts

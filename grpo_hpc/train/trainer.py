@@ -409,31 +409,22 @@ class Trainer:
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy."""
         self.tracker.update(TrainState.EVALUATING)
-        info, n_all = self.info, len(self.eval_set)
-        per_rank = -(-n_all // info.world_size)  # equal shares keep FSDP's synced generate in step
-        mine = self.eval_set[info.rank * per_rank : (info.rank + 1) * per_rank]
-        counted = len(mine)
-        mine = mine + [self.eval_set[0]] * (per_rank - counted)
-        prompts = [
-            data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine
-        ]
-        # In chunks of a training rollout's rows: the engine's KV cache and CUDA graphs are
-        # sized for those already, and a 1,319-row batch would capture a set of its own.
-        chunk = (
-            self.cfg.rollout.prompts_per_step // info.world_size * self.cfg.rollout.num_generations
-        )
-        texts: list[str] = []
+        info, cfg = self.info, self.cfg
+        start, stop, pad = evaluation.rank_share(len(self.eval_set), info.rank, info.world_size)
+        mine = self.eval_set[start:stop]
+        questions = [p["question"] for p in mine] + [self.eval_set[0]["question"]] * pad
+        prompts = [data.prompt_text(self.tok, q, cfg.data.system_prompt) for q in questions]
+        chunk = cfg.rollout.prompts_per_step // info.world_size * cfg.rollout.num_generations
+
+        def progress(done: int, seconds: float) -> None:  # long evaluations say how far
+            if info.is_main and len(prompts) > chunk:
+                print(f"[Eval] step {self.step}: {done}/{len(prompts)} prompts ({seconds:.0f} s)")
+
         t0 = time.monotonic()
-        for i in range(0, per_rank, chunk):
-            texts += self.engine.generate(prompts[i : i + chunk], 1, greedy=True).texts
-            if info.is_main and per_rank > chunk:  # long evaluations say how far they are
-                done = min(i + chunk, per_rank)
-                took = time.monotonic() - t0
-                print(f"[Eval] step {self.step}: {done}/{per_rank} prompts ({took:.0f} s)")
-        golds = [p["gold"] for p in mine[:counted]]
-        score = evaluation.score_eval(texts[:counted], golds, self.cfg.reward)
+        texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
+        score = evaluation.score_eval(texts[: len(mine)], [p["gold"] for p in mine], cfg.reward)
         total, strict, n = dist.all_reduce_sum(
-            [float(score.correct), float(score.strict), float(counted)], info
+            [float(score.correct), float(score.strict), float(len(mine))], info
         )
         acc = total / max(n, 1)
         seconds = time.monotonic() - t0

@@ -82,3 +82,12 @@ def test_overlong_component_enters_the_total_with_its_weight() -> None:
     out = rewards.run_rewards(["Answer: 27", "27 27 27"], [{"gold": "27"}] * 2, rc, None, lengths)
     assert out.components["overlong"] == [0.0, -1.0]
     assert out.total == [1.0, 0.5]
+
+
+@pytest.mark.parametrize(("n", "world"), [(1319, 1), (1319, 2), (7, 4), (3, 4), (8, 2)])
+def test_rank_shares_cover_every_problem_once_in_equal_sizes(n: int, world: int) -> None:
+    shares = [evaluation.rank_share(n, r, world) for r in range(world)]
+    covered = [i for start, stop, _ in shares for i in range(start, stop)]
+    assert covered == list(range(n))  # each problem once, in order
+    sizes = {stop - start + pad for start, stop, pad in shares}
+    assert len(sizes) == 1  # equal work per rank (FSDP generates in lock-step)
