@@ -46,6 +46,7 @@ class Trainer:
         """``stop_signal``: one that arrived before the trainer existed (train.signals)."""
         self.cfg, self.paths, self.info = cfg, paths, info
         self.stop_signal = stop_signal
+        self.evaluating = False
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         self.tracker = Tracker(paths, cfg, info.is_main)
@@ -156,7 +157,8 @@ class Trainer:
                 ),
             ),
             tick=self.tracker.heartbeat,
-            abort=lambda: self.stop_signal is not None,
+            # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
+            abort=lambda: self.stop_signal is not None and not self.evaluating,
             autocast=self.autocast,
         )
 
@@ -202,7 +204,10 @@ class Trainer:
         self.tracker.start_wandb()
         try:
             if self.cfg.training.eval_every and self.step == 0 and self.eval_set:
-                self.evaluate()  # the baseline every later eval/accuracy compares with
+                if not self.evaluate():  # the baseline every later eval/accuracy compares with
+                    raise StoppedBeforeTrainingError(
+                        "stopped during the step-0 evaluation: nothing to checkpoint; resubmit me"
+                    )
             while self.step < self.cfg.training.max_steps:
                 if self._stop_agreed():
                     return self._interrupt()
@@ -256,7 +261,7 @@ class Trainer:
                 "reward is broken (check the model, the prompts and the reward function)"
             )
         if t.eval_every and self.step % t.eval_every == 0 and self.eval_set:
-            self.evaluate()
+            self.evaluate()  # a stop during it is answered by the loop: save, exit 5
         due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
         due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
         if (
@@ -406,9 +411,20 @@ class Trainer:
         self.tracker.log_step(m)
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy."""
+    def evaluate(self) -> bool:
+        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy.
+        False when a stop was agreed between two chunks: the evaluation is dropped (a long
+        one must not eat the signal lead that the checkpoint needs)."""
         self.tracker.update(TrainState.EVALUATING)
+        self.evaluating = True
+        try:
+            return self._evaluate()
+        except EvaluationStopped:
+            return False
+        finally:
+            self.evaluating = False
+
+    def _evaluate(self) -> bool:
         info, cfg = self.info, self.cfg
         start, stop, pad = evaluation.rank_share(len(self.eval_set), info.rank, info.world_size)
         mine = self.eval_set[start:stop]
@@ -419,6 +435,8 @@ class Trainer:
         def progress(done: int, seconds: float) -> None:  # long evaluations say how far
             if info.is_main and len(prompts) > chunk:
                 print(f"[Eval] step {self.step}: {done}/{len(prompts)} prompts ({seconds:.0f} s)")
+            if done < len(prompts) and self._stop_agreed():  # every rank has as many chunks
+                raise EvaluationStopped()
 
         t0 = time.monotonic()
         texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
@@ -429,7 +447,11 @@ class Trainer:
         acc = total / max(n, 1)
         seconds = time.monotonic() - t0
         self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1), seconds)
-        return acc
+        return True
+
+
+class EvaluationStopped(Exception):
+    """Every rank agreed to stop between two evaluation chunks."""
 
 
 def _lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:

@@ -200,3 +200,40 @@ def test_selective_checkpointing_takes_the_same_first_step(tmp_path: Path) -> No
     assert [m["step"] for m in b] == [1, 2]
     for key in ("loss", "grad_norm", "reward/mean"):
         assert b[0][key] == pytest.approx(a[0][key], rel=1e-5, abs=1e-7), key
+
+
+def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
+    proc = start(paths)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        rec = read_progress(paths.progress)
+        if rec is not None and rec.state == TrainState.EVALUATING and rec.step == step:
+            break
+        assert proc.poll() is None, "the trainer ended before that evaluation"
+        time.sleep(0.02)
+    signal_job(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [0, 2])
+def test_stop_during_evaluation_checkpoints_and_exits_resubmit_me(
+    tmp_path: Path, step: int
+) -> None:
+    """A stop that lands in a long held-out evaluation drops the evaluation (the ranks
+    agree between chunks) and is answered like any other: the step's checkpoint, exit 5;
+    before step 1 there is nothing to save. It used to surface as a crash (exit 1)."""
+    paths = make_run(
+        tmp_path, f"eval{step}", "training.max_steps=3", "training.eval_every=2",
+        "data.num_eval=1500", "training.save_every_steps=5",
+    )  # fmt: skip
+    _signal_while_evaluating(paths, step)
+    rec = read_progress(paths.progress)
+    assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+    assert rec.state == TrainState.INTERRUPTED
+    assert paths.latest_checkpoint() == (step or None)
+    logged = _metrics(paths) if paths.metrics.exists() else []
+    evals = [m for m in logged if "eval/accuracy" in m]
+    assert all(m["step"] != step for m in evals)  # the cut evaluation logged nothing
+    result = train(paths)  # the next attempt finishes the run
+    assert result.returncode == 0, result.stderr[-2000:]
