@@ -354,15 +354,27 @@ class Trainer:
             prompts = [
                 data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine
             ]
-            batch = self.engine.generate(prompts, cfg.rollout.num_generations)
+            try:
+                batch = self.engine.generate(prompts, cfg.rollout.num_generations)
+            except GenerationAborted:
+                batch = None  # a stop reached this rank: the others must hear of it first
             t_gen += time.monotonic() - t
-            self.tracker.update(TrainState.SCORING)
-            t = time.monotonic()
-            scored.append(self._score(batch, mine))
-            t_score += time.monotonic() - t
-            have = sum(int(informative_groups(s.rewards).sum()) for s in scored)
-            need_more = have < per_rank and r + 1 < rounds
-            if dist.all_reduce_max(float(need_more), info) == 0:
+            need_more = False
+            if batch is not None:
+                self.tracker.update(TrainState.SCORING)
+                t = time.monotonic()
+                scored.append(self._score(batch, mine))
+                t_score += time.monotonic() - t
+                have = sum(int(informative_groups(s.rewards).sum()) for s in scored)
+                need_more = have < per_rank and r + 1 < rounds
+            # One collective every rank reaches after its rollout decides for all of them:
+            # 2 = some rank was stopped mid-generation (all abandon the step), 1 = resample.
+            # A rank aborting alone used to start saving while the others went on into the
+            # step's next collective: both hung.
+            verdict = dist.all_reduce_max(2.0 if batch is None else float(need_more), info)
+            if verdict == 2:
+                raise GenerationAborted()
+            if verdict == 0:
                 break
             self.tracker.update(TrainState.GENERATING)
         return scored, t_gen, t_score

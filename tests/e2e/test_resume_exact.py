@@ -14,7 +14,7 @@ import torch
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.progress import TrainState, read_progress
 
-from .helpers import make_run, signal_job, start, train
+from .helpers import descendants, make_run, signal_job, start, train
 
 # Enough steps that a kill within 1.5 s of the first checkpoint lands mid-run even on a
 # fast, idle machine (a tiny step takes ~0.05-0.1 s).
@@ -134,3 +134,45 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
     result = train(run)
     assert result.returncode == 0, result.stderr[-2000:]
     _assert_same(_final_state(ref, 3), _final_state(run, 3))
+
+
+def _rank0_worker(torchrun_pid: int) -> int:
+    """The pid of the RANK=0 trainer (a direct child of torchrun; its forked helpers share
+    its command line and environment but not its parent)."""
+    for pid in descendants(torchrun_pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"RANK=0" in env and int(stat[1]) == torchrun_pid:
+            return pid
+    raise AssertionError("no rank-0 trainer under torchrun")
+
+
+@pytest.mark.slow
+def test_stop_reaching_one_rank_mid_generation_is_agreed(tmp_path: Path) -> None:
+    """A signal that reaches one rank while it generates (the other finishes its rollout
+    unaware) must stop both at the same point: ranks agree on the abort at the collective
+    after generation. Rank 0 used to abandon the step and start saving while rank 1 went on
+    into the step's next collective; the resumed run must equal the uninterrupted one."""
+    steps = ["training.max_steps=4", "training.save_every_steps=2", "rollout.max_new_tokens=192"]
+    ref = make_run(tmp_path, "ref", *steps, nproc=2)
+    assert train(ref, 2).returncode == 0
+    run = make_run(tmp_path, "one-rank", *steps, nproc=2)
+    proc = start(run, 2)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        rec = read_progress(run.progress)
+        if rec is not None and rec.state == TrainState.GENERATING and rec.step == 1:
+            break  # step 2 is generating; its stop must save (no checkpoint of step 1)
+        assert proc.poll() is None, "the run ended before step 2's generation"
+        time.sleep(0.01)
+    os.kill(_rank0_worker(proc.pid), signal.SIGTERM)  # rank 1 is not told
+    proc.wait(timeout=180)
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+    assert rec.state == TrainState.INTERRUPTED and rec.step == 1
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_final_state(ref, 4), _final_state(run, 4))
