@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl lean tests ladder multi dcp (2 GPUs)
+#   stages: decode update step stepc (compiled training forward) trl lean tests ladder
+#           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -43,6 +44,13 @@ for stage in "$@"; do
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
     ladder) # resumable: rows already in bench/results/ladder.json are kept (copy it back first)
         python3 bench/ladder.py --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
+        cp bench/results/ladder.json "$out/ladder.json" ;;
+    ladder2) # the ladder on 2 GPUs per row, as the h100x2 / supercloud profiles run;
+        # resumable like ladder. LADDER_SHAPES picks shapes (default all); a call of 10 min
+        # starts no row after LADDER_TIME_BUDGET s (default 300), each row at most 240 s.
+        python3 bench/ladder.py --nproc 2 ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} \
+            --row-timeout "${LADDER_ROW_TIMEOUT:-240}" --time-budget "${LADDER_TIME_BUDGET:-300}" \
+            --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
         cp bench/results/ladder.json "$out/ladder.json" ;;
     lean) # issue 12 point 4: peak memory vs step time at the 0.5B shape, grpo_hpc alone
         # (TRL's side of the same config: trl stage; 9.38 GiB, ~11 s/step measured before)

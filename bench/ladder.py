@@ -2,21 +2,24 @@
 and how close the memory estimator (grpo_hpc.memory) comes to the measured peak.
 
 For each shape (bench/shapes: 0.5B, 1.5B, 3B, 7B; random weights built on the GPU) x budget
-x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8, 512 new tokens.
+x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 512 new tokens.
 
-- ``h100``: bf16 autocast, the GPU capped at 80 GiB;
-- ``supercloud``: fp16 autocast + grad scaler, SDPA, capped at 32 GiB (a V100's memory)
-  with ``torch.cuda.set_per_process_memory_fraction``.
+- ``h100``: bf16 autocast, each GPU capped at 80 GiB (the h100x2 profile: FSDP2);
+- ``supercloud``: fp16 autocast + grad scaler, SDPA, each GPU capped at 32 GiB (a V100's
+  memory; the supercloud profile) with ``torch.cuda.set_per_process_memory_fraction``.
 
-Each row runs the real trainer (``grpo_hpc.train``) in its own process with a timeout, with
-the memory means the estimator picks for one GPU under the cap (gradient checkpointing, a
-smaller token budget). Rows the estimator says cannot fit one GPU are not run ("estimated:
-does not fit"). Beside every row: the estimator's figures for one GPU and for the 2-GPU
-profile (h100x2: FSDP2; supercloud: as grpo-submit would resolve it); ``measured`` says
-which figures come from a run. ladder.json is rewritten (atomically) after every row, and
-rows already in it are skipped, so a cut-short run continues where it stopped.
+Each row runs the real trainer (``grpo_hpc.train``) under torchrun with ``--nproc`` ranks
+(one GPU each) in its own process group with a timeout, with the memory means the estimator
+picks for that many GPUs under the cap: for ``--nproc 2`` what ``grpo-submit`` resolves for
+the budget's 2-GPU profile (strategy, gradient checkpointing, token budget, optimizer CPU
+offload), for ``--nproc 1`` the same on one GPU. Rows the estimator says cannot fit are not
+run ("estimated: does not fit"). Beside every row: the estimator's figures for one GPU and
+for the 2-GPU profile; ``measured`` says which figures come from a run, ``gpus`` on how many
+GPUs. ladder.json is rewritten (atomically) after every row, and rows already in it are
+skipped, so a cut-short run continues where it stopped.
 
-    python bench/ladder.py --out bench/results/ladder.json            # one H100, ~8 min
+    python bench/ladder.py --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
+    python bench/ladder.py --out bench/results/ladder.json             # one GPU, ~8 min
     python bench/ladder.py --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
 """
 
@@ -26,6 +29,8 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,9 +52,15 @@ BUDGETS = {
 MODES = ("full", "lora")
 LORA_RANK = 16
 PEAK_FLOPS = 989e12
-"""H100 SXM dense bf16/fp16 tensor-core peak (the fp16 rows run on the same H100)."""
-DECODE_BW = 2.99e12
-"""Measured device copy bandwidth of the H100 (bench/results/README.md, decode roofline)."""
+"""H100/H200 SXM dense bf16/fp16 tensor-core peak (the fp16 rows run on the same chips)."""
+DECODE_BW = {"H100": (2.99e12, "measured copy bandwidth, bench/results/README.md"),
+             "H200": (4.8e12, "nominal HBM3e bandwidth, not measured here")}  # fmt: skip
+"""Memory bandwidth behind the decode roofline, by chip (the row's device name)."""
+
+
+def decode_bw(device: str) -> tuple[float, str]:
+    """(bytes/s, where the figure comes from) for the chip named in ``device``."""
+    return next((v for k, v in DECODE_BW.items() if k in device), DECODE_BW["H100"])
 
 
 def load_shape(name: str):  # noqa: ANN201
@@ -115,30 +126,33 @@ def estimates(args: argparse.Namespace, name: str, budget: str, mode: str) -> di
             "breakdown_gib": e.breakdown(),
         }
 
-    return {"prompt_tokens": prompt, "one": one, "gpu1": view(one), "gpu2": view(two)}
+    return {"prompt_tokens": prompt, 1: one, 2: two, "gpu1": view(one), "gpu2": view(two)}
 
 
 def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, work: Path) -> dict:  # noqa: ANN001
-    """The real trainer on one GPU (or CPU) with the plan's settings; its measured figures."""
+    """The real trainer on ``args.nproc`` GPUs (or CPU processes) with the plan's settings
+    (one rank's share of the step); its measured figures."""
     from grpo_hpc.paths import RunPaths
     from grpo_hpc.profiles import profile_from_dict
     from grpo_hpc.submit import create_run
 
     s = plan.settings
-    prof = {"executor": "local", "precision": s.precision, "strategy": "ddp"}
+    prof = {"executor": "local", "precision": s.precision, "strategy": s.strategy}
     profile = profile_from_dict({**prof, "attn_implementation": "sdpa"}, name="ladder")
     paths = RunPaths(work / f"{name}-{budget}-{mode}")
     overrides = [
         f"model.name_or_path=random:{SHAPES_DIR / name}",
         f"model.lora_rank={s.lora_rank}",
         f"model.gradient_checkpointing={s.gradient_checkpointing}",
-        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.prompts_per_step={args.prompts * args.nproc}",
         f"rollout.num_generations={args.G}",
         f"rollout.max_new_tokens={args.max_new}",
         "rollout.generation_timeout_s=3600",
         f"rollout.engine={'hf' if s.engine == 'hf' else 'auto'}",
         f"algo.micro_batch_size={s.micro_batch_size}",
         f"algo.micro_batch_tokens={s.micro_batch_tokens}",
+        f"dist.cpu_offload={s.cpu_offload}",
+        f"dist.nproc_per_node={args.nproc}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",
         "data.num_eval=0",
@@ -147,13 +161,11 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
     ]
     create_run(paths, profile, "tiny", overrides, force=True)
     cap = BUDGETS[budget][1] if args.device == "cuda" else 0
-    cmd = [sys.executable, __file__, "--child", str(paths.root), "--cap-gib", str(cap)]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              f"--nproc-per-node={args.nproc}", "--max-restarts=0", __file__]  # fmt: skip
+    cmd = [*launch, "--child", str(paths.root), "--cap-gib", str(cap)]
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-        code, tail = proc.returncode, (proc.stderr or "")[-1500:]
-    except subprocess.TimeoutExpired:
-        code, tail = None, f"timed out after {args.row_timeout} s"
+    code, tail = _run_group(cmd, args.row_timeout)
     out: dict = {"wall_s": round(time.monotonic() - t0, 1), "exit_code": code}
     metrics = (
         [json.loads(x) for x in paths.metrics.read_text().splitlines()]
@@ -169,16 +181,36 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         out |= speed(steps[1:] or steps, load_shape(name), plan, args)
         return out
     progress = json.loads(paths.progress.read_text()) if paths.progress.exists() else {}
-    if code == 6:
+    reason = progress.get("reason") or ""
+    if code == 6 or "out of memory" in reason:  # torchrun reports a failed rank as exit 1
         out["status"] = "oom"
-        out["oom_phase"] = _phase(progress.get("reason") or "")
-        out["oom_reason"] = progress.get("reason")
+        out["oom_phase"] = _phase(reason)
+        out["oom_reason"] = reason
         if progress.get("peak_gpu_gib") is not None:
             out["peak_gib"] = round(progress["peak_gpu_gib"], 2)
     else:
         out["status"] = "timeout" if code is None else "error"
-        out["error"] = (progress.get("reason") or tail).strip()[-600:]
+        out["error"] = (reason or tail).strip()[-600:]
     return out
+
+
+def _run_group(cmd: list[str], timeout: float) -> tuple[int | None, str]:
+    """Run ``cmd`` in its own process group; on timeout kill the whole group (torchrun's
+    workers too, or they would hold the GPUs through the next rows). (exit code, stderr
+    tail); the code is None after a timeout."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, (err or "")[-1500:]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, f"timed out after {timeout:g} s"
+
+
+def _key(row: dict) -> tuple[str, str, str, int]:
+    return row["shape"], row["budget"], row["mode"], row.get("gpus", 1)
 
 
 def _phase(reason: str) -> str:
@@ -198,7 +230,8 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
     rows, gen = s.rows, med["gen_len/mean"]
     per_slot = shape.layers * 2 * shape.kv_heads * shape.head_dim * c
     step_bytes = shape.params * c + rows * (s.prompt_tokens + gen / 2) * per_slot
-    roofline = rows / (step_bytes / DECODE_BW)
+    bw, _ = decode_bw(env_info()["device"])
+    roofline = rows / (step_bytes / bw)
     tokens = rows * (s.prompt_tokens + gen)
     flops = (4 if s.lora_rank else 6) * (shape.params - shape.embed_params) * tokens
     return {
@@ -217,8 +250,9 @@ def child(run_dir: str, cap_gib: float) -> int:
     import torch
 
     if cap_gib and torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib / total))
+        device = int(os.environ.get("LOCAL_RANK", "0"))  # the GPU this rank will train on
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib / total), device)
     from grpo_hpc.train.__main__ import main as train_main
 
     return train_main([run_dir])
@@ -229,6 +263,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="names in bench/shapes")
+    p.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per row: 1 or 2")
     p.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--prompts", type=int, default=8)
@@ -252,36 +287,37 @@ def main() -> None:
         sys.exit(child(args.child, args.cap_gib))
     result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}
     result.setdefault("rows", [])
-    done = {(r["shape"], r["budget"], r["mode"]) for r in result["rows"] if r.get("measured")}
+    done = {_key(r) for r in result["rows"] if r.get("measured")}
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("child", "cap_gib")}
     result["config"]["out"] = str(args.out)
     result["env"] = env_info()
+    result["env"]["decode_bw"] = decode_bw(result["env"]["device"])
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as work:
         for name in args.shapes:
             for budget in args.budgets:
                 for mode in args.modes:
-                    key = (name, budget, mode)
+                    key = (name, budget, mode, args.nproc)
                     if key in done:
                         continue
                     est = estimates(args, name, budget, mode)
-                    row = {"shape": name, "budget": budget, "mode": mode, "device": args.device}
+                    row = {"shape": name, "budget": budget, "mode": mode, "gpus": args.nproc}
+                    row["device"] = args.device
                     row |= {"prompt_tokens": est["prompt_tokens"], "estimate_1gpu": est["gpu1"]}
                     row["estimate_2gpu"] = est["gpu2"]
-                    if args.device == "cuda" and not est["one"].fits:
+                    plan = est[args.nproc]
+                    if args.device == "cuda" and not plan.fits:
                         row |= {"status": "estimated: does not fit", "measured": False}
                     elif time.monotonic() - start > args.time_budget:
                         row |= {"status": "not run: ladder time budget spent", "measured": False}
                     else:
-                        row |= run_row(args, name, budget, mode, est["one"], Path(work))
+                        row |= run_row(args, name, budget, mode, plan, Path(work))
                         row["measured"] = True
-                        row["run_settings"] = dataclasses.asdict(est["one"].settings)
-                    result["rows"] = [
-                        r for r in result["rows"] if (r["shape"], r["budget"], r["mode"]) != key
-                    ] + [row]
+                        row["run_settings"] = dataclasses.asdict(plan.settings)
+                    result["rows"] = [r for r in result["rows"] if _key(r) != key] + [row]
                     write_result(result, args.out)
-                    print(json.dumps({k: row.get(k) for k in ("shape", "budget", "mode", "status",
-                          "peak_gib", "s_per_step")}), flush=True)  # fmt: skip
+                    shown = ("shape", "budget", "mode", "gpus", "status", "peak_gib", "s_per_step")
+                    print(json.dumps({k: row.get(k) for k in shown}), flush=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def _looks_local(name: str) -> bool:
 
 def check_model(cfg: ModelConfig, is_offline: bool, cache: Path | None = None) -> list[str]:
     """A local model directory exists and holds config.json; a hub id is cached if offline."""
-    name = cfg.name_or_path
+    # ``random:<dir>`` (random weights of <dir>'s architecture) needs the same config.json.
+    name = cfg.name_or_path.removeprefix("random:")
     if name in BUILTIN_MODELS:
         return []
     if _looks_local(name):

@@ -96,12 +96,28 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
         for layer in _decoder_layers(model):
             fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
+        # PeftModel.generate calls the HF model's generate, which never enters the
+        # PeftModel's forward: under peft the HF model inside is FSDP's root, so that both
+        # paths unshard the embedding and the head (fsdp_root finds it).
+        fully_shard(_peft_inner(model) or model, **kwargs)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=ids)
+
+
+def fsdp_root(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The outermost FSDP2 module of ``model`` (the model itself, or under peft the HF model
+    inside); None without FSDP2."""
+    return next((m for m in model.modules() if hasattr(m, "set_requires_gradient_sync")), None)
+
+
+def _peft_inner(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The HF model inside a peft wrapper (PeftModel -> LoraModel -> model), else None."""
+    base = getattr(model, "base_model", None)
+    inner = getattr(base, "model", None) if base is not model else None
+    return inner if isinstance(inner, torch.nn.Module) and hasattr(model, "peft_config") else None
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

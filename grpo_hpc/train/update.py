@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_hpc.config import AlgoConfig
-from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
+from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, fsdp_root
 from grpo_hpc.train.logp_head import fused_logp_head
 from grpo_hpc.train.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.rollout_types import RolloutBatch
@@ -147,9 +147,10 @@ def _no_sync(model: torch.nn.Module, last: bool):  # noqa: ANN202
         return contextlib.nullcontext()
     if hasattr(model, "no_sync"):  # DDP
         return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
-        return _restore_sync(model)
+    root = fsdp_root(model)
+    if root is not None:  # FSDP2
+        root.set_requires_gradient_sync(False)
+        return _restore_sync(root)
     return contextlib.nullcontext()
 
 

@@ -30,3 +30,18 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
     assert row["estimate_2gpu"]["settings"].startswith("ddp")  # supercloud's strategy
     again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
     assert again.returncode == 0 and again.stdout == ""  # the measured row is kept, not rerun
+
+
+def test_ladder_runs_a_two_rank_row_as_the_2gpu_profile_would(tmp_path: Path) -> None:
+    out = tmp_path / "ladder.json"
+    cmd = [sys.executable, str(LADDER), "--device", "cpu", "--nproc", "2", "--shapes", "tiny",
+           "--budgets", "h100", "--modes", "lora", "--steps", "2", "--max-new", "8",
+           "--prompts", "2", "--G", "4", "--out", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "fits", row.get("error")
+    assert row["gpus"] == 2 and row["s_per_step"] > 0
+    # h100x2 shards with FSDP2; the row ran that plan, with LoRA, on two ranks.
+    s = row["run_settings"]
+    assert (s["ranks"], s["strategy"], s["lora_rank"]) == (2, "fsdp", 16)

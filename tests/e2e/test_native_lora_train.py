@@ -36,3 +36,20 @@ def test_lora_trains_with_the_native_engine(tmp_path: Path, strategy: str, nproc
     assert all(m["rollout/logp_diff"] < 1e-4 for m in steps), [
         m["rollout/logp_diff"] for m in steps
     ]
+
+
+def test_lora_trains_under_fsdp_with_hf_generate(tmp_path: Path) -> None:
+    # PeftModel.generate enters the HF model's generate, not the PeftModel's forward: with
+    # FSDP2's root on the PeftModel the embedding stayed sharded and generation crashed
+    # ("mixed torch.Tensor and DTensor").
+    paths = make_run(
+        tmp_path, "lora-fsdp-hf", "model.lora_rank=4", "rollout.engine=hf",
+        "dist.strategy=fsdp", nproc=2,
+    )  # fmt: skip
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rec = read_progress(paths.progress)
+    assert rec.state is TrainState.FINISHED and rec.step == 4
+    assert paths.latest_checkpoint() == 4
+    steps = [m for m in map(json.loads, paths.metrics.read_text().splitlines()) if "loss" in m]
+    assert any(m["grad_norm"] > 0 for m in steps)

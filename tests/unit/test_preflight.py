@@ -258,3 +258,14 @@ def test_cli_refuses_bf16_profile_without_gpus(tmp_path: Path) -> None:
     (line,) = _errors(r)
     assert "asks for no GPU" in line
     assert not (logs / "g").exists()
+
+
+def test_random_weights_of_a_local_architecture_are_checked_like_the_directory(
+    tmp_path: Path,
+) -> None:
+    model = _cfg(f"model.name_or_path=random:{tmp_path}/m").model
+    [line] = preflight.check_model(model, False)
+    assert "no such directory" in line
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert preflight.check_model(model, False) == []
