@@ -221,9 +221,10 @@ def _phase(reason: str) -> str:
 
 
 def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # noqa: ANN001
-    """Medians of the measured steps: s/step split, decode tok/s and % of the decode
-    roofline, update MFU (model FLOPs: 6 per parameter and token for full parameters, 4 for
-    LoRA whose frozen weights get no gradient; recomputation not counted)."""
+    """Medians of the measured steps: s/step split, decode tok/s (the job's, and per GPU)
+    and % of one GPU's decode roofline, update MFU (model FLOPs: 6 per parameter and token
+    for full parameters, 4 for LoRA whose frozen weights get no gradient; recomputation
+    not counted)."""
     med = {k: statistics.median(m[k] for m in steps) for k in ("time/step", "time/generate",
            "time/train", "tokens_per_s", "gen_len/mean")}  # fmt: skip
     s, c = plan.settings, plan.settings.compute_bytes
@@ -231,7 +232,8 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
     per_slot = shape.layers * 2 * shape.kv_heads * shape.head_dim * c
     step_bytes = shape.params * c + rows * (s.prompt_tokens + gen / 2) * per_slot
     bw, _ = decode_bw(env_info()["device"])
-    roofline = rows / (step_bytes / bw)
+    roofline = rows / (step_bytes / bw)  # one rank's rows against one GPU's bandwidth
+    per_gpu = med["tokens_per_s"] / s.ranks  # the trainer logs the whole job's tokens/s
     tokens = rows * (s.prompt_tokens + gen)
     flops = (4 if s.lora_rank else 6) * (shape.params - shape.embed_params) * tokens
     return {
@@ -239,7 +241,8 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
         "generate_s": round(med["time/generate"], 3),
         "update_s": round(med["time/train"], 3),
         "decode_tok_s": round(med["tokens_per_s"]),
-        "decode_roofline_pct": round(100 * med["tokens_per_s"] / roofline, 1),
+        "decode_tok_s_per_gpu": round(per_gpu),
+        "decode_roofline_pct": round(100 * per_gpu / roofline, 1),
         "update_mfu_pct": round(100 * flops / med["time/train"] / PEAK_FLOPS, 1),
         "steps_measured": len(steps),
     }

@@ -215,6 +215,15 @@ class Estimate:
         return {k: round(getattr(self, k) / GIB, 3) for k in keys}
 
 
+LORA_HIDDEN_SAVED = 10
+"""Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
+2-GPU ladder (bench/results/ladder.json, six LoRA rows 0.5B-7B, bf16 and fp16): fewer than
+full fine-tuning's ~20, since a frozen linear keeps its weight, not its input."""
+LORA_FIXED_BYTES = 2**30
+"""What the LoRA rows of the ladder held beyond the per-layer model, about 1 GiB at every
+size (fitted with LORA_HIDDEN_SAVED; where it comes from is not pinned down)."""
+
+
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
@@ -254,15 +263,18 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
     slots = _round_up(slots, SPAN_BUCKET) if native else slots
     kv = rows * slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
+    # The native engine keeps its cache across steps; HF generate's lives while it generates.
+    kv_resident, kv_transient = (kv, 0) if native else (0, kv)
     tokens = micro_tokens(s)
     h, i = shape.hidden, shape.intermediate
     # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
     resid = c if (lora or s.fsdp) else 4
     # Bytes per token one decoder layer keeps for backward: gate, up, silu(gate) and their
-    # product (the product only as the input of a trained down projection), plus ~20
-    # hidden-sized tensors (norms, q/k/v, attention output, residuals).
+    # product (the product only as the input of a trained down projection), plus
+    # hidden-sized tensors (norms, q/k/v, attention output, residuals): ~20 when every
+    # linear is trained, LORA_HIDDEN_SAVED when frozen linears keep no inputs.
     mlp_saved = 3 if lora and "down_proj" not in s.lora_targets else 4
-    per_layer = mlp_saved * c * i + 20 * c * h
+    per_layer = mlp_saved * c * i + (LORA_HIDDEN_SAVED if lora else 20) * c * h
     if s.gradient_checkpointing:
         # Checkpointed layers keep their input; the others keep everything; one layer is
         # being recomputed at a time.
@@ -271,6 +283,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         activations = tokens * (ckpt * resid * h + kept + per_layer)
     else:
         activations = tokens * shape.layers * per_layer
+    activations += LORA_FIXED_BYTES if lora else 0
     chunk = min(HEAD_CHUNK_TOKENS, tokens)
     head_cast = 0 if (s.fsdp or lora or c == 4) else c * head_w
     head_grad = 0 if lora else 4 * head_w
@@ -285,11 +298,11 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         ddp_buckets=ddp_buckets,
         compute_weights=compute,
         engine_weights=engine_weights,
-        kv_cache=kv,
+        kv_cache=kv_resident,
         activations=activations,
         logp_head=logp_head,
         reference=reference,
-        generation_transient=transient,
+        generation_transient=transient + kv_transient,
         micro_batch_tokens=tokens,
     )
 

@@ -43,9 +43,19 @@ def init(cfg: DistConfig, timeout_s: float = 1800) -> DistInfo:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(_backend(cfg, cuda), timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local, device)
+
+
+def _backend(cfg: DistConfig, cuda: bool) -> str:
+    """NCCL on GPUs, gloo on CPUs; with FSDP2 CPU offload both: the sharded gradients live in
+    host memory, and gradient clipping reduces their norms there (NCCL alone fails with "no
+    backend type associated with device type cpu")."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    if not cuda:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cfg.cpu_offload else "nccl"
 
 
 def shutdown() -> None:
@@ -75,7 +85,7 @@ def barrier(info: DistInfo) -> None:
 
 
 def _comm_device(info: DistInfo) -> torch.device:
-    return info.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    return info.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
 
 
 def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Module:
@@ -105,6 +115,19 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
 
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=ids)
+
+
+def compute_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes: its parameters' device, except under FSDP2 CPU offload,
+    which keeps the sharded parameters in host memory and unshards them onto the mesh's
+    device (this rank's GPU) for every forward; inputs and engines belong there."""
+    p = next(model.parameters())
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None or mesh.device_type == p.device.type:
+        return p.device
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def fsdp_root(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -19,6 +19,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from grpo_hpc.errors import StalledError
+from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.rollout_types import (  # noqa: F401 - re-exported for the trainer
     EngineOptions,
     GenerationAborted,
@@ -67,7 +68,7 @@ class HFEngine:
     ) -> RolloutBatch:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        device = next(self.model.parameters()).device
+        device = compute_device(self.model)
         ids = enc.input_ids.repeat_interleave(num_generations, 0).to(device)
         mask = enc.attention_mask.repeat_interleave(num_generations, 0).to(device)
         stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
@@ -110,7 +111,7 @@ def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
         why = str(e)
     if name == "native" and why:
         raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
-    cuda = next(model.parameters()).device.type == "cuda"
+    cuda = compute_device(model).type == "cuda"
     if name == "auto" and (why or not cuda):
         return "hf"
     return "native"

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.errors import StalledError
+from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.native import forward, weights
 from grpo_hpc.train.native.sampling import choose
 from grpo_hpc.train.rollout_types import GenerationAborted, RolloutBatch, to_batch
@@ -114,7 +115,7 @@ class NativeEngine:
     evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
 
     def __post_init__(self) -> None:
-        self.device = next(self.model.parameters()).device
+        self.device = compute_device(self.model)
         self.packed = weights.allocate(self.model, self.dtype, self.device)
         self.graphed = self.use_graphs and self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
