@@ -31,10 +31,9 @@ from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
 from grpo_hpc.train import batching, checkpoint, data, dist, evaluation, models, rewards, rollout
-from grpo_hpc.train.advantages import informative_groups
-from grpo_hpc.train.batching import Scored
+from grpo_hpc.train.collect import Collector
 from grpo_hpc.train.optimization import StepOptimizer
-from grpo_hpc.train.rollout import GenerationAborted, RolloutBatch
+from grpo_hpc.train.rollout import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.tracking import Tracker, step_metrics
 
@@ -161,6 +160,10 @@ class Trainer:
             abort=lambda: self.stop_signal is not None and not self.evaluating,
             autocast=self.autocast,
         )
+        self.collector = Collector(
+            cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
+            self.engine,
+        )  # fmt: skip
 
     def _maybe_resume(self) -> None:
         step = self.paths.latest_checkpoint()
@@ -310,7 +313,8 @@ class Trainer:
                 "fault injection: CUDA out of memory (a GPU of "
                 f"{cfg.faults.oom_gpu_gb:g} GiB is full)"
             )
-        scored, t_gen, t_score = self._collect_groups()
+        got = self.collector.collect()
+        scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
@@ -337,64 +341,6 @@ class Trainer:
                 time.sleep(1)
                 self.tracker.heartbeat()
             raise GenerationAborted()
-
-    def _collect_groups(self) -> tuple[list[Scored], float, float]:
-        """Generate and score; with dynamic sampling, more rounds while groups are flat."""
-        cfg, info = self.cfg, self.info
-        per_rank = cfg.rollout.prompts_per_step // info.world_size
-        scored: list[Scored] = []
-        t_gen = t_score = 0.0
-        rounds = 1 + (cfg.rollout.max_resample_rounds if cfg.rollout.dynamic_sampling else 0)
-        for r in range(rounds):
-            idx = self.sampler.take(cfg.rollout.prompts_per_step)
-            mine = [
-                self.train_set[i] for i in idx[info.rank * per_rank : (info.rank + 1) * per_rank]
-            ]
-            t = time.monotonic()
-            prompts = [
-                data.prompt_text(self.tok, p["question"], self.cfg.data.system_prompt) for p in mine
-            ]
-            try:
-                batch = self.engine.generate(prompts, cfg.rollout.num_generations)
-            except GenerationAborted:
-                batch = None  # a stop reached this rank: the others must hear of it first
-            t_gen += time.monotonic() - t
-            need_more = False
-            if batch is not None:
-                self.tracker.update(TrainState.SCORING)
-                t = time.monotonic()
-                scored.append(self._score(batch, mine))
-                t_score += time.monotonic() - t
-                have = sum(int(informative_groups(s.rewards).sum()) for s in scored)
-                need_more = have < per_rank and r + 1 < rounds
-            # One collective every rank reaches after its rollout decides for all of them:
-            # 2 = some rank was stopped mid-generation (all abandon the step), 1 = resample.
-            # A rank aborting alone used to start saving while the others went on into the
-            # step's next collective: both hung.
-            verdict = dist.all_reduce_max(2.0 if batch is None else float(need_more), info)
-            if verdict == 2:
-                raise GenerationAborted()
-            if verdict == 0:
-                break
-            self.tracker.update(TrainState.GENERATING)
-        return scored, t_gen, t_score
-
-    def _score(self, batch: RolloutBatch, problems: list[dict]) -> Scored:
-        g = self.cfg.rollout.num_generations
-        samples = [p for p in problems for _ in range(g)]
-        out = rewards.run_rewards(
-            batch.texts, samples, self.cfg.reward, self.custom, _lengths(batch, self.cfg)
-        )
-        for name in self.custom:
-            if out.errors.get(name, 0) == len(samples):  # a bug in the function, not the text
-                raise ConfigError(
-                    f"reward function {name!r} failed on every completion "
-                    f"({out.error_examples.get(name, '?')}): fix it or remove it from reward.custom"
-                )
-        total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
-        if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
-            total = torch.zeros_like(total)
-        return Scored(batch, total, out.components, dict(out.errors))
 
     def _report(
         self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
@@ -464,10 +410,3 @@ class Trainer:
 
 class EvaluationStopped(Exception):
     """Every rank agreed to stop between two evaluation chunks."""
-
-
-def _lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:
-    """Token counts and EOS flags of a batch, for the overlong reward."""
-    tokens = batch.completion_mask.sum(1).tolist()
-    finished = batch.finished.tolist() if batch.finished is not None else [True] * len(tokens)
-    return rewards.Lengths(tokens, finished, cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer)
