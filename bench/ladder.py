@@ -27,6 +27,7 @@ rows that timed out or failed run again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -196,18 +197,42 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
 
 
 def _run_group(cmd: list[str], timeout: float) -> tuple[int | None, str]:
-    """Run ``cmd`` in its own process group; on timeout kill the whole group (torchrun's
-    workers too, or they would hold the GPUs through the next rows). (exit code, stderr
-    tail); the code is None after a timeout."""
+    """Run ``cmd`` (torchrun) in its own process group; (exit code, stderr tail), the code
+    None after a timeout. On timeout torchrun gets SIGTERM, which stops its workers the
+    graceful way; whatever is left after a grace period is killed, the workers included:
+    torchrun starts each in a session of its own, so killing torchrun's group alone leaves
+    them holding the GPUs (and this pipe) through the next rows."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, (err or "")[-1500:]
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        workers = _children(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            for pgid in [proc.pid, *workers]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            proc.communicate()
         return None, f"timed out after {timeout:g} s"
+
+
+KILL_GRACE_S = 45.0
+"""How long torchrun may take to stop its workers after SIGTERM before everything is killed."""
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:  # state, ppid, ...
+                out.append(int(stat.parent.name))
+    return out
 
 
 def _key(row: dict) -> tuple[str, str, str, int]:
