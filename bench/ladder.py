@@ -154,6 +154,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         f"algo.micro_batch_size={s.micro_batch_size}",
         f"algo.micro_batch_tokens={s.micro_batch_tokens}",
         f"dist.cpu_offload={s.cpu_offload}",
+        f"rollout.release_engine_memory={s.release_engine}",
         f"dist.nproc_per_node={args.nproc}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",

@@ -92,6 +92,11 @@ class RolloutConfig:
     """Generation length cap."""
     generation_timeout_s: float = 600.0
     """Time budget for one step's generation; exceeding it fails the run as STALLED."""
+    release_engine_memory: bool = False
+    """Native engine: free its packed copy of the weights, its KV caches and its CUDA graphs
+    before each update, and rebuild them at the next rollout (the graphs are captured
+    again). For models whose update does not fit beside the engine; grpo-submit turns it
+    on when the memory estimate needs it."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with all-equal rewards and draw more prompts."""
     max_resample_rounds: int = 2

@@ -128,6 +128,9 @@ class Settings:
     """native (packed weights + static cache) or hf (generate's own cache)."""
     cpu_offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded weights, gradients and AdamW state in host memory."""
+    release_engine: bool = False
+    """The native engine frees its packed weights, KV caches and CUDA graphs before each
+    update and rebuilds them at the next rollout (``rollout.release_engine_memory``)."""
 
     @property
     def compute_bytes(self) -> int:
@@ -146,6 +149,8 @@ class Settings:
             parts.append("gradient checkpointing" + (f" (1 layer in {every})" if every > 1 else ""))
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
+        if self.release_engine and self.engine == "native":
+            parts.append("engine released during the update")
         if self.engine == "hf":
             parts.append("HF generate")
         parts.append(f"micro_batch_tokens={self.micro_batch_tokens}")
@@ -170,6 +175,8 @@ class Estimate:
     reference: int
     generation_transient: int
     micro_batch_tokens: int
+    engine_released: bool = False
+    """The engine's weights and cache are freed while the update runs."""
     """Padded tokens in the largest micro-batch."""
 
     @property
@@ -183,8 +190,10 @@ class Estimate:
 
     @property
     def update_bytes(self) -> int:
+        released = self.engine_weights + self.kv_cache if self.engine_released else 0
         return (
             self.resident
+            - released
             + self.grads
             + self.ddp_buckets
             + self.compute_weights
@@ -211,7 +220,8 @@ class Estimate:
         return self.peak_gib * FRAGMENTATION + CUDA_CONTEXT_GIB
 
     def breakdown(self) -> dict[str, float]:
-        keys = [f.name for f in dataclasses.fields(self) if f.name != "micro_batch_tokens"]
+        keys = [f.name for f in dataclasses.fields(self) if f.type in (int, "int")]
+        keys.remove("micro_batch_tokens")
         return {k: round(getattr(self, k) / GIB, 3) for k in keys}
 
 
@@ -304,6 +314,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         reference=reference,
         generation_transient=transient + kv_transient,
         micro_batch_tokens=tokens,
+        engine_released=native and s.release_engine,
     )
 
 
@@ -312,6 +323,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
 MEANS = (
     ("fsdp", "FSDP2", 1),
     ("micro_batch_tokens", "micro_batch_tokens=2048", 1),
+    ("release_engine", "engine released during the update", 2),
     ("gradient_checkpointing", "gradient checkpointing", 2),
     ("engine_hf", "rollout.engine=hf", 10),
     ("cpu_offload", "optimizer CPU offload", 8),
@@ -331,6 +343,9 @@ def _apply(s: Settings, mean: str) -> Settings | None:
     if mean == "micro_batch_tokens":
         ok = s.micro_batch_tokens == 0 or s.micro_batch_tokens > 2048
         return replace(s, micro_batch_tokens=2048) if ok else None
+    if mean == "release_engine":  # weights and cache rebuilt (graphs recaptured) per rollout
+        ok = s.engine == "native" and not s.release_engine
+        return replace(s, release_engine=True) if ok else None
     if mean == "engine_hf":  # HF generate: no packed weight copy, a smaller KV cache
         return replace(s, engine="hf") if s.engine == "native" else None
     if mean == "cpu_offload":  # FSDP2's offload policy: needs (and implies) FSDP

@@ -70,17 +70,23 @@ def settings_of(cfg: Config, nodes: int = 1) -> Settings:
         beta=cfg.algo.beta,
         engine=engine,
         cpu_offload=cfg.dist.cpu_offload,
+        release_engine=cfg.rollout.release_engine_memory,
     )
 
 
 def apply_settings(cfg: Config, s: Settings) -> Config:
-    """``cfg`` with the memory means of ``s`` (strategy, checkpointing, token budget, offload)."""
+    """``cfg`` with the memory means of ``s`` (strategy, checkpointing, token budget, offload,
+    engine release)."""
     return replace(
         cfg,
         model=replace(cfg.model, gradient_checkpointing=s.gradient_checkpointing),
         algo=replace(cfg.algo, micro_batch_tokens=s.micro_batch_tokens),
         dist=replace(cfg.dist, strategy=s.strategy, cpu_offload=s.cpu_offload),
-        rollout=replace(cfg.rollout, engine=s.engine if s.engine == "hf" else cfg.rollout.engine),
+        rollout=replace(
+            cfg.rollout,
+            engine=s.engine if s.engine == "hf" else cfg.rollout.engine,
+            release_engine_memory=s.release_engine,
+        ),
     )
 
 
@@ -141,6 +147,7 @@ OVERRIDES = {
     "micro_batch_tokens=2048": "algo.micro_batch_tokens=2048",
     "gradient checkpointing": "model.gradient_checkpointing=true",
     "optimizer CPU offload": "dist.cpu_offload=true",
+    "engine released during the update": "rollout.release_engine_memory=true",
     "rollout.engine=hf": "rollout.engine=hf",
 }
 """How a user asks for each of MEANS in a new run."""

@@ -95,6 +95,9 @@ class HFEngine:
             raise GenerationAborted()
         return to_batch(out, mask, ids.shape[1], tok)
 
+    def release(self) -> None:
+        """Nothing to free: generate's cache lives only while it generates."""
+
 
 def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
     """``auto`` -> ``native`` on CUDA when the architecture is supported, else ``hf``.

@@ -47,6 +47,9 @@ class RolloutEngine(Protocol):
         self, prompts: list[str], num_generations: int, *, greedy: bool = False
     ) -> RolloutBatch: ...
 
+    def release(self) -> None:
+        """Free device memory the engine keeps between rollouts (before an update)."""
+
 
 class GenerationAborted(Exception):
     """Generation stopped because a stop was requested (signal): the step is abandoned."""

@@ -315,6 +315,8 @@ class Trainer:
             )
         got = self.collector.collect()
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
+        if cfg.rollout.release_engine_memory:  # the update needs the engine's memory
+            self.engine.release()
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
@@ -358,6 +360,9 @@ class Trainer:
         m["time/step"] = time.monotonic() - t0
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        totals = getattr(self.engine, "totals", None)  # native engine: caches built so far
+        if totals is not None:
+            m["engine/caches"] = totals["caches"]
         self.zero_streak = self.zero_streak + 1 if m["reward/mean"] == 0 else 0
         self.tracker.update(
             step=self.step,

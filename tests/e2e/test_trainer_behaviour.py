@@ -202,6 +202,31 @@ def test_selective_checkpointing_takes_the_same_first_step(tmp_path: Path) -> No
         assert b[0][key] == pytest.approx(a[0][key], rel=1e-5, abs=1e-7), key
 
 
+def test_releasing_the_engine_before_each_update_changes_nothing(tmp_path: Path) -> None:
+    """rollout.release_engine_memory frees the native engine's weights and caches before
+    every update and rebuilds them at the next rollout (and evaluation): the run is the
+    same, step for step."""
+    steps = ("training.max_steps=3", "rollout.engine=native", "training.eval_every=2")
+    kept = make_run(tmp_path, "kept", *steps)
+    released = make_run(tmp_path, "released", *steps, "rollout.release_engine_memory=true")
+    for paths in (kept, released):
+        result = train(paths)
+        assert result.returncode == 0, result.stderr[-3000:]
+    a, b = ([m for m in _metrics(p) if "loss" in m] for p in (kept, released))
+    assert [m["step"] for m in b] == [1, 2, 3]
+    for key in ("loss", "grad_norm", "reward/mean", "rollout/logp_diff"):
+        assert [m[key] for m in b] == [m[key] for m in a], key
+    # Kept: one cache for the whole run. Released: rebuilt after every update, by the next
+    # generation: step 2's rollout, then the evaluation after step 2 (whose cache step 3's
+    # rollout uses; step 1's rollout uses the one of the evaluation at step 0).
+    assert [m["engine/caches"] for m in a] == [1, 1, 1]
+    assert [m["engine/caches"] for m in b] == [1, 2, 3]
+    ev = [
+        [m["eval/accuracy"] for m in _metrics(p) if "eval/accuracy" in m] for p in (kept, released)
+    ]
+    assert ev[0] and ev[0] == ev[1]
+
+
 def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
     proc = start(paths)
     deadline = time.time() + 240

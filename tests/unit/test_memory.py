@@ -103,6 +103,25 @@ def test_7b_targets() -> None:
     assert lora_sc.refusal is None and lora_sc.plan.estimate.total_gib <= 32
 
 
+def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> None:
+    """The native engine's packed weights and cache are freed during the update (and
+    rebuilt for the next rollout): cheaper than FSDP2's CPU offload, which runs AdamW on
+    the host."""
+    cfg, chk = resolve(
+        "gsm8k", [f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"], load_profile("h100x2"), "r"
+    )
+    assert "engine released during the update" in chk.plan.changed
+    assert cfg.rollout.release_engine_memory and not cfg.dist.cpu_offload
+    e = chk.plan.estimate
+    kept = memory.estimate(
+        memory.ModelShape.from_config(json.loads((SHAPES / "qwen2.5-7b/config.json").read_text())),
+        memory.replace(chk.plan.settings, release_engine=False),
+    )
+    freed = kept.update_bytes - e.update_bytes
+    assert freed == e.engine_weights + e.kv_cache > 14 * memory.GIB
+    assert e.generate_bytes == kept.generate_bytes  # the rollout still holds them
+
+
 def test_means_are_applied_only_when_needed() -> None:
     small = _check("h100x2", f"model.name_or_path={SHAPES / 'qwen2.5-0.5b'}")
     assert small.plan.changed == () and "fits" in small.line

@@ -243,3 +243,24 @@ def test_cache_sized_once_for_the_longest_prompt(llama) -> None:  # noqa: ANN001
         assert torch.equal(a.input_ids, b.input_ids)
     assert grow.totals["caches"] > 1
     assert fixed.totals["caches"] == 1
+
+
+def test_release_frees_the_engine_and_the_next_rollout_is_the_same(llama) -> None:  # noqa: ANN001
+    """rollout.release_engine_memory: between rollouts the engine holds no weights, caches
+    or workspaces, and the next rollout rebuilds them and samples exactly what a kept
+    engine samples from the same seed."""
+    model, tok = llama
+    kept, released = (
+        NativeEngine(model, tok, 16, 1.0, 1.0, 60),
+        NativeEngine(model, tok, 16, 1.0, 1.0, 60),
+    )
+    for _ in range(2):
+        torch.manual_seed(1)
+        a = kept.generate(PROMPTS, 3)
+        released.release()
+        assert released.packed is None and not released.spaces
+        torch.manual_seed(1)
+        b = released.generate(PROMPTS, 3)
+        assert torch.equal(a.input_ids, b.input_ids)
+        assert torch.equal(a.sampled_logp, b.sampled_logp)
+    assert released.totals["caches"] == 2 and kept.totals["caches"] == 1

@@ -148,6 +148,8 @@ class NativeEngine:
         pmask = enc.attention_mask.to(self.device)
         g, n_rows, length = num_generations, len(prompts) * num_generations, ids.shape[1]
         deadline = time.monotonic() + self.timeout_s
+        if self.packed is None:  # released before the last update
+            self.packed = weights.allocate(self.model, self.dtype, self.device)
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
@@ -184,6 +186,17 @@ class NativeEngine:
         batch.sampled_logp = logp * batch.completion_mask
         return batch
 
+    def release(self) -> None:
+        """Free what the engine holds on the device between rollouts: the packed weights,
+        every KV cache and workspace, and the captured graphs with their memory pool. The
+        next ``generate`` allocates and captures again (caches at the size already learnt,
+        ``floor``); compiled layers are kept. For an update that does not fit beside the
+        engine (``rollout.release_engine_memory``)."""
+        self._drop_all_graphs()
+        self.packed = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the graphs' private pool goes back with its blocks
+
     # ------------------------------------------------------------------ internals
     def _workspace(self, rows: int, capacity: int) -> Workspace:
         ws = self.spaces.get(rows)
@@ -208,6 +221,8 @@ class NativeEngine:
             torch.cuda.synchronize(self.device)
             gc.collect()
             self.pool = torch.cuda.graph_pool_handle()
+        else:
+            gc.collect()
 
     def _new_workspace(self, cache: forward.KVCache) -> Workspace:
         rows, dev, m = cache.rows, self.device, self.max_new_tokens
