@@ -47,6 +47,7 @@ from .slurm_helpers import (
     stop_trainer,
     submit,
     wait_for,
+    wait_sacct,
     write_profile,
 )
 
@@ -93,7 +94,9 @@ def test_submit_wait_completes_on_both_nodes(reference: Reference) -> None:
     paths = reference.paths
     assert reference.returncode == 0, f"{reference.output}\n{describe(paths)}"
     (job,) = job_ids(paths)
-    assert sacct(job)[job] == "COMPLETED"
+    # submitit reports the job done (and --wait returns) before Slurm's accounting leaves
+    # RUNNING: seen once in CI, so wait for the final state instead of reading it once.
+    assert wait_sacct(job, "COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED"
     assert step_nodes(job) == "grpo-n[1-2]", describe(paths)
     metrics = [m for m in read_jsonl(paths.metrics) if "reward/mean" in m]
     assert [int(m["step"]) for m in metrics] == list(range(1, STEPS + 1))
