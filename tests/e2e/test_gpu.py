@@ -37,3 +37,26 @@ def test_tiny_trains_on_two_gpus(tmp_path: Path, strategy: str) -> None:
     result = train(paths, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_progress(paths.progress).state == TrainState.FINISHED
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize(
+    "memory",
+    [
+        ["dist.cpu_offload=true"],  # inputs and engine on the GPU, shards in host memory
+        ["rollout.release_engine_memory=true", "model.lora_rank=4"],  # released, under peft
+    ],
+)
+def test_fsdp_memory_means_train_on_two_gpus(tmp_path: Path, memory: list[str]) -> None:
+    """The means the 7B plans rest on, on real GPUs with the native engine: FSDP2 with CPU
+    offload (its first ladder row failed on a device mismatch) and the engine released
+    before each update (its CUDA graphs recaptured every rollout)."""
+    paths = make_run(
+        tmp_path, "means", "dist.strategy=fsdp", "rollout.engine=native", *memory, nproc=2
+    )
+    text = paths.config.read_text().replace("precision: fp32", "precision: bf16")
+    paths.config.write_text(text)
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_progress(paths.progress).state == TrainState.FINISHED
+    assert paths.latest_checkpoint() == read_progress(paths.progress).max_steps
