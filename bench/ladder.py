@@ -60,8 +60,10 @@ DECODE_BW = {"H100": (2.99e12, "measured copy bandwidth, bench/results/README.md
 """Memory bandwidth behind the decode roofline, by chip (the row's device name)."""
 
 
-def decode_bw(device: str) -> tuple[float, str]:
-    """(bytes/s, where the figure comes from) for the chip named in ``device``."""
+@functools.cache
+def decode_bw() -> tuple[float, str]:
+    """(bytes/s, where the figure comes from) for this machine's GPU."""
+    device = env_info()["device"]
     return next((v for k, v in DECODE_BW.items() if k in device), DECODE_BW["H100"])
 
 
@@ -258,7 +260,7 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
     rows, gen = s.rows, med["gen_len/mean"]
     per_slot = shape.layers * 2 * shape.kv_heads * shape.head_dim * c
     step_bytes = shape.params * c + rows * (s.prompt_tokens + gen / 2) * per_slot
-    bw, _ = decode_bw(env_info()["device"])
+    bw, _ = decode_bw()
     roofline = rows / (step_bytes / bw)  # one rank's rows against one GPU's bandwidth
     per_gpu = med["tokens_per_s"] / s.ranks  # the trainer logs the whole job's tokens/s
     tokens = rows * (s.prompt_tokens + gen)
@@ -322,7 +324,7 @@ def main() -> None:
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("child", "cap_gib")}
     result["config"]["out"] = str(args.out)
     result["env"] = env_info()
-    result["env"]["decode_bw"] = decode_bw(result["env"]["device"])
+    result["env"]["decode_bw"] = decode_bw()
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as work:
         for name in args.shapes:
