@@ -24,18 +24,18 @@ for stage in "$@"; do
     decode) python3 bench/decode.py --shape qwen2.5-0.5b --batch 64 256 \
         --engines native native-eager hf --out "$out/decode.json" ;;
     step) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
-        --G 8 --max-new 256 --micro 64 --engine native --out "$out/step_native.json" | tail -22 ;;
-    trl) python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
-        --out "$out/trl_vs_grpo_hpc.json" \
-        2>&1 | grep -v "it/s\]" | tail -30 ;;
+        --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --out "$out/step_native.json" | tail -22 ;;
+    trl) # issue 12 point 4: TRL once, then grpo_hpc's defaults and the other memory variants
+        python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
+            --out "$out/trl_vs_grpo_hpc.json" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     stepc) python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 7 --prompts 8 \
-        --G 8 --max-new 256 --micro 64 --engine native --compile --out "$out/step_compiled.json" \
+        --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --compile --out "$out/step_compiled.json" \
         | tail -22 ;;
     multi) # weak scaling: 8 prompts x G=8 per GPU; DDP and FSDP2 on 2 GPUs against 1 GPU
         for run in "1 ddp 8" "2 ddp 16" "2 fsdp 16"; do
             set -- $run
             python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 4 \
-                --prompts "$3" --G 8 --max-new 256 --micro 64 --nproc "$1" --strategy "$2" \
+                --prompts "$3" --G 8 --max-new 256 --micro 64 --no-grad-ckpt --nproc "$1" --strategy "$2" \
                 --engine native --out "$out/step_${1}gpu_$2.json" >/dev/null &&
                 python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['median']; print(sys.argv[1], m)" \
                     "$out/step_${1}gpu_$2.json"
@@ -57,7 +57,7 @@ for stage in "$@"; do
         for v in "8192" "4096" "2048" "8192 --ckpt-every 2" "4096 --ckpt-every 2" "4096 --grad-ckpt"; do
             tag=$(echo "$v" | tr -d ' -')
             python3 bench/grpo_step.py --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
-                --G 8 --max-new 256 --micro 16 --engine native --micro-tokens $v \
+                --G 8 --max-new 256 --micro 16 --engine native --no-grad-ckpt --micro-tokens $v \
                 --out "$out/lean_$tag.json" 2>&1 | grep -E "time/step|gpu_mem|Error" | tail -3
         done ;;
     tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;

@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
+from grpo_hpc.config import AlgoConfig, ModelConfig, RolloutConfig  # noqa: E402
+
 
 def run(args: argparse.Namespace, work: Path) -> dict:
     from grpo_hpc.paths import RunPaths
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
         f"rollout.engine={args.engine}",
         f"dist.compile={args.compile}",
+        f"rollout.release_engine_memory={args.release_engine}",
     ]
     create_run(paths, profile, "tiny", overrides)
     cmd = [
@@ -104,12 +107,31 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
-    p.add_argument("--micro", type=int, default=16, help="most rows per micro-batch")
-    p.add_argument("--micro-tokens", type=int, default=8192, help="most tokens per micro-batch")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--grad-ckpt", action="store_true")
+    # Memory settings default to the project's defaults (grpo_hpc.config), so that a plain
+    # run measures what a user gets without setting them.
+    algo, model, rollout = AlgoConfig(), ModelConfig(), RolloutConfig()
     p.add_argument(
-        "--ckpt-every", type=int, default=1, help="checkpoint one layer in N (implies --grad-ckpt)"
+        "--micro", type=int, default=algo.micro_batch_size, help="most rows per micro-batch"
+    )
+    p.add_argument(
+        "--micro-tokens",
+        type=int,
+        default=algo.micro_batch_tokens,
+        help="most tokens per micro-batch",
+    )
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument(
+        "--grad-ckpt", action=argparse.BooleanOptionalAction, default=model.gradient_checkpointing
+    )
+    p.add_argument(
+        "--ckpt-every", type=int, default=model.checkpoint_every,
+        help="checkpoint one layer in N (implies --grad-ckpt)",
+    )  # fmt: skip
+    p.add_argument(
+        "--release-engine",
+        action=argparse.BooleanOptionalAction,
+        default=rollout.release_engine_memory,
+        help="rollout.release_engine_memory",
     )
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
     p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")

@@ -31,8 +31,11 @@ class ModelConfig:
     """Parameter/compute dtype: auto (from the profile's precision), float32, bfloat16, float16."""
     attn_implementation: str = "auto"
     """auto (profile decides), sdpa, eager or flash_attention_2."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory. On by default: it keeps only each
+    layer's input, which lets a micro-batch hold 32 rows, and fewer, larger micro-batches
+    pay back the recompute in an update that is bound by kernel launches at these sizes
+    (bench/results/README.md, "Memory-lean default"). Turn it off where memory is plenty."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the
@@ -143,9 +146,9 @@ class AlgoConfig:
     """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
     updates_per_batch: int = 1
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
-    micro_batch_size: int = 8
+    micro_batch_size: int = 32
     """Most sequences per forward/backward pass per rank (gradient accumulation)."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 16384
     """Most padded tokens (sequences x longest) per forward/backward pass; bounds the
     activation memory whatever the completion lengths (0 = rows only)."""
 
