@@ -257,6 +257,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     on_gpu = 0 if (s.cpu_offload and s.fsdp) else 1
     weights = on_gpu * weight_bytes // shard
     grads = on_gpu * 4 * trainable // shard
+    # No optimizer-step phase: the trainer's AdamW is fused on the GPU (FSDP2 included) and
+    # updates in place; torch's foreach default would add a 4 * trainable / shard temporary.
     optimizer = on_gpu * 8 * trainable // shard
     ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
     head_w = shape.vocab * shape.hidden

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,14 @@ def test_fsdp_memory_means_train_on_two_gpus(tmp_path: Path, memory: list[str]) 
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_progress(paths.progress).state == TrainState.FINISHED
     assert paths.latest_checkpoint() == read_progress(paths.progress).max_steps
+
+
+def test_sharded_adamw_matches_unsharded() -> None:
+    """The trainer's AdamW under FSDP2 (fused, in place) over sharded DTensors: the same
+    weights as plain AdamW on the whole model, on as many GPUs as there are (1 is enough)."""
+    nproc = min(2, torch.cuda.device_count())
+    worker = Path(__file__).with_name("fsdp_adamw_worker.py")
+    cmd = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", str(worker)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fused=True" in result.stdout
