@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl lean tests ladder
+#   stages: decode update step stepc (compiled training forward) trl lean point4 tests ladder
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -60,7 +60,14 @@ for stage in "$@"; do
                 --G 8 --max-new 256 --micro 16 --engine native --no-grad-ckpt --micro-tokens $v \
                 --out "$out/lean_$tag.json" 2>&1 | grep -E "time/step|gpu_mem|Error" | tail -3
         done ;;
-    tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/e2e 2>&1 | tail -30 ;;
+    tests) # GPU_TESTS picks the tests (default: every GPU test under tests/e2e)
+        python3 -m pytest -q -x -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/e2e} 2>&1 | tail -30 ;;
+    point4) # issue 12 point 4: TRL once, the defaults and candidate speed/memory variants
+        python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
+            --variant-timeout "${VARIANT_TIMEOUT:-105}" --variants "default=" \
+            "t18k=--micro-tokens 18432" "t18k-rel=--micro-tokens 18432 --release-engine" \
+            "one-rel=--micro 64 --micro-tokens 0 --release-engine" \
+            --out "$out/h100_trl_vs_grpo_hpc_sweep.json" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac
