@@ -62,12 +62,11 @@ for stage in "$@"; do
         done ;;
     tests) # GPU_TESTS picks the tests (default: every GPU test under tests/e2e)
         python3 -m pytest -q -x -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/e2e} 2>&1 | tail -30 ;;
-    point4) # issue 12 point 4: TRL once, the defaults and candidate speed/memory variants
+    point4) # issue 12 point 4: TRL once, then the defaults and the variants around them
         python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
-            --variant-timeout "${VARIANT_TIMEOUT:-105}" --variants "default=" \
-            "t18k=--micro-tokens 18432" "t18k-rel=--micro-tokens 18432 --release-engine" \
-            "one-rel=--micro 64 --micro-tokens 0 --release-engine" \
-            --out "$out/h100_trl_vs_grpo_hpc_sweep.json" 2>&1 | grep -v "it/s\]" | tail -40 ;;
+            --variant-timeout "${VARIANT_TIMEOUT:-160}" --variants "default=" \
+            "tok16k=--micro-tokens 16384" "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192" \
+            --out "$out/h100_trl_vs_grpo_hpc_defaults.json" 2>&1 | grep -v "it/s\]" | tail -12 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac

@@ -112,9 +112,8 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
 DEFAULT_VARIANTS = [
     "default=",
     "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192",
-    "ckpt-12k=--grad-ckpt --micro 32 --micro-tokens 12288",
-    "ckpt-release=--grad-ckpt --release-engine",
-    "ckpt-compile=--grad-ckpt --compile",
+    "tok16k=--micro-tokens 16384",
+    "release=--release-engine",
 ]
 """grpo_hpc's side, ``name=grpo_step.py flags``. ``default`` passes no memory flag: it runs
 the project's defaults (grpo_hpc.config), which is what issue 12 point 4 judges."""
