@@ -35,7 +35,8 @@ class ModelConfig:
     """Recompute activations in backward to save memory. On by default: it keeps only each
     layer's input, which lets a micro-batch hold 32 rows, and fewer, larger micro-batches
     pay back the recompute in an update that is bound by kernel launches at these sizes
-    (bench/results/README.md, "Memory-lean default"). Turn it off where memory is plenty."""
+    (bench/results/README.md, "Native engine vs TRL": 1.37 s/step at 13.8 GiB against
+    1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the
