@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl lean point4 tests ladder
+#   stages: decode update step stepc (compiled training forward) trl lean point4 sizes tests ladder
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -67,6 +67,12 @@ for stage in "$@"; do
             --variant-timeout "${VARIANT_TIMEOUT:-160}" --variants "default=" \
             "tok16k=--micro-tokens 16384" "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192" \
             --out "$out/h100_trl_vs_grpo_hpc_defaults.json" 2>&1 | grep -v "it/s\]" | tail -12 ;;
+    sizes) # the defaults against TRL at the 1.5B and 3B shapes, one GPU (80 GB class)
+        for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
+            timeout "${SIZES_TIMEOUT:-290}" python3 bench/trl_baseline.py --shape "$shape" \
+                --micro 16 --engine native --variant-timeout 200 --variants "default=" \
+                --out "$out/h100_trl_vs_grpo_hpc_$shape.json" 2>&1 | grep -v "it/s\]" | tail -4
+        done ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac
