@@ -18,11 +18,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
 from grpo_hpc.config import AlgoConfig, ModelConfig, RolloutConfig  # noqa: E402
+
+if TYPE_CHECKING:
+    from grpo_hpc.paths import RunPaths
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-4000:])
+        raise SystemExit(failure_summary(proc.stderr, paths))
     steps = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
     steps = [m for m in steps if "loss" in m][1:]
     keys = [
@@ -93,6 +97,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "steps_measured": len(steps),
         "wall_s": wall,
     }
+
+
+def failure_summary(stderr: str, paths: RunPaths) -> str:
+    """torchrun's tail, then what says why (error lines of every rank, the trainer's
+    progress record) last, where a caller that keeps only the end of stderr still sees it."""
+    errors = [ln for ln in stderr.splitlines() if "Error" in ln or "error:" in ln][-8:]
+    progress = paths.progress.read_text() if paths.progress.exists() else "no progress.json"
+    return "\n".join([stderr[-2500:], "-- errors:", *errors, "-- progress:", progress])
 
 
 def main() -> None:

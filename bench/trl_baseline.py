@@ -161,7 +161,7 @@ def run_ours(args: argparse.Namespace, work: Path, name: str, flags: list[str]) 
     except subprocess.TimeoutExpired:
         return {"flags": flags, "error": f"timed out after {args.variant_timeout} s"}
     if proc.returncode != 0:  # one variant failing (e.g. compile) must not lose the others
-        return {"flags": flags, "error": proc.stderr[-1500:]}
+        return {"flags": flags, "error": proc.stderr[-3000:]}
     return {"flags": flags} | json.loads(out.read_text())
 
 
