@@ -16,7 +16,8 @@ class ExitCode(enum.IntEnum):
     OK = 0
     """Success: the command did what was asked; a training run finished all its steps."""
     CRASH = 1
-    """Unexpected failure (an exception nobody anticipated). Resubmit within the retry budget."""
+    """Unexpected failure (an exception nobody anticipated), or a checkpoint with no room on
+    disk (DiskFullError, which says how much it needs). Resubmit within the retry budget."""
     CONFIG_ERROR = 2
     """Bad configuration or usage (unknown key, missing file, bad dataset). Never resubmit."""
     CIRCUIT_BREAKER = 3
@@ -41,6 +42,13 @@ class ConfigError(GrpoError):
     """Invalid configuration, profile, path or command-line usage."""
 
     exit_code = ExitCode.CONFIG_ERROR
+
+
+class DiskFullError(GrpoError):
+    """The run directory's filesystem cannot hold the next checkpoint; nothing was written.
+    Exit 1: the monitor resubmits within the retry budget (scratch space is often freed by
+    purges or by the user, and the last complete checkpoint is intact), and the reason in
+    progress.json says how much room is needed and where."""
 
 
 class SlurmUnavailableError(GrpoError):
