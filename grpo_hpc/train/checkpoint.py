@@ -38,56 +38,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from grpo_hpc.errors import DiskFullError, RunDirBusyError
+from grpo_hpc.errors import RunDirBusyError
 from grpo_hpc.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
 from grpo_hpc.paths import RunPaths
-from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, barrier
+from grpo_hpc.train.ckpt_space import abandon, check_space, state_bytes
+from grpo_hpc.train.dist import DistInfo, barrier
 
 GATHERED, SHARDED = "gathered", "sharded"
 DCP_DIR = "dcp"
-GIB = 2**30
-SPACE_SLACK = 1.05
-"""Room asked beyond the tensors' bytes: pickling headers, the RNG and trainer files."""
-
-
-def state_bytes(obj: Any) -> int:
-    """Bytes of the tensors in a nested state dict as this rank writes them (a DTensor's
-    local shard)."""
-    if isinstance(obj, torch.Tensor):
-        local = obj.to_local() if hasattr(obj, "to_local") else obj
-        return local.numel() * local.element_size()
-    if isinstance(obj, dict):
-        return sum(state_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(state_bytes(v) for v in obj)
-    return 0
-
-
-def space_problem(step: int, need: int, free: int, where: Path) -> str | None:
-    """Why a checkpoint of ``need`` bytes will not fit in ``free`` bytes (pure), or None."""
-    if free >= need * SPACE_SLACK + 2**20:
-        return None
-    return (
-        f"checkpoint of step {step} needs about {need / GIB:.2f} GiB but the filesystem of "
-        f"{where} has {free / GIB:.2f} GiB free: make room there (old runs' checkpoints, "
-        f"training.keep_last) or move runs to a larger filesystem (grpo-submit --logs DIR); "
-        f"nothing was written and the last complete checkpoint is intact"
-    )
-
-
-def _check_space(paths: RunPaths, step: int, need: int, info: DistInfo) -> None:
-    """Collective: refuse, on every rank and before writing a byte, a checkpoint that the
-    run directory's filesystem cannot hold (all ranks' shards together: the run directory
-    is shared). A disk that fills mid-write leaves a torn temp directory and torch's
-    "unexpected pos" instead of a reason."""
-    (total,) = all_reduce_sum([float(need)], info)
-    problem = None
-    if info.is_main:
-        problem = space_problem(step, int(total), shutil.disk_usage(paths.root).free, paths.root)
-    if all_reduce_max(1.0 if problem else 0.0, info):
-        if info.is_main:
-            shutil.rmtree(paths.checkpoint_tmp(step), ignore_errors=True)
-        raise DiskFullError(problem or f"checkpoint of step {step}: rank 0 found no room")
 
 
 def rng_state() -> dict[str, Any]:
@@ -178,37 +136,57 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(info)
-    if fmt == SHARDED:
-        model_sd, optim_sd = get_state_dict(
-            model, optimizer, options=_options(trainable_only, False)
-        )
-        _check_space(paths, step, state_bytes(model_sd) + state_bytes(optim_sd), info)
-        # Each rank writes (and fsyncs) its own shard; rank 0 writes .metadata once all have.
-        writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
-    else:
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
-        need = state_bytes(model_sd) + state_bytes(optim_sd) if info.is_main else 0
-        _check_space(paths, step, need, info)
-        if info.is_main:
-            torch.save(model_sd, tmp / "model.pt")
-            torch.save(optim_sd, tmp / "optim.pt")
-    torch.save(rng, tmp / f"rng-rank{info.rank}.pt")
-    if info.is_main:
-        torch.save({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
-        if slow_save_s:
+    try:
+        _write(paths, step, fmt, model, optimizer, trainer_state, rng, info, trainable_only)
+        if info.is_main and slow_save_s:
             time.sleep(slow_save_s)  # fault injection: a save that outlives the signal lead
-    barrier(info)  # every rank's files are written before rank 0 completes the checkpoint
+        barrier(info)  # every rank's files are written before rank 0 completes the checkpoint
+        if info.is_main:
+            # Refuses (CheckpointIncompleteError) when the weights are not all there: a
+            # directory with COMPLETE but no model must never exist.
+            write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
+    except Exception as exc:
+        abandon(paths, step, exc, info)
     if info.is_main:
-        # Refuses (CheckpointIncompleteError) when the weights are not all there: a
-        # directory with COMPLETE but no model must never exist.
-        write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         mark_complete(final, f"{time.time()}\n")
         prune(paths, keep_last)
     barrier(info)
     return final
+
+
+def _write(
+    paths: RunPaths,
+    step: int,
+    fmt: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    rng: dict[str, Any],
+    info: DistInfo,
+    trainable_only: bool,
+) -> None:
+    """Every file of the checkpoint into its temp directory (collective)."""
+    tmp = paths.checkpoint_tmp(step)
+    if fmt == SHARDED:
+        model_sd, optim_sd = get_state_dict(
+            model, optimizer, options=_options(trainable_only, False)
+        )
+        check_space(paths, step, state_bytes(model_sd) + state_bytes(optim_sd), info)
+        # Each rank writes (and fsyncs) its own shard; rank 0 writes .metadata once all have.
+        writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+        need = state_bytes(model_sd) + state_bytes(optim_sd) if info.is_main else 0
+        check_space(paths, step, need, info)
+        if info.is_main:
+            torch.save(model_sd, tmp / "model.pt")
+            torch.save(optim_sd, tmp / "optim.pt")
+    torch.save(rng, tmp / f"rng-rank{info.rank}.pt")
+    if info.is_main:
+        torch.save({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
 
 
 def lock_run_dir(paths: RunPaths) -> int:
