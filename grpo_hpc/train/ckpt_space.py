@@ -12,10 +12,10 @@ from typing import Any, NoReturn
 import torch
 
 from grpo_hpc.errors import DiskFullError
+from grpo_hpc.memory import GIB
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 
-GIB = 2**30
 SPACE_SLACK = 1.05
 """Room asked beyond the tensors' bytes: pickling headers, the RNG and trainer files."""
 
@@ -54,11 +54,9 @@ def check_space(paths: RunPaths, step: int, need: int, info: DistInfo) -> None:
     (total,) = all_reduce_sum([float(need)], info)
     problem = None
     if info.is_main:
-        where = paths.checkpoint_tmp(step)
-        problem = space_problem(step, int(total), shutil.disk_usage(where).free, paths.checkpoints)
-    if all_reduce_max(1.0 if problem else 0.0, info):
-        if info.is_main:
-            shutil.rmtree(paths.checkpoint_tmp(step), ignore_errors=True)
+        free = shutil.disk_usage(paths.checkpoint_tmp(step)).free
+        problem = space_problem(step, int(total), free, paths.checkpoints)
+    if all_reduce_max(1.0 if problem else 0.0, info):  # save() removes the temp dir
         raise DiskFullError(problem or f"checkpoint of step {step}: rank 0 found no room")
 
 
