@@ -42,8 +42,11 @@ for stage in "$@"; do
         done ;;
     dcp) python3 bench/fsdp_dcp.py --nproc 2 --shape smollm2-135m --precision bf16 \
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
-    ladder) # resumable: rows already in bench/results/ladder.json are kept (copy it back first)
-        python3 bench/ladder.py --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
+    ladder) # one GPU per row; resumable: rows already in bench/results/ladder.json are kept
+        # (copy it back first); LADDER_* as for ladder2
+        python3 bench/ladder.py ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} \
+            --row-timeout "${LADDER_ROW_TIMEOUT:-150}" --time-budget "${LADDER_TIME_BUDGET:-420}" \
+            --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
         cp bench/results/ladder.json "$out/ladder.json" ;;
     ladder2) # the ladder on 2 GPUs per row, as the h100x2 / supercloud profiles run;
         # resumable like ladder. LADDER_SHAPES picks shapes (default all); a call of 10 min

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"algo.micro_batch_tokens={args.micro_tokens}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",
+        "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
         "wandb.mode=disabled",
         "reward.correctness=1.0",
         "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",

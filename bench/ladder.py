@@ -160,6 +160,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         f"dist.nproc_per_node={args.nproc}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",
+        "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
         "data.num_eval=0",
         "wandb.mode=disabled",
         "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",

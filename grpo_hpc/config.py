@@ -184,6 +184,10 @@ class TrainingConfig:
     """Also checkpoint when this many seconds passed since the last save (0 disables)."""
     keep_last: int = 2
     """Complete checkpoints kept."""
+    save_final: bool = True
+    """Save (and verify) a checkpoint at the last step. False only for benchmarks that time
+    steps (bench/): a 7B full-parameter checkpoint is ~90 GB, more than a GPU machine's
+    scratch disk may hold; such a run ends with nothing to resume from or to use."""
     eval_every: int = 0
     """Greedy held-out evaluation every N steps (0 disables)."""
     zero_reward_patience: int = 0

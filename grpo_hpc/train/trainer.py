@@ -224,7 +224,8 @@ class Trainer:
                     self.sampler.load_state_dict(snapshot[1])
                     return self._interrupt()
                 self._after_step()
-            self._verify_final_weights()
+            if self.cfg.training.save_final:
+                self._verify_final_weights()
             self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
             return ExitCode.OK
         finally:
@@ -269,7 +270,7 @@ class Trainer:
         due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
         if (
             dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0
-            or self.step == t.max_steps
+            or (self.step == t.max_steps and t.save_final)
         ):
             self.save()
 
