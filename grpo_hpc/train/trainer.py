@@ -268,9 +268,8 @@ class Trainer:
             self.evaluate()  # a stop during it is answered by the loop: save, exit 5
         due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
         due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
-        if (
-            dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0
-            or (self.step == t.max_steps and t.save_final)
+        if dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0 or (
+            self.step == t.max_steps and t.save_final
         ):
             self.save()
 
