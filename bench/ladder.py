@@ -17,7 +17,8 @@ run ("estimated: does not fit"). Beside every row: the estimator's figures for o
 for the 2-GPU profile; ``measured`` says which figures come from a run, ``gpus`` on how many
 GPUs. ladder.json is rewritten (atomically) after every row, and rows already settled in
 it (fits, out of memory) are skipped, so a cut-short run continues where it stopped and
-rows that timed out or failed run again.
+rows that timed out or failed run again, as do rows marked ``stale`` (measured before a
+change to what they measure; the reason is in the row).
 
     python bench/ladder.py --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
     python bench/ladder.py --out bench/results/ladder.json             # one GPU, ~8 min
@@ -320,8 +321,11 @@ def main() -> None:
         sys.exit(child(args.child, args.cap_gib))
     result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}
     result.setdefault("rows", [])
-    # A row that fitted or ran out of memory is settled; a timeout or an error is run again.
-    done = {_key(r) for r in result["rows"] if r.get("status") in ("fits", "oom")}
+    # A row that fitted or ran out of memory is settled; a timeout or an error is run again,
+    # and so is a row marked stale (measured before a change to what it measures).
+    done = {
+        _key(r) for r in result["rows"] if r.get("status") in ("fits", "oom") and not r.get("stale")
+    }
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("child", "cap_gib")}
     result["config"]["out"] = str(args.out)
     result["env"] = env_info()

@@ -27,13 +27,16 @@ def current_estimate(row: dict) -> float | None:
 
 def line(row: dict) -> str:
     est = current_estimate(row)
-    plan = row.get("run_settings") and row["estimate_2gpu"]["settings"]
+    gpus = row.get("gpus", 1)
+    plan = row[f"estimate_{gpus}gpu"]["settings"]
     peak = row.get("peak_gib")
+    status = row["status"] if row["status"] != "estimated: does not fit" else "refused (estimate)"
     cells = [
         row["shape"].removeprefix("qwen2.5-").upper(),
         row["budget"],
         row["mode"],
-        row["status"] if row["status"] != "estimated: does not fit" else "refused (estimate)",
+        str(gpus),
+        f"{status} (stale)" if row.get("stale") else status,
         f"{peak:.1f}" if peak is not None else "-",
         f"{est:.1f} ({100 * (est / peak - 1):+.0f} %)" if est and peak else "-",
     ]
@@ -45,7 +48,7 @@ def line(row: dict) -> str:
         ]
     else:
         cells += ["-", "-", "-"]
-    cells.append(plan or row["estimate_2gpu"]["settings"])
+    cells.append(plan)
     return "| " + " | ".join(cells) + " |"
 
 
@@ -59,12 +62,12 @@ def main() -> None:
     order = {
         s: i for i, s in enumerate(("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"))
     }
-    rows.sort(key=lambda r: (order.get(r["shape"], 9), r["budget"], r["mode"]))
+    rows.sort(key=lambda r: (order.get(r["shape"], 9), r["budget"], r["mode"], r.get("gpus", 1)))
     print(
-        "| shape | budget | mode | status | peak GiB/GPU | estimate now | s/step = gen + update "
-        "| decode tok/s per GPU (% roofline) | update MFU | settings (2 GPUs) |"
+        "| shape | budget | mode | GPUs | status | peak GiB/GPU | estimate now "
+        "| s/step = gen + update | decode tok/s per GPU (% roofline) | update MFU | settings |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(line(row))
 

@@ -12,7 +12,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 - autocast's cache of low-precision weight copies during a forward/backward (DDP or one
   GPU with fp32 weights); under FSDP2 the all-gathered bf16/fp16 layers instead (two
   decoder layers in flight, and the root's embedding and head);
-- the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in)
+- the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in;
+  under LoRA without FSDP2 only the adapted projections, the frozen base read in place)
   and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
 - activations of one micro-batch (``algo.micro_batch_tokens`` padded tokens); with gradient
   checkpointing the layer inputs plus one layer being recomputed;
@@ -91,6 +92,18 @@ class ModelShape:
     @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.embed_params
+
+    def packed_adapted_params(self, targets: tuple[str, ...]) -> int:
+        """Weights the native engine packs as folded copies under LoRA on ``targets`` (the
+        rest of a frozen, unsharded base is read in place): the fused q/k/v matrix if any of
+        q/k/v is adapted, the fused gate/up if either is, o and down by themselves."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        t = set(targets)
+        qkv = h * (q + 2 * kv) if t & {"q_proj", "k_proj", "v_proj"} else 0
+        gate_up = 2 * h * i if t & {"gate_proj", "up_proj"} else 0
+        single = (q * h if "o_proj" in t else 0) + (i * h if "down_proj" in t else 0)
+        return self.layers * (qkv + gate_up + single)
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
         h, i = self.hidden, self.intermediate
@@ -270,7 +283,10 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     else:  # autocast keeps a low-precision copy of every linear weight for backward
         compute = c * (p - shape.embed_params)
     native = s.engine == "native"  # LoRA too: adapters are folded into the packed copy
-    engine_weights = c * p if native else 0
+    if native and lora and not s.fsdp:  # the frozen base is read in place, not copied
+        engine_weights = c * shape.packed_adapted_params(s.lora_targets)
+    else:  # fp32 master weights or FSDP2 shards: a full low-precision copy
+        engine_weights = c * p if native else 0
     slots = s.prompt_tokens + s.max_new_tokens
     rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
     slots = _round_up(slots, SPAN_BUCKET) if native else slots

@@ -34,12 +34,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _peft(model_dir: Path, dtype: torch.dtype):  # noqa: ANN202
+def _peft(model_dir: Path, dtype: torch.dtype, targets: list[str] = TARGETS):  # noqa: ANN202
     from peft import LoraConfig, get_peft_model
 
     model, tok = load_model_and_tokenizer(model_dir, "sdpa", torch.device("cuda"), dtype=dtype)
     torch.manual_seed(1)
-    cfg = LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, init_lora_weights=False)
+    cfg = LoraConfig(r=16, lora_alpha=32, target_modules=targets, init_lora_weights=False)
     peft = get_peft_model(model, cfg).eval()  # adapters upcast to fp32 (peft's default)
     return peft, tok
 
@@ -51,10 +51,16 @@ def test_lora_fp32_greedy_tokens_equal_peft_generate(model_dir: Path) -> None:
     assert torch.equal(hf.input_ids, native.generate(PROMPTS, 2, greedy=True).input_ids)
 
 
-def test_lora_bf16_logp_match_the_training_forward(model_dir: Path) -> None:
-    peft, tok = _peft(model_dir, torch.bfloat16)
+@pytest.mark.parametrize("targets", [TARGETS, ["q_proj", "k_proj", "v_proj", "o_proj"]])
+def test_lora_bf16_logp_match_the_training_forward(model_dir: Path, targets: list[str]) -> None:
+    """Every projection adapted (all folded), and the default targets (the MLP and the
+    embedding read in place from the frozen bf16 base, gate/up fused in place; the
+    engine released and rebuilt once, as rollout.release_engine_memory does)."""
+    peft, tok = _peft(model_dir, torch.bfloat16, targets)
     native = NativeEngine(peft, tok, 64, 1.0, 1.0, 600, dtype=torch.bfloat16)
     torch.manual_seed(0)
+    native.generate(PROMPTS, 4)
+    native.release()
     batch = native.generate(PROMPTS, 4)
     rows = batch.input_ids.shape[0]
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):

@@ -111,3 +111,44 @@ def test_plain_lora_picks_native_when_asked() -> None:
     assert pick_engine("native", _lora(model), EngineOptions(8, 1.0, 1.0, 60, lora=True)) == (
         "native"
     )
+
+
+def test_frozen_base_is_read_in_place_not_copied() -> None:
+    """Adapters on q and v only: o, down, gate/up (fused in place), k... are the base's own
+    memory, the base's values are unchanged by the fusing, and tokens still equal peft's."""
+    model, tok = _qwen2()
+    peft = _lora(model, ["q_proj", "v_proj"])
+    before = {k: v.clone() for k, v in peft.state_dict().items()}
+    engine = NativeEngine(peft, tok, 24, 1.0, 1.0, 60)
+    layers = peft.get_base_model().model.layers
+    for dst, layer in zip(engine.packed.layers, layers, strict=True):
+        att, mlp = layer.self_attn, layer.mlp
+        assert dst.wdown.data_ptr() == mlp.down_proj.weight.data_ptr()
+        assert dst.wo.data_ptr() == att.o_proj.weight.data_ptr()
+        assert dst.wgu.data_ptr() == mlp.gate_proj.weight.data_ptr()
+        assert dst.wgu[mlp.gate_proj.weight.shape[0] :].data_ptr() == mlp.up_proj.weight.data_ptr()
+        assert dst.wqkv.data_ptr() != att.q_proj.weight.data_ptr()  # q is adapted: folded copy
+    after = peft.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    hf = HFEngine(peft, tok, 24, 1.0, 1.0, 60).generate(PROMPTS, 2, greedy=True)
+    assert engine.generate(PROMPTS, 2, greedy=True).texts == hf.texts
+    fused = engine.packed.layers[0].wgu.data_ptr()
+    engine.release()  # the engine lets go of its copies; the base keeps its fused buffer
+    assert engine.generate(PROMPTS, 2, greedy=True).texts == hf.texts
+    assert engine.packed.layers[0].wgu.data_ptr() == fused  # reused, not fused again
+
+
+def test_a_replaced_base_weight_is_copied_in() -> None:
+    """If something swaps a shared weight for a new tensor, the next refill copies it into
+    the engine's buffer: decoding follows the model, never a stale tensor."""
+    model, tok = _qwen2()
+    peft = _lora(model, ["q_proj", "v_proj"])
+    engine = NativeEngine(peft, tok, 24, 1.0, 1.0, 60)
+    before = engine.generate(PROMPTS, 1, greedy=True).texts
+    down = peft.get_base_model().model.layers[0].mlp.down_proj
+    torch.manual_seed(3)
+    down.weight = torch.nn.Parameter(torch.randn_like(down.weight), requires_grad=False)
+    ref = HFEngine(peft, tok, 24, 1.0, 1.0, 60).generate(PROMPTS, 1, greedy=True).texts
+    assert ref != before, "degenerate test: the new weight changes nothing"
+    assert engine.generate(PROMPTS, 1, greedy=True).texts == ref
