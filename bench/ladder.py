@@ -18,7 +18,8 @@ for the 2-GPU profile; ``measured`` says which figures come from a run, ``gpus``
 GPUs. ladder.json is rewritten (atomically) after every row, and rows already settled in
 it (fits, out of memory) are skipped, so a cut-short run continues where it stopped and
 rows that timed out or failed run again, as do rows marked ``stale`` (measured before a
-change to what they measure; the reason is in the row).
+change to what they measure; the reason is in the row) and rows whose settings the
+estimator now resolves differently.
 
     python bench/ladder.py --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
     python bench/ladder.py --out bench/results/ladder.json             # one GPU, ~8 min
@@ -240,6 +241,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def same_settings(row: dict, plan) -> bool:  # noqa: ANN001
+    """Whether ``row`` ran the settings ``plan`` resolves now (a field the row predates
+    counts as its default)."""
+    from grpo_hpc import memory
+
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(memory.Settings)
+        if f.default is not dataclasses.MISSING
+    }
+    now = json.loads(json.dumps(dataclasses.asdict(plan.settings)))
+    ran = row.get("run_settings") or {}
+    return all(ran.get(k, defaults.get(k)) == v for k, v in now.items())
+
+
 def _key(row: dict) -> tuple[str, str, str, int]:
     return row["shape"], row["budget"], row["mode"], row.get("gpus", 1)
 
@@ -322,9 +338,12 @@ def main() -> None:
     result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}
     result.setdefault("rows", [])
     # A row that fitted or ran out of memory is settled; a timeout or an error is run again,
-    # and so is a row marked stale (measured before a change to what it measures).
-    done = {
-        _key(r) for r in result["rows"] if r.get("status") in ("fits", "oom") and not r.get("stale")
+    # and so is a row marked stale (measured before a change to what it measures) or one
+    # whose settings the estimator would now choose differently (see the loop).
+    settled = {
+        _key(r): r
+        for r in result["rows"]
+        if r.get("status") in ("fits", "oom") and not r.get("stale")
     }
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("child", "cap_gib")}
     result["config"]["out"] = str(args.out)
@@ -336,9 +355,9 @@ def main() -> None:
             for budget in args.budgets:
                 for mode in args.modes:
                     key = (name, budget, mode, args.nproc)
-                    if key in done:
-                        continue
                     est = estimates(args, name, budget, mode)
+                    if key in settled and same_settings(settled[key], est[args.nproc]):
+                        continue
                     row = {"shape": name, "budget": budget, "mode": mode, "gpus": args.nproc}
                     row["device"] = args.device
                     row |= {"prompt_tokens": est["prompt_tokens"], "estimate_1gpu": est["gpu1"]}
