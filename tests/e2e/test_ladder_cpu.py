@@ -30,6 +30,13 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
     assert row["estimate_2gpu"]["settings"].startswith("ddp")  # supercloud's strategy
     again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
     assert again.returncode == 0 and again.stdout == ""  # the measured row is kept, not rerun
+    result = json.loads(out.read_text())
+    result["rows"][0]["stale"] = "measured before a change"
+    out.write_text(json.dumps(result))
+    third = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert third.returncode == 0 and '"status": "fits"' in third.stdout  # a stale row reruns
+    (rerun,) = json.loads(out.read_text())["rows"]
+    assert "stale" not in rerun and rerun["measured"]
 
 
 def test_ladder_runs_a_two_rank_row_as_the_2gpu_profile_would(tmp_path: Path) -> None:

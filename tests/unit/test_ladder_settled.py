@@ -1,0 +1,39 @@
+"""bench/ladder.py keeps a measured row only while the estimator still resolves the
+settings it ran: a field the row predates counts as its default, any other difference
+(a new plan) makes the row run again."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from grpo_hpc import memory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import ladder  # noqa: E402
+
+SETTINGS = memory.Settings(ranks=2, strategy="ddp", precision="fp16", rows=64, lora_rank=16)
+PLAN = memory.Plan(SETTINGS, memory.estimate(ladder.load_shape("qwen2.5-0.5b"), SETTINGS), 32.0)
+
+
+def _row(**changes: object) -> dict:
+    ran = json.loads(json.dumps(dataclasses.asdict(SETTINGS)))
+    return {"run_settings": {**ran, **changes}}
+
+
+def test_the_same_settings_keep_the_row() -> None:
+    assert ladder.same_settings(_row(), PLAN)
+
+
+def test_a_field_the_row_predates_counts_as_its_default() -> None:
+    row = _row()
+    del row["run_settings"]["release_engine"]  # rows measured before the field existed
+    assert ladder.same_settings(row, PLAN)
+
+
+def test_a_new_plan_reruns_the_row() -> None:
+    assert not ladder.same_settings(_row(engine="hf"), PLAN)
+    assert not ladder.same_settings(_row(release_engine=True), PLAN)
+    assert not ladder.same_settings({}, PLAN)  # never ran
