@@ -43,8 +43,10 @@ for stage in "$@"; do
     dcp) python3 bench/fsdp_dcp.py --nproc 2 --shape smollm2-135m --precision bf16 \
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
     ladder) # one GPU per row; resumable: rows already in bench/results/ladder.json are kept
-        # (copy it back first); LADDER_* as for ladder2
-        python3 bench/ladder.py ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} \
+        # (copy it back first); LADDER_* as for ladder2; LADDER_TRL=1 runs TRL beside each
+        # row (LADDER_BUDGETS picks budgets)
+        python3 bench/ladder.py ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} ${LADDER_TRL:+--trl} \
+            ${LADDER_BUDGETS:+--budgets $LADDER_BUDGETS} \
             --row-timeout "${LADDER_ROW_TIMEOUT:-150}" --time-budget "${LADDER_TIME_BUDGET:-420}" \
             --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
         cp bench/results/ladder.json "$out/ladder.json" ;;

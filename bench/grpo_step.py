@@ -73,9 +73,13 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "torch.distributed.run",
         f"--nproc-per-node={args.nproc}",
         "--standalone",
-        "-m",
-        "grpo_hpc.train",
+        *(  # the ladder's child caps each rank's memory at the budget first
+            [str(Path(__file__).with_name("ladder.py")), "--child"]
+            if args.cap_gib
+            else ["-m", "grpo_hpc.train"]
+        ),
         str(paths.root),
+        *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []),
     ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -148,6 +152,7 @@ def main() -> None:
     )
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
     p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")
+    p.add_argument("--cap-gib", type=float, default=0.0, help="cap each GPU's memory at this")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:

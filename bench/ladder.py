@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, write_result  # noqa: E402
+from common import SHAPES as COMMON_SHAPES  # noqa: E402
+from common import build_model, env_info, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SHAPES_DIR = HERE / "shapes"
@@ -241,6 +242,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+KEY = ("shape", "budget", "mode", "gpus")
+
+
+def wants_trl(args: argparse.Namespace, name: str, row: dict, elapsed: float) -> bool:
+    """TRL beside a one-GPU row that ran, once, while the time budget lasts."""
+    one_gpu = args.device == "cuda" and args.nproc == 1
+    todo = row.get("measured") and "trl" not in row and elapsed < args.time_budget
+    return bool(args.trl and one_gpu and name in COMMON_SHAPES and todo)
+
+
 def same_settings(row: dict, plan) -> bool:  # noqa: ANN001
     """Whether ``row`` ran the settings ``plan`` resolves now (a field the row predates
     counts as its default)."""
@@ -295,6 +306,27 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
     }
 
 
+def run_trl(args: argparse.Namespace, name: str, budget: str, mode: str, model: Path) -> dict:
+    """TRL 1.16's GRPOTrainer on one GPU under the same cap, precision, mode (peft LoRA r=16
+    on q/k/v/o, base in the compute dtype), prompts, G, lengths and steps, in a child process
+    (bench/trl_baseline.py: HF generate, gradient checkpointing, micro-batches of 16);
+    its median s/step and peak, or why it did not run to the end."""
+    out = model.parent / f"trl-{name}-{budget}-{mode}.json"
+    cmd = [sys.executable, str(HERE / "trl_baseline.py"), f"--shape={name}",
+           f"--model-dir={model}", f"--precision={BUDGETS[budget][0]}",
+           f"--cap-gib={BUDGETS[budget][1]}", f"--lora-rank={LORA_RANK if mode == 'lora' else 0}",
+           f"--prompts={args.prompts}", f"--G={args.G}", f"--max-new={args.max_new}",
+           f"--steps={args.steps}", "--variants", f"--out={out}"]  # fmt: skip
+    code, tail = _run_group(cmd, args.row_timeout)
+    if code == 0:
+        trl = json.loads(out.read_text())["trl"]
+        return {"status": "fits", "s_per_step": round(trl["s_per_step_median"], 3),
+                "peak_gib": round(trl["peak_gib"], 2)}  # fmt: skip
+    if code is not None and "out of memory" in tail.lower():
+        return {"status": "oom"}
+    return {"status": "timeout" if code is None else "error", "error": tail.strip()[-400:]}
+
+
 def child(run_dir: str, cap_gib: float) -> int:
     """One row's trainer, in this process, under the budget's memory cap."""
     import torch
@@ -329,6 +361,11 @@ def main() -> None:
         help="start no row after this many seconds (with --row-timeout: under 10 minutes)",
     )
     p.add_argument("--redo", action="store_true", help="rerun rows already in --out")
+    p.add_argument(
+        "--trl",
+        action="store_true",
+        help="one GPU: also run TRL 1.16 in each row's budget (shapes of bench/common.py)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "results" / "ladder.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -351,12 +388,25 @@ def main() -> None:
     result["env"]["decode_bw"] = decode_bw()
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as work:
+
+        @functools.cache
+        def model_dir(name: str) -> Path:
+            """The shape saved once for TRL (it loads a model directory)."""
+            out = Path(work) / f"model-{name}"
+            build_model(out, name)
+            return out
+
         for name in args.shapes:
             for budget in args.budgets:
                 for mode in args.modes:
                     key = (name, budget, mode, args.nproc)
                     est = estimates(args, name, budget, mode)
                     if key in settled and same_settings(settled[key], est[args.nproc]):
+                        row = settled[key]
+                        if wants_trl(args, name, row, time.monotonic() - start):
+                            row["trl"] = run_trl(args, name, budget, mode, model_dir(name))
+                            write_result(result, args.out)
+                            print(json.dumps({**{k: row[k] for k in KEY}, "trl": row["trl"]}))
                         continue
                     row = {"shape": name, "budget": budget, "mode": mode, "gpus": args.nproc}
                     row["device"] = args.device
@@ -371,9 +421,11 @@ def main() -> None:
                         row |= run_row(args, name, budget, mode, plan, Path(work))
                         row["measured"] = True
                         row["run_settings"] = dataclasses.asdict(plan.settings)
+                    if wants_trl(args, name, row, time.monotonic() - start):
+                        row["trl"] = run_trl(args, name, budget, mode, model_dir(name))
                     result["rows"] = [r for r in result["rows"] if _key(r) != key] + [row]
                     write_result(result, args.out)
-                    shown = ("shape", "budget", "mode", "gpus", "status", "peak_gib", "s_per_step")
+                    shown = (*KEY, "status", "peak_gib", "s_per_step", "trl")
                     print(json.dumps({k: row.get(k) for k in shown}), flush=True)
 
 

@@ -70,8 +70,21 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
             torch.cuda.synchronize()
             self.times.append(time.perf_counter() - self.t0)
 
+    if args.cap_gib:  # the budget's memory, as bench/ladder.py caps grpo_hpc's ranks
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total))
     data = Dataset.from_dict({"prompt": same_prompts(args.prompts * (args.steps + 1))})
     completions = args.prompts * args.G
+    lora = {}
+    if args.lora_rank:  # as grpo_hpc's LoRA: the frozen base in the compute dtype
+        from peft import LoraConfig
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        lora["peft_config"] = LoraConfig(
+            r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=targets
+        )
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(args.precision)
+        lora["model_init_kwargs"] = {"dtype": dtype} if dtype else {}
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         per_device_train_batch_size=args.micro,
@@ -80,7 +93,8 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         max_completion_length=args.max_new,
         beta=args.beta,
         learning_rate=1e-6,
-        bf16=True,
+        bf16=args.precision == "bf16",
+        fp16=args.precision == "fp16",  # autocast + grad scaler, as a V100 forces
         gradient_checkpointing=True,
         max_steps=args.steps,
         logging_steps=1,
@@ -89,6 +103,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         temperature=1.0,
         top_p=1.0,
         seed=0,
+        **({"model_init_kwargs": lora["model_init_kwargs"]} if lora else {}),
     )
     timer = StepTimer()
     trainer = GRPOTrainer(
@@ -97,6 +112,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         args=config,
         train_dataset=data,
         callbacks=[timer],
+        **({"peft_config": lora["peft_config"]} if lora else {}),
     )
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -153,6 +169,7 @@ def run_ours(args: argparse.Namespace, work: Path, name: str, flags: list[str]) 
         f"--max-new={args.max_new}",
         f"--steps={args.steps}",
         f"--engine={args.engine}",
+        f"--cap-gib={args.cap_gib}",
         f"--out={out}",
         *flags,
     ]
@@ -199,13 +216,18 @@ def main() -> None:
         "--precision", default="bf16", help="grpo_hpc's precision (fp32: a CPU smoke run)"
     )
     p.add_argument("--skip-trl", action="store_true", help="only grpo_hpc (debugging)")
+    p.add_argument("--cap-gib", type=float, default=0.0, help="cap GPU memory (both sides) at this")
+    p.add_argument("--lora-rank", type=int, default=0, help="TRL with peft LoRA on q/k/v/o")
+    p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     variants = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        build_model(work / "model", args.shape)
-        trl = None if args.skip_trl else run_trl(args, work / "model", work)
+        model = args.model_dir or work / "model"
+        if not args.model_dir:
+            build_model(model, args.shape)
+        trl = None if args.skip_trl else run_trl(args, model, work)
         for spec in args.variants:
             name, _, flags = spec.partition("=")
             variants[name] = run_ours(args, work, name, flags.split())
