@@ -236,7 +236,7 @@ def main() -> None:
     head = variants.get("default", {})
     result = {
         "benchmark": "trl_vs_grpo_hpc",
-        "config": vars(args) | {"out": str(args.out) if args.out else None},
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "project_defaults": project_defaults(),
         "trl": trl,
         "grpo_hpc": variants,
