@@ -48,8 +48,18 @@ def line(row: dict) -> str:
         ]
     else:
         cells += ["-", "-", "-"]
+    cells.append(trl_cell(row.get("trl")))
     cells.append(plan)
     return "| " + " | ".join(cells) + " |"
+
+
+def trl_cell(trl: dict | None) -> str:
+    """TRL 1.16 in the same budget (``ladder.py --trl``): s/step (peak GiB), or what stopped it."""
+    if not trl:
+        return "-"
+    if trl["status"] == "fits":
+        return f"{trl['s_per_step']:.1f} ({trl['peak_gib']:.1f})"
+    return trl["status"]
 
 
 def main() -> None:
@@ -65,9 +75,10 @@ def main() -> None:
     rows.sort(key=lambda r: (order.get(r["shape"], 9), r["budget"], r["mode"], r.get("gpus", 1)))
     print(
         "| shape | budget | mode | GPUs | status | peak GiB/GPU | estimate now "
-        "| s/step = gen + update | decode tok/s per GPU (% roofline) | update MFU | settings |"
+        "| s/step = gen + update | decode tok/s per GPU (% roofline) | update MFU "
+        "| TRL s/step (peak GiB) | settings |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(line(row))
 
