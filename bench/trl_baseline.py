@@ -75,16 +75,16 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total))
     data = Dataset.from_dict({"prompt": same_prompts(args.prompts * (args.steps + 1))})
     completions = args.prompts * args.G
-    lora = {}
+    peft_config, init_kwargs = None, None
     if args.lora_rank:  # as grpo_hpc's LoRA: the frozen base in the compute dtype
         from peft import LoraConfig
 
         targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-        lora["peft_config"] = LoraConfig(
+        peft_config = LoraConfig(
             r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=targets
         )
         dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(args.precision)
-        lora["model_init_kwargs"] = {"dtype": dtype} if dtype else {}
+        init_kwargs = {"dtype": dtype} if dtype else None
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         per_device_train_batch_size=args.micro,
@@ -103,7 +103,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         temperature=1.0,
         top_p=1.0,
         seed=0,
-        **({"model_init_kwargs": lora["model_init_kwargs"]} if lora else {}),
+        model_init_kwargs=init_kwargs,
     )
     timer = StepTimer()
     trainer = GRPOTrainer(
@@ -112,7 +112,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         args=config,
         train_dataset=data,
         callbacks=[timer],
-        **({"peft_config": lora["peft_config"]} if lora else {}),
+        peft_config=peft_config,
     )
     torch.cuda.reset_peak_memory_stats()
     trainer.train()

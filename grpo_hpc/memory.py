@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 GIB = 2**30
 PROMPT_TOKENS = 320
@@ -434,22 +432,3 @@ def alternatives(
             if plan.fits:
                 out.append((f"algo.micro_batch_tokens={tokens}", plan.estimate.total_gib))
     return out
-
-
-# ------------------------------------------------------------------ reading config.json
-
-
-def read_config_json(name_or_path: str) -> dict | None:
-    """The model's config.json from a local directory (or ``random:<dir>``), or from the local
-    Hugging Face cache for a hub id; None when it is not on this machine (no download)."""
-    path = Path(name_or_path.removeprefix("random:")).expanduser()
-    if (path / "config.json").is_file():
-        return json.loads((path / "config.json").read_text())
-    if path.exists() or name_or_path.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    found = try_to_load_from_cache(name_or_path, "config.json")
-    return json.loads(Path(found).read_text()) if isinstance(found, str) else None

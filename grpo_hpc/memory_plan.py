@@ -4,7 +4,9 @@ of a configured model, the memory settings of a resolved config, the verdict pri
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_hpc.memory import (
@@ -16,7 +18,6 @@ from grpo_hpc.memory import (
     estimate,
     fit,
     micro_tokens,
-    read_config_json,
 )
 
 if TYPE_CHECKING:
@@ -24,6 +25,22 @@ if TYPE_CHECKING:
     from grpo_hpc.profiles import Profile
 
 __all__ = ["GIB", "Check", "check", "model_shape", "oom_advice", "settings_of"]
+
+
+def read_config_json(name_or_path: str) -> dict | None:
+    """The model's config.json from a local directory (or ``random:<dir>``), or from the local
+    Hugging Face cache for a hub id; None when it is not on this machine (no download)."""
+    path = Path(name_or_path.removeprefix("random:")).expanduser()
+    if (path / "config.json").is_file():
+        return json.loads((path / "config.json").read_text())
+    if path.exists() or name_or_path.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(name_or_path, "config.json")
+    return json.loads(Path(found).read_text()) if isinstance(found, str) else None
 
 
 SMOLLM2_CONFIG = {

@@ -151,8 +151,8 @@ def test_config_json_from_the_local_hf_cache(tmp_path: Path, monkeypatch) -> Non
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
-    assert memory.read_config_json("Org/Model")["hidden_size"] == 1536
-    assert memory.read_config_json("Org/Absent") is None
+    assert memory_plan.read_config_json("Org/Model")["hidden_size"] == 1536
+    assert memory_plan.read_config_json("Org/Absent") is None
 
 
 def submit(*args: str, env: dict | None = None):
