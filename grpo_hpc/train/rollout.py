@@ -138,5 +138,10 @@ def build_engine(
     from grpo_hpc.train.native.engine import NativeEngine
 
     return NativeEngine(
-        *common, opts.timeout_s, dtype=opts.dtype, max_prompt_tokens=opts.max_prompt_tokens, **hooks
+        *common,
+        opts.timeout_s,
+        dtype=opts.dtype,
+        max_prompt_tokens=opts.max_prompt_tokens,
+        logp_temperature=opts.logp_temperature,
+        **hooks,
     )

@@ -94,6 +94,10 @@ class EngineOptions:
     """FSDP with several ranks (HF generate must then keep ranks in step)."""
     lora: bool = False
     """The policy is a peft LoRA model."""
+    logp_temperature: float = 1.0
+    """The temperature of the distribution the update scores tokens under (the sampling
+    temperature with ``algo.tempered_logp``, else 1); the native engine reports its
+    log-probs under the same one."""
     max_prompt_tokens: int = 0
     """Longest prompt of the run's data in tokens (0: unknown); the native engine sizes its
     KV cache for it once instead of regrowing it."""

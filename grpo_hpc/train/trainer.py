@@ -151,6 +151,7 @@ class Trainer:
                 dtype=dtype if gpu and dtype else torch.float32,
                 synced=self.info.enabled and cfg.dist.strategy == "fsdp",
                 lora=bool(cfg.model.lora_rank),
+                logp_temperature=cfg.logp_temperature,
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
                 ),

@@ -97,10 +97,10 @@ def right_align(
 
 
 def completion_logp(
-    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the completion tokens under ``model`` ([B, C], fp32), and the
-    entropy of each next-token distribution when asked.
+    """Log-probs of the completion tokens under ``softmax(logits / temperature)`` of
+    ``model`` ([B, C], fp32), and the entropy of each next-token distribution when asked.
 
     The LM head is fused with the token selection (:mod:`logp_head`): no [B, T, vocab]
     logits. Columns past the micro-batch's longest row are cut before the forward; the
@@ -119,7 +119,7 @@ def completion_logp(
     # Token t of the completion is predicted at position start + t - 1.
     pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
-    with fused_logp_head(model, pos, targets) as head:
+    with fused_logp_head(model, pos, targets, temperature=temperature) as head:
         model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
     assert head.logp is not None and head.entropy is not None
     pad = (0, c_all - c)
@@ -133,12 +133,13 @@ def fill_fixed_logp(
     mbs: list[MicroBatch],
     attr: str,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    temperature: float = 1.0,
 ) -> None:
     """Store old (or reference) log-probs once, before the updates change the policy.
-    Same precision as the training forward, so the first ratio is exactly 1."""
+    Same precision and temperature as the training forward, so the first ratio is exactly 1."""
     for mb in mbs:
         with autocast():
-            logp, _ = completion_logp(model, mb)
+            logp, _ = completion_logp(model, mb, temperature=temperature)
         setattr(mb, attr, logp)
 
 
@@ -180,8 +181,10 @@ def accumulate(
     max_new_tokens: int,
     scaler: torch.amp.GradScaler | None,
     autocast: Callable[[], contextlib.AbstractContextManager],
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """Forward/backward every micro-batch; gradients end up summed for one step."""
+    """Forward/backward every micro-batch; gradients end up summed for one step. Tokens are
+    scored under ``softmax(logits / temperature)`` (``Config.logp_temperature``)."""
     local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
     local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
     total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
@@ -190,7 +193,7 @@ def accumulate(
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=info.device)
     for i, mb in enumerate(mbs):
         with _no_sync(model, last=i == len(mbs) - 1), autocast():
-            logp, entropy = completion_logp(model, mb, with_entropy=True)
+            logp, entropy = completion_logp(model, mb, True, temperature)
             cmask = mb.batch.completion_mask[mb.rows]
             loss_tok, stats = per_token_loss(
                 logp,

@@ -108,6 +108,9 @@ class NativeEngine:
     compact: bool = True
     """Move the rows still running into a smaller row bucket once they fit in half the
     current one (finished rows stop costing); False decodes every row to the end."""
+    logp_temperature: float = 1.0
+    """The reported log-probs are of ``softmax(logits / logp_temperature)``: the update's
+    distribution (see ``sampling.choose``)."""
     max_prompt_tokens: int = 0
     """Longest prompt (tokens) the engine will be given, if known: every KV cache is sized
     for it from the start. A cache that has to grow drops its workspace's captured graphs
@@ -256,7 +259,9 @@ class NativeEngine:
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
         logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
         spread = _pad_rows(logits.repeat_interleave(g, 0), rows)
-        token, logp = choose(spread, self.temperature, self.top_p, greedy)
+        token, logp = choose(
+            spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
+        )
         ws.left_pad.copy_(_pad_rows(pad_p.repeat_interleave(g, 0), rows))
         ws.tokens.copy_(token)
         ws.done.copy_(token == self.eos)
@@ -321,7 +326,9 @@ class NativeEngine:
             self.packed, ws.cache, ws.tokens, ws.pos, ws.left_pad, span, self.fns
         )
         rows_of = None if draw == ws.rows else ws.rows_of  # compacted: noise of its rows
-        token, logp = choose(logits, self.temperature, self.top_p, greedy, rows_of, draw)
+        token, logp = choose(
+            logits, self.temperature, self.top_p, greedy, rows_of, draw, self.logp_temperature
+        )
         token = torch.where(ws.done, torch.full_like(token, self.pad), token)
         logp = torch.where(ws.done, torch.zeros_like(logp), logp)
         col = ws.pos - ws.first_slot + 1

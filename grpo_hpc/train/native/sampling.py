@@ -28,16 +28,19 @@ def choose(
     greedy: bool,
     rows_of: torch.Tensor | None = None,
     draw_rows: int = 0,
+    logp_temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token [B] and its log-probability under the *untempered* policy [B] (fp32),
-    the quantity GRPO's importance ratio is built from.
+    """Next token [B] and its log-probability [B] (fp32) under ``softmax(z /
+    logp_temperature)``: the distribution the update scores (1: the untempered policy;
+    the sampling temperature with ``algo.tempered_logp``), so that the engine's and the
+    trainer's log-probs of a token can be compared.
 
     ``rows_of`` [B] / ``draw_rows``: the rows are a subset (``rows_of``) of a batch of
     ``draw_rows`` rows (the decode batch after finished rows were compacted out). The
     race noise is then drawn for the whole batch and the subset's rows taken from it, so
     each row sees the same random numbers as it would without compaction."""
     z = logits.float()
-    logp_all = torch.log_softmax(z, dim=-1)
+    logp_all = torch.log_softmax(z if logp_temperature == 1.0 else z / logp_temperature, dim=-1)
     if greedy:
         token = z.argmax(-1)
     else:
