@@ -7,9 +7,11 @@
 #           /tmp/grpo_cache/models/smollm2-135m-instruct
 #   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
-#   tta2 / tta3   time to held-out accuracy, grpo_hpc vs TRL, two-/three-term sums
+#   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
+#   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
+#           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG)
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
-# Knobs (environment): TTA_STEPS (40) TTA_EVERY (5) GSM8K_STEPS (40) GSM8K_PROMPTS (16)
+# Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
 set -uo pipefail
 out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
@@ -62,10 +64,20 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         done ;;
     e2e) need_model
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
-    tta2 | tta3) need_model
-        python3 bench/time_to_accuracy.py --out "$out" --terms "${stage#tta}" \
-            --steps "${TTA_STEPS:-40}" --eval-every "${TTA_EVERY:-5}" 2>&1 |
-            grep -E "^\[TRL eval\]|^grpo_hpc|^trl|^ratio|Error|error" | tail -30 ;;
+    parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl_parity.py)
+        python3 bench/trl_parity.py --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
+    learn2 | learn3) need_model
+        # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);
+        # a JSON in bench/results/ (carried back from an earlier machine) seeds it.
+        n=${stage#learn} name=learning_${stage#learn}term${LEARN_TAG:-}
+        mkdir -p /tmp/learn
+        [ -f /tmp/learn/$name.json ] || [ ! -f bench/results/$name.json ] || cp bench/results/$name.json /tmp/learn/
+        # shellcheck disable=SC2086  (lists)
+        timeout "${LEARN_TIMEOUT:-560}" python3 bench/learning.py --out /tmp/learn --terms "$n" \
+            --name "$name" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
+            --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" 2>&1 |
+            grep -E "seed|final|Error|error" | tail -30
+        cp /tmp/learn/$name.* "$out/" ;;
     gsm8k) need_model
         steps=${GSM8K_STEPS:-40}
         rm -rf /tmp/runs/gsm8k-smollm2  # a run left by an earlier call on the held machine

@@ -1,4 +1,4 @@
-"""bench/time_to_accuracy.py's clock: evaluation time is excluded, training time counted."""
+"""bench/learning.py's clock: evaluation time is excluded, training time counted."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from time_to_accuracy import curve_from_metrics, time_to  # noqa: E402
+from learning import curve_from_metrics, time_to  # noqa: E402
 
 
 def _eval(step: int, t: float, acc: float) -> dict:

