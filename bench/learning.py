@@ -191,10 +191,12 @@ def run_trl(
 
     def reward(completions: list, gold: list, completion_ids: list, **kw: object) -> list[float]:
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        eos = trainer.processing_class.eos_token_id
+        # Finished = ended at a token TRL stops on (its eos_token_ids: the generation
+        # config's and the tokenizer's), as grpo_hpc's engines judge it by their stop token.
+        stops = set(trainer.eos_token_ids)
         lengths = rewards.Lengths(
             [len(ids) for ids in completion_ids],
-            [bool(ids) and ids[-1] == eos for ids in completion_ids],
+            [bool(ids) and ids[-1] in stops for ids in completion_ids],
             args.max_new,
             REWARD.overlong_buffer,
         )

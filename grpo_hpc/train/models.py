@@ -13,7 +13,9 @@ Three sources, none needing a model hub at run time:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,9 +119,28 @@ def smollm2_gguf() -> Path:
     )
 
 
+SMOLLM2_TURN_END = "<|im_end|>"
+"""SmolLM2-Instruct's end of turn: the EOS of its generation config and of the tokenizer
+Hugging Face ships with it. transformers 5.17 reads the GGUF's EOS as ``<|im_start|>``
+(and no pad token); 5.24 reads ``<|im_end|>``. With the former a model stops at the next
+turn's start, and any code that judges "finished" by the tokenizer's EOS calls every
+completion that ends at ``<|im_end|>`` cut off (bench/results/README.md, "Learning")."""
+
+
+def smollm2_tokenizer_ok(model_dir: Path) -> bool:
+    """Whether a converted SmolLM2 directory ends turns at ``<|im_end|>`` (one made before
+    the fix, or by a transformers that misreads the GGUF, does not)."""
+    try:
+        tok_cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return tok_cfg.get("eos_token") == SMOLLM2_TURN_END == tok_cfg.get("pad_token")
+
+
 def convert_smollm2(out_dir: Path) -> None:
     """Dequantise the GGUF once into a normal HF directory (save_pretrained of a
-    GGUF-loaded model fails, so rebuild from its config and copy the weights)."""
+    GGUF-loaded model fails, so rebuild from its config and copy the weights). EOS and pad
+    are set to ``<|im_end|>`` whatever the installed transformers reads from the GGUF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -130,6 +151,10 @@ def convert_smollm2(out_dir: Path) -> None:
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(loaded.state_dict())
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.eos_token = tok.pad_token = SMOLLM2_TURN_END
+    end = tok.convert_tokens_to_ids(SMOLLM2_TURN_END)
+    model.generation_config.eos_token_id = model.generation_config.pad_token_id = end
+    model.config.eos_token_id = model.config.pad_token_id = end
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -145,6 +170,8 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
         return out
     if cfg.name_or_path == SMOLLM2:
         out = cache_root() / "models" / "smollm2-135m-instruct"
+        if out.is_dir() and not smollm2_tokenizer_ok(out):
+            shutil.rmtree(out)  # converted with a misread EOS: convert again
         if not out.is_dir():
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_smollm2(out)
