@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,7 +159,10 @@ class CheckpointTensors:
 
         shape, dtype = self._meta[key]
         target = {"model": {key: torch.empty(shape, dtype=dtype)}}
-        dcp.load(target, storage_reader=dcp.FileSystemReader(str(self.dcp_dir)), no_dist=True)
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            reader = dcp.FileSystemReader(str(self.dcp_dir))
+            dcp.load(target, storage_reader=reader, no_dist=True)
         return target["model"][key]
 
 

@@ -193,3 +193,75 @@ def test_replace_with_force(run: RunPaths, tmp_path: Path, capsys: pytest.Captur
     assert code == 0, err
     assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+# ---------------------------------------------------------------------------- grpo-eval
+
+
+def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
+    run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from grpo_hpc import evaluate
+    from grpo_hpc.config import load_resolved
+    from grpo_hpc.train import data, evaluation, rollout
+
+    last = [
+        m for m in map(json.loads, run.metrics.read_text().splitlines()) if "eval/accuracy" in m
+    ]
+    assert last and last[-1]["step"] == 2
+    # The run (its final/), its final/ directory named, and a copy without final/ (its
+    # checkpoint is exported into a temporary directory and scored from there).
+    bare = _copy(run, tmp_path / "bare")
+    shutil.rmtree(bare.final)
+    results = []
+    named = ((run.root, "run.json"), (run.final, "final.json"), (bare.root, "bare.json"))
+    for model, name in named:
+        code = evaluate.main([str(model), "--out", str(tmp_path / name)])
+        stdout, err = capsys.readouterr()
+        assert code == 0, err
+        assert len(stdout.strip().splitlines()) == 1 and "accuracy" in stdout
+        results.append(json.loads((tmp_path / name).read_text()))
+    for r in results:
+        assert r["accuracy"] == last[-1]["eval/accuracy"]
+        assert r["accuracy_strict"] == last[-1]["eval/accuracy_strict"]
+        assert r["problems"] == 8 and r["engine"] == "HFEngine" and r["step"] == 2
+    # Token for token what the trainer's evaluation generates with the trainer's model.
+    cfg = load_resolved(run.config)
+    evals = data.load_problems(cfg.data, cfg.training.seed)[1]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run.tiny_model, padding_side="left")
+    opts = rollout.EngineOptions(cfg.rollout.max_new_tokens, 1.0, 1.0, 600.0)
+    engine = rollout.build_engine(
+        "hf", trainer_model(run, 2), tok, opts, tick=lambda: None, abort=lambda: False,
+        autocast=__import__("contextlib").nullcontext,
+    )  # fmt: skip
+    prompts = [data.prompt_text(tok, p["question"], cfg.data.system_prompt) for p in evals]
+    texts = evaluation.generate_greedy(engine, prompts, 8)
+    for r in results:
+        assert [p["completions"][0] for p in r["per_problem"]] == texts
+        assert [p["gold"] for p in r["per_problem"]] == [p["gold"] for p in evals]
+
+
+def test_grpo_eval_pass_at_k_and_refusals(
+    run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from grpo_hpc import evaluate
+
+    out = tmp_path / "s.json"
+    code = evaluate.main([str(run.final), "--data", "arithmetic", "--num", "3", "--samples", "4",
+                          "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    r = json.loads(out.read_text())
+    assert r["samples"] == 4 and set(r["pass@k"]) == {"1", "2", "4"}
+    assert all(len(p["completions"]) == 4 for p in r["per_problem"])
+    for args, words in (
+        (["--profile", "supercloud"], "not built yet"),
+        (["--data", "nope"], "--data 'nope'"),
+        (["--step", "2"], "--step is for a run"),
+        (["--num", "0"], "--num must be at least 1"),
+    ):
+        code = evaluate.main([str(run.final), "--out", str(tmp_path / "x.json"), *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "x.json").exists()
