@@ -193,6 +193,13 @@ class TrainingConfig:
     """Save (and verify) a checkpoint at the last step. False only for benchmarks that time
     steps (bench/): a 7B full-parameter checkpoint is ~90 GB, more than a GPU machine's
     scratch disk may hold; such a run ends with nothing to resume from or to use."""
+    export_final: bool = True
+    """After the final checkpoint verifies, rank 0 writes the model as a Hugging Face
+    directory to ``logs/<run>/final/`` (grpo_hpc.export: safetensors, config, tokenizer,
+    in the run's compute dtype; a LoRA run's merged model). Needs ``save_final``: a run
+    that saves no final checkpoint (benchmarks) has nothing to export and writes no
+    ``final/``. A failed export warns and leaves the run finished; ``grpo-export RUN``
+    writes it later."""
     eval_every: int = 0
     """Greedy held-out evaluation every N steps (0 disables)."""
     zero_reward_patience: int = 0

@@ -15,6 +15,8 @@ Layout of ``logs/<run>/``::
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
+    tiny_model/            the random ``tiny`` model a run built for itself
+    final/                 the finished run's model as a Hugging Face directory (grpo_hpc.export)
 """
 
 from __future__ import annotations
@@ -125,6 +127,17 @@ class RunPaths:
     @property
     def wandb_dir(self) -> Path:
         return self.root / "wandb"
+
+    @property
+    def tiny_model(self) -> Path:
+        """The ``tiny`` model built for this run (model.name_or_path=tiny)."""
+        return self.root / "tiny_model"
+
+    @property
+    def final(self) -> Path:
+        """The finished run's model as a Hugging Face directory: written by the trainer
+        after the final checkpoint verifies (training.export_final), or by grpo-export."""
+        return self.root / "final"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step-{step}"

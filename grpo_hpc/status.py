@@ -20,6 +20,7 @@ from rich.table import Table
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.decision import MonitorPolicy, history_from
 from grpo_hpc.errors import ConfigError, ExitCode, SlurmUnavailableError
+from grpo_hpc.export_plan import read_provenance
 from grpo_hpc.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import read_progress
@@ -64,6 +65,9 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         row.heartbeat = rec.heartbeat
         if rec.last_checkpoint is not None:
             row.last_checkpoint = max(rec.last_checkpoint, row.last_checkpoint or 0)
+    prov = read_provenance(paths.final)
+    if prov is not None:
+        row.final_model, row.final_step = str(paths.final), prov.get("step")
     metrics = tail_jsonl(paths.metrics)[-TREND_POINTS:]
     row.reward_trend = [float(m["reward/mean"]) for m in metrics if "reward/mean" in m]
     times = [float(m["time/step"]) for m in metrics if "time/step" in m]

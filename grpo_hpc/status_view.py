@@ -60,6 +60,10 @@ class RunRow:
     """Its class (crash, budget_exhausted, circuit_breaker, ...)."""
     monitor_reason: str | None = None
     """Its reason line."""
+    final_model: str | None = None
+    """``logs/<run>/final/``, the finished run's Hugging Face directory, once written."""
+    final_step: int | None = None
+    """The checkpoint step ``final/`` was exported from (its grpo_export.json)."""
 
 
 def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
@@ -177,6 +181,14 @@ def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
     return table
 
 
+def final_line(row: RunRow) -> str:
+    """Where the run's final model is (pure)."""
+    if row.final_model is None:
+        return "final model: none yet (written when the run finishes; grpo-export RUN)"
+    step = f"step {row.final_step}" if row.final_step is not None else "step ?"
+    return f"final model: {row.final_model} ({step}; grpo-eval {row.final_model})"
+
+
 def build_details(d: RunDetail, now: float) -> Group:
     """The ``grpo-status RUN`` view (pure)."""
     keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
@@ -189,11 +201,13 @@ def build_details(d: RunDetail, now: float) -> Group:
         for e in d.events
     ]
     ckpts = ", ".join(map(str, d.checkpoints[-8:])) or "none"
+    final = final_line(d.row)
     parts = [
         build_table([d.row], now),
         _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
         Text(f"complete checkpoints: {ckpts}"),
+        Text(final),
         Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),
     ]
     return Group(*(x for part in parts for x in (part, Text(""))))

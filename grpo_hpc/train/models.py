@@ -25,6 +25,7 @@ import torch
 
 from grpo_hpc.config import ModelConfig
 from grpo_hpc.errors import ConfigError
+from grpo_hpc.paths import RunPaths
 
 SMOLLM2 = "smollm2-135m"
 RANDOM = "random:"
@@ -164,7 +165,7 @@ def convert_smollm2(out_dir: Path) -> None:
 def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
     """Make sure the model directory exists (rank 0 only); return its path."""
     if cfg.name_or_path == "tiny":
-        out = run_dir / "tiny_model"
+        out = RunPaths(run_dir).tiny_model
         if not out.is_dir():
             build_tiny(out, cfg, seed)
         return out

@@ -25,6 +25,7 @@ from grpo_hpc.errors import (
     CircuitBreakerError,
     ConfigError,
     ExitCode,
+    GrpoError,
     StoppedBeforeTrainingError,
 )
 from grpo_hpc.manifest import CheckpointIncompleteError
@@ -227,6 +228,8 @@ class Trainer:
                 self._after_step()
             if self.cfg.training.save_final:
                 self._verify_final_weights()
+                if self.cfg.training.export_final and self.info.is_main:
+                    self._export_final()
             self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
             return ExitCode.OK
         finally:
@@ -239,6 +242,25 @@ class Trainer:
         if dist.all_reduce_max(float(bool(problems)), self.info) > 0:
             why = "; ".join(problems[:3]) or "see rank 0"
             raise CheckpointIncompleteError(f"final weights of step {steps} not verified: {why}")
+
+    def _export_final(self) -> None:
+        """Rank 0: the verified final weights as a Hugging Face directory (``final/``). The
+        run has succeeded already: a failure here is one warning, and grpo-export RUN
+        writes the directory later."""
+        from grpo_hpc import export
+
+        self.tracker.update(TrainState.CHECKPOINTING)  # a heartbeat while it writes
+        t0 = time.monotonic()
+        try:
+            out = export.export_final(self.paths, self.cfg.training.max_steps)
+        except (GrpoError, OSError, ValueError) as e:
+            print(
+                f"[Export] warning: final model not written ({e}); run grpo-export "
+                f"{self.paths.name} to write {self.paths.final}",
+                flush=True,
+            )
+            return
+        print(f"[Export] final model: {out} ({time.monotonic() - t0:.1f} s)", flush=True)
 
     def _stop_agreed(self) -> bool:
         return dist.all_reduce_max(1.0 if self.stop_signal else 0.0, self.info) > 0

@@ -1,0 +1,402 @@
+"""grpo-eval: accuracy of a run's checkpoint, or of any Hugging Face model directory, on a
+data set, judged as the run's correctness reward judges.
+
+``grpo-eval MODEL_OR_RUN`` loads a model directory (an export, a run's ``final/``, any HF
+directory) or a run's checkpoint (exported first into a temporary directory through
+:mod:`grpo_hpc.export`, so that a run and its export score the same), generates greedily
+(or ``--samples k`` sampled completions per problem for pass@k) with the native engine on
+a GPU and HF ``generate`` on a CPU, judges each completion with
+:mod:`grpo_hpc.train.evaluation` under the run's ``reward`` settings (the defaults for a
+model that is not ours), writes a JSON result atomically and prints one summary line.
+
+The choice "how is a completion judged for this data source" is :func:`judge_for`, the
+one place another judge (code tasks through the sandbox) plugs in.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.config import Config, DataConfig, RewardConfig, load_resolved
+from grpo_hpc.errors import ConfigError, ExitCode
+from grpo_hpc.export_plan import read_provenance
+from grpo_hpc.fsutil import atomic_write_json
+from grpo_hpc.paths import RunPaths, logs_root
+
+Problem = dict[str, Any]
+Judge = Callable[[Sequence[str], Sequence[Problem]], list[float]]
+RUN_DATA = "run"
+"""``--data run``: the run's own held-out problems (what its eval/accuracy was measured on)."""
+DEFAULT_MAX_NEW_TOKENS = 512
+DEFAULT_CHUNK = 64
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct among ``n`` samples:
+    1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@{k} needs 0 < k <= n and 0 <= c <= n (n={n}, c={c})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def ks_for(samples: int) -> list[int]:
+    """The k of the pass@k figures reported for ``samples`` completions per problem:
+    1, 2, 4, ... up to and including ``samples``."""
+    ks, k = [], 1
+    while k < samples:
+        ks.append(k)
+        k *= 2
+    return ks + [samples]
+
+
+def summarize(correct: Sequence[Sequence[float]], strict: Sequence[Sequence[float]]) -> dict:
+    """Accuracy figures of per-problem judgements (``correct[i]``: one score per sample of
+    problem i): greedy accuracy for one sample, pass@k for more."""
+    n_problems = len(correct)
+    samples = len(correct[0]) if correct else 1
+    hits = [int(sum(1 for s in row if s >= 1.0)) for row in correct]
+    strict_hits = [int(sum(1 for s in row if s >= 1.0)) for row in strict]
+    out: dict[str, Any] = {"problems": n_problems, "samples": samples}
+    total = max(n_problems * samples, 1)
+    out["accuracy"] = sum(hits) / total
+    out["correct"] = sum(hits)
+    out["accuracy_strict"] = sum(strict_hits) / total
+    if samples > 1:
+        out["pass@k"] = {
+            str(k): sum(pass_at_k(samples, c, k) for c in hits) / max(n_problems, 1)
+            for k in ks_for(samples)
+        }
+    return out
+
+
+def data_slug(spec: str) -> str:
+    """A file-name-safe form of a ``--data`` value."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec).stem if "/" in spec else spec)
+
+
+def judge_for(source: str, reward: RewardConfig) -> Judge:
+    """How a completion is judged for problems of ``source``: the one place that decides.
+    Math (GSM8K, arithmetic, GSM8K-format files): the run's correctness reward through
+    grpo_hpc.train.evaluation. A code-task judge plugs in here (problems with ``tests``)."""
+    from grpo_hpc.train import evaluation
+
+    def math_judge(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+        return evaluation.judge(texts, [p["gold"] for p in problems], reward)
+
+    return math_judge
+
+
+def load_data(spec: str, cfg: Config | None, num: int | None) -> list[Problem]:
+    """The problems ``--data`` names: ``run`` (the run's held-out set), ``gsm8k:test`` /
+    ``gsm8k:train`` (the GSM8K in the package), ``arithmetic`` (the generator's held-out
+    problems under the run's or the default settings), or a GSM8K-format .jsonl/.parquet."""
+    from grpo_hpc.train import data
+
+    seed = cfg.training.seed if cfg is not None else 0
+    data_cfg = cfg.data if cfg is not None else DataConfig()
+    if spec == RUN_DATA:
+        if cfg is None:
+            raise ConfigError("--data run needs a run (or an export of one): name a data set")
+        problems = data.load_problems(data_cfg, seed)[1]
+    elif spec in ("gsm8k:test", "gsm8k:train", "gsm8k"):
+        split = "train" if spec.endswith("train") else "test"
+        problems = data.load_file(data.GSM8K_DIR / f"{split}.jsonl")
+    elif spec == "arithmetic":
+        arith = replace(data_cfg, source="arithmetic", num_eval=num or data_cfg.num_eval)
+        problems = data.load_problems(arith, seed)[1]
+    elif spec.endswith((".jsonl", ".json", ".parquet")):
+        problems = data.load_file(Path(spec).expanduser())
+    else:
+        raise ConfigError(
+            f"--data {spec!r}: use gsm8k:test, gsm8k:train, arithmetic, run, or a "
+            "GSM8K-format .jsonl file"
+        )
+    problems = problems[:num] if num else problems
+    if not problems:
+        raise ConfigError(f"--data {spec!r} holds no problems")
+    return problems
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass
+class Target:
+    """The model to score and the settings it is judged with."""
+
+    model_dir: Path
+    """A Hugging Face directory."""
+    label: str
+    """How the result names it (run@step, or the directory)."""
+    cfg: Config | None
+    """The run's config (a run, or an export that carries grpo_hpc_config.yaml); None for
+    a model that is not ours (defaults)."""
+    run: str | None = None
+    """Run name, when known."""
+    step: int | None = None
+    """Checkpoint step, when known."""
+
+
+def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path) -> Target:
+    """A model directory, or a run whose checkpoint is exported into ``scratch`` (its
+    final/ is used when it holds the step asked for)."""
+    from grpo_hpc.export import RUN_CONFIG
+
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        if step is not None:
+            raise ConfigError("--step is for a run: MODEL is a model directory already")
+        cfg = load_resolved(path / RUN_CONFIG) if (path / RUN_CONFIG).is_file() else None
+        prov = read_provenance(path) or {}
+        if prov.get("kind") == "lora-adapter":
+            raise ConfigError(f"{path} is a LoRA adapter alone: score the merged export")
+        return Target(path.resolve(), str(path), cfg, prov.get("run"), prov.get("step"))
+    from grpo_hpc import export
+    from grpo_hpc.runs import resolve_run
+
+    paths: RunPaths = resolve_run(name, logs_root(logs))
+    if not paths.config.is_file():
+        raise ConfigError(f"{name!r} is neither a model directory (config.json) nor a run")
+    cfg = load_resolved(paths.config)
+    prov = read_provenance(paths.final) or {}
+    newest = paths.latest_checkpoint()
+    if prov.get("step") is not None and prov.get("step") == (step or newest):
+        return Target(paths.final, f"{paths.name}@{prov['step']}", cfg, paths.name, prov["step"])
+    out = scratch / "model"
+    plan = export.export_run(paths, out, export.ExportOptions(step=step))
+    return Target(out, f"{paths.name}@{plan.step}", cfg, paths.name, plan.step)
+
+
+def _device_and_dtype() -> tuple[Any, Any]:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What the user asked ``grpo-eval`` for."""
+
+    data: str | None = None
+    """Data set (see load_data); None: the run's held-out set, or gsm8k:test."""
+    num: int | None = None
+    """First K problems only."""
+    samples: int = 0
+    """0: greedy; k: k sampled completions per problem (pass@k)."""
+    max_new_tokens: int | None = None
+    """Generation cap; None: the run's rollout.max_new_tokens, else 512."""
+    batch_size: int | None = None
+    """Rows generated at once; None: a rollout's rows of the run, else 64."""
+    seed: int = 0
+    """Sampling seed (--samples)."""
+
+
+def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
+    """Generate, judge and summarise (the result dict written as JSON)."""
+    import torch
+
+    from grpo_hpc.train import data, models, rollout
+
+    cfg = target.cfg
+    spec = opts.data or (RUN_DATA if cfg is not None else "gsm8k:test")
+    problems = load_data(spec, cfg, opts.num)
+    reward = cfg.reward if cfg is not None else RewardConfig()
+    device, dtype = _device_and_dtype()
+    attn = cfg.model.attn_implementation if cfg is not None else "auto"
+    attn = "sdpa" if attn == "auto" else attn
+    model, tok = models.load_model_and_tokenizer(target.model_dir, attn, device, dtype)
+    model.eval()
+    system = cfg.data.system_prompt if cfg is not None else ""
+    prompts = [data.prompt_text(tok, p["question"], system) for p in problems]
+    max_new = opts.max_new_tokens or (
+        cfg.rollout.max_new_tokens if cfg is not None else DEFAULT_MAX_NEW_TOKENS
+    )
+    chunk = opts.batch_size or (
+        cfg.rollout.prompts_per_step * cfg.rollout.num_generations if cfg else DEFAULT_CHUNK
+    )
+    temperature = cfg.rollout.temperature if cfg is not None else 1.0
+    top_p = cfg.rollout.top_p if cfg is not None else 1.0
+    engine_opts = rollout.EngineOptions(
+        max_new, temperature, top_p, 86400.0, dtype=dtype,
+        max_prompt_tokens=data.longest_prompt_tokens(tok, problems, system),
+    )  # fmt: skip
+    engine = rollout.build_engine(
+        "auto", model, tok, engine_opts, tick=lambda: None, abort=lambda: False,
+        autocast=lambda: torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"),
+    )  # fmt: skip
+    samples = max(opts.samples, 1)
+    t0 = time.monotonic()
+    texts = _generate(engine, prompts, samples, chunk, opts.seed)
+    seconds = time.monotonic() - t0
+    judge = judge_for(spec, reward)
+    strict_judge = judge_for(spec, replace(reward, require_marker=True))
+    rows = [texts[i * samples : (i + 1) * samples] for i in range(len(problems))]
+    flat_problems = [p for p in problems for _ in range(samples)]
+    scores = judge(texts, flat_problems)
+    strict = scores if reward.require_marker else strict_judge(texts, flat_problems)
+    correct = [scores[i * samples : (i + 1) * samples] for i in range(len(problems))]
+    strict_rows = [strict[i * samples : (i + 1) * samples] for i in range(len(problems))]
+    result = {
+        "model": target.label,
+        "model_dir": str(target.model_dir),
+        "run": target.run,
+        "step": target.step,
+        "data": spec,
+        "mode": "greedy" if opts.samples <= 0 else f"sampled (temperature {temperature})",
+        "engine": type(engine).__name__,
+        "device": device.type,
+        "max_new_tokens": max_new,
+        "judge": {"require_marker": reward.require_marker, "timeout_s": reward.timeout_s},
+        "seconds": seconds,
+        **summarize(correct, strict_rows),
+        "per_problem": [
+            {"question": p["question"], "gold": p["gold"], "completions": r, "correct": c}
+            for p, r, c in zip(problems, rows, correct, strict=True)
+        ],
+    }
+    return result
+
+
+def _generate(engine: Any, prompts: list[str], samples: int, chunk: int, seed: int) -> list[str]:
+    """Completions of every prompt (``samples`` each, grouped), with a progress bar."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from grpo_hpc.train import evaluation
+
+    console = Console(stderr=True)
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("generating", total=len(prompts))
+        if samples == 1:
+            return evaluation.generate_greedy(
+                engine, prompts, chunk, lambda done, s: bar.update(task, completed=done)
+            )
+        torch.manual_seed(seed)
+        per_call = max(1, chunk // samples)
+        texts: list[str] = []
+        for i in range(0, len(prompts), per_call):
+            texts += engine.generate(prompts[i : i + per_call], samples).texts
+            bar.update(task, completed=min(i + per_call, len(prompts)))
+        return texts
+
+
+def summary_line(result: dict[str, Any], out: Path) -> str:
+    """The one line grpo-eval prints."""
+    n, k = result["problems"], result["samples"]
+    head = f"{result['model']} on {result['data']} ({n} problems"
+    head += ", greedy)" if k == 1 else f", {k} samples each)"
+    acc = f"accuracy {result['accuracy']:.3f} ({result['correct']}/{n * k})"
+    if k > 1:
+        acc += ", " + ", ".join(f"pass@{kk} {v:.3f}" for kk, v in result["pass@k"].items())
+    strict = f"with an answer line {result['accuracy_strict']:.3f}"
+    return f"{head}: {acc}, {strict}; {result['seconds']:.0f} s -> {out}"
+
+
+# ----------------------------------------------------------------------------- command line
+
+EXAMPLES = """examples:
+  grpo-eval demo-a                         # the run's newest checkpoint on its held-out problems
+  grpo-eval logs/demo-a/final --data arithmetic --num 32
+  grpo-eval gsm8k-a --step 200 --data gsm8k:test --num 200 --out gsm8k-200.json
+  grpo-eval out/hf --data gsm8k:test --samples 8     # pass@1..8 of 8 sampled completions
+  grpo-eval out/hf --data mine.jsonl       # GSM8K format: question, answer ending '#### N'
+
+Judged by the run's reward settings (its config.yaml, or the grpo_hpc_config.yaml an export
+carries); a model that is not ours gets the defaults. Greedy unless --samples. The native
+engine generates on a GPU, HF generate on a CPU. --profile local (the default) runs here;
+submitting an evaluation to a Slurm profile is not built yet.
+"""
+
+
+def _parser() -> Parser:
+    p = Parser(
+        prog="grpo-eval",
+        description="Score a run's checkpoint or a Hugging Face model directory on a data set.",
+        epilog=EXAMPLES + "\n" + EXIT_CODES_HELP,
+    )
+    p.add_argument("model", metavar="MODEL_OR_RUN", help="model directory, run name or run path")
+    p.add_argument("--step", type=int, help="a run's checkpoint step (default: newest)")
+    p.add_argument(
+        "--data",
+        help="gsm8k:test, gsm8k:train, arithmetic, run, or PATH.jsonl "
+        "(default: a run's held-out problems, else gsm8k:test)",
+    )
+    p.add_argument("--num", type=int, metavar="K", help="score the first K problems only")
+    p.add_argument(
+        "--samples", type=int, default=0, metavar="k", help="k sampled completions each: pass@k"
+    )
+    p.add_argument("--max-new-tokens", type=int, help="default: the run's, else 512")
+    p.add_argument("--batch-size", type=int, help="rows per generate call (default: a rollout's)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (with --samples)")
+    p.add_argument("--out", type=Path, help="result JSON (default: ./eval-<model>-<data>.json)")
+    p.add_argument("--profile", default="local", help="where to run: local (here)")
+    p.add_argument("--logs", type=Path, help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
+    return p
+
+
+def _check(args: Any) -> None:
+    for name in ("num", "max_new_tokens", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.samples < 0:
+        raise ConfigError(f"--samples must be >= 0, got {args.samples}")
+    if args.profile != "local":
+        from grpo_hpc.profiles import load_profile
+
+        load_profile(args.profile)  # an unknown profile is its own one-line error
+        raise ConfigError(
+            f"--profile {args.profile}: submitting an evaluation to Slurm is not built yet; "
+            "run grpo-eval inside an allocation (srun ... grpo-eval ...) or with --profile local"
+        )
+
+
+def _eval(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    _check(args)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # ours is the one bar
+    with tempfile.TemporaryDirectory(prefix="grpo-eval-") as scratch:
+        target = resolve_target(args.model, args.step, args.logs, Path(scratch))
+        opts = EvalOptions(
+            args.data, args.num, args.samples, args.max_new_tokens, args.batch_size, args.seed
+        )
+        spec = opts.data or (RUN_DATA if target.cfg is not None else "gsm8k:test")
+        out = args.out or Path(f"eval-{data_slug(target.label)}-{data_slug(spec)}.json")
+        if out.exists() and out.is_dir():
+            raise ConfigError(f"--out {out} is a directory: give a file path")
+        result = evaluate(target, opts)
+    atomic_write_json(out, result)
+    print(summary_line(result, out))
+    return ExitCode.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``grpo-eval``."""
+    return run_cli("grpo-eval", lambda: _eval(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,625 @@
+"""grpo-export: a run's checkpoint as a Hugging Face model directory.
+
+``grpo-export RUN OUT`` writes what ``AutoModelForCausalLM.from_pretrained``, vLLM,
+lm-evaluation-harness or a colleague loads: ``model.safetensors`` (sharded above
+``--max-shard-size`` with ``model.safetensors.index.json``, as save_pretrained does),
+``config.json``, ``generation_config.json``, the tokenizer with its chat template, and
+two files of ours: ``grpo_export.json`` (run, step, checkpoint, dtype) and
+``grpo_hpc_config.yaml`` (the run's resolved config, so that ``grpo-eval`` judges the
+export with the run's reward settings).
+
+It reads gathered (``model.pt``) and DCP-sharded (``dcp/``) checkpoints alike, in one
+process without a GPU, and never the optimizer state: tensors are streamed one at a time
+(``model.pt`` memory-mapped; DCP read tensor by tensor), cast, and written a shard at a
+time, so the host memory it needs is about one shard plus one tensor. A LoRA run's
+checkpoint holds only the adapters: the merged model is the run's base weights plus
+``(alpha/r) * B @ A`` (``--adapter`` writes the PEFT adapter alone). The directory is
+built in a temporary sibling and renamed; a checkpoint that fails ``grpo-ckpt verify`` is
+refused. The decisions (which step, which dtype, shards, names) are pure functions in
+:mod:`grpo_hpc.export_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc import __version__, export_plan
+from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.config import Config, load_resolved, to_yaml
+from grpo_hpc.errors import ConfigError, ExitCode
+from grpo_hpc.export_plan import PROVENANCE, TensorSpec, fmt_bytes, read_provenance
+from grpo_hpc.manifest import verify_checkpoint
+from grpo_hpc.paths import RunPaths, logs_root
+from grpo_hpc.progress import TrainState, read_progress
+
+RUN_CONFIG = "grpo_hpc_config.yaml"
+"""The run's resolved config, copied into the export (grpo-eval reads its reward settings)."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What the user asked ``grpo-export`` for."""
+
+    step: int | None = None
+    """Checkpoint step; None: the newest complete one."""
+    dtype: str | None = None
+    """bf16, fp16 or fp32; None: the run's compute dtype (dist.precision)."""
+    adapter: bool = False
+    """LoRA runs: write the PEFT adapter alone instead of the merged model."""
+    max_shard_bytes: int = export_plan.DEFAULT_MAX_SHARD
+    """Largest safetensors file; more weights are split into shards with an index."""
+    force: bool = False
+    """Replace an existing OUT directory."""
+    verified: bool = False
+    """The caller already verified the checkpoint (the trainer, right after its own check)."""
+
+
+@dataclass
+class ExportPlan:
+    """Everything one export will write, decided before a byte is written."""
+
+    run: str
+    """Run name."""
+    step: int
+    """Checkpoint step exported."""
+    checkpoint: Path
+    """The checkpoint directory."""
+    format: str
+    """gathered or sharded (DCP)."""
+    base_dir: Path
+    """The model directory the run started from (config, tokenizer, a LoRA run's base)."""
+    out: Path
+    """Destination directory."""
+    dtype: str
+    """torch dtype name written."""
+    kind: str
+    """full, lora-merged or lora-adapter."""
+    shards: list[list[TensorSpec]] = field(default_factory=list)
+    """Tensors per safetensors file, in order."""
+    files: list[str] = field(default_factory=list)
+    """The safetensors file names, one per shard."""
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for s in self.shards for t in s)
+
+    def describe(self) -> list[str]:
+        """The ``--dry-run`` lines."""
+        lines = [
+            f"would export {self.run} step {self.step} ({self.format} checkpoint, {self.kind}, "
+            f"{self.dtype}) from {self.checkpoint} to {self.out}:"
+        ]
+        for name, shard in zip(self.files, self.shards, strict=True):
+            size = sum(t.nbytes for t in shard)
+            lines.append(f"  {name}  {fmt_bytes(size)} ({len(shard)} tensors)")
+        if len(self.files) > 1:
+            lines.append(f"  {export_plan.INDEX_FILE}")
+        meta = ["adapter_config.json"] if self.kind == "lora-adapter" else ["config.json"]
+        meta += [] if self.kind == "lora-adapter" else ["generation_config.json"]
+        meta += ["tokenizer files + chat template", PROVENANCE, RUN_CONFIG]
+        lines.append("  " + ", ".join(meta))
+        lines.append(f"total {fmt_bytes(self.weight_bytes)} of weights")
+        return lines
+
+
+# ----------------------------------------------------------------------- reading tensors
+
+
+class CheckpointTensors:
+    """The model tensors of one checkpoint, listed without reading them and read one at a
+    time: ``model.pt`` memory-mapped, or the ``model.*`` entries of a DCP directory (never
+    its ``optim.*``), read in this process without a process group."""
+
+    def __init__(self, ckpt: Path) -> None:
+        from grpo_hpc.train.checkpoint import DCP_DIR, SHARDED, format_of
+
+        self.ckpt, self.format = ckpt, format_of(ckpt)
+        self.dcp_dir = ckpt / DCP_DIR
+        if self.format == SHARDED:
+            self._meta = self._dcp_entries()
+        else:
+            import torch
+
+            model_pt = ckpt / "model.pt"
+            self._sd = torch.load(model_pt, map_location="cpu", mmap=True, weights_only=True)
+            self._meta = {k: (tuple(v.shape), v.dtype) for k, v in self._sd.items()}
+
+    def _dcp_entries(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        meta = FileSystemReader(str(self.dcp_dir)).read_metadata()
+        out = {}
+        for key, md in meta.state_dict_metadata.items():
+            if key.startswith("model.") and isinstance(md, TensorStorageMetadata):
+                out[key[len("model.") :]] = (tuple(md.size), md.properties.dtype)
+        return out
+
+    def keys(self) -> list[str]:
+        return list(self._meta)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._meta[key][0]
+
+    def read(self, key: str) -> Any:
+        """One tensor on the CPU in its saved dtype."""
+        if self.format != "sharded":
+            return self._sd[key]
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        shape, dtype = self._meta[key]
+        target = {"model": {key: torch.empty(shape, dtype=dtype)}}
+        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            reader = dcp.FileSystemReader(str(self.dcp_dir))
+            dcp.load(target, storage_reader=reader, no_dist=True)
+        return target["model"][key]
+
+
+class BaseWeights:
+    """The safetensors weights of the run's base model directory, read one at a time."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from safetensors import safe_open
+
+        index = model_dir / export_plan.INDEX_FILE
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        elif (model_dir / export_plan.SINGLE_FILE).is_file():
+            with safe_open(model_dir / export_plan.SINGLE_FILE, "pt") as f:
+                weight_map = {k: export_plan.SINGLE_FILE for k in f.keys()}  # noqa: SIM118
+        else:
+            raise ConfigError(
+                f"the LoRA run's base model {model_dir} has no safetensors weights: merging "
+                "needs them (export the adapter alone with --adapter)"
+            )
+        self.dir, self.weight_map = model_dir, weight_map
+
+    def keys(self) -> list[str]:
+        return list(self.weight_map)
+
+    def read(self, key: str) -> Any:
+        from safetensors import safe_open
+
+        with safe_open(self.dir / self.weight_map[key], "pt") as f:
+            return f.get_tensor(key)
+
+    def numel(self, key: str) -> int:
+        from safetensors import safe_open
+
+        with safe_open(self.dir / self.weight_map[key], "pt") as f:
+            shape = f.get_slice(key).get_shape()
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+
+# ----------------------------------------------------------------------- the run's model
+
+
+def base_model_dir(cfg: Config, paths: RunPaths) -> Path:
+    """The model directory the run was built from (a ConfigError when it is gone)."""
+    from grpo_hpc.train import models
+
+    name = cfg.model.name_or_path
+    if name == "tiny":
+        d = paths.tiny_model
+        if not (d / "config.json").is_file():
+            raise ConfigError(
+                f"the run's tiny model directory {d} is missing: the run never started, "
+                "or its directory was cleaned"
+            )
+        return d
+    if name.startswith(models.RANDOM):
+        raise ConfigError(
+            f"model {name!r} is a random benchmark shape with no tokenizer: nothing to export"
+        )
+    d = models.materialize(cfg.model, paths.root, cfg.training.seed)
+    if d.is_dir():
+        return d
+    try:  # a hub id: the snapshot in the local Hugging Face cache (or fetched, when online)
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(d)))
+    except Exception as e:  # noqa: BLE001 - any hub/cache failure is one line here
+        raise ConfigError(
+            f"cannot find the run's base model {name!r}: {str(e).splitlines()[0]} "
+            f"(hf download {name} on a node with internet)"
+        ) from None
+
+
+def _load_tokenizer(base: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(base)
+    except Exception as e:  # noqa: BLE001 - missing/broken tokenizer files: one line
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"cannot load the tokenizer of the run's model {base}: {first} (the export "
+            "needs it; restore the model directory)"
+        ) from None
+
+
+# ----------------------------------------------------------------------- planning
+
+
+@dataclass
+class _Sources:
+    cfg: Config
+    ckpt: CheckpointTensors
+    base: Path
+    tokenizer: Any
+    hf_config: Any
+
+
+def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, _Sources]:
+    if not paths.config.is_file():
+        raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
+    cfg = load_resolved(paths.config)
+    try:
+        step = export_plan.choose_step(
+            opts.step, paths.checkpoint_steps(complete_only=False), paths.checkpoint_steps()
+        )
+    except ValueError as e:
+        raise ConfigError(f"run {paths.name} {e} (grpo-ckpt list {paths.name})") from None
+    if not opts.verified and not dry_run:  # before reading a byte of it
+        problems = verify_checkpoint(paths.checkpoint(step))
+        if problems:
+            raise ConfigError(
+                f"checkpoint step-{step} of {paths.name} fails verification "
+                f"({'; '.join(problems[:3])}): not exporting it (grpo-ckpt verify {paths.name})"
+            )
+    if opts.adapter and not cfg.model.lora_rank:
+        raise ConfigError(f"--adapter: run {paths.name} trained all weights, not a LoRA adapter")
+    base = base_model_dir(cfg, paths)
+    tokenizer = _load_tokenizer(base)
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(base)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"cannot read {base}/config.json: {str(e).splitlines()[0]}") from None
+    try:
+        tensors = CheckpointTensors(paths.checkpoint(step))
+    except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is one line
+        raise ConfigError(
+            f"cannot read checkpoint step-{step} of {paths.name}: {type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0]} (grpo-ckpt verify {paths.name})"
+        ) from None
+    return step, _Sources(cfg, tensors, base, tokenizer, hf_config)
+
+
+def _tie(hf_config: Any) -> bool:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return bool(getattr(text, "tie_word_embeddings", False) or hf_config.tie_word_embeddings)
+
+
+def plan_export(
+    paths: RunPaths, out: Path, opts: ExportOptions, dry_run: bool = False
+) -> tuple[ExportPlan, _Sources]:
+    """Resolve the step, verify the checkpoint (not for a dry run), find the base model and
+    list the tensors; refuse bad input (ConfigError)."""
+    step, src = _resolve(paths, opts, dry_run)
+    dtype = export_plan.export_dtype(opts.dtype, src.cfg.dist.precision)
+    numel = {k: _prod(src.ckpt.shape(k)) for k in src.ckpt.keys()}
+    tied = export_plan.tied_keys(_tie(src.hf_config))
+    if src.cfg.model.lora_rank:
+        try:
+            pairs, _ = export_plan.lora_pairs(src.ckpt.keys())
+        except ValueError as e:
+            raise ConfigError(f"checkpoint step-{step} of {paths.name}: {e}") from None
+        if not pairs:
+            raise ConfigError(f"checkpoint step-{step} of {paths.name} holds no LoRA weights")
+        if opts.adapter:
+            kind = "lora-adapter"
+            keys = [(export_plan.adapter_key(k), k) for p in pairs for k in (p.a_key, p.b_key)]
+            specs = [TensorSpec(name, numel[k], dtype) for name, k in keys]
+        else:
+            kind, base = "lora-merged", BaseWeights(src.base)
+            specs = [TensorSpec(k, base.numel(k), dtype) for k in base.keys() if k not in tied]
+    else:
+        kind = "full"
+        names = [k for k in src.ckpt.keys() if export_plan.hf_name(k) not in tied]
+        specs = [TensorSpec(export_plan.hf_name(k), numel[k], dtype) for k in names]
+    single = export_plan.ADAPTER_FILE if kind == "lora-adapter" else export_plan.SINGLE_FILE
+    shards = export_plan.plan_shards(specs, opts.max_shard_bytes)
+    files = export_plan.shard_file_names(len(shards), single)
+    plan = ExportPlan(paths.name, step, src.ckpt.ckpt, src.ckpt.format, src.base, out, dtype, kind)
+    plan.shards, plan.files = shards, files
+    return plan, src
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ----------------------------------------------------------------------- writing
+
+
+def _tensors(plan: ExportPlan, src: _Sources) -> Iterator[tuple[str, Any]]:
+    """(name, tensor in the export dtype) in plan order, one read at a time."""
+    import torch
+
+    dtype = getattr(torch, plan.dtype)
+    if plan.kind == "full":
+        by_name = {export_plan.hf_name(k): k for k in src.ckpt.keys()}
+        for shard in plan.shards:
+            for t in shard:
+                yield t.name, src.ckpt.read(by_name[t.name]).to(dtype).contiguous()
+        return
+    pairs, others = export_plan.lora_pairs(src.ckpt.keys())
+    if plan.kind == "lora-adapter":
+        by_name = {export_plan.adapter_key(k): k for p in pairs for k in (p.a_key, p.b_key)}
+        for shard in plan.shards:
+            for t in shard:
+                yield t.name, src.ckpt.read(by_name[t.name]).to(dtype).contiguous()
+        return
+    lora = src.cfg.model
+    scale = export_plan.lora_scaling(lora.lora_rank, lora.lora_alpha)
+    by_weight = {f"{p.module}.weight": p for p in pairs}
+    overrides = {export_plan.hf_name(k): k for k in others}  # trained non-LoRA weights
+    base = BaseWeights(src.base)
+    for shard in plan.shards:
+        for t in shard:
+            w = src.ckpt.read(overrides[t.name]) if t.name in overrides else base.read(t.name)
+            pair = by_weight.get(t.name)
+            if pair is not None:
+                a = src.ckpt.read(pair.a_key).float()
+                b = src.ckpt.read(pair.b_key).float()
+                w = w.float() + scale * (b @ a)
+            yield t.name, w.to(dtype).contiguous()
+
+
+def _write_weights(plan: ExportPlan, src: _Sources, tmp: Path) -> None:
+    from safetensors.torch import save_file
+
+    stream = _tensors(plan, src)
+    for name, shard in zip(plan.files, plan.shards, strict=True):
+        tensors = dict(next(stream) for _ in shard)
+        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+        del tensors  # one shard in memory at a time
+    if len(plan.files) > 1:
+        index = export_plan.index_json(plan.shards, plan.files)
+        (tmp / export_plan.INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_metadata(plan: ExportPlan, src: _Sources, tmp: Path) -> None:
+    cfg = src.cfg
+    if plan.kind == "lora-adapter":
+        from peft import LoraConfig
+
+        LoraConfig(
+            r=cfg.model.lora_rank,
+            lora_alpha=cfg.model.lora_alpha,
+            target_modules=list(cfg.model.lora_target_modules),
+            task_type="CAUSAL_LM",
+            base_model_name_or_path=cfg.model.name_or_path,
+        ).save_pretrained(str(tmp))
+    else:
+        from transformers import GenerationConfig
+
+        hf_config = src.hf_config
+        hf_config.dtype = plan.dtype
+        hf_config.save_pretrained(tmp)
+        try:
+            gen = GenerationConfig.from_pretrained(src.base)
+        except OSError:
+            gen = GenerationConfig.from_model_config(hf_config)
+        gen.max_new_tokens = cfg.rollout.max_new_tokens  # the length the run trained for
+        gen.save_pretrained(tmp)
+    src.tokenizer.save_pretrained(tmp)
+    (tmp / RUN_CONFIG).write_text(to_yaml(cfg), encoding="utf-8")
+    provenance = {
+        "run": plan.run,
+        "step": plan.step,
+        "checkpoint": str(plan.checkpoint),
+        "format": plan.format,
+        "kind": plan.kind,
+        "dtype": plan.dtype,
+        "base_model": cfg.model.name_or_path,
+        "grpo_hpc_version": __version__,
+        "time": time.time(),
+    }
+    (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+
+def write_export(plan: ExportPlan, src: _Sources, force: bool) -> Path:
+    """Write the plan into a temporary sibling of OUT, then rename it into place (the old
+    OUT, with ``force``, is moved aside first and deleted after)."""
+    out = plan.out
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _write_weights(plan, src, tmp)
+        _write_metadata(plan, src, tmp)
+        if out.exists():
+            if not force:  # appeared while we wrote
+                raise ConfigError(f"{out} exists: pass --force to replace it")
+            out.rename(old)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def check_out(out: Path, force: bool) -> None:
+    """OUT must not exist (unless ``force``) and its parent must be writable."""
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists: choose another directory or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file: give a directory path for the export")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{parent} does not exist: create it first (OUT's parent directory)")
+
+
+def export_run(paths: RunPaths, out: Path, opts: ExportOptions) -> ExportPlan:
+    """Plan, verify and write one export; ConfigError (one line, nothing written) on bad
+    input."""
+    out = out.resolve()
+    check_out(out, opts.force)
+    plan, src = plan_export(paths, out, opts)
+    write_export(plan, src, opts.force)
+    return plan
+
+
+def final_step(paths: RunPaths) -> int | None:
+    """The step of a finished run's final weights, else None."""
+    rec = read_progress(paths.progress)
+    if rec is None or rec.state is not TrainState.FINISHED:
+        return None
+    return rec.step if rec.step in paths.checkpoint_steps() else None
+
+
+def link_final(paths: RunPaths, exported: Path) -> bool:
+    """Give a finished run its ``final/`` from an export of its final weights (hard links,
+    a copy across filesystems), when it has none yet. True when it wrote one."""
+    if paths.final.exists():
+        return False
+    tmp = paths.final.with_name(f".{paths.final.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copytree(exported, tmp, copy_function=_link_or_copy)
+        tmp.rename(paths.final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def export_final(paths: RunPaths, step: int) -> Path:
+    """The trainer's call after its final checkpoint verified: ``logs/<run>/final/``."""
+    opts = ExportOptions(step=step, force=True, verified=True)
+    export_run(paths, paths.final, opts)
+    return paths.final
+
+
+# ----------------------------------------------------------------------- command line
+
+EXAMPLES = """examples:
+  grpo-export demo-a                      # where the finished run's final/ is (written if missing)
+  grpo-export demo-a exported/demo-a      # newest complete checkpoint -> a HF directory
+  grpo-export gsm8k-a out/ --step 200 --dtype bf16 --max-shard-size 2GB
+  grpo-export lora-a out/adapter --adapter   # a LoRA run's PEFT adapter alone
+  grpo-export gsm8k-a out/ --dry-run      # what would be written, and how big
+
+The result loads with AutoModelForCausalLM.from_pretrained(OUT) and
+AutoTokenizer.from_pretrained(OUT) (chat template included); grpo-eval OUT scores it.
+A checkpoint that fails grpo-ckpt verify, an existing OUT (without --force), or a run
+with no complete checkpoint is refused with one line and exit 2; nothing is written.
+"""
+
+
+def _parser() -> Parser:
+    p = Parser(
+        prog="grpo-export",
+        description="Export a run's checkpoint as a Hugging Face model directory "
+        "(safetensors, config, generation config, tokenizer and chat template).",
+        epilog=EXAMPLES + "\n" + EXIT_CODES_HELP,
+    )
+    p.add_argument("run", metavar="RUN", help="run name (or run directory path)")
+    p.add_argument(
+        "out",
+        metavar="OUT",
+        nargs="?",
+        type=Path,
+        help="directory to create (default: the run's final/, for its final weights)",
+    )
+    p.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(export_plan.DTYPES),
+        help="dtype written (default: the run's compute dtype, dist.precision)",
+    )
+    p.add_argument(
+        "--adapter", action="store_true", help="LoRA runs: the PEFT adapter alone, not merged"
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file, e.g. 5GB, 500MB (default 5GB, like save_pretrained)",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--dry-run", action="store_true", help="say what would be written, and how big")
+    p.add_argument("--logs", type=Path, help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
+    return p
+
+
+def _export(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from grpo_hpc.runs import resolve_run
+
+    paths = resolve_run(args.run, logs_root(args.logs, must_exist=False))
+    try:
+        max_shard = export_plan.parse_size(args.max_shard_size)
+    except ValueError as e:
+        raise ConfigError(f"--max-shard-size: {e}") from None
+    opts = ExportOptions(args.step, args.dtype, args.adapter, max_shard, args.force)
+    out = args.out
+    if out is None:
+        if args.step is not None or args.adapter or args.dtype:
+            raise ConfigError("give OUT: final/ holds the final weights in the run's dtype only")
+        step = final_step(paths)
+        if step is None:
+            raise ConfigError(
+                f"run {paths.name} has not finished: give OUT to export its newest checkpoint"
+            )
+        if paths.final.exists() and not args.force:
+            prov = read_provenance(paths.final) or {}
+            print(f"final model of {paths.name} (step {prov.get('step', '?')}): {paths.final}")
+            return ExitCode.OK
+        out, opts = paths.final, ExportOptions(step, force=args.force)
+    if args.dry_run:
+        check_out(out.resolve(), opts.force)
+        plan, _ = plan_export(paths, out.resolve(), opts, dry_run=True)
+        print("\n".join(plan.describe()))
+        return ExitCode.OK
+    t0 = time.monotonic()
+    plan = export_run(paths, out, opts)
+    seconds = time.monotonic() - t0
+    print(
+        f"exported {plan.run} step {plan.step} ({plan.kind}, {plan.dtype}, "
+        f"{fmt_bytes(plan.weight_bytes)} in {len(plan.files)} file(s), {seconds:.1f} s) "
+        f"to {plan.out}"
+    )
+    if plan.kind != "lora-adapter" and opts.dtype is None and plan.step == final_step(paths):
+        if link_final(paths, plan.out):
+            print(f"also the run's final model: {paths.final}")
+    return ExitCode.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``grpo-export``."""
+    return run_cli("grpo-export", lambda: _export(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""grpo-export of a 2-rank FSDP2 run (DCP shards, gloo on CPU): the export, read in one
+process without a process group and without the optimizer, gives exactly the log-probs of
+the trainer's weights gathered from the same shards; the trainer's own final/ too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc import export
+from grpo_hpc.train.checkpoint import SHARDED, format_of
+from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
+from tests.e2e.helpers import make_run, train
+
+
+@pytest.mark.slow
+def test_export_of_a_sharded_checkpoint(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "fsdp", "dist.strategy=fsdp", "training.max_steps=2", nproc=2)
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert format_of(paths.checkpoint(2)) == SHARDED
+    out = tmp_path / "hf"
+    assert export.main([str(paths.root), str(out)]) == 0
+    enc = batch(out)
+    want = logprobs(trainer_model(paths, 2), enc)
+    assert torch.equal(logprobs(load_export(out), enc), want)
+    assert torch.equal(logprobs(load_export(paths.final), enc), want)  # written by rank 0
