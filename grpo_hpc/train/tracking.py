@@ -96,6 +96,25 @@ class Tracker:
             flush=True,
         )
 
+    def log_pass_at_k(
+        self, step: int, rates: dict[int, float], passed: int, total: int, seconds: float
+    ) -> None:
+        """Held-out code evaluation: ``rates`` maps k to pass@k over the problems;
+        ``passed`` of ``total`` judged completions ran every test."""
+        if not self.is_main:
+            return
+        row: dict[str, float] = {f"eval/pass@{k}": v for k, v in sorted(rates.items())}
+        row["eval/seconds"] = seconds
+        append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(rates.items()))
+        print(
+            f"[Eval] step {step}: held-out {shown} ({passed}/{total} completions passed "
+            f"every test, {seconds:.0f} s)",
+            flush=True,
+        )
+
     def start_wandb(self) -> None:
         """One W&B run per training run across attempts: the id is stored in the run dir."""
         if not self.is_main or self.cfg.wandb.mode == "disabled":
