@@ -26,6 +26,8 @@ PASS_AT = "eval/pass@"
 """Prefix of the held-out pass@k of code tasks (eval/pass@1, eval/pass@10, ...)."""
 CODE_HELD_OUT_TITLE = "held-out pass@1 (code, sandboxed)"
 """Title of the held-out panel in a run that logs pass@k instead of eval/accuracy."""
+CODE_REWARD = ("reward/code", "code reward (every test passes)")
+"""Drawn in the correctness panel of a run that logs the code reward and no correctness."""
 
 
 @dataclass
@@ -45,7 +47,7 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
     logged after its submission (or after the last step when it has logged none yet)."""
     data = PlotData()
     pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
-    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys:
+    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
         data.series[key] = _series(metrics, key)
     data.reward_std = _series(metrics, "reward/std")
     timed = [(float(m["time"]), int(m["step"])) for m in metrics if _point(m.get("time"), m)]
@@ -61,7 +63,10 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
 
 def panel(data: PlotData, key: str, title: str) -> tuple[str, str, str]:
     """(series, title, dashed overlay) drawn in the panel of ``key`` (pure): a code run's
-    held-out panel shows pass@1, with its largest pass@k dashed."""
+    held-out panel shows pass@1, with its largest pass@k dashed, and its correctness panel
+    the code reward."""
+    if key == "reward/correctness" and not data.series.get(key) and data.series.get(CODE_REWARD[0]):
+        return CODE_REWARD[0], CODE_REWARD[1], ""
     if key == "eval/accuracy" and not data.series.get(key) and data.series.get(PASS_AT + "1"):
         ks = sorted(int(k[len(PASS_AT) :]) for k in data.series if k.startswith(PASS_AT))
         return PASS_AT + "1", CODE_HELD_OUT_TITLE, PASS_AT + str(ks[-1]) if ks[-1] > 1 else ""
@@ -81,8 +86,8 @@ def build_figure(data: PlotData, title: str) -> Any:
     """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
     plt = _pyplot()
     fig, grid = plt.subplots(3, 2, figsize=(11, 9))
-    for ax, (key, title) in zip(grid.flat, PANELS, strict=True):
-        shown, label, overlay = panel(data, key, title)
+    for ax, (key, panel_title) in zip(grid.flat, PANELS, strict=True):
+        shown, label, overlay = panel(data, key, panel_title)
         points = data.series.get(shown, [])
         if points:
             xs, ys = zip(*points, strict=True)

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_hpc.config import DataConfig, RewardConfig, build_config
 from grpo_hpc.errors import ConfigError
-from grpo_hpc.plot import CODE_HELD_OUT_TITLE, panel, plot_data
+from grpo_hpc.plot import CODE_HELD_OUT_TITLE, CODE_REWARD, build_figure, panel, plot_data
 from grpo_hpc.preflight import check_data
 from grpo_hpc.status_view import held_out_figure
 from grpo_hpc.train import code_data, data, evaluation, rewards
@@ -162,7 +162,7 @@ def test_judge_problems_runs_code_in_the_sandbox_and_answers_by_the_reward() -> 
 def test_status_and_plot_show_pass_at_1() -> None:
     metrics = [
         {"time": 1.0, "step": 0, "eval/pass@1": 0.0, "eval/pass@4": 0.1},
-        {"time": 2.0, "step": 1, "reward/mean": 0.25},
+        {"time": 2.0, "step": 1, "reward/mean": 0.25, "reward/code": 0.25},
         {"time": 3.0, "step": 2, "eval/pass@1": 0.125, "eval/pass@4": 0.3},
         {"time": 4.0, "step": 3, "reward/mean": 0.5},
     ]
@@ -172,5 +172,16 @@ def test_status_and_plot_show_pass_at_1() -> None:
     pd = plot_data(metrics, [])
     assert panel(pd, "eval/accuracy", "t") == ("eval/pass@1", CODE_HELD_OUT_TITLE, "eval/pass@4")
     assert pd.series["eval/pass@1"] == [(0, 0.0), (2, 0.125)]
+    assert panel(pd, "reward/correctness", "c") == ("reward/code", CODE_REWARD[1], "")
     math_run = plot_data([{"time": 1.0, "step": 1, "eval/accuracy": 0.5}], [])
     assert panel(math_run, "eval/accuracy", "t") == ("eval/accuracy", "t", "eval/accuracy_strict")
+
+    fig = build_figure(pd, "code-run")
+    try:  # the run's name heads the figure; the code panels replace the math ones
+        assert fig._suptitle.get_text() == "code-run"
+        titles = [ax.get_title() for ax in fig.get_axes()]
+        assert CODE_HELD_OUT_TITLE in titles and CODE_REWARD[1] in titles
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
