@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     texts, problems, should_pass = programs()
     iso = sandbox.proven_isolation()
+    load_before = os.getloadavg()[0]  # a shared machine: say how busy it was
     rows = []
     for w in (int(x) for x in args.workers.split(",")):
         row = measure(w, args.repeat, texts, problems)
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "expected_pass": should_pass,
         "default_workers": rewards.code_workers(),
         "step_programs": args.step_programs,
+        "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rows": rows,
         "env": env_info(),
     }
