@@ -90,7 +90,7 @@ def _require(row: Any, fields: tuple[str, ...], kind: str, where: str) -> None:
         have = ", ".join(sorted(map(str, row))) or "none"
         raise ConfigError(
             f"{where}: {kind} row has no {missing[0]!r} field (it has: {have}); "
-            f"{kind} rows need {', '.join(fields)}"
+            f"{kind} row needs {', '.join(fields)}"
         )
 
 
