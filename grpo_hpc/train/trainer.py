@@ -378,7 +378,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> bool:
-        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy.
+        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy;
+        for code problems pass@1 (and pass@k with training.eval_samples), as eval/pass@k.
         False when a stop was agreed between two chunks: the evaluation is dropped (a long
         one must not eat the signal lead that the checkpoint needs)."""
         self.tracker.update(TrainState.EVALUATING)
