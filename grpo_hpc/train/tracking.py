@@ -182,6 +182,7 @@ def console_line(m: dict[str, float]) -> str:
         f"[Generate] {int(m['prompts'])}x{int(m['group_size'])}={int(m['completions'])} "
         f"({f('time/generate', '.1f')}s, {f('tokens_per_s', '.0f')} tok/s) "
         f"[Reward] mean={f('reward/mean')} correct={f('reward/correctness')} "
-        f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
+        + (f"code={f('reward/code')} " if "reward/code" in m else "")
+        + f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
         f"gnorm={f('grad_norm', '.2f')} [Time] {f('time/step', '.1f')}s"
     )
