@@ -33,8 +33,8 @@ Problem = dict[str, Any]
 HELD_OUT_EVERY = 4
 """HumanEval problem i is held out when i % HELD_OUT_EVERY == 0 (41 of 164)."""
 MBPP_FIELDS = ("text", "test_list")
-"""Fields every MBPP row needs (``test_setup_code`` is optional; ``prompt`` may stand in
-for ``text``, as in MBPP's sanitized config)."""
+"""Fields every MBPP row needs (``test_setup_code`` is optional; as in MBPP's sanitized
+config, ``prompt`` may stand in for ``text`` and ``test_imports`` lines join the setup)."""
 HUMANEVAL_FIELDS = ("task_id", "prompt", "entry_point", "test")
 """Fields every HumanEval row needs."""
 CODE_INSTRUCTION = (
@@ -127,6 +127,13 @@ def _called_name(test: str) -> str:
     return ""
 
 
+def _mbpp_setup(row: dict[str, Any]) -> str:
+    """``test_setup_code``, after the ``test_imports`` lines of MBPP's sanitized config."""
+    imports = row.get("test_imports") or []
+    lines = [str(x) for x in imports] if isinstance(imports, list) else [str(imports)]
+    return "\n".join([*lines, str(row.get("test_setup_code") or "")]).strip()
+
+
 def mbpp_problem(row: Any, where: str) -> Problem:
     """One MBPP row (``text``, ``test_list``, optional ``test_setup_code``)."""
     if isinstance(row, dict) and "text" not in row and "prompt" in row:
@@ -141,7 +148,7 @@ def mbpp_problem(row: Any, where: str) -> Problem:
     return {
         "question": question,
         "gold": "",
-        "setup": str(row.get("test_setup_code") or ""),
+        "setup": _mbpp_setup(row),
         "tests": list(tests),
         "entry_point": _called_name(tests[0]),
         "task_id": f"mbpp/{task}" if task != "" else "",

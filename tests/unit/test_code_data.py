@@ -185,3 +185,16 @@ def test_status_and_plot_show_pass_at_1() -> None:
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+def test_mbpp_sanitized_rows_name_the_text_prompt_and_bring_test_imports() -> None:
+    row = {
+        "task_id": 3,
+        "prompt": "Write a function that returns the square root of x rounded to 2 places.",
+        "test_imports": ["import math"],
+        "test_list": ["assert root2(2) == round(math.sqrt(2), 2)"],
+    }
+    p = code_data.mbpp_problem(row, "row")
+    assert p["setup"] == "import math" and row["prompt"] in p["question"]
+    ok = _fenced("def root2(x):\n    return round(x ** 0.5, 2)")
+    assert rewards.code_scores([ok], [p]) == [1.0]
