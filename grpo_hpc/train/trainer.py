@@ -17,6 +17,7 @@ import copy
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -76,6 +77,8 @@ class Trainer:
                 f"of the {info.world_size} processes (each rank trains whole groups)"
             )
         self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
+        if not cfg.data.system_prompt:  # code problems ask for code, not an answer line
+            cfg.data.system_prompt = data.default_instruction(self.train_set)
         self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
         self.custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
         try:
@@ -398,7 +401,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> bool:
-        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy.
+        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy;
+        for code problems pass@1 (and pass@k with training.eval_samples), as eval/pass@k.
         False when a stop was agreed between two chunks: the evaluation is dropped (a long
         one must not eat the signal lead that the checkpoint needs)."""
         self.tracker.update(TrainState.EVALUATING)
@@ -425,6 +429,8 @@ class Trainer:
                 raise EvaluationStopped()
 
         t0 = time.monotonic()
+        if all(evaluation.is_code_problem(p) for p in self.eval_set):
+            return self._evaluate_code(mine, prompts, chunk, progress, t0)
         texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
         score = evaluation.score_eval(texts[: len(mine)], [p["gold"] for p in mine], cfg.reward)
         total, strict, n = dist.all_reduce_sum(
@@ -433,6 +439,36 @@ class Trainer:
         acc = total / max(n, 1)
         seconds = time.monotonic() - t0
         self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1), seconds)
+        return True
+
+    def _evaluate_code(
+        self,
+        mine: list[dict],
+        prompts: list[str],
+        chunk: int,
+        progress: Callable[[int, float], None],
+        t0: float,
+    ) -> bool:
+        """pass@1 (and pass@k with training.eval_samples > 1) of held-out code problems,
+        judged in the code reward's sandbox."""
+        n = self.cfg.training.eval_samples
+        if n == 1:
+            texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
+        else:
+            texts = evaluation.generate_samples(self.engine, prompts, n, chunk, progress)
+        texts = texts[: len(mine) * n]
+        each = [p for p in mine for _ in range(n)]
+        judged = evaluation.judge_problems(texts, each, self.cfg.reward)
+        per_problem = [judged[i * n : (i + 1) * n] for i in range(len(mine))]
+        ks = evaluation.reported_ks(n)
+        sums = evaluation.pass_at_k_sums(per_problem, ks)
+        totals = dist.all_reduce_sum(
+            [sums[k] for k in ks] + [float(len(mine)), float(sum(judged))], self.info
+        )
+        problems, passed = totals[-2], totals[-1]
+        rates = {k: v / max(problems, 1) for k, v in zip(ks, totals, strict=False)}
+        seconds = time.monotonic() - t0
+        self.tracker.log_pass_at_k(self.step, rates, int(passed), int(problems) * n, seconds)
         return True
 
 

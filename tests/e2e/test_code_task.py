@@ -1,0 +1,56 @@
+"""A short run of a code task on the tiny model: HumanEval's training split, the code
+reward in the sandbox, held-out pass@1 and pass@k in metrics.jsonl, grpo-status and the
+plot's series."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.plot import panel, plot_data
+from grpo_hpc.status import read_row
+from tests.e2e.helpers import make_run, train
+
+
+def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
+    paths = make_run(
+        tmp_path, "code", "data.source=humaneval", "data.num_train=8", "data.num_eval=2",
+        "reward.correctness=0", "reward.code=1", "rollout.max_new_tokens=16",
+        "training.max_steps=2", "training.eval_every=2", "training.eval_samples=2",
+        "training.save_every_steps=0",
+    )  # fmt: skip
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[Sandbox] code reward runs in" in result.stdout
+    metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
+    steps = [m for m in metrics if "reward/mean" in m]
+    evals = [m for m in metrics if "eval/pass@1" in m]
+    assert [m["step"] for m in steps] == [1, 2] and all("reward/code" in m for m in steps)
+    assert [m["step"] for m in evals] == [0, 2]  # before training, and after
+    for m in evals:  # a random model writes no passing program, but the figure is there
+        assert 0.0 <= m["eval/pass@1"] <= m["eval/pass@2"] <= 1.0
+        assert "eval/accuracy" not in m
+    assert "[Eval] step 2: held-out pass@1" in result.stdout
+    row = read_row(paths, None)
+    assert row.held_out_metric == "eval/pass@1" and row.held_out == evals[-1]["eval/pass@1"]
+    shown, _, overlay = panel(plot_data(metrics, []), "eval/accuracy", "")
+    assert (shown, overlay) == ("eval/pass@1", "eval/pass@2")
+
+
+@pytest.mark.slow
+def test_two_ranks_split_the_held_out_problems(tmp_path: Path) -> None:
+    """Under two processes each rank judges its share (3 problems: 2 + 1 and a padding
+    repeat that is not counted); the logged figures are over the 3 problems."""
+    paths = make_run(
+        tmp_path, "code2", "data.source=humaneval", "data.num_train=8", "data.num_eval=3",
+        "reward.correctness=0", "reward.code=1", "rollout.max_new_tokens=8",
+        "training.max_steps=1", "training.eval_every=1", "training.eval_samples=2",
+        "training.save_every_steps=0", nproc=2,
+    )  # fmt: skip
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = [json.loads(x) for x in paths.metrics.read_text().splitlines() if "pass@1" in x]
+    assert [m["step"] for m in evals] == [0, 1]
+    assert "(0/6 completions passed every test" in result.stdout  # 3 problems x 2 samples
