@@ -2,6 +2,7 @@
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
 #   stages: decode update step stepc (compiled training forward) trl lean point4 sizes tests ladder
+#           profile (issue 24: one default step at 1.5B and 3B under torch.profiler)
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -78,6 +79,9 @@ for stage in "$@"; do
                 --micro 16 --engine native --variant-timeout 200 --variants "default=" \
                 --out "$out/h100_trl_vs_grpo_hpc_$shape.json" 2>&1 | grep -v "it/s\]" | tail -4
         done ;;
+    profile) # issue 24 point 1: kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
+        python3 bench/profile_step.py --shapes ${PROFILE_SHAPES:-qwen2.5-1.5b qwen2.5-3b} \
+            ${PROFILE_ARGS:-} --out "$out/profile" 2>&1 | grep -v "^\[Step" | tail -60 ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac
