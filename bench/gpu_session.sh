@@ -3,6 +3,7 @@
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
 #   stages: decode update step stepc (compiled training forward) trl lean point4 sizes tests ladder
 #           profile (issue 24: one default step at 1.5B and 3B under torch.profiler)
+#           packing (issue 24: TRL, the defaults and algo.packing side by side)
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -82,6 +83,14 @@ for stage in "$@"; do
     profile) # issue 24 point 1: kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
         python3 bench/profile_step.py --shapes ${PROFILE_SHAPES:-qwen2.5-1.5b qwen2.5-3b} \
             ${PROFILE_ARGS:-} --out "$out/profile" 2>&1 | grep -v "^\[Step" | tail -60 ;;
+    packing) # issue 24 point 2: TRL once, then the defaults and packed micro-batches, per shape
+        # (SIZES_SHAPES picks shapes; one shape per call fits a 10-minute call at 3B)
+        for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
+            timeout "${SIZES_TIMEOUT:-560}" python3 bench/trl_baseline.py --shape "$shape" \
+                --micro 16 --engine native --variant-timeout 200 --variants "default=" \
+                "packed=--packing" ${PACKING_VARIANTS:-} \
+                --out "$out/h100_trl_vs_packing_$shape.json" 2>&1 | grep -v "it/s\]" | tail -6
+        done ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;
     esac
