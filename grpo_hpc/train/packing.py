@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,23 +99,25 @@ def pack(
         offset += n
     heads_t = torch.tensor(heads, dtype=torch.long).clamp_(max=offset - 1)
     dev = input_ids.device
-    idx = (torch.tensor(rows), torch.tensor(cols))
-    cu = torch.tensor([0, *_cumsum(p + c for p, c in lengths)], dtype=torch.int32)
+    # One host tensor, one copy: the layout of every token (row, column, position).
+    layout = _to_device(torch.tensor([rows, cols, pos], dtype=torch.long), dev)
+    cu = torch.tensor([0, *itertools.accumulate(p + c for p, c in lengths)], dtype=torch.int32)
     return Packed(
-        input_ids=input_ids[idx[0].to(dev), idx[1].to(dev)].unsqueeze(0),
-        position_ids=torch.tensor(pos, dtype=torch.long).unsqueeze(0).to(dev),
-        cu_seqlens=cu.to(dev),
+        input_ids=input_ids[layout[0], layout[1]].unsqueeze(0),
+        position_ids=layout[2].unsqueeze(0),
+        cu_seqlens=_to_device(cu, dev),
         max_len=max(p + c for p, c in lengths),
-        head_positions=heads_t.to(dev),
+        head_positions=_to_device(heads_t, dev),
     )
 
 
-def _cumsum(xs: Iterator[int] | Any) -> list[int]:
-    out, total = [], 0
-    for x in xs:
-        total += x
-        out.append(total)
-    return out
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host to device without waiting: a copy from pageable memory this large blocks the
+    host until the GPU has run everything queued before it (the last micro-batch's
+    backward), which would drain the launch queue once per micro-batch."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @contextlib.contextmanager
