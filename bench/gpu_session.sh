@@ -2,6 +2,9 @@
 # Runs the GPU benchmarks on a lent GPU machine (see bench/results/README.md).
 # Usage: bash bench/gpu_session.sh OUTDIR STAGE...
 #   stages: decode update step stepc (compiled training forward) trl lean point4 sizes tests ladder
+#           profile (issue 24: one default step at 1.5B and 3B under torch.profiler)
+#           packing (issue 24: TRL, the defaults and algo.packing side by side)
+#           update24 (issue 24: the update alone, padded vs packed, full and ragged lengths)
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -77,6 +80,26 @@ for stage in "$@"; do
             timeout "${SIZES_TIMEOUT:-290}" python3 bench/trl_baseline.py --shape "$shape" \
                 --micro 16 --engine native --variant-timeout 200 --variants "default=" \
                 --out "$out/h100_trl_vs_grpo_hpc_$shape.json" 2>&1 | grep -v "it/s\]" | tail -4
+        done ;;
+    profile) # issue 24 point 1: kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
+        python3 bench/profile_step.py --shapes ${PROFILE_SHAPES:-qwen2.5-1.5b qwen2.5-3b} \
+            ${PROFILE_ARGS:-} --out "$out/profile" 2>&1 | grep -v "^\[Step" | tail -60 ;;
+    packing) # issue 24 point 2: TRL once, then the defaults and packed micro-batches, per shape
+        # (SIZES_SHAPES picks shapes; one shape per call fits a 10-minute call at 3B)
+        for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
+            timeout "${SIZES_TIMEOUT:-560}" python3 bench/trl_baseline.py --shape "$shape" \
+                --micro 16 --engine native --variant-timeout 200 --variants "default=" \
+                "packed=--packing" ${PACKING_VARIANTS:-} \
+                --out "$out/h100_trl_vs_packing_$shape.json" 2>&1 | grep -v "it/s\]" | tail -6
+        done ;;
+    update24) # issue 24: update MFU at 1.5B and 3B as the default step trains (64 rows of a
+        # 300-token prompt + 256 new, 18432-token budget, checkpointing), padded vs packed
+        for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
+            for lengths in "" "--ragged"; do
+                python3 bench/update_speed.py --shape "$shape" --prompt 300 --micro-tokens 18432 \
+                    --grad-ckpt --paths fused packed $lengths \
+                    --out "$out/h100_update_speed_${shape}${lengths:+_ragged}.json" 2>&1 | grep "^{'path'"
+            done
         done ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

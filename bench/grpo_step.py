@@ -34,8 +34,9 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     from grpo_hpc.profiles import profile_from_dict
     from grpo_hpc.submit import create_run
 
-    model_dir = work / "model"
-    build_model(model_dir, args.shape)
+    model_dir = args.model_dir or work / "model"
+    if not args.model_dir:
+        build_model(model_dir, args.shape)
     profile = profile_from_dict(
         {
             "executor": "local",
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"rollout.max_new_tokens={args.max_new}",
         f"algo.micro_batch_size={args.micro}",
         f"algo.micro_batch_tokens={args.micro_tokens}",
+        f"algo.packing={args.packing}",
         f"training.max_steps={args.steps}",
         "training.save_every_steps=0",
         "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"rollout.engine={args.engine}",
         f"dist.compile={args.compile}",
         f"rollout.release_engine_memory={args.release_engine}",
+        *args.override,
     ]
     create_run(paths, profile, "tiny", overrides)
     cmd = [
@@ -136,6 +139,12 @@ def main() -> None:
         default=algo.micro_batch_tokens,
         help="most tokens per micro-batch",
     )
+    p.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=algo.packing,
+        help="algo.packing: each micro-batch as one packed sequence",
+    )
     p.add_argument("--steps", type=int, default=4)
     p.add_argument(
         "--grad-ckpt", action=argparse.BooleanOptionalAction, default=model.gradient_checkpointing
@@ -153,11 +162,16 @@ def main() -> None:
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
     p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")
     p.add_argument("--cap-gib", type=float, default=0.0, help="cap each GPU's memory at this")
+    p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
+    p.add_argument(
+        "--override", action="append", default=[], help="another config key=value (repeatable)"
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         result = run(args, Path(d))
-    result["config"] = vars(args) | {"out": str(args.out) if args.out else None}
+    paths = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result["config"] = paths
     result["env"] = env_info()
     print(json.dumps(result, indent=2))
     write_result(result, args.out)

@@ -138,6 +138,7 @@ DEFAULT_VARIANTS = [
     "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192",
     "tok16k=--micro-tokens 16384",
     "release=--release-engine",
+    "packed=--packing",
 ]
 """grpo_hpc's side, ``name=grpo_step.py flags``. ``default`` passes no memory flag: it runs
 the project's defaults (grpo_hpc.config), which is what issue 12 point 4 judges."""
@@ -157,12 +158,16 @@ def project_defaults() -> dict:
     }
 
 
-def run_ours(args: argparse.Namespace, work: Path, name: str, flags: list[str]) -> dict:
+def run_ours(
+    args: argparse.Namespace, work: Path, name: str, flags: list[str], model: Path
+) -> dict:
+    """One grpo_hpc variant through grpo_step.py, on the model TRL trained (built once)."""
     out = work / f"ours-{name}.json"
     cmd = [
         sys.executable,
         str(Path(__file__).with_name("grpo_step.py")),
         f"--shape={args.shape}",
+        f"--model-dir={model}",
         f"--precision={args.precision}",
         f"--prompts={args.prompts}",
         f"--G={args.G}",
@@ -230,7 +235,7 @@ def main() -> None:
         trl = None if args.skip_trl else run_trl(args, model, work)
         for spec in args.variants:
             name, _, flags = spec.partition("=")
-            variants[name] = run_ours(args, work, name, flags.split())
+            variants[name] = run_ours(args, work, name, flags.split(), model)
             variants[name] |= compare(variants[name], trl)
             print(render_row(name, variants[name]), flush=True)
     head = variants.get("default", {})

@@ -1,6 +1,7 @@
 """Benchmark: the GRPO update (forward + backward over every micro-batch, optimizer step)
-on a random model of a real shape, with the fused LM-head log-probs and with the plain
-path that materialises [tokens, vocab] logits; prints a kernel profile of the first.
+on a random model of a real shape, with the fused LM-head log-probs, the same packed
+(``algo.packing``: each micro-batch one sequence, no padding) and the plain path that
+materialises [tokens, vocab] logits; prints a kernel profile of the first.
 
 MFU = 6 * N * tokens / time / peak, with N the parameter count (embedding included,
 tied head counted once), tokens the padded training tokens, and peak the dense bf16
@@ -28,6 +29,7 @@ from grpo_hpc.train import update  # noqa: E402
 from grpo_hpc.train.dist import DistInfo  # noqa: E402
 from grpo_hpc.train.loss import selective_log_softmax, token_entropy  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
+from grpo_hpc.train.packing import use_packed_attention  # noqa: E402
 from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
@@ -47,16 +49,29 @@ def plain_logp(model, mb, with_entropy=False):  # noqa: ANN001, ANN201
     return logp, token_entropy(logits.detach()) if with_entropy else None
 
 
-def fake_batch(rows: int, prompt: int, new: int, vocab: int, device) -> RolloutBatch:  # noqa: ANN001
+def fake_batch(  # noqa: ANN201
+    rows: int,
+    prompt: int,
+    new: int,
+    vocab: int,
+    device,
+    ragged: bool = False,  # noqa: ANN001
+):
+    """Full completions, or with ``ragged`` lengths uniform in [new/8, new] (mean ~0.56 of
+    the cap, as SmolLM2's 300 of 512 tokens on GSM8K); prompts left-padded by 0..7."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, vocab, (rows, prompt + new), generator=g)
     mask = torch.ones_like(ids)
+    lengths = torch.randint(max(1, new // 8), new + 1, (rows,), generator=g) if ragged else None
+    cmask = torch.ones(rows, new, dtype=torch.long)
     for r in range(rows):  # left padding of 0..7 tokens, as a real prompt batch has
         mask[r, : r % 8] = 0
         ids[r, : r % 8] = 0
-    return RolloutBatch(
-        ids.to(device), mask.to(device), torch.ones(rows, new, device=device).long(), prompt, []
-    )
+        if lengths is not None:
+            cmask[r, lengths[r] :] = 0
+            mask[r, prompt + lengths[r] :] = 0
+            ids[r, prompt + lengths[r] :] = 0
+    return RolloutBatch(ids.to(device), mask.to(device), cmask.to(device), prompt, [])
 
 
 def measured_peak() -> float:
@@ -96,30 +111,41 @@ def main() -> None:
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--micro-tokens", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        choices=["fused", "packed", "plain"],
+        default=["fused", "packed", "plain"],
+    )
+    p.add_argument("--ragged", action="store_true", help="completion lengths of a real policy")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
         model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
+    use_packed_attention(model)  # plain SDPA except in the packed path's forwards
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-    batch = fake_batch(args.rows, args.prompt, args.max_new, model.config.vocab_size, "cuda")
+    vocab = model.config.vocab_size
+    batch = fake_batch(args.rows, args.prompt, args.max_new, vocab, "cuda", args.ragged)
     tokens = args.rows * (args.prompt + args.max_new)
+    real = int(batch.attention_mask.sum())  # what packing computes; mfu_real counts these
     adv = torch.randn(args.rows, device="cuda")
     peak_meas = measured_peak()
     gpu = torch.cuda.get_device_name(0)
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), peak_meas)
     fused_path = update.completion_logp
     runs = []
-    for path in ("fused", "plain"):
-        update.completion_logp = fused_path if path == "fused" else plain_logp
+    for path in args.paths:
+        update.completion_logp = plain_logp if path == "plain" else fused_path
+        packed = path == "packed"
         for budget in args.micro_tokens:
-            algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=budget)
-            mbs = update.split(batch, list(range(args.rows)), adv, args.rows, budget)
+            algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=budget, packing=packed)
+            mbs = update.split(batch, list(range(args.rows)), adv, args.rows, budget, packed)
             run_update(model, opt, mbs, algo, args.max_new)  # warm-up
             torch.cuda.reset_peak_memory_stats()
             times = [run_update(model, opt, mbs, algo, args.max_new) for _ in range(args.reps)]
@@ -131,6 +157,7 @@ def main() -> None:
                 "s_per_update": t,
                 "tok_per_s": tokens / t,
                 "mfu": 6 * n_params * tokens / t / peak,
+                "mfu_real": 6 * n_params * real / t / peak,
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             }
             runs.append(r)
@@ -151,6 +178,7 @@ def main() -> None:
         "config": vars(args) | {"out": str(args.out) if args.out else None},
         "params": n_params,
         "tokens_per_update": tokens,
+        "real_tokens_per_update": real,
         "peak_flops_used": peak,
         "measured_matmul_flops": peak_meas,
         "runs": runs,

@@ -164,6 +164,12 @@ class AlgoConfig:
     18432 lets 32 rows of ~570 tokens (a 300-token prompt + 256 new) share one pass where
     16384 split 64 such rows 28+28+8 (bench/results/README.md, "Native engine vs TRL":
     both budgets measured in one run on an H100)."""
+    packing: bool = False
+    """Train each micro-batch as one packed sequence: its rows concatenated, positions
+    restarting per row, attention confined to each row (varlen flash attention on CUDA in
+    bf16/fp16, SDPA row by row elsewhere; grpo_hpc.train.packing). No padding is computed,
+    and ``micro_batch_tokens`` then counts the rows' real tokens, not rows x longest. Same
+    loss and gradients as the padded path. Off until measured on a GPU (issue 24)."""
 
 
 @dataclass

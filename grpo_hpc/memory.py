@@ -251,7 +251,10 @@ def _round_up(n: int, k: int) -> int:
 
 def micro_tokens(s: Settings) -> int:
     """Padded tokens of the largest micro-batch (every row at full length: the worst case,
-    and what a random or rambling policy produces)."""
+    and what a random or rambling policy produces). Packed micro-batches (``algo.packing``)
+    count real tokens against the same budget, so at full length they hold the same rows
+    and tokens: the worst case, hence the estimate, is the same with and without packing
+    (the packed attention builds no [T, T] mask)."""
     row = s.prompt_tokens + s.max_new_tokens
     by_tokens = s.micro_batch_tokens // row if s.micro_batch_tokens else s.micro_batch_size
     return max(1, min(s.micro_batch_size, by_tokens, s.rows)) * row

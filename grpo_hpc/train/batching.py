@@ -49,7 +49,7 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
         adv = group_advantages(s.rewards[groups], algo.advantage, algo.adv_eps).flatten()
         rows = [gi * g + k for gi in groups for k in range(g)]
         out.microbatches += split(
-            s.batch, rows, adv, algo.micro_batch_size, algo.micro_batch_tokens
+            s.batch, rows, adv, algo.micro_batch_size, algo.micro_batch_tokens, algo.packing
         )
         out.rewards += s.rewards[groups].flatten().tolist()
         for name, vals in s.components.items():

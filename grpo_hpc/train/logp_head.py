@@ -114,19 +114,25 @@ def fused_logp_head(
     targets: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> Iterator[HeadResult]:
     """During one forward of ``model``, its LM head computes, for every row ``b`` and
     completion index ``t``, the log-prob of ``targets[b, t]`` from the hidden state at
     ``positions[b, t]`` (instead of logits for every position). The HF model returns a
     placeholder as ``logits``; read the result from the yielded :class:`HeadResult`.
-    ``temperature``: the log-probs (and entropy) of ``softmax(logits / temperature)``."""
+    ``temperature``: the log-probs (and entropy) of ``softmax(logits / temperature)``.
+    ``packed``: the forward is one sequence holding every row ([1, N] hidden states), and
+    ``positions`` index into it."""
     inner = getattr(model, "module", model)  # DDP keeps the HF model in .module
     head = inner.get_output_embeddings()
     result = HeadResult()
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         b, c = targets.shape
-        picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        if packed:
+            picked = hidden[0][positions]  # [B, C, H]
+        else:
+            picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         flat = picked.reshape(b * c, -1)
         logp, ent = linear_logp(flat, head.weight, targets.reshape(-1), chunk, temperature)
         result.logp, result.entropy = logp.view(b, c), ent.view(b, c)

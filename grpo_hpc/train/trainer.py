@@ -32,7 +32,17 @@ from grpo_hpc.errors import (
 from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
-from grpo_hpc.train import batching, checkpoint, data, dist, evaluation, models, rewards, rollout
+from grpo_hpc.train import (
+    batching,
+    checkpoint,
+    data,
+    dist,
+    evaluation,
+    models,
+    packing,
+    rewards,
+    rollout,
+)
 from grpo_hpc.train.collect import Collector
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout import GenerationAborted
@@ -113,6 +123,8 @@ class Trainer:
     def _setup_model(self, model: torch.nn.Module) -> None:
         cfg = self.cfg
         self.ref = None
+        if cfg.algo.packing:  # before the reference copy: both run packed forwards
+            packing.use_packed_attention(model)
         if cfg.algo.beta > 0:  # frozen reference; beta=0 loads none
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         if cfg.model.lora_rank:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -18,6 +18,7 @@ from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, fsdp_root
 from grpo_hpc.train.logp_head import fused_logp_head
 from grpo_hpc.train.loss import TokenStats, aggregate, per_token_loss
+from grpo_hpc.train.packing import pack, packed_forward
 from grpo_hpc.train.rollout_types import RolloutBatch
 
 
@@ -37,28 +38,38 @@ class MicroBatch:
     extent: tuple[int, int] | None = None
     """(longest completion, columns needed after right-alignment), known on the host
     when the split was made, so the forward needs no device-to-host sync to trim."""
+    lengths: tuple[tuple[int, int], ...] | None = None
+    """(prompt, completion) real tokens of each row when the micro-batch trains packed
+    (``algo.packing``): its rows run as one sequence, see :mod:`packing`."""
 
 
 def split(
-    batch: RolloutBatch, rows: list[int], adv: torch.Tensor, max_rows: int, max_tokens: int = 0
+    batch: RolloutBatch,
+    rows: list[int],
+    adv: torch.Tensor,
+    max_rows: int,
+    max_tokens: int = 0,
+    packing: bool = False,
 ) -> list[MicroBatch]:
     """Consecutive rows in micro-batches of at most ``max_rows`` rows and, when
-    ``max_tokens`` > 0, at most ``max_tokens`` padded tokens (rows x longest row): the
+    ``max_tokens`` > 0, at most ``max_tokens`` tokens: padded tokens (rows x longest row),
+    or with ``packing`` the rows' real tokens (a packed forward computes no padding). The
     activation memory of a forward grows with tokens, not rows. A row longer than the
     budget trains alone."""
     prompt = batch.attention_mask[rows, : batch.prompt_len].sum(1).tolist()
     completion = batch.completion_mask[rows].sum(1).tolist()  # one sync per rollout batch
     lengths = [p + c for p, c in zip(prompt, completion, strict=True)]
-    out, start, longest = [], 0, 0
+    out, start, longest, total = [], 0, 0, 0
     for i, n in enumerate(lengths):
-        longest_with = max(longest, n)
-        over = max_tokens and (i - start + 1) * longest_with > max_tokens
+        longest_with, total_with = max(longest, n), total + n
+        cost = total_with if packing else (i - start + 1) * longest_with
+        over = max_tokens and cost > max_tokens
         if (i - start == max_rows or over) and i > start:
-            out.append(_micro(batch, rows, adv, start, i, prompt, completion))
-            start, longest_with = i, n
-        longest = longest_with
+            out.append(_micro(batch, rows, adv, start, i, prompt, completion, packing))
+            start, longest_with, total_with = i, n, n
+        longest, total = longest_with, total_with
     if rows:
-        out.append(_micro(batch, rows, adv, start, len(rows), prompt, completion))
+        out.append(_micro(batch, rows, adv, start, len(rows), prompt, completion, packing))
     return out
 
 
@@ -70,10 +81,13 @@ def _micro(
     b: int,
     prompt: list[int],
     completion: list[int],
+    packing: bool = False,
 ) -> MicroBatch:
     c = max(max(completion[a:b]), 1)
     extent = (c, max(p + c for p in prompt[a:b]))
-    return MicroBatch(batch, torch.tensor(rows[a:b], dtype=torch.long), adv[a:b], extent=extent)
+    lengths = tuple(zip(prompt[a:b], completion[a:b], strict=True)) if packing else None
+    idx = torch.tensor(rows[a:b], dtype=torch.long)
+    return MicroBatch(batch, idx, adv[a:b], extent=extent, lengths=lengths)
 
 
 def right_align(
@@ -104,8 +118,11 @@ def completion_logp(
 
     The LM head is fused with the token selection (:mod:`logp_head`): no [B, T, vocab]
     logits. Columns past the micro-batch's longest row are cut before the forward; the
-    result is zero-padded back to the batch's C columns.
+    result is zero-padded back to the batch's C columns. A micro-batch with ``lengths``
+    runs packed (:mod:`packing`).
     """
+    if mb.lengths is not None:
+        return _packed_logp(model, mb, with_entropy, temperature)
     b = mb.batch
     ids, mask, start = right_align(
         b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
@@ -121,6 +138,28 @@ def completion_logp(
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
     with fused_logp_head(model, pos, targets, temperature=temperature) as head:
         model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
+    assert head.logp is not None and head.entropy is not None
+    pad = (0, c_all - c)
+    entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
+    return torch.nn.functional.pad(head.logp, pad), entropy
+
+
+def _packed_logp(
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`completion_logp` of a packed micro-batch: its rows as one sequence."""
+    b = mb.batch
+    assert mb.lengths is not None
+    c_all = b.input_ids.shape[1] - b.prompt_len
+    c = max(max(n for _, n in mb.lengths), 1)
+    packed = pack(b.input_ids[mb.rows], b.prompt_len, list(mb.lengths), c)
+    targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    head_ctx = fused_logp_head(
+        model, packed.head_positions, targets, temperature=temperature, packed=True
+    )
+    with head_ctx as head:
+        with packed_forward():
+            model(**packed.model_kwargs(), use_cache=False)
     assert head.logp is not None and head.entropy is not None
     pad = (0, c_all - c)
     entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
@@ -166,10 +205,7 @@ def _restore_sync(model: torch.nn.Module):  # noqa: ANN202
 def pad_microbatches(mbs: list[MicroBatch], info: DistInfo) -> list[MicroBatch]:
     """All ranks run the same number of forward/backward passes (FSDP collectives)."""
     target = int(all_reduce_max(len(mbs), info))
-    pad = [
-        MicroBatch(mbs[0].batch, mbs[0].rows, mbs[0].advantages, weight=0.0, extent=mbs[0].extent)
-        for _ in range(target - len(mbs))
-    ]
+    pad = [replace(mbs[0], weight=0.0) for _ in range(target - len(mbs))]
     return mbs + pad
 
 

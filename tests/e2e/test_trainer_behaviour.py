@@ -148,8 +148,17 @@ def _write(path: Path, text: str) -> Path:
         ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
         # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
         ("rollout.dynamic_sampling=true", "algo.advantage=mean_only", "algo.aggregation=constant"),
+        # Packed micro-batches (a budget of a few rows each) through LoRA, the frozen
+        # reference and the recompute
+        (
+            "algo.packing=true",
+            "algo.micro_batch_tokens=700",
+            "model.lora_rank=4",
+            "algo.beta=0.05",
+            "model.gradient_checkpointing=true",
+        ),
     ],
-    ids=["lora-gradckpt", "kl-multi-update", "dynamic-drgrpo"],
+    ids=["lora-gradckpt", "kl-multi-update", "dynamic-drgrpo", "packing"],
 )
 def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str, ...]) -> None:
     paths = make_run(
