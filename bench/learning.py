@@ -21,7 +21,8 @@ policy's entropy, the mean completion length, the share cut at the cap and the g
 norm before the clip.
 
 Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_tempered``
-(``algo.tempered_logp=true``), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
+(``algo.tempered_logp=true``), ``grpo_hpc_hf`` (HF ``generate`` instead of the native
+engine), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
 ``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run per seed, and is
 extended, not overwritten, by a later call with other seeds or systems (a GPU call is
 limited to 10 minutes): runs already there are kept.
@@ -99,6 +100,7 @@ SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
     "grpo_hpc_tempered": ("grpo_hpc", ["algo.tempered_logp=true"]),
+    "grpo_hpc_hf": ("grpo_hpc", ["rollout.engine=hf"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
