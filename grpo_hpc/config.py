@@ -153,6 +153,13 @@ class AlgoConfig:
     distribution they were sampled from (as TRL and verl do), instead of the raw policy
     ``softmax(logits)``. The GRPO gradient of the sampled objective needs the former; see
     docs/ALGORITHM.md for what each computes and what was measured."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling on the engine/trainer mismatch (Yao et al. 2025): each
+    token's loss is weighted by ``min(pi_old / pi_engine, tis_cap)``, the trainer's
+    probability of the token at sampling time over the engine's, so tokens the engine
+    over-sampled (bf16 kernels, a different attention path) count less. 0 = off (the
+    default: not yet measured with bench/learning.py). Needs the native engine, which
+    reports its log-probs; with HF generate there is nothing to correct."""
     updates_per_batch: int = 1
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
     micro_batch_size: int = 32
@@ -453,6 +460,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("rollout.temperature must be > 0 for sampling")
     if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
         raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
+    if not 0 <= cfg.algo.tis_cap or 0 < cfg.algo.tis_cap < 1:
+        raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
     if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
         raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
     if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:

@@ -16,11 +16,14 @@ PANELS = (
     ("gen_len/mean", "generation length (tokens)"),
     ("eval/accuracy", "held-out accuracy (greedy)"),
     ("reward/format", "answer-line format"),
+    ("entropy", "policy entropy (nats/token)"),
+    ("rollout/engine_kl", "engine vs trainer KL (k3/token)"),
+    ("clip_frac", "clipped share of tokens"),
 )
 """(metrics key, panel title), in the order they are drawn."""
 OVERLAYS = {"eval/accuracy": "eval/accuracy_strict"}
 """A second series drawn dashed in another key's panel (held-out: with an answer line)."""
-BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format")
+BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format", "clip_frac")
 """Panels drawn on a fixed 0..1 scale, so that runs compare at a glance."""
 PASS_AT = "eval/pass@"
 """Prefix of the held-out pass@k of code tasks (eval/pass@1, eval/pass@10, ...)."""
@@ -85,7 +88,7 @@ def _series(metrics: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 def build_figure(data: PlotData, title: str) -> Any:
     """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
     plt = _pyplot()
-    fig, grid = plt.subplots(3, 2, figsize=(11, 9))
+    fig, grid = plt.subplots(3, 3, figsize=(15, 9))
     for ax, (key, panel_title) in zip(grid.flat, PANELS, strict=True):
         shown, label, overlay = panel(data, key, panel_title)
         points = data.series.get(shown, [])

@@ -71,6 +71,16 @@ class ProgressRecord:
     """Mean KL to the reference policy of the last step."""
     tokens_per_s: float | None = None
     """Generated tokens per second in the last step."""
+    entropy: float | None = None
+    """Mean entropy (nats/token) of the policy's next-token distribution over the last
+    step's completion tokens: a collapse to a few fixed answers shows as a fall, noise as
+    a rise."""
+    engine_kl: float | None = None
+    """Mean per-token KL (k3) between the rollout engine's sampling distribution and the
+    trainer's, on the last step's tokens: the engine and the update disagreeing about the
+    policy (bf16 kernels, a stale weight) shows here before it shows in the reward."""
+    clip_frac: float | None = None
+    """Share of the last step's completion tokens whose PPO ratio was clipped."""
     last_checkpoint: int | None = None
     """Step of the newest COMPLETE checkpoint."""
     restarts: int = 0

@@ -48,6 +48,12 @@ class RunRow:
     """Which one ``held_out`` is: ``eval/pass@1`` (code tasks) or ``eval/accuracy``."""
     kl: float | None = None
     """KL of the last step."""
+    entropy: float | None = None
+    """Policy entropy (nats/token) of the last step."""
+    engine_kl: float | None = None
+    """Engine-vs-trainer KL (k3, per token) of the last step."""
+    clip_frac: float | None = None
+    """Share of the last step's tokens whose PPO ratio was clipped."""
     tokens_per_s: float | None = None
     """Generation throughput of the last step."""
     heartbeat: float | None = None
@@ -217,6 +223,17 @@ def final_line(row: RunRow) -> str:
     return f"final model: {row.final_model} ({step}; grpo-eval {row.final_model})"
 
 
+def health_line(row: RunRow) -> str:
+    """The policy's health in the last step (pure): entropy falling to ~0 is a collapse to
+    fixed answers; an engine-trainer KL far above its usual ~1e-3 is the engine sampling
+    from another policy than the one trained; a large clipped share is an update too big
+    for its batch."""
+    return (
+        f"last step: entropy {_num(row.entropy, '.3f')} nats/token, "
+        f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"
+    )
+
+
 def build_details(d: RunDetail, now: float) -> Group:
     """The ``grpo-status RUN`` view (pure)."""
     keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
@@ -234,6 +251,7 @@ def build_details(d: RunDetail, now: float) -> Group:
         build_table([d.row], now),
         _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
+        Text(health_line(d.row)),
         Text(f"complete checkpoints: {ckpts}"),
         Text(final),
         Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import signal
 import time
@@ -408,6 +409,9 @@ class Trainer:
             reward_mean=m["reward/mean"],
             kl=stats.get("kl"),
             tokens_per_s=m["tokens_per_s"],
+            entropy=_finite(stats.get("entropy")),
+            engine_kl=stats.get("rollout/engine_kl"),
+            clip_frac=stats.get("clip_frac"),
         )
         self.tracker.log_step(m)
 
@@ -486,3 +490,9 @@ class Trainer:
 
 class EvaluationStopped(Exception):
     """Every rank agreed to stop between two evaluation chunks."""
+
+
+def _finite(x: float | None) -> float | None:
+    """``x`` unless it is NaN/inf (a step whose groups were all flat skips the forward and
+    has no entropy): progress.json is JSON, which has no NaN."""
+    return x if x is not None and math.isfinite(x) else None

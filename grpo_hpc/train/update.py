@@ -240,6 +240,7 @@ def accumulate(
                 ref_logp=mb.ref_logp,
                 beta=algo.beta,
             )
+            loss_tok = loss_tok * tis_weight(logp, mb, algo.tis_cap)
             loss = aggregate(
                 loss_tok,
                 cmask,
@@ -255,9 +256,25 @@ def accumulate(
     tokens = max(reduced.pop("tokens"), 1.0)
     out = {"loss": reduced.pop("loss")}
     diff, engine_tokens = reduced.pop("logp_diff"), reduced.pop("engine_tokens")
+    engine_kl = reduced.pop("engine_kl")
     if engine_tokens:
         out["rollout/logp_diff"] = diff / engine_tokens
+        out["rollout/engine_kl"] = engine_kl / engine_tokens
     return out | {k: v / tokens for k, v in reduced.items()}
+
+
+def tis_weight(logp: torch.Tensor, mb: MicroBatch, cap: float) -> torch.Tensor | float:
+    """Truncated importance sampling weights ``min(pi_old / pi_engine, cap)`` per token
+    (``algo.tis_cap``; 1.0 when off or when the engine reported no log-probs). The engine
+    sampled from its own distribution; the update's estimator assumes the trainer's at
+    sampling time (``old_logp``, or this forward detached when it is on-policy). Detached:
+    a weight on the gradient, not a term of it. Masked positions are capped like the rest
+    and dropped by the aggregation."""
+    if cap <= 0 or mb.batch.sampled_logp is None:
+        return 1.0
+    old = mb.old_logp if mb.old_logp is not None else logp.detach()
+    sampled = mb.batch.sampled_logp[mb.rows].to(logp.device)
+    return torch.exp(old - sampled).clamp(max=cap)
 
 
 STAT_KEYS = (
@@ -269,6 +286,7 @@ STAT_KEYS = (
     "clip_frac_high",
     "tokens",
     "logp_diff",
+    "engine_kl",
     "engine_tokens",
 )
 
@@ -284,14 +302,20 @@ def _stat_sums(
 ) -> torch.Tensor:
     """Token sums of the step statistics (order of STAT_KEYS), as one device tensor.
     ``logp_diff`` compares the rollout engine's log-probs with this forward's: a large
-    value means the engine and the trainer disagree about the policy."""
+    value means the engine and the trainer disagree about the policy. ``engine_kl`` is the
+    k3 estimate of KL(engine || trainer) on the engine's samples: with ``d = log p_trainer -
+    log p_engine``, ``exp(d) - d - 1 >= 0`` per token (Schulman's k3; unbiased for the KL
+    when the tokens are drawn from the engine's distribution, i.e. at T = 1 or with
+    ``algo.tempered_logp``)."""
     m = cmask.bool()
     low, high = stats.is_clipped_low & m, stats.is_clipped_high & m
     zero = loss.new_zeros(())
-    diff, n_engine = zero, zero
+    diff, kl, n_engine = zero, zero, zero
     if mb.batch.sampled_logp is not None:
         sampled = mb.batch.sampled_logp[mb.rows].to(loss.device)
-        diff = torch.where(m, (logp - sampled).abs(), 0.0).sum()
+        d = logp - sampled
+        diff = torch.where(m, d.abs(), 0.0).sum()
+        kl = torch.where(m, torch.exp(d) - d - 1.0, 0.0).sum()
         n_engine = m.sum()
     parts = [
         loss,
@@ -302,6 +326,7 @@ def _stat_sums(
         high.sum(),
         m.sum(),
         diff,
+        kl,
         n_engine,
     ]
     return torch.stack([p.double() for p in parts])

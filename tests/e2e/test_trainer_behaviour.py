@@ -43,6 +43,10 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(m["completions"] == 8 for m in steps)  # 2 prompts x G=4, across both ranks
     assert any(m["grad_norm"] > 0 for m in steps)  # real gradients, not a no-op
     assert any("eval/accuracy" in m for m in _metrics(paths))
+    assert rec.clip_frac is not None  # progress.json carries the step's health too
+    if engine == "native":  # the engine reports log-probs: in fp32 it agrees with the trainer
+        kls = [m["rollout/engine_kl"] for m in steps if "rollout/engine_kl" in m]
+        assert kls and 0 <= max(kls) < 1e-3
 
 
 def test_signal_checkpoints_and_exits_resubmit_me(tmp_path: Path) -> None:

@@ -299,3 +299,17 @@ def test_narrow_terminals_drop_optional_columns_first() -> None:
     assert "PROFILE" not in mid and "KL" not in mid and "ETA" in mid
     narrow = columns_for_width(80)
     assert narrow == ["RUN", "JOB", "SLURM", "TRAIN", "STEP", "REWARD", "HB", "FLAG"]
+
+
+def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
+    """entropy, engine-vs-trainer KL and the clipped share travel from progress.json to the
+    ``grpo-status RUN`` view (a run before any step shows dashes)."""
+    from grpo_hpc.status_view import RunRow, health_line
+
+    assert health_line(RunRow(run="r")) == (
+        "last step: entropy - nats/token, engine-trainer KL -, clipped -"
+    )
+    row = RunRow(run="r", entropy=0.4213, engine_kl=0.00123, clip_frac=0.05)
+    assert health_line(row) == (
+        "last step: entropy 0.421 nats/token, engine-trainer KL 1.23e-03, clipped 5.0%"
+    )

@@ -4,7 +4,9 @@ micro-batch split changes nothing but memory."""
 from __future__ import annotations
 
 import contextlib
+import math
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -96,3 +98,47 @@ def test_gradient_does_not_depend_on_the_micro_batch_split() -> None:
     for other in grads[1:]:
         for a, b in zip(grads[0], other, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def _grads_and_stats(
+    batch: RolloutBatch, adv: torch.Tensor, algo: AlgoConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_small_llama_config())
+    mbs = split(batch, list(range(len(adv))), adv, max_rows=8)
+    stats = accumulate(model, mbs, algo, DistInfo(), 6, None, contextlib.nullcontext)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
+
+
+def _with_engine_logp(batch: RolloutBatch, shift: float) -> RolloutBatch:
+    """The batch as the native engine returns it, its log-probs the trainer's minus
+    ``shift`` (an engine that gave every sampled token exp(-shift) times the probability)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_small_llama_config())
+    mb = MicroBatch(batch, torch.arange(batch.input_ids.shape[0]), torch.zeros(1))
+    with torch.no_grad():
+        logp, _ = completion_logp(model, mb)
+    batch.sampled_logp = (logp - shift) * batch.completion_mask
+    return batch
+
+
+def test_truncated_importance_sampling_weights_each_token() -> None:
+    """algo.tis_cap: the weight is min(pi_old / pi_engine, cap). An engine that gave every
+    token a quarter of the trainer's probability makes the ratio 4: capped at 2, the
+    gradient is exactly twice the uncorrected one; an engine that agrees changes nothing.
+    The engine-vs-trainer KL is k3 = e^d - d - 1 with d = log 4."""
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    off, off_stats = _grads_and_stats(_ragged_batch([6, 2, 4, 5]), adv, AlgoConfig())
+    agree = _with_engine_logp(_ragged_batch([6, 2, 4, 5]), 0.0)
+    same, same_stats = _grads_and_stats(agree, adv, AlgoConfig(tis_cap=2.0))
+    for name, g in off.items():
+        torch.testing.assert_close(same[name], g, rtol=1e-5, atol=1e-7)
+    assert same_stats["rollout/engine_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert "rollout/engine_kl" not in off_stats  # HF generate: no engine log-probs
+
+    shift = math.log(4.0)
+    quarter = _with_engine_logp(_ragged_batch([6, 2, 4, 5]), shift)
+    doubled, stats = _grads_and_stats(quarter, adv, AlgoConfig(tis_cap=2.0))
+    for name, g in off.items():
+        torch.testing.assert_close(doubled[name], 2 * g, rtol=1e-5, atol=1e-7)
+    assert stats["rollout/engine_kl"] == pytest.approx(math.exp(shift) - shift - 1, rel=1e-5)
