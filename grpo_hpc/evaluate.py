@@ -325,7 +325,10 @@ EXAMPLES = """examples:
 Judged by the run's reward settings (its config.yaml, or the grpo_hpc_config.yaml an export
 carries); a model that is not ours gets the defaults. Greedy unless --samples. The native
 engine generates on a GPU, HF generate on a CPU. --profile local (the default) runs here;
-submitting an evaluation to a Slurm profile is not built yet.
+a Slurm profile submits the same evaluation as a one-node job and waits for it (--no-wait:
+submit and return), e.g.
+
+  grpo-eval gsm8k-a --profile supercloud --data gsm8k:test --out /home/me/gsm8k-a.json
 """
 
 
@@ -350,7 +353,12 @@ def _parser() -> Parser:
     p.add_argument("--batch-size", type=int, help="rows per generate call (default: a rollout's)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (with --samples)")
     p.add_argument("--out", type=Path, help="result JSON (default: ./eval-<model>-<data>.json)")
-    p.add_argument("--profile", default="local", help="where to run: local (here)")
+    p.add_argument(
+        "--profile",
+        default="local",
+        help="where to run: local (here, the default) or a Slurm profile (a one-node job)",
+    )
+    p.add_argument("--no-wait", action="store_true", help="with a Slurm profile: submit and return")
     p.add_argument("--logs", type=Path, help="runs directory (default: $GRPO_HPC_LOGS or ./logs)")
     return p
 
@@ -362,19 +370,39 @@ def _check(args: Any) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.samples < 0:
         raise ConfigError(f"--samples must be >= 0, got {args.samples}")
-    if args.profile != "local":
-        from grpo_hpc.profiles import load_profile
 
-        load_profile(args.profile)  # an unknown profile is its own one-line error
-        raise ConfigError(
-            f"--profile {args.profile}: submitting an evaluation to Slurm is not built yet; "
-            "run grpo-eval inside an allocation (srun ... grpo-eval ...) or with --profile local"
-        )
+
+def _model_for_job(name: str, logs: Path | None) -> str:
+    """MODEL_OR_RUN as an absolute path the compute node can open: checked here, on the
+    login node, so that a typo is one line now, not a failed job later."""
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    from grpo_hpc.runs import resolve_run
+
+    paths: RunPaths = resolve_run(name, logs_root(logs))
+    if not paths.config.is_file():
+        raise ConfigError(f"{name!r} is neither a model directory (config.json) nor a run")
+    return str(paths.root.resolve())
+
+
+def _submit(argv: list[str], args: Any) -> int:
+    """``--profile`` names a cluster: the evaluation runs there as one job."""
+    from grpo_hpc import eval_submit
+    from grpo_hpc.profiles import load_profile
+
+    profile = load_profile(args.profile)  # an unknown profile is its own one-line error
+    model = _model_for_job(args.model, args.logs)
+    out = args.out or Path(f"eval-{data_slug(args.model)}-{data_slug(args.data or 'run')}.json")
+    job = [model if a == args.model else a for a in argv]
+    return eval_submit.submit(job, profile, out, wait=not args.no_wait)
 
 
 def _eval(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     _check(args)
+    if args.profile != "local":
+        return _submit(argv, args)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours is the one bar

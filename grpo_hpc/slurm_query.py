@@ -199,6 +199,14 @@ def queued_job_ids() -> set[str]:
     return {line.strip() for line in _run(["squeue", "-h", "-o", "%i"]).splitlines() if line}
 
 
+def pending_reason(job_id: str) -> str | None:
+    """Why squeue says a pending job waits (``Resources``, ``Priority``, ``PartitionConfig``
+    ...); None when it is not pending (running, finished, or unknown to squeue)."""
+    out = _run(["squeue", "-h", "-j", str(job_id), "-t", "PD", "-o", "%r"], check=False)
+    lines = [x.strip() for x in out.splitlines() if x.strip()]
+    return lines[0] if lines else None
+
+
 def cancel(job_id: str, signal: str | None = None) -> None:
     """scancel a job (optionally only send it a signal). Never raises for a finished job."""
     cmd = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [str(job_id)]

@@ -256,7 +256,7 @@ def test_grpo_eval_pass_at_k_and_refusals(
     assert r["samples"] == 4 and set(r["pass@k"]) == {"1", "2", "4"}
     assert all(len(p["completions"]) == 4 for p in r["per_problem"])
     for args, words in (
-        (["--profile", "supercloud"], "not built yet"),
+        (["--profile", "no-such-cluster"], "no-such-cluster"),
         (["--data", "nope"], "--data 'nope'"),
         (["--step", "2"], "--step is for a run"),
         (["--num", "0"], "--num must be at least 1"),
