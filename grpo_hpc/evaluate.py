@@ -15,7 +15,6 @@ one place another judge (code tasks through the sandbox) plugs in.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from grpo_hpc.errors import ConfigError, ExitCode
 from grpo_hpc.export_plan import read_provenance
 from grpo_hpc.fsutil import atomic_write_json
 from grpo_hpc.paths import RunPaths, logs_root
+from grpo_hpc.train.evaluation import pass_at_k  # the one unbiased estimator (re-exported)
 
 Problem = dict[str, Any]
 Judge = Callable[[Sequence[str], Sequence[Problem]], list[float]]
@@ -41,16 +41,6 @@ DEFAULT_CHUNK = 64
 
 
 # ----------------------------------------------------------------------------- pure parts
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``c`` correct among ``n`` samples:
-    1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if not 0 < k <= n or not 0 <= c <= n:
-        raise ValueError(f"pass@{k} needs 0 < k <= n and 0 <= c <= n (n={n}, c={c})")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def ks_for(samples: int) -> list[int]:
