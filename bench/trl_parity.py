@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_hpc.config import Config
 from grpo_hpc.train import dist, update
 from grpo_hpc.train.advantages import group_advantages
+from grpo_hpc.train.logp_head import Scoring
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout_types import RolloutBatch
 
@@ -159,7 +160,14 @@ def run_grpo_hpc(model: torch.nn.Module, pb: ParityBatch, s: Settings, pad: int)
     mbs = update.split(batch, list(range(len(pb.completions))), adv, s.micro)
     model.train()
     stats = update.accumulate(
-        model, mbs, cfg.algo, info, cfg.rollout.max_new_tokens, None, autocast, s.temperature
+        model,
+        mbs,
+        cfg.algo,
+        info,
+        cfg.rollout.max_new_tokens,
+        None,
+        autocast,
+        Scoring(s.temperature),
     )
     pre = _snapshot(model, "grad")
     norm = torch.sqrt(sum((g.double() ** 2).sum() for g in pre.values())).item()

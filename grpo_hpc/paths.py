@@ -7,6 +7,7 @@ Layout of ``logs/<run>/``::
     jobs.jsonl             job history: one line per submission (job id, attempt, time, reason)
     progress.json          trainer's progress record (see grpo_hpc.progress)
     metrics.jsonl          one line per training step
+    samples.jsonl          a few completions of each step, as written and scored
     events.jsonl           monitor decisions and actions
     training_output.log    combined stdout/stderr of the torchrun processes
     job_summary.txt        human summary written when an attempt ends
@@ -95,6 +96,10 @@ class RunPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples.jsonl"
 
     @property
     def events(self) -> Path:

@@ -23,6 +23,8 @@ class Scored:
     """Unweighted reward components, one value per row."""
     errors: dict[str, int] = field(default_factory=dict)
     """Items per reward that scored 0 because the reward itself failed."""
+    questions: list[str] = field(default_factory=list)
+    """The question of each group (for ``samples.jsonl``)."""
 
 
 @dataclass

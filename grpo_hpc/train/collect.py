@@ -124,7 +124,8 @@ class Collector:
         total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
         if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
             total = torch.zeros_like(total)
-        return Scored(batch, total, out.components, dict(out.errors))
+        questions = [str(p["question"]) for p in problems]
+        return Scored(batch, total, out.components, dict(out.errors), questions)
 
 
 def lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:

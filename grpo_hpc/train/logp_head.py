@@ -15,6 +15,12 @@ With a sampling temperature ``T`` (``algo.tempered_logp``) the logits are ``z = 
 the distribution the completions were drawn from; the chain rule adds the factor ``1/T``
 to both gradients.
 
+The product ``h W^T`` runs in the autocast dtype (bf16 on a GPU), so each logit is rounded
+to 8 significant bits: at |z| of 16-32 a step of 0.125. The engine rounds its own logits
+the same way from slightly different hidden states, and the two roundings disagree where
+a value lies near a step. ``Scoring.fp32`` (``algo.fp32_lm_head``) takes the product in
+fp32 instead, on both sides (the fix MiniMax-M1 reported for the same mismatch).
+
 :func:`fused_logp_head` installs this as the model's LM head for one forward, so the
 forward still goes through the DDP/FSDP wrapper (hooks, gradient sync, unsharding).
 """
@@ -31,6 +37,17 @@ from torch.autograd.function import once_differentiable
 DEFAULT_CHUNK_TOKENS = 1024
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How the update scores a completion token (the native engine reports its log-probs
+    the same way, so that the two can be compared)."""
+
+    temperature: float = 1.0
+    """Log-probs of ``softmax(logits / temperature)`` (``Config.logp_temperature``)."""
+    fp32: bool = False
+    """The LM head's product in fp32 instead of the autocast dtype (``algo.fp32_lm_head``)."""
+
+
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
     dev = weight.device.type
     if torch.is_autocast_enabled(dev):
@@ -41,9 +58,17 @@ def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
 class _LinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(  # noqa: ANN205
-        ctx, h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk: int, inv_t: float
+        ctx,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        ids: torch.Tensor,
+        chunk: int,
+        inv_t: float,
+        fp32: bool,
     ):
         cd = _compute_dtype(weight)
+        if fp32:
+            cd = torch.promote_types(cd, torch.float32)
         hc, wc = h.to(cd), weight.to(cd)
         n, acc = hc.shape[0], torch.promote_types(cd, torch.float32)  # fp64 stays fp64
         chosen = torch.empty(n, dtype=acc, device=h.device)
@@ -81,7 +106,7 @@ class _LinearLogp(torch.autograd.Function):
                 if grad_w is not None:
                     grad_w += (d.T @ hc[sl]).to(acc)  # bf16 product, fp32 sum over chunks
         grad_w = grad_w.to(ctx.w_dtype) if grad_w is not None else None
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def linear_logp(
@@ -89,14 +114,15 @@ def linear_logp(
     weight: torch.Tensor,
     ids: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
-    temperature: float = 1.0,
+    scoring: Scoring = Scoring(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log_softmax(h @ weight.T / temperature)[ids]`` and the entropy of that softmax
-    (detached), both fp32, for ``h`` [N, H], ``weight`` [V, H], ``ids`` [N]; differentiable
-    w.r.t. ``h`` and ``weight``."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    return _LinearLogp.apply(h, weight, ids.long(), chunk, 1.0 / temperature)
+    """``log_softmax(h @ weight.T / T)[ids]`` and the entropy of that softmax (detached),
+    both fp32, for ``h`` [N, H], ``weight`` [V, H], ``ids`` [N]; differentiable w.r.t.
+    ``h`` and ``weight``. ``scoring``: ``T`` and the precision of the product."""
+    t = scoring.temperature
+    if not t > 0:
+        raise ValueError(f"temperature must be > 0, got {t}")
+    return _LinearLogp.apply(h, weight, ids.long(), chunk, 1.0 / t, scoring.fp32)
 
 
 @dataclass
@@ -113,14 +139,14 @@ def fused_logp_head(
     positions: torch.Tensor,
     targets: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
-    temperature: float = 1.0,
+    scoring: Scoring = Scoring(),
     packed: bool = False,
 ) -> Iterator[HeadResult]:
     """During one forward of ``model``, its LM head computes, for every row ``b`` and
     completion index ``t``, the log-prob of ``targets[b, t]`` from the hidden state at
     ``positions[b, t]`` (instead of logits for every position). The HF model returns a
     placeholder as ``logits``; read the result from the yielded :class:`HeadResult`.
-    ``temperature``: the log-probs (and entropy) of ``softmax(logits / temperature)``.
+    ``scoring``: the temperature of the softmax and the precision of the product.
     ``packed``: the forward is one sequence holding every row ([1, N] hidden states), and
     ``positions`` index into it."""
     inner = getattr(model, "module", model)  # DDP keeps the HF model in .module
@@ -134,7 +160,7 @@ def fused_logp_head(
         else:
             picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         flat = picked.reshape(b * c, -1)
-        logp, ent = linear_logp(flat, head.weight, targets.reshape(-1), chunk, temperature)
+        logp, ent = linear_logp(flat, head.weight, targets.reshape(-1), chunk, scoring)
         result.logp, result.entropy = logp.view(b, c), ent.view(b, c)
         return result.logp.unsqueeze(-1)
 

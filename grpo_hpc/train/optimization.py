@@ -11,6 +11,7 @@ import torch
 from grpo_hpc.config import Config
 from grpo_hpc.errors import CircuitBreakerError
 from grpo_hpc.train import dist, update
+from grpo_hpc.train.logp_head import Scoring
 
 
 def _fused(info: dist.DistInfo, cfg: Config) -> bool:
@@ -82,11 +83,11 @@ class StepOptimizer:
                         p.grad = torch.zeros_like(p)
                 zero["grad_norm"] = self.optimizer_step(step, on_nonfinite)
             return zero
-        temp = cfg.logp_temperature
+        scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.algo.updates_per_batch > 1:
-            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast, temp)
+            update.fill_fixed_logp(self.model, mbs, "old_logp", self.autocast, scoring)
         if ref is not None:
-            update.fill_fixed_logp(ref, mbs, "ref_logp", self.autocast, temp)
+            update.fill_fixed_logp(ref, mbs, "ref_logp", self.autocast, scoring)
         stats: dict[str, float] = {}
         for _ in range(cfg.algo.updates_per_batch):
             stats = update.accumulate(
@@ -97,7 +98,7 @@ class StepOptimizer:
                 cfg.rollout.max_new_tokens,
                 self.scaler,
                 self.autocast,
-                temp,
+                scoring,
             )
             stats["grad_norm"] = self.optimizer_step(step, on_nonfinite)
         return stats

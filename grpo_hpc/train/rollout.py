@@ -62,6 +62,8 @@ class HFEngine:
     abort: Callable[[], bool] = lambda: False
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """Context for low-precision generation (bf16/fp16 autocast on GPU)."""
+    fp32_head: bool = False
+    """Logits in fp32 (``algo.fp32_lm_head``): the distribution the update scores."""
 
     def generate(
         self, prompts: list[str], num_generations: int, *, greedy: bool = False
@@ -76,7 +78,7 @@ class HFEngine:
         if not greedy:
             sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
             sampling["top_k"] = 0  # plain temperature sampling over the whole vocabulary
-        with torch.no_grad(), self.autocast():
+        with torch.no_grad(), self.autocast(), fp32_logits(self.model, self.fp32_head):
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -97,6 +99,28 @@ class HFEngine:
 
     def release(self) -> None:
         """Nothing to free: generate's cache lives only while it generates."""
+
+
+@contextlib.contextmanager
+def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201
+    """While active (and ``on``), the model's LM head computes its logits in fp32, outside
+    autocast: HF ``generate`` then samples from the logits the update scores with
+    ``algo.fp32_lm_head``."""
+    head = model.get_output_embeddings() if on else None
+    if head is None:
+        yield
+        return
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward  # back to the class's forward
 
 
 def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
@@ -134,7 +158,14 @@ def build_engine(
     common = (model, tokenizer, opts.max_new_tokens, opts.temperature, opts.top_p)
     hooks = {"tick": tick, "abort": abort}
     if pick_engine(name, model, opts) == "hf":
-        return HFEngine(*common, opts.timeout_s, synced=opts.synced, autocast=autocast, **hooks)
+        return HFEngine(
+            *common,
+            opts.timeout_s,
+            synced=opts.synced,
+            autocast=autocast,
+            fp32_head=opts.fp32_lm_head,
+            **hooks,
+        )
     from grpo_hpc.train.native.engine import NativeEngine
 
     return NativeEngine(
@@ -143,5 +174,6 @@ def build_engine(
         dtype=opts.dtype,
         max_prompt_tokens=opts.max_prompt_tokens,
         logp_temperature=opts.logp_temperature,
+        fp32_head=opts.fp32_lm_head,
         **hooks,
     )

@@ -98,6 +98,8 @@ class EngineOptions:
     """The temperature of the distribution the update scores tokens under (the sampling
     temperature with ``algo.tempered_logp``, else 1); the native engine reports its
     log-probs under the same one."""
+    fp32_lm_head: bool = False
+    """Logits in fp32 while sampling (``algo.fp32_lm_head``)."""
     max_prompt_tokens: int = 0
     """Longest prompt of the run's data in tokens (0: unknown); the native engine sizes its
     KV cache for it once instead of regrowing it."""

@@ -79,6 +79,13 @@ class Tracker:
             )
         print(console_line(metrics), flush=True)
 
+    def log_samples(self, rows: list[dict]) -> None:
+        """Append a step's sample completions (:func:`step_samples`) to samples.jsonl."""
+        if not self.is_main:
+            return
+        for row in rows:
+            append_jsonl(self.paths.samples, {"time": time.time(), **row})
+
     def log_eval(
         self, step: int, accuracy: float, correct: int, total: int, strict: float, seconds: float
     ) -> None:
@@ -186,3 +193,27 @@ def console_line(m: dict[str, float]) -> str:
         + f"[Train] loss={f('loss', '.4f')} kl={f('kl', '.4f')} clip={f('clip_frac', '.2f')} "
         f"gnorm={f('grad_norm', '.2f')} [Time] {f('time/step', '.1f')}s"
     )
+
+
+def step_samples(step: int, scored: list[Any], n: int) -> list[dict]:
+    """Up to ``n`` completions of a step, the first of each group, the first groups first
+    (``scored``: the step's :class:`~grpo_hpc.train.batching.Scored` rollouts). Pure."""
+    rows: list[dict] = []
+    for s in scored:
+        g = s.rewards.shape[1]
+        for group, question in enumerate(s.questions):
+            if len(rows) >= n:
+                return rows
+            i = group * g
+            finished = s.batch.finished
+            rows.append(
+                {
+                    "step": step,
+                    "question": question,
+                    "completion": s.batch.texts[i],
+                    "reward": float(s.rewards[group, 0]),
+                    "tokens": int(s.batch.completion_mask[i].sum()),
+                    "finished": None if finished is None else bool(finished[i]),
+                }
+            )
+    return rows

@@ -48,7 +48,7 @@ from grpo_hpc.train.collect import Collector
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
-from grpo_hpc.train.tracking import Tracker, step_metrics
+from grpo_hpc.train.tracking import Tracker, step_metrics, step_samples
 
 
 class Trainer:
@@ -169,6 +169,7 @@ class Trainer:
                 synced=self.info.enabled and cfg.dist.strategy == "fsdp",
                 lora=bool(cfg.model.lora_rank),
                 logp_temperature=cfg.logp_temperature,
+                fp32_lm_head=cfg.algo.fp32_lm_head,
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
                 ),
@@ -414,6 +415,7 @@ class Trainer:
             clip_frac=stats.get("clip_frac"),
         )
         self.tracker.log_step(m)
+        self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
 
     @torch.no_grad()
     def evaluate(self) -> bool:

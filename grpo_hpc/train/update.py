@@ -16,7 +16,7 @@ import torch
 
 from grpo_hpc.config import AlgoConfig
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, fsdp_root
-from grpo_hpc.train.logp_head import fused_logp_head
+from grpo_hpc.train.logp_head import Scoring, fused_logp_head
 from grpo_hpc.train.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.packing import pack, packed_forward
 from grpo_hpc.train.rollout_types import RolloutBatch
@@ -111,9 +111,9 @@ def right_align(
 
 
 def completion_logp(
-    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, temperature: float = 1.0
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, scoring: Scoring = Scoring()
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the completion tokens under ``softmax(logits / temperature)`` of
+    """Log-probs of the completion tokens under ``softmax(logits / scoring.temperature)`` of
     ``model`` ([B, C], fp32), and the entropy of each next-token distribution when asked.
 
     The LM head is fused with the token selection (:mod:`logp_head`): no [B, T, vocab]
@@ -122,7 +122,7 @@ def completion_logp(
     runs packed (:mod:`packing`).
     """
     if mb.lengths is not None:
-        return _packed_logp(model, mb, with_entropy, temperature)
+        return _packed_logp(model, mb, with_entropy, scoring)
     b = mb.batch
     ids, mask, start = right_align(
         b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
@@ -136,7 +136,7 @@ def completion_logp(
     # Token t of the completion is predicted at position start + t - 1.
     pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
-    with fused_logp_head(model, pos, targets, temperature=temperature) as head:
+    with fused_logp_head(model, pos, targets, scoring=scoring) as head:
         model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
     assert head.logp is not None and head.entropy is not None
     pad = (0, c_all - c)
@@ -145,7 +145,7 @@ def completion_logp(
 
 
 def _packed_logp(
-    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool, temperature: float
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool, scoring: Scoring
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`completion_logp` of a packed micro-batch: its rows as one sequence."""
     b = mb.batch
@@ -154,9 +154,7 @@ def _packed_logp(
     c = max(max(n for _, n in mb.lengths), 1)
     packed = pack(b.input_ids[mb.rows], b.prompt_len, list(mb.lengths), c)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
-    head_ctx = fused_logp_head(
-        model, packed.head_positions, targets, temperature=temperature, packed=True
-    )
+    head_ctx = fused_logp_head(model, packed.head_positions, targets, scoring=scoring, packed=True)
     with head_ctx as head:
         with packed_forward():
             model(**packed.model_kwargs(), use_cache=False)
@@ -172,13 +170,13 @@ def fill_fixed_logp(
     mbs: list[MicroBatch],
     attr: str,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    temperature: float = 1.0,
+    scoring: Scoring = Scoring(),
 ) -> None:
     """Store old (or reference) log-probs once, before the updates change the policy.
-    Same precision and temperature as the training forward, so the first ratio is exactly 1."""
+    Same precision and scoring as the training forward, so the first ratio is exactly 1."""
     for mb in mbs:
         with autocast():
-            logp, _ = completion_logp(model, mb, temperature=temperature)
+            logp, _ = completion_logp(model, mb, scoring=scoring)
         setattr(mb, attr, logp)
 
 
@@ -217,10 +215,10 @@ def accumulate(
     max_new_tokens: int,
     scaler: torch.amp.GradScaler | None,
     autocast: Callable[[], contextlib.AbstractContextManager],
-    temperature: float = 1.0,
+    scoring: Scoring = Scoring(),
 ) -> dict[str, float]:
     """Forward/backward every micro-batch; gradients end up summed for one step. Tokens are
-    scored under ``softmax(logits / temperature)`` (``Config.logp_temperature``)."""
+    scored as ``scoring`` says (temperature, precision of the LM head)."""
     local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
     local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
     total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
@@ -229,7 +227,7 @@ def accumulate(
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=info.device)
     for i, mb in enumerate(mbs):
         with _no_sync(model, last=i == len(mbs) - 1), autocast():
-            logp, entropy = completion_logp(model, mb, True, temperature)
+            logp, entropy = completion_logp(model, mb, True, scoring)
             cmask = mb.batch.completion_mask[mb.rows]
             loss_tok, stats = per_token_loss(
                 logp,

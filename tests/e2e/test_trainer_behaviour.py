@@ -44,6 +44,10 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert any(m["grad_norm"] > 0 for m in steps)  # real gradients, not a no-op
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
+    # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
+    samples = [json.loads(line) for line in paths.samples.read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 2, 3, 4]
+    assert all(s["tokens"] > 0 and isinstance(s["completion"], str) for s in samples)
     if engine == "native":  # the engine reports log-probs: in fp32 it agrees with the trainer
         kls = [m["rollout/engine_kl"] for m in steps if "rollout/engine_kl" in m]
         assert kls and 0 <= max(kls) < 1e-3

@@ -111,6 +111,8 @@ class NativeEngine:
     logp_temperature: float = 1.0
     """The reported log-probs are of ``softmax(logits / logp_temperature)``: the update's
     distribution (see ``sampling.choose``)."""
+    fp32_head: bool = False
+    """Logits in fp32 (an fp32 LM head; ``algo.fp32_lm_head``), as the update scores them."""
     max_prompt_tokens: int = 0
     """Longest prompt (tokens) the engine will be given, if known: every KV cache is sized
     for it from the start. A cache that has to grow drops its workspace's captured graphs
@@ -119,7 +121,8 @@ class NativeEngine:
 
     def __post_init__(self) -> None:
         self.device = compute_device(self.model)
-        self.packed = weights.allocate(self.model, self.dtype, self.device)
+        self.head_dtype = torch.float32 if self.fp32_head else self.dtype
+        self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
         self.graphed = self.use_graphs and self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
         cuda = self.device.type == "cuda"
@@ -152,7 +155,7 @@ class NativeEngine:
         g, n_rows, length = num_generations, len(prompts) * num_generations, ids.shape[1]
         deadline = time.monotonic() + self.timeout_s
         if self.packed is None:  # released before the last update
-            self.packed = weights.allocate(self.model, self.dtype, self.device)
+            self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)

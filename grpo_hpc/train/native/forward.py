@@ -96,7 +96,8 @@ def prefill(
 ) -> torch.Tensor:
     """Run the prompts [P, L] (left-padded) once; write their K/V into the cache rows of
     every completion of the group (rows ``i*G .. i*G+G-1`` get prompt ``i``); return the
-    last position's logits [P, V] (compute dtype, like the HF model's)."""
+    last position's logits [P, V] (the head's dtype: compute dtype, like the HF model's, or
+    fp32 with ``algo.fp32_lm_head``)."""
     s = packed.shape
     n, length = ids.shape
     pos = torch.arange(length, device=ids.device)
@@ -128,7 +129,7 @@ def prefill(
         )
         x = x + F.linear(out.transpose(1, 2).flatten(2), lw.wo).float()
         x = _mlp(lw, x, packed, dtype)
-    last = rms_norm(x[:, -1], packed.final_norm, s.eps).to(dtype)
+    last = rms_norm(x[:, -1], packed.final_norm, s.eps).to(packed.lm_head.dtype)
     return F.linear(last, packed.lm_head)
 
 

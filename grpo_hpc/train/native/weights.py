@@ -84,7 +84,8 @@ class Packed:
     final_norm: torch.Tensor
     """[H] fp32."""
     lm_head: torch.Tensor
-    """[V, H]; the same tensor as ``embed`` when the model ties them."""
+    """[V, H]; the same tensor as ``embed`` when the model ties them (and the head has the
+    compute dtype); fp32 with ``algo.fp32_lm_head``."""
     inv_freq: torch.Tensor
     """[head_dim / 2] fp32 rotary inverse frequencies (the model's own, scaling included)."""
     rope_scale: float
@@ -230,17 +231,23 @@ def _fuse_in_place(parts: list[torch.nn.Module]) -> torch.Tensor:
     return fused
 
 
-def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Packed:
+def allocate(
+    model: torch.nn.Module,
+    dtype: torch.dtype,
+    device: torch.device,
+    head_dtype: torch.dtype | None = None,
+) -> Packed:
     """Buffers of the right shapes (filled by :func:`refill`); a frozen base weight that
-    needs no folding is used in place (see the module docstring)."""
+    needs no folding is used in place (see the module docstring). ``head_dtype``: the LM
+    head's (fp32 for ``algo.fp32_lm_head``; default ``dtype``)."""
     s = shape_of(model)
     model = base_model(model)
 
     def w(*size: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.empty(*size, dtype=dt, device=device)
 
-    def own_or(part: torch.nn.Module, *size: int) -> torch.Tensor:
-        return part.weight.detach() if _reusable(part, dtype, device) else w(*size)
+    def own_or(part: torch.nn.Module, *size: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return part.weight.detach() if _reusable(part, dt, device) else w(*size, dt=dt)
 
     def fused_or(parts: list[torch.nn.Module], *size: int) -> torch.Tensor:
         ok = all(_reusable(p, dtype, device) for p in parts)
@@ -262,13 +269,15 @@ def allocate(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -
             )
         )
     embed = own_or(model.model.embed_tokens, s.vocab, s.hidden)
+    head_dtype = head_dtype or dtype
+    share = s.tied and head_dtype == dtype
     rot = model.model.rotary_emb
     return Packed(
         shape=s,
         embed=embed,
         layers=layers,
         final_norm=w(s.hidden, dt=torch.float32),
-        lm_head=embed if s.tied else own_or(model.lm_head, s.vocab, s.hidden),
+        lm_head=embed if share else own_or(model.lm_head, s.vocab, s.hidden, dt=head_dtype),
         inv_freq=rot.inv_freq.detach().float().to(device).clone(),
         rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
     )
@@ -287,7 +296,7 @@ def refill(packed: Packed, model: torch.nn.Module) -> None:
     model = base_model(model)
     s, inner = packed.shape, model.model
     _put(packed.embed, _full(inner.embed_tokens.weight))
-    if not s.tied:
+    if packed.lm_head is not packed.embed:  # untied, or tied but a head of its own dtype
         _put(packed.lm_head, _full(model.lm_head.weight))
     packed.final_norm.copy_(_full(inner.norm.weight))
     nq, nkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
