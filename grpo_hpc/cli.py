@@ -15,6 +15,7 @@ from grpo_hpc.progress import read_progress
 
 SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile local --config demo            # train SmolLM2-135M on this machine
+  grpo-submit --profile local --config code            # SmolLM2-135M on HumanEval, pass@1
   grpo-submit --profile supercloud --config gsm8k --dry-run
   grpo-submit --profile h100x2 --config gsm8k training.max_steps=500 --name gsm8k-a
   grpo-submit --profile slurm-local --config tiny --wait --rollout.temperature=0.7

@@ -11,7 +11,7 @@ import pytest
 from grpo_hpc.config import DataConfig, RewardConfig, build_config
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.plot import CODE_HELD_OUT_TITLE, CODE_REWARD, build_figure, panel, plot_data
-from grpo_hpc.preflight import check_data
+from grpo_hpc.preflight import check_data, check_model
 from grpo_hpc.status_view import held_out_figure
 from grpo_hpc.train import code_data, data, evaluation, rewards
 
@@ -123,10 +123,16 @@ def test_humaneval_source_passes_preflight_when_installed() -> None:
 
 
 def test_code_configs_load_and_ask_for_code() -> None:
-    for name in ("code", "code-demo"):
+    for name in ("code", "code-qwen"):
         cfg = build_config(name)
         assert cfg.data.source == "humaneval" and cfg.reward.code == 1.0
         assert cfg.reward.correctness == 0.0 and "```python" in cfg.data.system_prompt
+    # `--config code` is the offline run (`--profile local`, a CPU): nothing to download
+    code = build_config("code")
+    assert code.model.name_or_path == "smollm2-135m"
+    assert check_model(code.model, is_offline=True) == []
+    assert check_data(code.data, is_offline=True) == []
+    assert build_config("code-qwen").model.name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
     train, _ = data.load_problems(DataConfig(source="humaneval", num_eval=1), 0)
     assert data.default_instruction(train) == code_data.CODE_INSTRUCTION
     assert data.default_instruction([{"question": "q", "gold": "1"}]) == rewards.ANSWER_INSTRUCTION
