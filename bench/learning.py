@@ -18,11 +18,13 @@ scored by ``grpo_hpc.train.evaluation.score_eval`` with the run's reward setting
 Evaluation time is excluded from both wall-clocks; setup (model load) too; compilation and
 graph capture during training count. Each training step also records the reward, the
 policy's entropy, the mean completion length, the share cut at the cap and the gradient
-norm before the clip.
+norm before the clip (and, for the native engine, the engine/trainer KL); a grpo_hpc run
+keeps one sampled completion every 5 steps (``samples``, from its samples.jsonl).
 
 Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_tempered``
 (``algo.tempered_logp=true``), ``grpo_hpc_hf`` (HF ``generate`` instead of the native
-engine), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
+engine), ``grpo_hpc_tis`` (``algo.tis_cap=2``), ``grpo_hpc_fp32head``
+(``algo.fp32_lm_head=true``), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
 ``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run per seed, and is
 extended, not overwritten, by a later call with other seeds or systems (a GPU call is
 limited to 10 minutes): runs already there are kept.
@@ -101,6 +103,8 @@ SYSTEMS = {
     "grpo_hpc": ("grpo_hpc", []),
     "grpo_hpc_tempered": ("grpo_hpc", ["algo.tempered_logp=true"]),
     "grpo_hpc_hf": ("grpo_hpc", ["rollout.engine=hf"]),
+    "grpo_hpc_tis": ("grpo_hpc", ["algo.tis_cap=2"]),
+    "grpo_hpc_fp32head": ("grpo_hpc", ["algo.fp32_lm_head=true"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
@@ -120,7 +124,24 @@ def run_grpo_hpc(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"grpo_hpc run failed:\n{proc.stderr[-3000:]}")
-    return curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
+    curve = curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
+    curve["samples"] = sample_texts(paths)
+    return curve
+
+
+def sample_texts(paths: RunPaths, every: int = 5) -> list[dict]:
+    """One completion every ``every`` steps from the run's samples.jsonl (what the policy
+    writes as it learns or collapses), trimmed to the fields a reader needs."""
+    if not paths.samples.exists():
+        return []
+    rows = [json.loads(x) for x in paths.samples.read_text().splitlines()]
+    seen: set[int] = set()
+    keep = []
+    for r in rows:
+        if (r["step"] == 1 or r["step"] % every == 0) and r["step"] not in seen:
+            seen.add(r["step"])
+            keep.append({k: r[k] for k in ("step", "question", "completion", "reward", "tokens")})
+    return keep
 
 
 # grpo_hpc metrics -> the per-step fields every system reports
@@ -130,6 +151,7 @@ STEP_FIELDS = {
     "grad_norm": "grad_norm",
     "clip_frac": "clip_frac",
     "logp_diff": "rollout/logp_diff",
+    "engine_kl": "rollout/engine_kl",
 }
 
 
@@ -357,6 +379,9 @@ COLORS = {
     "grpo_hpc_tempered": "tab:green",
     "trl": "tab:orange",
     "trl_fp32": "tab:red",
+    "grpo_hpc_hf": "tab:purple",
+    "grpo_hpc_tis": "tab:cyan",
+    "grpo_hpc_fp32head": "tab:olive",
 }
 
 
