@@ -10,6 +10,7 @@
 #   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
 #   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG)
+#   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
@@ -66,6 +67,9 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
     parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl_parity.py)
         python3 bench/trl_parity.py --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
+    sampler) need_model
+        python3 bench/sampler_check.py --out "$out/h100_sampler_check.json" 2>&1 |
+            grep -E "^(native|hf)|Error" ;;
     learn2 | learn3) need_model
         # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);
         # a JSON in bench/results/ (carried back from an earlier machine) seeds it.
