@@ -208,14 +208,14 @@ class Numerics:
     load_dtype: str
     """torch dtype name the weights are loaded in."""
     compute_dtype: str
-    """The engine's dtype (its packed weights, activations, cache); autocast's when it is
-    not the load dtype."""
+    """The engine's dtype (its packed weights, activations, cache) and, when it is bf16 or
+    fp16 on a GPU, autocast's (HF ``generate`` runs under it, as the trainer's does)."""
     engine: str
     """rollout.engine name (auto, native, hf)."""
 
     @property
     def autocast(self) -> bool:
-        return self.device == "cuda" and self.compute_dtype != self.load_dtype
+        return self.device == "cuda" and self.compute_dtype != "float32"
 
 
 def numerics_for(cfg: Config | None, cuda: bool) -> Numerics:

@@ -147,6 +147,6 @@ def test_grpo_eval_numerics_are_the_trainers() -> None:
     cpu = numerics_for(cfg, cuda=False)
     assert (cpu.load_dtype, cpu.compute_dtype, cpu.autocast) == ("float32", "float32", False)
     foreign = numerics_for(None, cuda=True)
-    assert (foreign.load_dtype, foreign.compute_dtype, foreign.engine) == (
-        "bfloat16", "bfloat16", "auto"
+    assert (foreign.load_dtype, foreign.compute_dtype, foreign.engine, foreign.autocast) == (
+        "bfloat16", "bfloat16", "auto", True
     )  # fmt: skip
