@@ -282,6 +282,8 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
     num = numerics_for(cfg, torch.cuda.is_available())
     device = torch.device(num.device)
     compute = getattr(torch, num.compute_dtype)
+    if device.type == "cpu" and cfg is not None and cfg.training.num_threads:
+        torch.set_num_threads(cfg.training.num_threads)  # the trainer's (a GEMM's split)
     attn = cfg.model.attn_implementation if cfg is not None else "auto"
     attn = "sdpa" if attn == "auto" else attn
     model, tok = models.load_model_and_tokenizer(
