@@ -220,15 +220,19 @@ class Numerics:
 
 def numerics_for(cfg: Config | None, cuda: bool) -> Numerics:
     """The trainer's numerics for a model of one of our runs: fp32 weights (its master
-    copy; a bf16 export is upcast exactly), the run's precision as the engine's dtype and
-    autocast's, the run's rollout engine. A model that is not ours: bf16 on a GPU. On a
-    CPU everything is fp32, as the trainer's is (it refuses bf16 without a GPU)."""
+    copy; a bf16 export is upcast exactly; a LoRA run's in the compute dtype, as its base),
+    the run's precision as the engine's dtype and autocast's, the run's rollout engine. A
+    model that is not ours: bf16 on a GPU. On a CPU everything is fp32, as the trainer's is
+    (it refuses bf16 without a GPU)."""
     engine = cfg.rollout.engine if cfg is not None else "auto"
     if not cuda:
         return Numerics("cpu", "float32", "float32", engine)
     if cfg is None:
         return Numerics("cuda", "bfloat16", "bfloat16", engine)
-    return Numerics("cuda", "float32", PRECISION_DTYPES[cfg.dist.precision], engine)
+    compute = PRECISION_DTYPES[cfg.dist.precision]
+    # A LoRA run's trainer holds its frozen base in the compute dtype (no fp32 master copy):
+    # its merged model is loaded so too (norms as the trainer's; half the memory).
+    return Numerics("cuda", compute if cfg.model.lora_rank else "float32", compute, engine)
 
 
 def _trainer_sets(cfg: Config | None) -> tuple[list[Problem], list[Problem]] | None:

@@ -140,6 +140,8 @@ def test_grpo_eval_numerics_are_the_trainers() -> None:
     assert (gpu.load_dtype, gpu.compute_dtype, gpu.engine, gpu.autocast) == (
         "float32", "bfloat16", "native", True
     )  # fmt: skip
+    lora = numerics_for(build_config("tiny", ["dist.precision=bf16", "model.lora_rank=8"]), True)
+    assert (lora.load_dtype, lora.compute_dtype) == ("bfloat16", "bfloat16") and lora.autocast
     fp16 = numerics_for(build_config("tiny", ["dist.precision=fp16"]), cuda=True)
     assert fp16.compute_dtype == "float16" and fp16.autocast
     fp32 = numerics_for(build_config("tiny", []), cuda=True)
