@@ -2,15 +2,21 @@
 data set, judged as the run's correctness reward judges.
 
 ``grpo-eval MODEL_OR_RUN`` loads a model directory (an export, a run's ``final/``, any HF
-directory) or a run's checkpoint (exported first into a temporary directory through
-:mod:`grpo_hpc.export`, so that a run and its export score the same), generates greedily
-(or ``--samples k`` sampled completions per problem for pass@k) with the native engine on
-a GPU and HF ``generate`` on a CPU, judges each completion with
+directory) or a run's checkpoint (exported in fp32 first into a temporary directory
+through :mod:`grpo_hpc.export`: the trainer's master weights), generates greedily (or
+``--samples k`` sampled completions per problem for pass@k), judges each completion with
 :mod:`grpo_hpc.train.evaluation` under the run's ``reward`` settings (the defaults for a
 model that is not ours), writes a JSON result atomically and prints one summary line.
 
-The choice "how is a completion judged for this data source" is :func:`judge_for`, the
-one place another judge (code tasks through the sandbox) plugs in.
+A model of one of our runs (a run, or an export carrying its config) is run the way its
+trainer's held-out evaluation runs it (:func:`numerics_for`, :func:`evaluate`): fp32
+weights under the run's precision (bf16/fp16 autocast and engine dtype on a GPU), the
+run's rollout engine, the engine's cache sized for the run's prompts, its system prompt
+and generation cap, and greedy batches composed as on the trainer's ranks; so grpo-eval of
+a run, or of its fp32 export, reproduces the trainer's last ``eval/accuracy``. A bf16
+export holds rounded weights (norms included) and can differ at a near-tie.
+
+The choice "how is a completion judged for this data source" is :func:`judge_for`.
 """
 
 from __future__ import annotations
@@ -80,14 +86,15 @@ def data_slug(spec: str) -> str:
 
 def judge_for(source: str, reward: RewardConfig) -> Judge:
     """How a completion is judged for problems of ``source``: the one place that decides.
-    Math (GSM8K, arithmetic, GSM8K-format files): the run's correctness reward through
-    grpo_hpc.train.evaluation. A code-task judge plugs in here (problems with ``tests``)."""
+    Math (GSM8K, arithmetic, GSM8K-format files): the run's correctness reward; code
+    problems (tests, no gold): the code reward's sandbox; both through
+    :func:`grpo_hpc.train.evaluation.judge_problems`, as the trainer's evaluation judges."""
     from grpo_hpc.train import evaluation
 
-    def math_judge(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        return evaluation.judge(texts, [p["gold"] for p in problems], reward)
+    def run_judge(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+        return evaluation.judge_problems(texts, problems, reward)
 
-    return math_judge
+    return run_judge
 
 
 def load_data(spec: str, cfg: Config | None, num: int | None) -> list[Problem]:
@@ -139,6 +146,9 @@ class Target:
     """Run name, when known."""
     step: int | None = None
     """Checkpoint step, when known."""
+    world: int = 1
+    """Processes of the attempt that saved the checkpoint: the trainer's evaluation split
+    the held-out problems over them (its batches are replayed, see evaluate)."""
 
 
 def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path) -> Target:
@@ -154,7 +164,8 @@ def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path
         prov = read_provenance(path) or {}
         if prov.get("kind") == "lora-adapter":
             raise ConfigError(f"{path} is a LoRA adapter alone: score the merged export")
-        return Target(path.resolve(), str(path), cfg, prov.get("run"), prov.get("step"))
+        world = _world(prov, cfg)
+        return Target(path.resolve(), str(path), cfg, prov.get("run"), prov.get("step"), world)
     from grpo_hpc import export
     from grpo_hpc.runs import resolve_run
 
@@ -164,19 +175,77 @@ def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path
     cfg = load_resolved(paths.config)
     prov = read_provenance(paths.final) or {}
     newest = paths.latest_checkpoint()
+    # The trainer holds fp32 master weights (bf16/fp16 is autocast's compute dtype): a run
+    # is scored from them, its final/ only when that is an fp32 export of the step asked for.
     if prov.get("step") is not None and prov.get("step") == (step or newest):
-        return Target(paths.final, f"{paths.name}@{prov['step']}", cfg, paths.name, prov["step"])
+        if prov.get("dtype") == "float32":
+            label = f"{paths.name}@{prov['step']}"
+            return Target(paths.final, label, cfg, paths.name, prov["step"], _world(prov, cfg))
     out = scratch / "model"
-    plan = export.export_run(paths, out, export.ExportOptions(step=step))
-    return Target(out, f"{paths.name}@{plan.step}", cfg, paths.name, plan.step)
+    plan = export.export_run(paths, out, export.ExportOptions(step=step, dtype="fp32"))
+    world = _world(read_provenance(out) or {}, cfg)
+    return Target(out, f"{paths.name}@{plan.step}", cfg, paths.name, plan.step, world)
 
 
-def _device_and_dtype() -> tuple[Any, Any]:
-    import torch
+def _world(prov: dict[str, Any], cfg: Config | None) -> int:
+    """The evaluating trainer's process count: the checkpoint's, as the export recorded it
+    (an export written before it did: the run's processes per node)."""
+    world = prov.get("world_size")
+    if isinstance(world, int) and world >= 1:
+        return world
+    return cfg.dist.nproc_per_node if cfg is not None else 1
 
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
+
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """How the model is loaded and run (pure data; :func:`numerics_for` decides)."""
+
+    device: str
+    """cuda or cpu."""
+    load_dtype: str
+    """torch dtype name the weights are loaded in."""
+    compute_dtype: str
+    """The engine's dtype (its packed weights, activations, cache) and, when it is bf16 or
+    fp16 on a GPU, autocast's (HF ``generate`` runs under it, as the trainer's does)."""
+    engine: str
+    """rollout.engine name (auto, native, hf)."""
+
+    @property
+    def autocast(self) -> bool:
+        return self.device == "cuda" and self.compute_dtype != "float32"
+
+
+def numerics_for(cfg: Config | None, cuda: bool) -> Numerics:
+    """The trainer's numerics for a model of one of our runs: fp32 weights (its master
+    copy; a bf16 export is upcast exactly; a LoRA run's in the compute dtype, as its base),
+    the run's precision as the engine's dtype and autocast's, the run's rollout engine. A
+    model that is not ours: bf16 on a GPU. On a CPU everything is fp32, as the trainer's is
+    (it refuses bf16 without a GPU)."""
+    engine = cfg.rollout.engine if cfg is not None else "auto"
+    if not cuda:
+        return Numerics("cpu", "float32", "float32", engine)
+    if cfg is None:
+        return Numerics("cuda", "bfloat16", "bfloat16", engine)
+    compute = PRECISION_DTYPES[cfg.dist.precision]
+    # A LoRA run's trainer holds its frozen base in the compute dtype (no fp32 master copy):
+    # its merged model is loaded so too (norms as the trainer's; half the memory).
+    return Numerics("cuda", compute if cfg.model.lora_rank else "float32", compute, engine)
+
+
+def _trainer_sets(cfg: Config | None) -> tuple[list[Problem], list[Problem]] | None:
+    """The run's (train, held-out) problems, as its trainer loaded them; None when they
+    cannot be read here (a data set of the cluster's disk, an offline hub source)."""
+    if cfg is None:
+        return None
+    from grpo_hpc.train import data
+
+    try:
+        return data.load_problems(cfg.data, cfg.training.seed)
+    except Exception:  # noqa: BLE001 - only the engine's cache size and prompt depend on it
+        return None
 
 
 # ----------------------------------------------------------------------------- running
@@ -201,41 +270,65 @@ class EvalOptions:
 
 
 def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
-    """Generate, judge and summarise (the result dict written as JSON)."""
+    """Generate, judge and summarise (the result dict written as JSON). A model of one of
+    our runs is run as its trainer evaluates (see docs/ARCHITECTURE.md, "grpo-eval and the
+    trainer's evaluation"): fp32 weights under the run's precision, the run's engine, the
+    engine's cache sized for the run's prompts, the run's system prompt and generation cap,
+    and greedy batches composed as on the trainer's ranks."""
     import torch
 
-    from grpo_hpc.train import data, models, rollout
+    from grpo_hpc.train import data, evaluation, models, rollout
 
     cfg = target.cfg
     spec = opts.data or (RUN_DATA if cfg is not None else "gsm8k:test")
     problems = load_data(spec, cfg, opts.num)
     reward = cfg.reward if cfg is not None else RewardConfig()
-    device, dtype = _device_and_dtype()
+    num = numerics_for(cfg, torch.cuda.is_available())
+    device = torch.device(num.device)
+    compute = getattr(torch, num.compute_dtype)
+    if device.type == "cpu" and cfg is not None and cfg.training.num_threads:
+        torch.set_num_threads(cfg.training.num_threads)  # the trainer's (a GEMM's split)
     attn = cfg.model.attn_implementation if cfg is not None else "auto"
     attn = "sdpa" if attn == "auto" else attn
-    model, tok = models.load_model_and_tokenizer(target.model_dir, attn, device, dtype)
+    model, tok = models.load_model_and_tokenizer(
+        target.model_dir, attn, device, getattr(torch, num.load_dtype)
+    )
     model.eval()
+    if cfg is not None and cfg.dist.compile and device.type == "cuda":
+        model.compile()  # as the trainer's (HF generate runs its compiled forward)
+    sets = _trainer_sets(cfg)
+    # The trainer's system prompt: the config's, else the instruction its train set implies.
     system = cfg.data.system_prompt if cfg is not None else ""
+    system = system or data.default_instruction(sets[0] if sets else problems)
     prompts = [data.prompt_text(tok, p["question"], system) for p in problems]
     max_new = opts.max_new_tokens or (
         cfg.rollout.max_new_tokens if cfg is not None else DEFAULT_MAX_NEW_TOKENS
     )
+    world = target.world if cfg is not None else 1
     chunk = opts.batch_size or (
-        cfg.rollout.prompts_per_step * cfg.rollout.num_generations if cfg else DEFAULT_CHUNK
+        evaluation.eval_chunk(cfg.rollout.prompts_per_step, cfg.rollout.num_generations, world)
+        if cfg is not None
+        else DEFAULT_CHUNK
     )
     temperature = cfg.rollout.temperature if cfg is not None else 1.0
     top_p = cfg.rollout.top_p if cfg is not None else 1.0
+    # The engine's KV cache is sized for the longest prompt it will see; the trainer's for
+    # its train and held-out sets (a cache's capacity is the stride its attention reads).
+    longest = data.longest_prompt_tokens(tok, problems, system)
+    if sets is not None:
+        longest = max(longest, data.longest_prompt_tokens(tok, sets[0] + sets[1], system))
     engine_opts = rollout.EngineOptions(
-        max_new, temperature, top_p, 86400.0, dtype=dtype,
-        max_prompt_tokens=data.longest_prompt_tokens(tok, problems, system),
+        max_new, temperature, top_p, 86400.0, dtype=compute, max_prompt_tokens=longest,
+        logp_temperature=cfg.logp_temperature if cfg is not None else 1.0,
     )  # fmt: skip
     engine = rollout.build_engine(
-        "auto", model, tok, engine_opts, tick=lambda: None, abort=lambda: False,
-        autocast=lambda: torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"),
+        num.engine, model, tok, engine_opts, tick=lambda: None, abort=lambda: False,
+        autocast=lambda: torch.autocast(device.type, dtype=compute, enabled=num.autocast),
     )  # fmt: skip
     samples = max(opts.samples, 1)
     t0 = time.monotonic()
-    texts = _generate(engine, prompts, samples, chunk, opts.seed)
+    ranks = 1 if opts.batch_size else world
+    texts = _generate(engine, prompts, samples, chunk, opts.seed, ranks)
     seconds = time.monotonic() - t0
     judge = judge_for(spec, reward)
     strict_judge = judge_for(spec, replace(reward, require_marker=True))
@@ -254,20 +347,26 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
         "mode": "greedy" if opts.samples <= 0 else f"sampled (temperature {temperature})",
         "engine": type(engine).__name__,
         "device": device.type,
+        "weights_dtype": num.load_dtype,
+        "compute_dtype": num.compute_dtype,
+        "batch": {"rows": chunk, "ranks": ranks},
         "max_new_tokens": max_new,
         "judge": {"require_marker": reward.require_marker, "timeout_s": reward.timeout_s},
         "seconds": seconds,
         **summarize(correct, strict_rows),
         "per_problem": [
-            {"question": p["question"], "gold": p["gold"], "completions": r, "correct": c}
+            {"question": p["question"], "gold": p.get("gold"), "completions": r, "correct": c}
             for p, r, c in zip(problems, rows, correct, strict=True)
         ],
     }
     return result
 
 
-def _generate(engine: Any, prompts: list[str], samples: int, chunk: int, seed: int) -> list[str]:
-    """Completions of every prompt (``samples`` each, grouped), with a progress bar."""
+def _generate(
+    engine: Any, prompts: list[str], samples: int, chunk: int, seed: int, ranks: int = 1
+) -> list[str]:
+    """Completions of every prompt (``samples`` each, grouped), with a progress bar; greedy
+    ones in the batches of the trainer's ``ranks`` processes."""
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -279,8 +378,8 @@ def _generate(engine: Any, prompts: list[str], samples: int, chunk: int, seed: i
     with Progress(*columns, TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task("generating", total=len(prompts))
         if samples == 1:
-            return evaluation.generate_greedy(
-                engine, prompts, chunk, lambda done, s: bar.update(task, completed=done)
+            return evaluation.generate_greedy_ranked(
+                engine, prompts, chunk, ranks, lambda done, s: bar.update(task, completed=done)
             )
         torch.manual_seed(seed)
         per_call = max(1, chunk // samples)

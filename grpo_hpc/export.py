@@ -37,7 +37,7 @@ from grpo_hpc.config import Config, load_resolved, to_yaml
 from grpo_hpc.errors import ConfigError, ExitCode
 from grpo_hpc.export_plan import PROVENANCE, TensorSpec, fmt_bytes, read_provenance
 from grpo_hpc.export_sources import BaseWeights, CheckpointTensors, base_model_dir, load_tokenizer
-from grpo_hpc.manifest import verify_checkpoint
+from grpo_hpc.manifest import read_manifest, verify_checkpoint
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import TrainState, read_progress
 
@@ -290,6 +290,8 @@ def _write_metadata(plan: ExportPlan, src: _Sources, tmp: Path) -> None:
         "format": plan.format,
         "kind": plan.kind,
         "dtype": plan.dtype,
+        # The processes that saved it: grpo-eval replays their held-out batches.
+        "world_size": (read_manifest(plan.checkpoint) or {}).get("world_size"),
         "base_model": cfg.model.name_or_path,
         "grpo_hpc_version": __version__,
         "time": time.time(),

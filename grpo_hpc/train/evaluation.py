@@ -69,6 +69,37 @@ def rank_share(n: int, rank: int, world: int) -> tuple[int, int, int]:
     return start, stop, per_rank - (stop - start)
 
 
+def eval_chunk(prompts_per_step: int, num_generations: int, world: int) -> int:
+    """Rows of one held-out generate call on each rank: a rollout's rows of that rank (the
+    engine's cache and CUDA graphs are sized for those already). ``grpo-eval`` batches the
+    same way, so that a near-tie decodes as it did in the trainer."""
+    return max(1, prompts_per_step // world) * num_generations
+
+
+def generate_greedy_ranked(
+    engine: RolloutEngine,
+    prompts: Sequence[str],
+    chunk: int,
+    world: int,
+    progress: Callable[[int, float], None] = lambda done, seconds: None,
+) -> list[str]:
+    """Greedy completions of ``prompts`` generated in the batches the trainer's evaluation
+    uses on ``world`` ranks, one rank after another on this one engine: each rank's share
+    (:func:`rank_share`, padded with the first prompt as the trainer pads), ``chunk`` at a
+    time. A batch's composition (its longest prompt sets the left padding, its rows the
+    row bucket) changes the kernels' shapes and so, at a near-tie, a greedy token."""
+    texts: list[str] = []
+    for rank in range(world):
+        start, stop, pad = rank_share(len(prompts), rank, world)
+        mine = list(prompts[start:stop]) + [prompts[0]] * pad
+
+        def step(done: int, seconds: float, before: int = start, n: int = stop - start) -> None:
+            progress(before + min(done, n), seconds)
+
+        texts += generate_greedy(engine, mine, chunk, step)[: stop - start]
+    return texts
+
+
 def generate_greedy(
     engine: RolloutEngine,
     prompts: Sequence[str],

@@ -438,7 +438,9 @@ class Trainer:
         mine = self.eval_set[start:stop]
         questions = [p["question"] for p in mine] + [self.eval_set[0]["question"]] * pad
         prompts = [data.prompt_text(self.tok, q, cfg.data.system_prompt) for q in questions]
-        chunk = cfg.rollout.prompts_per_step // info.world_size * cfg.rollout.num_generations
+        chunk = evaluation.eval_chunk(
+            cfg.rollout.prompts_per_step, cfg.rollout.num_generations, info.world_size
+        )
 
         def progress(done: int, seconds: float) -> None:  # long evaluations say how far
             if info.is_main and len(prompts) > chunk:

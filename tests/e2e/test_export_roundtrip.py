@@ -209,22 +209,36 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
         m for m in map(json.loads, run.metrics.read_text().splitlines()) if "eval/accuracy" in m
     ]
     assert last and last[-1]["step"] == 2
-    # The run (its final/), its final/ directory named, and a copy without final/ (its
-    # checkpoint is exported into a temporary directory and scored from there).
+    # The run (its final/), its final/ directory named, a copy without final/ (its
+    # checkpoint is exported into a temporary directory and scored from there), a copy whose
+    # final/ is a bf16 export (not the trainer's weights: the run is scored from its fp32
+    # checkpoint instead), and an explicit fp32 export.
     bare = _copy(run, tmp_path / "bare")
     shutil.rmtree(bare.final)
+    half = _copy(run, tmp_path / "half")
+    assert export.main([str(half.root), str(half.final), "--dtype", "bf16", "--force"]) == 0
+    assert json.loads((half.final / PROVENANCE).read_text())["world_size"] == 1
+    fp32 = tmp_path / "fp32"
+    assert export.main([str(run.root), str(fp32), "--dtype", "fp32"]) == 0
+    capsys.readouterr()
     results = []
-    named = ((run.root, "run.json"), (run.final, "final.json"), (bare.root, "bare.json"))
+    named = (
+        (run.root, "run.json"), (run.final, "final.json"), (bare.root, "bare.json"),
+        (half.root, "half.json"), (fp32, "fp32.json"),
+    )  # fmt: skip
     for model, name in named:
         code = evaluate.main([str(model), "--out", str(tmp_path / name)])
         stdout, err = capsys.readouterr()
         assert code == 0, err
         assert len(stdout.strip().splitlines()) == 1 and "accuracy" in stdout
         results.append(json.loads((tmp_path / name).read_text()))
+    assert results[3]["model_dir"] != str(half.final.resolve())  # its fp32 checkpoint
     for r in results:
         assert r["accuracy"] == last[-1]["eval/accuracy"]
         assert r["accuracy_strict"] == last[-1]["eval/accuracy_strict"]
         assert r["problems"] == 8 and r["engine"] == "HFEngine" and r["step"] == 2
+        assert r["weights_dtype"] == r["compute_dtype"] == "float32"
+        assert r["batch"] == {"rows": 8, "ranks": 1}
     # Token for token what the trainer's evaluation generates with the trainer's model.
     cfg = load_resolved(run.config)
     evals = data.load_problems(cfg.data, cfg.training.seed)[1]

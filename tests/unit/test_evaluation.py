@@ -91,3 +91,64 @@ def test_rank_shares_cover_every_problem_once_in_equal_sizes(n: int, world: int)
     assert covered == list(range(n))  # each problem once, in order
     sizes = {stop - start + pad for start, stop, pad in shares}
     assert len(sizes) == 1  # equal work per rank (FSDP generates in lock-step)
+
+
+class _Recorder:
+    """An engine that records each batch it is given and answers with the prompts."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def generate(self, prompts: list[str], n: int, *, greedy: bool = False) -> object:
+        self.batches.append(list(prompts))
+        return type("Batch", (), {"texts": [f"<{p}>" for p in prompts]})()
+
+
+@pytest.mark.parametrize(
+    ("n", "world", "per_step", "g"), [(7, 2, 4, 8), (64, 1, 16, 8), (5, 4, 4, 2)]
+)
+def test_grpo_eval_replays_the_trainers_held_out_batches(
+    n: int, world: int, per_step: int, g: int
+) -> None:
+    """grpo-eval on one device gives the engine exactly the batches the trainer's ranks gave
+    theirs (share, padding with the first prompt, rows per call), and keeps each problem's
+    completion once, in order."""
+    prompts = [f"q{i}" for i in range(n)]
+    chunk = evaluation.eval_chunk(per_step, g, world)
+    trainer = _Recorder()
+    for rank in range(world):  # what Trainer._evaluate hands its engine on each rank
+        start, stop, pad = evaluation.rank_share(n, rank, world)
+        mine = prompts[start:stop] + [prompts[0]] * pad
+        evaluation.generate_greedy(trainer, mine, per_step // world * g)
+    replay = _Recorder()
+    seen: list[int] = []
+    texts = evaluation.generate_greedy_ranked(
+        replay, prompts, chunk, world, lambda d, s: seen.append(d)
+    )
+    assert replay.batches == trainer.batches
+    assert texts == [f"<{p}>" for p in prompts]
+    assert seen == sorted(seen) and seen[-1] == n
+
+
+def test_grpo_eval_numerics_are_the_trainers() -> None:
+    """A model of our runs: fp32 weights, the run's precision as compute dtype (autocast on
+    a GPU), the run's engine; a foreign model: bf16 on a GPU; fp32 on a CPU."""
+    from grpo_hpc.evaluate import numerics_for
+
+    cfg = build_config("tiny", ["dist.precision=bf16", "rollout.engine=native"])
+    gpu = numerics_for(cfg, cuda=True)
+    assert (gpu.load_dtype, gpu.compute_dtype, gpu.engine, gpu.autocast) == (
+        "float32", "bfloat16", "native", True
+    )  # fmt: skip
+    lora = numerics_for(build_config("tiny", ["dist.precision=bf16", "model.lora_rank=8"]), True)
+    assert (lora.load_dtype, lora.compute_dtype) == ("bfloat16", "bfloat16") and lora.autocast
+    fp16 = numerics_for(build_config("tiny", ["dist.precision=fp16"]), cuda=True)
+    assert fp16.compute_dtype == "float16" and fp16.autocast
+    fp32 = numerics_for(build_config("tiny", []), cuda=True)
+    assert fp32.compute_dtype == "float32" and not fp32.autocast
+    cpu = numerics_for(cfg, cuda=False)
+    assert (cpu.load_dtype, cpu.compute_dtype, cpu.autocast) == ("float32", "float32", False)
+    foreign = numerics_for(None, cuda=True)
+    assert (foreign.load_dtype, foreign.compute_dtype, foreign.engine, foreign.autocast) == (
+        "bfloat16", "bfloat16", "auto", True
+    )  # fmt: skip
