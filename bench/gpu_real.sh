@@ -69,6 +69,9 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         python3 bench/trl_parity.py --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
     sampler) need_model
         python3 bench/sampler_check.py --out "$out/h100_sampler_check.json" 2>&1 |
+            grep -E "^(native|hf)|Error"
+        # '.' ends a completion: rows finish at many steps, the native engine compacts often
+        python3 bench/sampler_check.py --eos . --out "$out/h100_sampler_check_eos.json" 2>&1 |
             grep -E "^(native|hf)|Error" ;;
     learn2 | learn3) need_model
         # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);

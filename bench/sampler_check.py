@@ -14,6 +14,11 @@ Each engine samples the same prompts (the learning benchmark's two-term word pro
 policy (T = 1) and the share of drawn tokens with ``p_T < 1e-4``, against the share the
 distribution itself puts there (its expected value).
 
+``--eos TEXT`` makes a frequent token end a completion (e.g. ``.``), so that rows finish at
+many different steps and the native engine compacts its batch again and again: a row
+continued from another row's cache or state would draw tokens that are unlikely in its
+own context, and show as a large negative ``D``.
+
     python bench/sampler_check.py --out bench/results/h100_sampler_check.json   # GPU
     python bench/sampler_check.py --rows 8 --prompts 2 --engines native_eager hf  # CPU
 """
@@ -21,6 +26,7 @@ distribution itself puts there (its expected value).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -66,6 +72,9 @@ def tail_mass(model: torch.nn.Module, mb: MicroBatch, t: float) -> torch.Tensor:
 
 
 def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], args) -> dict:
+    if args.eos:
+        tok = copy.deepcopy(tok)
+        tok.eos_token = args.eos
     engine = build(name, model, tok, args)
     torch.manual_seed(args.seed)
     engine.generate(prompts[:1], 2)  # warm-up: compile, capture
@@ -91,6 +100,7 @@ def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], ar
         "tail_expected": tail_expected,
         "mean_length": batch.completion_mask.sum(1).float().mean().item(),
         "finished": batch.finished.float().mean().item() if batch.finished is not None else None,
+        "compactions": getattr(engine, "stats", {}).get("compactions"),
     }
 
 
@@ -104,6 +114,7 @@ def main() -> None:
     p.add_argument("--max-new", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eos", default="", help="a token that ends completions (e.g. '.')")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -120,7 +131,8 @@ def main() -> None:
         print(
             f"{name:13} D {r['D_mean']:+.4f} ± {r['D_se']:.4f}  logp(T=1) {r['logp_T1_mean']:.3f}"
             f"  tail drawn {r['tail_drawn']:.4f} expected {r['tail_expected']:.4f}"
-            f"  length {r['mean_length']:.1f}  ({r['tokens']} tokens)",
+            f"  length {r['mean_length']:.1f}  ({r['tokens']} tokens,"
+            f" {r['compactions']} compactions)",
             flush=True,
         )
     if args.out:
