@@ -119,6 +119,7 @@ def collect_detail(
         read_jsonl(paths.events)[-10:],
         rewards,
         paths.checkpoint_steps(),
+        next(iter(tail_jsonl(paths.samples)[-1:]), None),
     )
 
 
@@ -126,7 +127,7 @@ EXAMPLES = """examples:
   grpo-status                       # every run under logs/, one line each
   grpo-status --watch               # refresh every 5 s (Ctrl-C to leave)
   grpo-status --json | jq '.[] | select(.flags != [])'
-  grpo-status gsm8k-a               # one run: jobs, events, reward curve
+  grpo-status gsm8k-a               # one run: jobs, events, health, last sample, rewards
   grpo-status gsm8k-a --plot reward.png
   grpo-status gsm8k-a gsm8k-b       # several named runs, one line each
 

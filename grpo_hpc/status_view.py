@@ -204,6 +204,8 @@ class RunDetail:
     """(step, reward/mean) from metrics.jsonl."""
     checkpoints: list[int]
     """Complete checkpoint steps."""
+    sample: dict[str, Any] | None = None
+    """The newest samples.jsonl entry (a completion as written and scored), if any."""
 
 
 def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
@@ -234,6 +236,21 @@ def health_line(row: RunRow) -> str:
     )
 
 
+def sample_line(sample: dict[str, Any] | None, limit: int = 240) -> str:
+    """The newest logged completion on one line (pure): the text a reward is paid for,
+    where a rising reward over a degenerating answer shows first."""
+    if not sample:
+        return "last sample: none yet (training.log_samples)"
+    text = " ".join(str(sample.get("completion", "")).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    reward, tokens = sample.get("reward"), sample.get("tokens")
+    return (
+        f"last sample (step {sample.get('step', '?')}, reward {_num(reward, '.2f')}, "
+        f"{tokens if tokens is not None else '?'} tokens): {text}"
+    )
+
+
 def build_details(d: RunDetail, now: float) -> Group:
     """The ``grpo-status RUN`` view (pure)."""
     keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
@@ -252,6 +269,7 @@ def build_details(d: RunDetail, now: float) -> Group:
         _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
         Text(health_line(d.row)),
+        Text(sample_line(d.sample)),
         Text(f"complete checkpoints: {ckpts}"),
         Text(final),
         Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),

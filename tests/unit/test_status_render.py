@@ -209,6 +209,11 @@ def test_details_view(logs: Path) -> None:
     text = render(build_details(detail, NOW))
     assert "a-running" in text and "initial submission" in text and "h100x2" in text
     assert "complete checkpoints: 10, 20" in text and "reward/mean per step" in text
+    assert "last sample: none yet" in text
+    sample = {"step": 5, "question": "2+2?", "completion": "Four.\nAnswer: 4", "reward": 1.2}
+    paths.samples.write_text(json.dumps({**sample, "tokens": 7}) + "\n")
+    text = render(build_details(collect_detail(paths, fake_all), NOW))
+    assert "last sample (step 5, reward 1.20, 7 tokens): Four. Answer: 4" in text
     assert "•" in text and "0.500 ┤" in text and "0.100 ┤" in text
     stop = render(build_details(collect_detail(RunPaths(logs / "e-breaker"), fake_all), NOW))
     assert "circuit_breaker at step 40" in stop and "(no metrics yet)" in stop
@@ -299,6 +304,16 @@ def test_narrow_terminals_drop_optional_columns_first() -> None:
     assert "PROFILE" not in mid and "KL" not in mid and "ETA" in mid
     narrow = columns_for_width(80)
     assert narrow == ["RUN", "JOB", "SLURM", "TRAIN", "STEP", "REWARD", "HB", "FLAG"]
+
+
+def test_sample_line_is_one_line_and_bounded() -> None:
+    from grpo_hpc.status_view import sample_line
+
+    row = {"step": 3, "completion": "a\n\nb " + "x" * 500, "reward": -0.5, "tokens": 48}
+    line = sample_line(row, limit=40)
+    assert "\n" not in line and line.endswith("...")
+    assert line.startswith("last sample (step 3, reward -0.50, 48 tokens): a b xxx")
+    assert len(line.split(": ", 1)[1]) == 40
 
 
 def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
