@@ -133,7 +133,7 @@ def test_grpo_eval_replays_the_trainers_held_out_batches(
 def test_grpo_eval_numerics_are_the_trainers() -> None:
     """A model of our runs: fp32 weights, the run's precision as compute dtype (autocast on
     a GPU), the run's engine; a foreign model: bf16 on a GPU; fp32 on a CPU."""
-    from grpo_hpc.evaluate import numerics_for
+    from grpo_hpc.eval_target import numerics_for
 
     cfg = build_config("tiny", ["dist.precision=bf16", "rollout.engine=native"])
     gpu = numerics_for(cfg, cuda=True)
