@@ -479,9 +479,10 @@ def main() -> None:
             runs = result["systems"].setdefault(name, [])
             if any(r["seed"] == seed for r in runs):
                 continue
-            runs.append(run_one(name, args, model_dir, cuda, seed))
+            run = run_one(name, args, model_dir, cuda, seed)
+            runs.append(run)
             runs.sort(key=lambda r: r["seed"])
-            curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in runs[-1]["evals"])
+            curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in run["evals"])
             print(f"{name:18} seed {seed}: {curve}", flush=True)
             result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
             result["env"] = env_info()
