@@ -5,6 +5,7 @@
 #           profile (issue 24: one default step at 1.5B and 3B under torch.profiler)
 #           packing (issue 24: TRL, the defaults and algo.packing side by side)
 #           update24 (issue 24: the update alone, padded vs packed, full and ragged lengths)
+#           packdiag (issue 24: the packed update's profile) compile24 (compiled layers)
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -100,6 +101,20 @@ for stage in "$@"; do
                     --grad-ckpt --paths fused packed $lengths \
                     --out "$out/h100_update_speed_${shape}${lengths:+_ragged}.json" 2>&1 | grep "^{'path'"
             done
+        done ;;
+    packdiag) # issue 24: the packed update profiled (its kernels, not the padded path's)
+        python3 -c "import inspect, torch; from torch.nn.attention import varlen as v; \
+print(torch.__version__, inspect.signature(v.varlen_attn))" 2>&1 | tail -1
+        python3 bench/update_speed.py --shape qwen2.5-1.5b --prompt 300 --micro-tokens 18432 \
+            --grad-ckpt --paths packed fused --ragged --reps 2 \
+            --out "$out/h100_update_speed_qwen2.5-1.5b_ragged_packed_profile.json" 2>&1 |
+            grep -E "^\{'path'|Error" ;;
+    compile24) # issue 24: dist.compile (each decoder layer compiled) in the update, per shape
+        for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
+            python3 bench/update_speed.py --shape "$shape" --prompt 300 --micro-tokens 18432 \
+                --grad-ckpt --paths fused packed --ragged --compile --reps 2 \
+                --out "$out/h100_update_speed_${shape}_ragged_compiled.json" 2>&1 |
+                grep -E "^\{'path'|Error"
         done ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

@@ -212,10 +212,9 @@ class Attribution:
     """(start, end, phase) of the phase ranges (the device is idle at both ends)."""
 
     def learn_phases(self, events: list[Any]) -> None:
-        for e in events:
-            if e.name.startswith(PHASE_PREFIX):
-                tr = e.time_range
-                self.windows.append((tr.start, tr.end, e.name[len(PHASE_PREFIX) :]))
+        for e in _host_ranges(events, PHASE_PREFIX):
+            tr = e.time_range
+            self.windows.append((tr.start, tr.end, e.name[len(PHASE_PREFIX) :]))
 
     def phase(self, start_us: float) -> str:
         """By time, not by launcher: kernels replayed from a CUDA graph have no launching
@@ -280,11 +279,24 @@ def work_items(events: list[Any], on_gpu: bool) -> list[Item]:
     }
     items = []
     for e in events:
-        if e.device_type != DeviceType.CUDA:
+        # The profiler mirrors each record_function range on the device as a user
+        # annotation spanning its kernels: a range, not work of its own.
+        if e.device_type != DeviceType.CUDA or _is_range(e.name):
             continue
         launcher = by_corr.get(getattr(e, "linked_correlation_id", 0))
         items.append(Item(e.name, e.time_range.start, e.time_range.elapsed_us(), launcher))
     return items
+
+
+def _is_range(name: str) -> bool:
+    return name.startswith((PHASE_PREFIX, SCOPE_PREFIX))
+
+
+def _host_ranges(events: list[Any], prefix: str) -> Iterator[Any]:
+    """The host-side events of the ``prefix`` ranges (not their device-side mirrors)."""
+    from torch.autograd import DeviceType
+
+    return (e for e in events if e.device_type == DeviceType.CPU and e.name.startswith(prefix))
 
 
 def _busy_us(spans: list[tuple[float, float]]) -> float:
@@ -303,9 +315,8 @@ def summarize(events: list[Any], on_gpu: bool) -> dict:
     attr.learn_forward(events)
     attr.learn_phases(events)
     walls: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.name.startswith(PHASE_PREFIX):
-            walls[e.name[len(PHASE_PREFIX) :]] += e.time_range.elapsed_us()
+    for e in _host_ranges(events, PHASE_PREFIX):
+        walls[e.name[len(PHASE_PREFIX) :]] += e.time_range.elapsed_us()
     cats: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(CATEGORIES, 0.0))
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     top: dict[str, dict[tuple[str, str], list[float]]] = defaultdict(dict)
@@ -357,6 +368,10 @@ def markdown(shape: str, tag: str, result: dict) -> str:
     for key, label in (("kernel_ms", f"{unit} time"), ("wall_ms", "wall time")):
         cells = [f"{result['phases'][p][key]:.1f}" for p in phases]
         lines.append(f"| **{label}** | " + " | ".join(cells) + " |")
+    plain = result.get("unprofiled_metrics", {})
+    cells = [f"{1e3 * plain[f'time/{key}']:.1f}" if f"time/{key}" in plain else "-"
+             for key in ("generate" if p == "generate" else "train" for p in phases)]  # fmt: skip
+    lines.append("| **wall time, unprofiled step** | " + " | ".join(cells) + " |")
     idle = [result["phases"][p]["idle_share"] for p in phases]
     cells = [f"{100 * x:.0f} %" if x is not None else "-" for x in idle]
     lines.append(f"| **{'GPU idle' if result['on_gpu'] else 'host overhead'}** | "
@@ -376,6 +391,9 @@ def profile_one(shape: str, args: argparse.Namespace) -> dict:
         for _ in range(args.warmup):
             trainer.train_step()
         warm_s = time.perf_counter() - t0
+        # The profiler slows the host (every op is recorded): the last warm-up step's
+        # times are the step as it runs unobserved.
+        unprofiled = _last_metrics(trainer.paths.metrics)
         instrument(trainer)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         _sync()
@@ -398,6 +416,7 @@ def profile_one(shape: str, args: argparse.Namespace) -> dict:
             "warmup_s": warm_s,
             "profiled_step_s": step_s,
             "metrics": _last_metrics(trainer.paths.metrics),
+            "unprofiled_metrics": unprofiled,
             "phases": summarize(events, on_gpu),
             "env": env_info(),
         }

@@ -28,8 +28,8 @@ from grpo_hpc.config import AlgoConfig  # noqa: E402
 from grpo_hpc.train import update  # noqa: E402
 from grpo_hpc.train.dist import DistInfo  # noqa: E402
 from grpo_hpc.train.loss import selective_log_softmax, token_entropy  # noqa: E402
-from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.packing import use_packed_attention  # noqa: E402
+from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer  # noqa: E402
+from grpo_hpc.train.packing import _varlen, use_packed_attention  # noqa: E402
 from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
@@ -119,6 +119,7 @@ def main() -> None:
     )
     p.add_argument("--ragged", action="store_true", help="completion lengths of a real policy")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="dist.compile: compiled layers")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -127,6 +128,8 @@ def main() -> None:
     use_packed_attention(model)  # plain SDPA except in the packed path's forwards
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
+    if args.compile:
+        compile_layers(model)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
@@ -162,9 +165,12 @@ def main() -> None:
             }
             runs.append(r)
             print(r, flush=True)
-    update.completion_logp = fused_path
-    algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=args.micro_tokens[0])
-    mbs = update.split(batch, list(range(args.rows)), adv, args.rows, args.micro_tokens[0])
+    # The profile is of the first path named (and the first budget).
+    update.completion_logp = plain_logp if args.paths[0] == "plain" else fused_path
+    packed = args.paths[0] == "packed"
+    budget = args.micro_tokens[0]
+    algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=budget, packing=packed)
+    mbs = update.split(batch, list(range(args.rows)), adv, args.rows, budget, packed)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -182,6 +188,7 @@ def main() -> None:
         "peak_flops_used": peak,
         "measured_matmul_flops": peak_meas,
         "runs": runs,
+        "packed_attention": "varlen flash" if _varlen() else "SDPA per row",
         "env": env_info(),
     }
     write_result(result, args.out)

@@ -249,8 +249,9 @@ class DistConfig:
     backend: str = "auto"
     """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
     compile: bool = False
-    """torch.compile the training forward on CUDA (fewer, fused kernels; the first steps
-    pay the compilation). The native rollout engine compiles its decode layers anyway."""
+    """torch.compile each decoder layer of the training forward on CUDA, once for every
+    width (fewer, fused kernels around the matrix products; the first step pays the
+    compilation). The native rollout engine compiles its decode layers anyway."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run

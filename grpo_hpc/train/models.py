@@ -257,3 +257,20 @@ def enable_checkpointing(model: torch.nn.Module, every: int) -> int:
     for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i % every == 0
     return sum(1 for layer in layers if layer.gradient_checkpointing)
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """torch.compile each decoder layer in place (regional compilation); returns how many.
+
+    Compiling the whole model recompiled for every new micro-batch width and broke its
+    graph around transformers' mask and cache code. A decoder layer is the part worth
+    fusing (RMSNorm, rotary embedding, SwiGLU and the casts around them are elementwise
+    kernels between the matrix products), and every layer runs the same code, so one
+    compilation with dynamic shapes serves all of them and every width. Gradient
+    checkpointing wraps the compiled layer (its recompute runs the compiled code too)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)

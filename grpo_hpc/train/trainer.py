@@ -143,7 +143,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             models.enable_checkpointing(model, cfg.model.checkpoint_every)
         if cfg.dist.compile and self.info.device.type == "cuda":
-            model.compile()  # in place: parameter names (checkpoints) are unchanged
+            models.compile_layers(model)  # in place: parameter names are unchanged
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
