@@ -164,6 +164,13 @@ def packed_attention(
     if kwargs.get("sliding_window") is not None or dropout:
         raise NotImplementedError("packed attention supports neither sliding windows nor dropout")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):
+        # What autocast does to SDPA's inputs (the padded path): the rotary embedding
+        # leaves q and k in fp32 (its cos/sin follow the fp32 embeddings), and the
+        # varlen kernel takes only half precision; without this cast every packed forward
+        # fell back to per-row SDPA in fp32 (3x slower updates measured on an H100).
+        low = torch.get_autocast_dtype("cuda")
+        q, k, v = (x.to(low) for x in (q, k, v))
     varlen = _varlen()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

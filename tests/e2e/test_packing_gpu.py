@@ -48,7 +48,10 @@ def test_varlen_attention_matches_row_by_row_sdpa() -> None:
         assert (a.float() - b.float()).norm() <= 2e-2 * b.float().norm()
 
 
-def test_packed_bf16_update_matches_padded(tmp_path: Path) -> None:
+def test_packed_bf16_update_matches_padded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fallbacks = []
+    per_row = packing._per_row
+    monkeypatch.setattr(packing, "_per_row", lambda *a: fallbacks.append(1) or per_row(*a))
     path = _model_dir(tmp_path, "qwen2")
     padded, _ = load_model_and_tokenizer(path, "sdpa", torch.device("cuda"))
     packed = copy.deepcopy(padded)
@@ -71,6 +74,9 @@ def test_packed_bf16_update_matches_padded(tmp_path: Path) -> None:
                     algo.micro_batch_tokens, algo.packing)  # fmt: skip
         accumulate(model, mbs, algo, info, NEW, None, autocast)
         grads.append({n: p.grad.float() for n, p in model.named_parameters()})
+    # Under autocast the rotary embedding leaves q/k in fp32: the packed forward must still
+    # take the varlen kernel (in bf16, as autocast's SDPA does), not fall back row by row.
+    assert not fallbacks, f"{len(fallbacks)} packed attention calls fell back to per-row SDPA"
     for name, g in grads[0].items():
         diff = (grads[1][name] - g).norm()
         assert diff <= 3e-2 * g.norm() + 1e-6, name  # bf16 rounding, not a different math
