@@ -189,7 +189,7 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
     )
     model.eval()
     if cfg is not None and cfg.dist.compile and device.type == "cuda":
-        model.compile()  # as the trainer's (HF generate runs its compiled forward)
+        models.compile_layers(model)  # as the trainer's (HF generate runs its compiled layers)
     sets = _trainer_sets(cfg)
     # The trainer's system prompt: the config's, else the instruction its train set implies.
     system = cfg.data.system_prompt if cfg is not None else ""
