@@ -244,16 +244,22 @@ def _random_model(
     return model, tok
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers, in order (transformers marks them as the units that
+    checkpoint and compile)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 def enable_checkpointing(model: torch.nn.Module, every: int) -> int:
     """Gradient checkpointing on one decoder layer in ``every`` (layers 0, every, 2*every,
     ...); returns how many layers recompute. transformers checkpoints per layer (each
     decoder layer reads its own ``gradient_checkpointing`` flag), so clearing the flag on
     the others keeps their activations."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     enable = getattr(model, "activation_checkpointing_enable", None)  # the newer name
     (enable or model.gradient_checkpointing_enable)()
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i % every == 0
     return sum(1 for layer in layers if layer.gradient_checkpointing)
@@ -268,9 +274,7 @@ def compile_layers(model: torch.nn.Module) -> int:
     kernels between the matrix products), and every layer runs the same code, so one
     compilation with dynamic shapes serves all of them and every width. Gradient
     checkpointing wraps the compiled layer (its recompute runs the compiled code too)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    layers = decoder_layers(model)
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
