@@ -4,8 +4,9 @@ The batch (prompt ids, completion ids, rewards) is made here, not sampled, so bo
 train on exactly the same tokens: TRL receives it through its ``rollout_func`` hook and
 a reward function that looks the rewards up, then runs its own advantages, loss,
 micro-batching, gradient accumulation, grad-norm clip and AdamW step
-(``trainer.train()`` for one step). grpo_hpc runs its own pieces: ``group_advantages``,
-``update.split``, ``update.accumulate`` and ``StepOptimizer.optimizer_step``.
+(``trainer.train()`` for one step). grpo_hpc runs its own pieces: ``select_groups``
+(advantages, the overlong mask, micro-batches), ``update.accumulate`` and
+``StepOptimizer.optimizer_step``.
 
 Matched settings: ``loss_type="dapo"`` (token-level sum over the whole batch divided by
 its completion tokens), ``scale_rewards="group"`` (unbiased group std, eps 1e-4),
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo_hpc.config import Config
 from grpo_hpc.train import dist, update
-from grpo_hpc.train.advantages import group_advantages
+from grpo_hpc.train.batching import Scored, select_groups
 from grpo_hpc.train.logp_head import Scoring
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout_types import RolloutBatch
@@ -58,6 +59,9 @@ class Settings:
     with ``algo.tempered_logp`` (set here when it is not 1)."""
     precision: str = "fp32"
     """fp32, or bf16 (autocast over fp32 weights on both sides)."""
+    mask_truncated: bool = False
+    """DAPO's overlong filtering on both sides (grpo_hpc: ``algo.mask_truncated``; TRL:
+    ``mask_truncated_completions``)."""
 
 
 @dataclass
@@ -134,16 +138,25 @@ def rollout_batch(pb: ParityBatch, pad: int, device: torch.device) -> RolloutBat
     def t(x: list) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    return RolloutBatch(t(ids), t(attn), t(cmask), p, [""] * len(ids), pad_token_id=pad)
+    batch = RolloutBatch(t(ids), t(attn), t(cmask), p, [""] * len(ids), pad_token_id=pad)
+    batch.finished = torch.tensor([len(c) < c_max(pb) for c in pb.completions], device=device)
+    return batch
+
+
+def c_max(pb: ParityBatch) -> int:
+    """The length cap of the batch: its longest completion (cut-off rows reach it)."""
+    return max(len(c) for c in pb.completions)
 
 
 def run_grpo_hpc(model: torch.nn.Module, pb: ParityBatch, s: Settings, pad: int) -> Side:
-    """grpo_hpc's update on ``pb``: its advantages, split, accumulate and optimizer step."""
+    """grpo_hpc's update on ``pb``: its group selection (advantages, masking, split),
+    accumulate and optimizer step."""
     device = next(model.parameters()).device
     cfg = Config()
     cfg.algo.micro_batch_size = s.micro
     cfg.algo.micro_batch_tokens = 0
     cfg.algo.tempered_logp = s.temperature != 1.0
+    cfg.algo.mask_truncated = s.mask_truncated
     cfg.rollout.temperature = s.temperature
     cfg.optim.lr, cfg.optim.grad_clip = s.lr, s.grad_clip
     cfg.dist.precision = s.precision
@@ -155,9 +168,8 @@ def run_grpo_hpc(model: torch.nn.Module, pb: ParityBatch, s: Settings, pad: int)
 
     opt = StepOptimizer(model, cfg, info, autocast)
     batch = rollout_batch(pb, pad, device)
-    rewards = torch.tensor(pb.rewards).view(-1, pb.G)
-    adv = group_advantages(rewards, cfg.algo.advantage, cfg.algo.adv_eps).flatten()
-    mbs = update.split(batch, list(range(len(pb.completions))), adv, s.micro)
+    scored = Scored(batch, torch.tensor(pb.rewards).view(-1, pb.G), {})
+    mbs = select_groups([scored], len(pb.prompts), pb.G, cfg.algo).microbatches
     model.train()
     stats = update.accumulate(
         model,
@@ -217,7 +229,8 @@ def run_trl(model: torch.nn.Module, tok: object, pb: ParityBatch, s: Settings, w
         per_device_train_batch_size=s.micro,
         gradient_accumulation_steps=n // s.micro,
         num_generations=pb.G,
-        max_completion_length=max(len(c) for c in pb.completions),
+        max_completion_length=c_max(pb),
+        mask_truncated_completions=s.mask_truncated,
         temperature=s.temperature,
         beta=0.0,
         epsilon=0.2,

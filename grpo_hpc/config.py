@@ -167,6 +167,14 @@ class AlgoConfig:
     over-sampled (bf16 kernels, a different attention path) count less. 0 = off (the
     default: not yet measured with bench/learning.py). Needs the native engine, which
     reports its log-probs; with HF generate there is nothing to correct."""
+    mask_truncated: bool = False
+    """DAPO's overlong filtering: completions cut off at ``rollout.max_new_tokens`` (no EOS)
+    still count in their group's reward mean and std, but train nothing and leave the
+    token normaliser (TRL: ``mask_truncated_completions``). An unfinished answer is not
+    evidence of a wrong one; penalising it (``reward.overlong``) instead pushes a policy
+    whose reasoning does not fit the cap towards the shortest finished text, a bare guess
+    (docs/ALGORITHM.md). A step whose completions are all cut off takes the optimizer step
+    on zero gradients."""
     updates_per_batch: int = 1
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
     micro_batch_size: int = 32

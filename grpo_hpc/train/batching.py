@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,12 +34,16 @@ class Selection:
     """Total reward of every selected completion."""
     components: dict[str, list[float]]
     """Reward components of every selected completion."""
+    truncated: int = 0
+    """Selected completions cut off at the length cap (no EOS), masked or not."""
 
 
 def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> Selection:
     """Keep ``want`` groups, informative ones first (DAPO dynamic sampling when several
     rounds ran), in generation order. The fixed count keeps every rank's batch the same
-    shape; a flat group left in has zero advantage and adds no policy gradient."""
+    shape; a flat group left in has zero advantage and adds no policy gradient. With
+    ``algo.mask_truncated`` the cut-off rows of a kept group weigh in its advantages and
+    then leave: they train nothing and do not count in the loss normaliser."""
     picks = [(si, gi) for si, s in enumerate(scored) for gi in range(s.rewards.shape[0])]
     picks.sort(key=lambda p: not bool(informative_groups(scored[p[0]].rewards)[p[1]]))
     picks = sorted(picks[:want])
@@ -50,10 +54,31 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
             continue
         adv = group_advantages(s.rewards[groups], algo.advantage, algo.adv_eps).flatten()
         rows = [gi * g + k for gi in groups for k in range(g)]
+        cut = cut_rows(s.batch, rows)
+        out.truncated += len(cut)
+        train = [i for i, r in enumerate(rows) if not (algo.mask_truncated and r in cut)]
         out.microbatches += split(
-            s.batch, rows, adv, algo.micro_batch_size, algo.micro_batch_tokens, algo.packing
+            s.batch,
+            [rows[i] for i in train],
+            adv[train],
+            algo.micro_batch_size,
+            algo.micro_batch_tokens,
+            algo.packing,
         )
         out.rewards += s.rewards[groups].flatten().tolist()
         for name, vals in s.components.items():
             out.components.setdefault(name, []).extend(vals[r] for r in rows)
+    if not out.microbatches and scored:
+        # Every selected completion was masked: one row that trains nothing keeps this
+        # rank's forward/backward count (and DDP/FSDP collectives) in step with the others.
+        (mb,) = split(scored[0].batch, [0], torch.zeros(1), 1)
+        out.microbatches = [replace(mb, weight=0.0)]
     return out
+
+
+def cut_rows(batch: RolloutBatch, rows: list[int]) -> set[int]:
+    """The rows among ``rows`` whose completion hit the length cap without EOS."""
+    if batch.finished is None:
+        return set()
+    finished = batch.finished.tolist()
+    return {r for r in rows if not finished[r]}

@@ -187,6 +187,23 @@ def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str
     assert (rec.step, rec.restarts, rec.start_step) == (3, 1, 2)
 
 
+@pytest.mark.slow
+def test_masked_truncated_completions_train_only_finished_ones(tmp_path: Path) -> None:
+    """DAPO overlong filtering through the real trainer: the tiny model seldom ends within
+    its 8 tokens: a step whose completions were all cut off takes a zero-gradient optimizer
+    step and the run goes on (tests/e2e/test_trl_parity.py checks the gradient of a
+    partly masked batch against TRL's)."""
+    paths = make_run(tmp_path, "mask", "algo.mask_truncated=true", "training.max_steps=2")
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in _metrics(paths) if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert 0 <= m["rollout/truncated"] <= 1
+        if m["rollout/truncated"] == 1:
+            assert m["grad_norm"] == 0 and m["loss"] == 0, m
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process that sees no GPU")
 def test_low_precision_without_a_gpu_exits_2(tmp_path: Path) -> None:
     """A bf16 run whose process sees no GPU stops at start-up (exit 2, one line), instead

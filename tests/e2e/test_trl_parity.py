@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,18 +72,28 @@ def assert_same(ours: tp.Side, theirs: tp.Side, start: dict[str, torch.Tensor]) 
 
 @pytest.mark.parametrize(
     ("kind", "settings"),
-    [("llama", tp.Settings()), ("qwen2", tp.Settings(temperature=0.9, grad_clip=0.05))],
-    ids=["llama-T1", "qwen2-T0.9-clipped"],
+    [
+        ("llama", tp.Settings()),
+        ("qwen2", tp.Settings(temperature=0.9, grad_clip=0.05)),
+        ("llama", tp.Settings(mask_truncated=True, micro=4)),
+    ],
+    ids=["llama-T1", "qwen2-T0.9-clipped", "llama-masked"],
 )
 def test_one_update_matches_trl(kind: str, settings: tp.Settings, tmp_path: Path) -> None:
     """Same loss, same clipped gradient, same parameters after one AdamW step; the second
-    case samples at T=0.9 (both sides score under logits / T) with the clip active."""
+    case samples at T=0.9 (both sides score under logits / T) with the clip active; the
+    third masks the cut-off third of the batch (DAPO overlong filtering) on both sides."""
     model, tok = _tiny(kind, tmp_path)
     pb = tp.make_batch(len(tok), tok.eos_token_id, tok.pad_token_id, groups=4, G=8)
     ours, theirs, start = tp.both(model, tok, pb, settings, tok.pad_token_id)
     c = assert_same(ours, theirs, start)
     if settings.grad_clip < 1:
         assert c["grad_norm_b"] > settings.grad_clip  # the clip really acted
+    if settings.mask_truncated:  # the mask really acted: without it the update differs
+        unmasked = tp.run_grpo_hpc(
+            copy.deepcopy(model), pb, replace(settings, mask_truncated=False), tok.pad_token_id
+        )
+        assert tp.compare(unmasked, theirs, start)["grad_rel_err"] > 1e-2
 
 
 def test_untempered_logp_is_the_one_difference(tmp_path: Path) -> None:

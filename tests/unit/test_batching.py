@@ -38,3 +38,32 @@ def test_informative_groups_are_kept_first_then_flat_ones_fill_the_batch() -> No
 def test_fewer_groups_than_wanted_keeps_them_all() -> None:
     sel = select_groups([_scored([[1.0, 0.0]])], want=4, g=2, algo=AlgoConfig())
     assert len(sel.rewards) == 2 and sel.components["correctness"] == [1.0, 0.0]
+
+
+def _with_cut(rewards: list[list[float]], finished: list[bool]) -> Scored:
+    s = _scored(rewards)
+    s.batch.finished = torch.tensor(finished)
+    return s
+
+
+def test_mask_truncated_drops_cut_rows_after_they_shaped_the_advantages() -> None:
+    # Group 0: rows 0-3, row 1 cut off; group 1: rows 4-7, rows 6 and 7 cut off.
+    rewards = [[1.0, -0.5, 0.0, 0.0], [1.0, 0.0, -0.5, -0.5]]
+    finished = [True, False, True, True, True, True, False, False]
+    kept = select_groups([_with_cut(rewards, finished)], 2, 4, AlgoConfig(mask_truncated=True))
+    every = select_groups([_with_cut(rewards, finished)], 2, 4, AlgoConfig())
+    assert [mb.rows.tolist() for mb in kept.microbatches] == [[0, 2, 3, 4, 5]]
+    adv_all = torch.cat([mb.advantages for mb in every.microbatches])
+    adv_kept = torch.cat([mb.advantages for mb in kept.microbatches])
+    # The kept rows keep the advantages the whole group gave them (cut rows included).
+    assert torch.equal(adv_kept, adv_all[[0, 2, 3, 4, 5]])
+    assert kept.truncated == every.truncated == 3
+    assert len(kept.rewards) == 8  # the step's reward still counts every completion
+
+
+def test_all_rows_cut_leaves_one_micro_batch_that_trains_nothing() -> None:
+    sel = select_groups(
+        [_with_cut([[1.0, 0.0]], [False, False])], 1, 2, AlgoConfig(mask_truncated=True)
+    )
+    (mb,) = sel.microbatches
+    assert mb.weight == 0.0 and mb.advantages.abs().max() == 0
