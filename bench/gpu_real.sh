@@ -9,7 +9,8 @@
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
 #   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
 #   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
-#           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG)
+#           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
+#           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm))
 #   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
@@ -76,12 +77,14 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
     learn2 | learn3) need_model
         # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);
         # a JSON in bench/results/ (carried back from an earlier machine) seeds it.
-        n=${stage#learn} name=learning_${stage#learn}term${LEARN_TAG:-}
+        overlong=${LEARN_OVERLONG:-mask} suffix=
+        [ "$overlong" = penalty ] || suffix=_mask
+        n=${stage#learn} name=learning_${stage#learn}term$suffix${LEARN_TAG:-}
         mkdir -p /tmp/learn
         [ -f /tmp/learn/$name.json ] || [ ! -f bench/results/$name.json ] || cp bench/results/$name.json /tmp/learn/
         # shellcheck disable=SC2086  (lists)
         timeout "${LEARN_TIMEOUT:-560}" python3 bench/learning.py --out /tmp/learn --terms "$n" \
-            --name "$name" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
+            --name "$name" --overlong "$overlong" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
             --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" 2>&1 |
             grep -E "seed|final|Error|error" | tail -30
         cp /tmp/learn/$name.* "$out/" ;;

@@ -7,6 +7,11 @@ optimizer (AdamW, betas 0.9/0.99, no weight decay, constant rate, grad-norm clip
 the same loss (GRPO, unbiased group std, token-level aggregation, clip 0.2/0.28, beta 0),
 the same reward (grpo_hpc's ``compute_rewards`` with the demo's weights, called from a TRL
 reward function), the same length cap, temperature and seed, for the same number of steps.
+``--overlong`` says what happens to a completion cut off at the cap: ``mask`` (the
+default) trains nothing on it (DAPO's overlong filtering: ``algo.mask_truncated``, TRL's
+``mask_truncated_completions``), ``penalty`` takes 0.5 off its reward (the demo's
+shaping, under which either system at random seeds drifts into bare-guess answers:
+docs/ALGORITHM.md).
 bench/trl_parity.py shows the two updates agree on one batch. grpo_hpc runs its real
 trainer (``torchrun -m grpo_hpc.train``, native engine on a GPU); TRL 1.16 generates with
 HF ``generate`` (vLLM cannot be installed on the GPU machine).
@@ -44,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -60,6 +66,14 @@ from grpo_hpc.train.evaluation import score_eval  # noqa: E402
 
 SYSTEM = "Solve it. End with the line 'Answer: <number>'."  # configs/demo.yaml's
 REWARD = RewardConfig(correctness=1.0, format=0.2, overlong=0.5, require_marker=False)
+"""configs/demo.yaml's reward; ``--overlong mask`` sets its overlong weight to 0."""
+
+
+def reward_config(args: argparse.Namespace) -> RewardConfig:
+    """The task's reward: the demo's, whose cut-off completions lose 0.5 (``penalty``), or
+    with DAPO's overlong filtering instead (``mask``: they score 0 for length and train
+    nothing, on both systems)."""
+    return replace(REWARD, overlong=REWARD.overlong if args.overlong == "penalty" else 0.0)
 
 
 def data_config(args: argparse.Namespace) -> DataConfig:
@@ -95,7 +109,7 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
         f"training.seed={seed}",
         f"training.num_threads={0 if cuda else 2}",
         "wandb.mode=disabled",
-    ]
+    ] + (["reward.overlong=0", "algo.mask_truncated=true"] if args.overlong == "mask" else [])
 
 
 SYSTEMS = {
@@ -152,6 +166,7 @@ STEP_FIELDS = {
     "clip_frac": "clip_frac",
     "logp_diff": "rollout/logp_diff",
     "engine_kl": "rollout/engine_kl",
+    "cut": "rollout/truncated",
 }
 
 
@@ -211,7 +226,8 @@ def run_trl(
             "gold": [p["gold"] for p in rows],
         }
     )
-    weights = {"correctness": REWARD.correctness, "format": REWARD.format}
+    task = reward_config(args)
+    weights = {"correctness": task.correctness, "format": task.format}
 
     def reward(completions: list, gold: list, completion_ids: list, **kw: object) -> list[float]:
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
@@ -222,14 +238,14 @@ def run_trl(
             [len(ids) for ids in completion_ids],
             [bool(ids) and ids[-1] in stops for ids in completion_ids],
             args.max_new,
-            REWARD.overlong_buffer,
+            task.overlong_buffer,
         )
         out = rewards.compute_rewards(
             texts,
             [{"gold": g} for g in gold],
-            weights | {"overlong": REWARD.overlong},
-            timeout_s=REWARD.timeout_s,
-            require_marker=REWARD.require_marker,
+            weights | {"overlong": task.overlong},
+            timeout_s=task.timeout_s,
+            require_marker=task.require_marker,
             lengths=lengths,
         )
         return list(out.total)
@@ -291,6 +307,7 @@ def run_trl(
         epsilon_high=0.28,
         loss_type="dapo",
         scale_rewards="group",
+        mask_truncated_completions=args.overlong == "mask",
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -426,7 +443,8 @@ def plot(result: dict, out: Path) -> None:
         ax.grid(alpha=0.3)
     acc_step.legend(loc="lower right", fontsize=8)
     fig.suptitle(
-        f"SmolLM2-135M, {c['terms']}-term sums, {c['prompts']}x{c['G']}, {c['steps']} steps, "
+        f"SmolLM2-135M, {c['terms']}-term sums, overlong {c.get('overlong', 'penalty')}, "
+        f"{c['prompts']}x{c['G']}, {c['steps']} steps, "
         f"{c['num_eval']} held-out ({result['env']['device']})"
     )
     fig.tight_layout()
@@ -464,14 +482,25 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--micro", type=int, default=8, help="completions per micro-batch")
     p.add_argument("--target", type=float, default=0.8)
-    p.add_argument("--name", default="", help="file stem (default learning_<terms>term)")
+    p.add_argument(
+        "--overlong",
+        choices=("mask", "penalty"),
+        default="mask",
+        help="cut-off completions: masked from the loss (DAPO overlong filtering, default) "
+        "or penalised by 0.5 (configs/demo.yaml's reward)",
+    )
+    p.add_argument(
+        "--name", default="", help="file stem (default learning_<terms>term, + _mask with mask)"
+    )
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     model_dir = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), Path("."), 0)
-    path = args.out / f"{args.name or f'learning_{args.terms}term'}.json"
+    suffix = "_mask" if args.overlong == "mask" else ""
+    path = args.out / f"{args.name or f'learning_{args.terms}term{suffix}'}.json"
     config = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "systems")}
     result = json.loads(path.read_text()) if path.exists() else {"systems": {}}
-    if result.get("config", config) != config:
+    # Files from before --overlong existed hold penalty runs.
+    if {"overlong": "penalty"} | result.get("config", config) != config:
         raise SystemExit(f"{path} holds runs of other settings: {result['config']}")
     result |= {"benchmark": "learning", "config": config, "target": args.target}
     for seed in args.seeds:  # paired: every system on a seed before the next seed
