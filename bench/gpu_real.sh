@@ -12,6 +12,7 @@
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
 #           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm))
 #   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
+#   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
@@ -73,6 +74,10 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             grep -E "^(native|hf)|Error"
         # '.' ends a completion: rows finish at many steps, the native engine compacts often
         python3 bench/sampler_check.py --eos . --out "$out/h100_sampler_check_eos.json" 2>&1 |
+            grep -E "^(native|hf)|Error" ;;
+    stops) need_model
+        # The stop-token check over 4,096 completions per engine (16 prompts x 256)
+        python3 bench/sampler_check.py --rows 256 --out "$out/h100_sampler_stops.json" 2>&1 |
             grep -E "^(native|hf)|Error" ;;
     learn2 | learn3) need_model
         # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);

@@ -19,6 +19,10 @@ many different steps and the native engine compacts its batch again and again: a
 continued from another row's cache or state would draw tokens that are unlikely in its
 own context, and show as a large negative ``D``.
 
+The stop token gets its own check: the number of rows that stopped against the sum of
+``p_T(stop)`` over every position the rows reached (its expectation for a correct
+sampler), as a z-score. ``native_fp32`` is the native engine with fp32 weights and cache.
+
     python bench/sampler_check.py --out bench/results/h100_sampler_check.json   # GPU
     python bench/sampler_check.py --rows 8 --prompts 2 --engines native_eager hf  # CPU
 """
@@ -54,21 +58,27 @@ def build(name: str, model: torch.nn.Module, tok: object, args: argparse.Namespa
     if name == "hf":
         autocast = (lambda: torch.autocast("cuda", dtype=dtype)) if cuda else None
         return HFEngine(*common, **({"autocast": autocast} if autocast else {}))
-    graphs = name == "native"
+    graphs = name in ("native", "native_fp32")
+    if name == "native_fp32":
+        dtype = torch.float32
     return NativeEngine(*common, dtype=dtype, use_graphs=graphs, compile=graphs)
 
 
-def tail_mass(model: torch.nn.Module, mb: MicroBatch, t: float) -> torch.Tensor:
-    """[rows, C] probability mass of tokens with ``p_T < TAIL`` at each completion position
-    (a full fp32 forward; small models only)."""
-    b, out = mb.batch, []
+def tail_and_eos(
+    model: torch.nn.Module, mb: MicroBatch, t: float, eos: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, C] each: the probability mass of tokens with ``p_T < TAIL``, and ``p_T`` of
+    the stop token, at each completion position (a full fp32 forward; small models only)."""
+    b, tail, stop = mb.batch, [], []
     for lo in range(0, b.input_ids.shape[0], 32):  # [32, L, vocab] fp32 at a time
         ids, am = b.input_ids[lo : lo + 32], b.attention_mask[lo : lo + 32]
+        pos = (am.cumsum(-1) - 1).clamp(min=0)  # left-padded rows: positions from 0 at text
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=am).logits.float()
+            logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits.float()
         p = torch.softmax(logits[:, b.prompt_len - 1 : -1] / t, -1)
-        out.append((p * (p < TAIL)).sum(-1))
-    return torch.cat(out)
+        tail.append((p * (p < TAIL)).sum(-1))
+        stop.append(p[..., eos])
+    return torch.cat(tail), torch.cat(stop)
 
 
 def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], args) -> dict:
@@ -87,7 +97,14 @@ def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], ar
     mask = batch.completion_mask.bool()
     d = (lp_t + ent_t)[mask].double()
     tail_drawn = (lp_t[mask].exp() < TAIL).double().mean().item()
-    tail_expected = tail_mass(model, mb, args.temperature)[mask].double().mean().item()
+    tail, p_eos = tail_and_eos(model, mb, args.temperature, tok.eos_token_id)
+    tail_expected = tail[mask].double().mean().item()
+    # Each position a row reaches draws the stop token with probability p_eos there, so
+    # the count of rows that stopped has mean sum(p_eos) and variance sum(p(1 - p)) over
+    # the positions reached: an engine that under-draws the stop token (its own rounding
+    # of that one logit) finishes fewer rows than this, whatever D says.
+    h = p_eos[mask].double()
+    eos_drawn = float(batch.finished.sum()) if batch.finished is not None else float("nan")
     n = int(mask.sum())
     return {
         "engine": name,
@@ -101,6 +118,9 @@ def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], ar
         "mean_length": batch.completion_mask.sum(1).float().mean().item(),
         "finished": batch.finished.float().mean().item() if batch.finished is not None else None,
         "compactions": getattr(engine, "stats", {}).get("compactions"),
+        "eos_drawn": eos_drawn,
+        "eos_expected": h.sum().item(),
+        "eos_z": (eos_drawn - h.sum().item()) / math.sqrt((h * (1 - h)).sum().item()),
     }
 
 
@@ -108,7 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--engines", nargs="+", default=["native", "native_eager", "hf"])
+    p.add_argument("--engines", nargs="+", default=["native", "native_eager", "native_fp32", "hf"])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--rows", type=int, default=64, help="completions per prompt")
     p.add_argument("--max-new", type=int, default=48)
@@ -131,7 +151,8 @@ def main() -> None:
         print(
             f"{name:13} D {r['D_mean']:+.4f} ± {r['D_se']:.4f}  logp(T=1) {r['logp_T1_mean']:.3f}"
             f"  tail drawn {r['tail_drawn']:.4f} expected {r['tail_expected']:.4f}"
-            f"  length {r['mean_length']:.1f}  ({r['tokens']} tokens,"
+            f"  length {r['mean_length']:.1f}  stops {r['eos_drawn']:.0f} expected"
+            f" {r['eos_expected']:.1f} (z {r['eos_z']:+.2f})  ({r['tokens']} tokens,"
             f" {r['compactions']} compactions)",
             flush=True,
         )
