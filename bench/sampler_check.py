@@ -104,6 +104,7 @@ def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], ar
     # the positions reached: an engine that under-draws the stop token (its own rounding
     # of that one logit) finishes fewer rows than this, whatever D says.
     h = p_eos[mask].double()
+    by_pos = engine_gap_by_position(batch, lp_1, mask)
     eos_drawn = float(batch.finished.sum()) if batch.finished is not None else float("nan")
     n = int(mask.sum())
     return {
@@ -121,7 +122,23 @@ def check(name: str, model: torch.nn.Module, tok: object, prompts: list[str], ar
         "eos_drawn": eos_drawn,
         "eos_expected": h.sum().item(),
         "eos_z": (eos_drawn - h.sum().item()) / math.sqrt((h * (1 - h)).sum().item()),
+        "engine_gap_by_position": by_pos,
     }
+
+
+def engine_gap_by_position(batch: object, lp_1: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Mean |engine log-prob - fp32 scorer log-prob| (T = 1) of the drawn tokens at the
+    first completion position, positions 1-7 and 8 on (native engine only: it reports its
+    log-probs). The first token comes from the prefill of the left-padded prompts, the rest
+    from decode steps: a mismatch confined to one of them hides in an average over all."""
+    if batch.sampled_logp is None:
+        return {}
+    gap = (batch.sampled_logp.float() - lp_1.float()).abs()
+    out = {}
+    for name, lo, hi in (("0", 0, 1), ("1-7", 1, 8), ("8+", 8, gap.shape[1])):
+        m = mask[:, lo:hi]
+        out[name] = gap[:, lo:hi][m].double().mean().item() if m.any() else None
+    return out
 
 
 def main() -> None:
