@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_hpc.config import Config, load_resolved
 from grpo_hpc.errors import ConfigError
-from grpo_hpc.export_plan import read_provenance
+from grpo_hpc.export_plan import RUN_CONFIG, ExportOptions, read_provenance
 from grpo_hpc.paths import RunPaths, logs_root
 
 
@@ -38,8 +38,6 @@ class Target:
 def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path) -> Target:
     """A model directory, or a run whose checkpoint is exported into ``scratch`` (its
     final/ is used when it holds the step asked for)."""
-    from grpo_hpc.export import RUN_CONFIG
-
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         if step is not None:
@@ -66,7 +64,7 @@ def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path
             label = f"{paths.name}@{prov['step']}"
             return Target(paths.final, label, cfg, paths.name, prov["step"], _world(prov, cfg))
     out = scratch / "model"
-    plan = export.export_run(paths, out, export.ExportOptions(step=step, dtype="fp32"))
+    plan = export.export_run(paths, out, ExportOptions(step=step, dtype="fp32"))
     world = _world(read_provenance(out) or {}, cfg)
     return Target(out, f"{paths.name}@{plan.step}", cfg, paths.name, plan.step, world)
 

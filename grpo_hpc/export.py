@@ -16,114 +16,40 @@ checkpoint holds only the adapters: the merged model is the run's base weights p
 ``(alpha/r) * B @ A`` (``--adapter`` writes the PEFT adapter alone). The directory is
 built in a temporary sibling and renamed; a checkpoint that fails ``grpo-ckpt verify`` is
 refused. The decisions (which step, which dtype, shards, names) are pure functions in
-:mod:`grpo_hpc.export_plan`.
+:mod:`grpo_hpc.export_plan`; what it reads is :mod:`grpo_hpc.export_sources`'s, the
+writing :mod:`grpo_hpc.export_write`'s. This module plans, and is the command line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_hpc import __version__, export_plan
+from grpo_hpc import export_plan
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.config import Config, load_resolved, to_yaml
+from grpo_hpc.config import load_resolved
 from grpo_hpc.errors import ConfigError, ExitCode
-from grpo_hpc.export_plan import PROVENANCE, TensorSpec, fmt_bytes, read_provenance
-from grpo_hpc.export_sources import BaseWeights, CheckpointTensors, base_model_dir, load_tokenizer
-from grpo_hpc.manifest import read_manifest, verify_checkpoint
+from grpo_hpc.export_plan import ExportOptions, ExportPlan, TensorSpec, fmt_bytes, read_provenance
+from grpo_hpc.export_sources import (
+    BaseWeights,
+    CheckpointTensors,
+    ExportSources,
+    base_model_dir,
+    load_tokenizer,
+)
+from grpo_hpc.export_write import write_export
+from grpo_hpc.manifest import verify_checkpoint
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.progress import TrainState, read_progress
-
-RUN_CONFIG = "grpo_hpc_config.yaml"
-"""The run's resolved config, copied into the export (grpo-eval reads its reward settings)."""
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """What the user asked ``grpo-export`` for."""
-
-    step: int | None = None
-    """Checkpoint step; None: the newest complete one."""
-    dtype: str | None = None
-    """bf16, fp16 or fp32; None: the run's compute dtype (dist.precision)."""
-    adapter: bool = False
-    """LoRA runs: write the PEFT adapter alone instead of the merged model."""
-    max_shard_bytes: int = export_plan.DEFAULT_MAX_SHARD
-    """Largest safetensors file; more weights are split into shards with an index."""
-    force: bool = False
-    """Replace an existing OUT directory."""
-    verified: bool = False
-    """The caller already verified the checkpoint (the trainer, right after its own check)."""
-
-
-@dataclass
-class ExportPlan:
-    """Everything one export will write, decided before a byte is written."""
-
-    run: str
-    """Run name."""
-    step: int
-    """Checkpoint step exported."""
-    checkpoint: Path
-    """The checkpoint directory."""
-    format: str
-    """gathered or sharded (DCP)."""
-    base_dir: Path
-    """The model directory the run started from (config, tokenizer, a LoRA run's base)."""
-    out: Path
-    """Destination directory."""
-    dtype: str
-    """torch dtype name written."""
-    kind: str
-    """full, lora-merged or lora-adapter."""
-    shards: list[list[TensorSpec]] = field(default_factory=list)
-    """Tensors per safetensors file, in order."""
-    files: list[str] = field(default_factory=list)
-    """The safetensors file names, one per shard."""
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(t.nbytes for s in self.shards for t in s)
-
-    def describe(self) -> list[str]:
-        """The ``--dry-run`` lines."""
-        lines = [
-            f"would export {self.run} step {self.step} ({self.format} checkpoint, {self.kind}, "
-            f"{self.dtype}) from {self.checkpoint} to {self.out}:"
-        ]
-        for name, shard in zip(self.files, self.shards, strict=True):
-            size = sum(t.nbytes for t in shard)
-            lines.append(f"  {name}  {fmt_bytes(size)} ({len(shard)} tensors)")
-        if len(self.files) > 1:
-            lines.append(f"  {export_plan.INDEX_FILE}")
-        meta = ["adapter_config.json"] if self.kind == "lora-adapter" else ["config.json"]
-        meta += [] if self.kind == "lora-adapter" else ["generation_config.json"]
-        meta += ["tokenizer files + chat template", PROVENANCE, RUN_CONFIG]
-        lines.append("  " + ", ".join(meta))
-        lines.append(f"total {fmt_bytes(self.weight_bytes)} of weights")
-        return lines
-
 
 # ----------------------------------------------------------------------- planning
 
 
-@dataclass
-class _Sources:
-    cfg: Config
-    ckpt: CheckpointTensors
-    base: Path
-    tokenizer: Any
-    hf_config: Any
-
-
-def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, _Sources]:
+def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, ExportSources]:
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     cfg = load_resolved(paths.config)
@@ -157,7 +83,7 @@ def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, 
             f"cannot read checkpoint step-{step} of {paths.name}: {type(e).__name__}: "
             f"{(str(e).splitlines() or [''])[0]} (grpo-ckpt verify {paths.name})"
         ) from None
-    return step, _Sources(cfg, tensors, base, tokenizer, hf_config)
+    return step, ExportSources(cfg, tensors, base, tokenizer, hf_config)
 
 
 def _tie(hf_config: Any) -> bool:
@@ -167,7 +93,7 @@ def _tie(hf_config: Any) -> bool:
 
 def plan_export(
     paths: RunPaths, out: Path, opts: ExportOptions, dry_run: bool = False
-) -> tuple[ExportPlan, _Sources]:
+) -> tuple[ExportPlan, ExportSources]:
     """Resolve the step, verify the checkpoint (not for a dry run), find the base model and
     list the tensors; refuse bad input (ConfigError)."""
     step, src = _resolve(paths, opts, dry_run)
@@ -205,123 +131,6 @@ def _prod(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-# ----------------------------------------------------------------------- writing
-
-
-def _tensors(plan: ExportPlan, src: _Sources) -> Iterator[tuple[str, Any]]:
-    """(name, tensor in the export dtype) in plan order, one read at a time."""
-    import torch
-
-    dtype = getattr(torch, plan.dtype)
-    if plan.kind == "full":
-        by_name = {export_plan.hf_name(k): k for k in src.ckpt.keys()}
-        for shard in plan.shards:
-            for t in shard:
-                yield t.name, src.ckpt.read(by_name[t.name]).to(dtype).contiguous()
-        return
-    pairs, others = export_plan.lora_pairs(src.ckpt.keys())
-    if plan.kind == "lora-adapter":
-        by_name = {export_plan.adapter_key(k): k for p in pairs for k in (p.a_key, p.b_key)}
-        for shard in plan.shards:
-            for t in shard:
-                yield t.name, src.ckpt.read(by_name[t.name]).to(dtype).contiguous()
-        return
-    lora = src.cfg.model
-    scale = export_plan.lora_scaling(lora.lora_rank, lora.lora_alpha)
-    by_weight = {f"{p.module}.weight": p for p in pairs}
-    overrides = {export_plan.hf_name(k): k for k in others}  # trained non-LoRA weights
-    base = BaseWeights(src.base)
-    for shard in plan.shards:
-        for t in shard:
-            w = src.ckpt.read(overrides[t.name]) if t.name in overrides else base.read(t.name)
-            pair = by_weight.get(t.name)
-            if pair is not None:
-                a = src.ckpt.read(pair.a_key).float()
-                b = src.ckpt.read(pair.b_key).float()
-                w = w.float() + scale * (b @ a)
-            yield t.name, w.to(dtype).contiguous()
-
-
-def _write_weights(plan: ExportPlan, src: _Sources, tmp: Path) -> None:
-    from safetensors.torch import save_file
-
-    stream = _tensors(plan, src)
-    for name, shard in zip(plan.files, plan.shards, strict=True):
-        tensors = dict(next(stream) for _ in shard)
-        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
-        del tensors  # one shard in memory at a time
-    if len(plan.files) > 1:
-        index = export_plan.index_json(plan.shards, plan.files)
-        (tmp / export_plan.INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-
-
-def _write_metadata(plan: ExportPlan, src: _Sources, tmp: Path) -> None:
-    cfg = src.cfg
-    if plan.kind == "lora-adapter":
-        from peft import LoraConfig
-
-        LoraConfig(
-            r=cfg.model.lora_rank,
-            lora_alpha=cfg.model.lora_alpha,
-            target_modules=list(cfg.model.lora_target_modules),
-            task_type="CAUSAL_LM",
-            base_model_name_or_path=cfg.model.name_or_path,
-        ).save_pretrained(str(tmp))
-    else:
-        from transformers import GenerationConfig
-
-        hf_config = src.hf_config
-        hf_config.dtype = plan.dtype
-        hf_config.save_pretrained(tmp)
-        try:
-            gen = GenerationConfig.from_pretrained(src.base)
-        except OSError:
-            gen = GenerationConfig.from_model_config(hf_config)
-        gen.max_new_tokens = cfg.rollout.max_new_tokens  # the length the run trained for
-        gen.save_pretrained(tmp)
-    src.tokenizer.save_pretrained(tmp)
-    (tmp / RUN_CONFIG).write_text(to_yaml(cfg), encoding="utf-8")
-    provenance = {
-        "run": plan.run,
-        "step": plan.step,
-        "checkpoint": str(plan.checkpoint),
-        "format": plan.format,
-        "kind": plan.kind,
-        "dtype": plan.dtype,
-        # The processes that saved it: grpo-eval replays their held-out batches.
-        "world_size": (read_manifest(plan.checkpoint) or {}).get("world_size"),
-        "base_model": cfg.model.name_or_path,
-        "grpo_hpc_version": __version__,
-        "time": time.time(),
-    }
-    (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
-
-
-def write_export(plan: ExportPlan, src: _Sources, force: bool) -> Path:
-    """Write the plan into a temporary sibling of OUT, then rename it into place (the old
-    OUT, with ``force``, is moved aside first and deleted after)."""
-    out = plan.out
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        _write_weights(plan, src, tmp)
-        _write_metadata(plan, src, tmp)
-        if out.exists():
-            if not force:  # appeared while we wrote
-                raise ConfigError(f"{out} exists: pass --force to replace it")
-            out.rename(old)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not out.exists():
-            old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return out
 
 
 def check_out(out: Path, force: bool) -> None:

@@ -2,8 +2,9 @@
 :func:`read_provenance`).
 
 The I/O shell (:mod:`grpo_hpc.export`) lists the checkpoint's tensors and the base model's
-config, asks these functions what to write, and then writes it. Everything here is plain
-data in, plain data out, so the decisions are tested without a model.
+config, asks these functions what to write (an :class:`ExportPlan`), and
+:mod:`grpo_hpc.export_write` writes it. Everything here is plain data in, plain data out,
+so the decisions are tested without a model.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 PROVENANCE = "grpo_export.json"
 """Written into every export: which run, step, checkpoint and dtype it holds."""
+RUN_CONFIG = "grpo_hpc_config.yaml"
+"""The run's resolved config, copied into the export (grpo-eval reads its reward settings)."""
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """``--dtype`` choices and the torch dtype name each one writes."""
 BYTES_PER = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -47,6 +50,72 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return self.numel * BYTES_PER[self.dtype]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What the user asked ``grpo-export`` for."""
+
+    step: int | None = None
+    """Checkpoint step; None: the newest complete one."""
+    dtype: str | None = None
+    """bf16, fp16 or fp32; None: the run's compute dtype (dist.precision)."""
+    adapter: bool = False
+    """LoRA runs: write the PEFT adapter alone instead of the merged model."""
+    max_shard_bytes: int = DEFAULT_MAX_SHARD
+    """Largest safetensors file; more weights are split into shards with an index."""
+    force: bool = False
+    """Replace an existing OUT directory."""
+    verified: bool = False
+    """The caller already verified the checkpoint (the trainer, right after its own check)."""
+
+
+@dataclass
+class ExportPlan:
+    """Everything one export will write, decided before a byte is written."""
+
+    run: str
+    """Run name."""
+    step: int
+    """Checkpoint step exported."""
+    checkpoint: Path
+    """The checkpoint directory."""
+    format: str
+    """gathered or sharded (DCP)."""
+    base_dir: Path
+    """The model directory the run started from (config, tokenizer, a LoRA run's base)."""
+    out: Path
+    """Destination directory."""
+    dtype: str
+    """torch dtype name written."""
+    kind: str
+    """full, lora-merged or lora-adapter."""
+    shards: list[list[TensorSpec]] = field(default_factory=list)
+    """Tensors per safetensors file, in order."""
+    files: list[str] = field(default_factory=list)
+    """The safetensors file names, one per shard."""
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for s in self.shards for t in s)
+
+    def describe(self) -> list[str]:
+        """The ``--dry-run`` lines."""
+        lines = [
+            f"would export {self.run} step {self.step} ({self.format} checkpoint, {self.kind}, "
+            f"{self.dtype}) from {self.checkpoint} to {self.out}:"
+        ]
+        for name, shard in zip(self.files, self.shards, strict=True):
+            size = sum(t.nbytes for t in shard)
+            lines.append(f"  {name}  {fmt_bytes(size)} ({len(shard)} tensors)")
+        if len(self.files) > 1:
+            lines.append(f"  {INDEX_FILE}")
+        meta = ["adapter_config.json"] if self.kind == "lora-adapter" else ["config.json"]
+        meta += [] if self.kind == "lora-adapter" else ["generation_config.json"]
+        meta += ["tokenizer files + chat template", PROVENANCE, RUN_CONFIG]
+        lines.append("  " + ", ".join(meta))
+        lines.append(f"total {fmt_bytes(self.weight_bytes)} of weights")
+        return lines
 
 
 def parse_size(text: str) -> int:

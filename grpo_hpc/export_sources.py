@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,22 @@ class BaseWeights:
 
 
 # ----------------------------------------------------------------------- the run's model
+
+
+@dataclass
+class ExportSources:
+    """What one export reads, opened once by the planning and read again by the writing."""
+
+    cfg: Config
+    """The run's resolved config."""
+    ckpt: CheckpointTensors
+    """The checkpoint's model tensors."""
+    base: Path
+    """The model directory the run started from."""
+    tokenizer: Any
+    """The run's tokenizer (with its chat template)."""
+    hf_config: Any
+    """The base model's transformers config."""
 
 
 def base_model_dir(cfg: Config, paths: RunPaths) -> Path:

@@ -24,6 +24,13 @@ from grpo_hpc.config import RewardConfig
 from grpo_hpc.train import code_data, rewards
 from grpo_hpc.train.rollout_types import RolloutEngine
 
+Progress = Callable[[int, float], None]
+"""``progress(done prompts, seconds)``, called after each generate call."""
+
+
+def no_progress(done: int, seconds: float) -> None:
+    """The default :data:`Progress`: says nothing."""
+
 
 @dataclass(frozen=True)
 class EvalScore:
@@ -81,7 +88,7 @@ def generate_greedy_ranked(
     prompts: Sequence[str],
     chunk: int,
     world: int,
-    progress: Callable[[int, float], None] = lambda done, seconds: None,
+    progress: Progress = no_progress,
 ) -> list[str]:
     """Greedy completions of ``prompts`` generated in the batches the trainer's evaluation
     uses on ``world`` ranks, one rank after another on this one engine: each rank's share
@@ -104,17 +111,12 @@ def generate_greedy(
     engine: RolloutEngine,
     prompts: Sequence[str],
     chunk: int,
-    progress: Callable[[int, float], None] = lambda done, seconds: None,
+    progress: Progress = no_progress,
 ) -> list[str]:
     """Greedy completions of ``prompts``, ``chunk`` at a time (a rollout's rows: the engine's
     cache and CUDA graphs are sized for those already); ``progress(done, seconds)`` after
     each chunk."""
-    texts: list[str] = []
-    t0 = time.monotonic()
-    for i in range(0, len(prompts), chunk):
-        texts += engine.generate(list(prompts[i : i + chunk]), 1, greedy=True).texts
-        progress(min(i + chunk, len(prompts)), time.monotonic() - t0)
-    return texts
+    return _generate_in_calls(engine, prompts, 1, chunk, progress, greedy=True)
 
 
 # ------------------------------------------------------------------ code problems: pass@k
@@ -180,14 +182,26 @@ def generate_samples(
     prompts: Sequence[str],
     n: int,
     rows: int,
-    progress: Callable[[int, float], None] = lambda done, seconds: None,
+    progress: Progress = no_progress,
 ) -> list[str]:
     """``n`` sampled completions per prompt (prompt-major), about ``rows`` completions per
     engine call; ``progress(done prompts, seconds)`` after each call."""
-    per_call = max(1, rows // n)
+    return _generate_in_calls(engine, prompts, n, max(1, rows // n), progress, greedy=False)
+
+
+def _generate_in_calls(
+    engine: RolloutEngine,
+    prompts: Sequence[str],
+    n: int,
+    per_call: int,
+    progress: Progress,
+    greedy: bool,
+) -> list[str]:
+    """``n`` completions per prompt (prompt-major), ``per_call`` prompts per engine call;
+    ``progress(done prompts, seconds)`` after each call."""
     texts: list[str] = []
     t0 = time.monotonic()
     for i in range(0, len(prompts), per_call):
-        texts += engine.generate(list(prompts[i : i + per_call]), n).texts
+        texts += engine.generate(list(prompts[i : i + per_call]), n, greedy=greedy).texts
         progress(min(i + per_call, len(prompts)), time.monotonic() - t0)
     return texts

@@ -18,7 +18,6 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -38,13 +37,13 @@ from grpo_hpc.train import (
     checkpoint,
     data,
     dist,
-    evaluation,
     models,
     packing,
     rewards,
     rollout,
 )
 from grpo_hpc.train.collect import Collector
+from grpo_hpc.train.held_out import HeldOutEval
 from grpo_hpc.train.optimization import StepOptimizer
 from grpo_hpc.train.rollout import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
@@ -183,6 +182,9 @@ class Trainer:
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,
         )  # fmt: skip
+        self.held_out = HeldOutEval(
+            cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
+        )
 
     def _maybe_resume(self) -> None:
         step = self.paths.latest_checkpoint()
@@ -419,83 +421,14 @@ class Trainer:
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
 
-    @torch.no_grad()
     def evaluate(self) -> bool:
-        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy;
-        for code problems pass@1 (and pass@k with training.eval_samples), as eval/pass@k.
-        False when a stop was agreed between two chunks: the evaluation is dropped (a long
-        one must not eat the signal lead that the checkpoint needs)."""
-        self.tracker.update(TrainState.EVALUATING)
-        self.evaluating = True
+        """The held-out evaluation at this step (:mod:`grpo_hpc.train.held_out`); False when
+        a stop agreed between two chunks dropped it."""
+        self.evaluating = True  # no abort mid-chunk: the ranks agree on a stop between chunks
         try:
-            return self._evaluate()
-        except EvaluationStopped:
-            return False
+            return self.held_out.run(self.step)
         finally:
             self.evaluating = False
-
-    def _evaluate(self) -> bool:
-        info, cfg = self.info, self.cfg
-        start, stop, pad = evaluation.rank_share(len(self.eval_set), info.rank, info.world_size)
-        mine = self.eval_set[start:stop]
-        questions = [p["question"] for p in mine] + [self.eval_set[0]["question"]] * pad
-        prompts = [data.prompt_text(self.tok, q, cfg.data.system_prompt) for q in questions]
-        chunk = evaluation.eval_chunk(
-            cfg.rollout.prompts_per_step, cfg.rollout.num_generations, info.world_size
-        )
-
-        def progress(done: int, seconds: float) -> None:  # long evaluations say how far
-            if info.is_main and len(prompts) > chunk:
-                print(f"[Eval] step {self.step}: {done}/{len(prompts)} prompts ({seconds:.0f} s)")
-            if done < len(prompts) and self._stop_agreed():  # every rank has as many chunks
-                raise EvaluationStopped()
-
-        t0 = time.monotonic()
-        if all(evaluation.is_code_problem(p) for p in self.eval_set):
-            return self._evaluate_code(mine, prompts, chunk, progress, t0)
-        texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
-        score = evaluation.score_eval(texts[: len(mine)], [p["gold"] for p in mine], cfg.reward)
-        total, strict, n = dist.all_reduce_sum(
-            [float(score.correct), float(score.strict), float(len(mine))], info
-        )
-        acc = total / max(n, 1)
-        seconds = time.monotonic() - t0
-        self.tracker.log_eval(self.step, acc, int(total), int(n), strict / max(n, 1), seconds)
-        return True
-
-    def _evaluate_code(
-        self,
-        mine: list[dict],
-        prompts: list[str],
-        chunk: int,
-        progress: Callable[[int, float], None],
-        t0: float,
-    ) -> bool:
-        """pass@1 (and pass@k with training.eval_samples > 1) of held-out code problems,
-        judged in the code reward's sandbox."""
-        n = self.cfg.training.eval_samples
-        if n == 1:
-            texts = evaluation.generate_greedy(self.engine, prompts, chunk, progress)
-        else:
-            texts = evaluation.generate_samples(self.engine, prompts, n, chunk, progress)
-        texts = texts[: len(mine) * n]
-        each = [p for p in mine for _ in range(n)]
-        judged = evaluation.judge_problems(texts, each, self.cfg.reward)
-        per_problem = [judged[i * n : (i + 1) * n] for i in range(len(mine))]
-        ks = evaluation.reported_ks(n)
-        sums = evaluation.pass_at_k_sums(per_problem, ks)
-        totals = dist.all_reduce_sum(
-            [sums[k] for k in ks] + [float(len(mine)), float(sum(judged))], self.info
-        )
-        problems, passed = totals[-2], totals[-1]
-        rates = {k: v / max(problems, 1) for k, v in zip(ks, totals, strict=False)}
-        seconds = time.monotonic() - t0
-        self.tracker.log_pass_at_k(self.step, rates, int(passed), int(problems) * n, seconds)
-        return True
-
-
-class EvaluationStopped(Exception):
-    """Every rank agreed to stop between two evaluation chunks."""
 
 
 def _finite(x: float | None) -> float | None:

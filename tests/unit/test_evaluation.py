@@ -116,7 +116,7 @@ def test_grpo_eval_replays_the_trainers_held_out_batches(
     prompts = [f"q{i}" for i in range(n)]
     chunk = evaluation.eval_chunk(per_step, g, world)
     trainer = _Recorder()
-    for rank in range(world):  # what Trainer._evaluate hands its engine on each rank
+    for rank in range(world):  # what HeldOutEval._evaluate hands its engine on each rank
         start, stop, pad = evaluation.rank_share(n, rank, world)
         mine = prompts[start:stop] + [prompts[0]] * pad
         evaluation.generate_greedy(trainer, mine, per_step // world * g)

@@ -41,3 +41,17 @@ def test_one_home_for_starting_the_next_attempt() -> None:
     low = imports_of("attempts.py")
     assert not any(m.startswith(("grpo_hpc.monitor", "grpo_hpc.cli")) for m in low)
     assert not (PKG / "adoption.py").exists()
+
+
+def test_export_layers_point_one_way() -> None:
+    """grpo-export in layers: export (planning, command line) -> export_write (writing) ->
+    export_sources (reading) -> export_plan (pure decisions); no layer imports one above it,
+    and the trainer's held-out evaluation sits above train.evaluation, never below it."""
+    layers = ["export.py", "export_write.py", "export_sources.py", "export_plan.py"]
+    for i, rel in enumerate(layers):
+        above = {f"grpo_hpc.{name.removesuffix('.py')}" for name in layers[:i]}
+        found = imports_of(rel)
+        assert not any(m in above or m.rsplit(".", 1)[0] in above for m in found), rel
+    assert not any(m.startswith("grpo_hpc.") for m in imports_of("export_plan.py"))
+    assert "grpo_hpc.train.held_out" not in imports_of("train/evaluation.py")
+    assert "grpo_hpc.train.trainer" not in imports_of("train/held_out.py")
