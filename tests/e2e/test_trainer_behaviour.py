@@ -13,7 +13,7 @@ import torch
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.progress import TrainState, read_progress
 
-from .helpers import make_run, signal_job, start, train
+from .helpers import make_run, signal_job, start, train, training
 
 
 def _metrics(paths) -> list[dict]:
@@ -210,8 +210,10 @@ def test_selective_checkpointing_takes_the_same_first_step(tmp_path: Path) -> No
     half = make_run(
         tmp_path, "half", *steps, "model.gradient_checkpointing=true", "model.checkpoint_every=2"
     )
-    for paths in (plain, half):
-        result = train(paths)
+    with training(plain) as plain_result:  # the two runs side by side: they share nothing
+        result = train(half)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = plain_result()
         assert result.returncode == 0, result.stderr[-3000:]
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (plain, half))
     assert [m["step"] for m in b] == [1, 2]
@@ -226,8 +228,10 @@ def test_releasing_the_engine_before_each_update_changes_nothing(tmp_path: Path)
     steps = ("training.max_steps=3", "rollout.engine=native", "training.eval_every=2")
     kept = make_run(tmp_path, "kept", *steps)
     released = make_run(tmp_path, "released", *steps, "rollout.release_engine_memory=true")
-    for paths in (kept, released):
-        result = train(paths)
+    with training(kept) as kept_result:  # the two runs side by side: they share nothing
+        result = train(released)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = kept_result()
         assert result.returncode == 0, result.stderr[-3000:]
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (kept, released))
     assert [m["step"] for m in b] == [1, 2, 3]
