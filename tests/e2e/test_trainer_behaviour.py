@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from grpo_hpc.errors import ExitCode
+from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState, read_progress
 
 from .helpers import make_run, signal_job, start, train, training
@@ -146,44 +151,92 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+ALGORITHM_OPTIONS = {
+    # LoRA through peft (only the adapter is trained and checkpointed) + recomputation
+    "lora-gradckpt": ("model.lora_rank=4", "model.gradient_checkpointing=true"),
+    # KL to a frozen reference (k3) and two updates per batch from stored old log-probs
+    "kl-multi-update": ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
+    # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
+    "dynamic-drgrpo": (
+        "rollout.dynamic_sampling=true",
+        "algo.advantage=mean_only",
+        "algo.aggregation=constant",
+    ),
+    # Packed micro-batches (a budget of a few rows each) through LoRA, the frozen
+    # reference and the recompute
+    "packing": (
+        "algo.packing=true",
+        "algo.micro_batch_tokens=700",
+        "model.lora_rank=4",
+        "algo.beta=0.05",
+        "model.gradient_checkpointing=true",
+    ),
+}
+
+
+@dataclass
+class TrainAndResume:
+    """A 2-step run, what it logged, then the same run resumed to step 3."""
+
+    paths: RunPaths
+    first: subprocess.CompletedProcess
+    first_metrics: list[dict]
+    again: subprocess.CompletedProcess | None = None
+
+
+def _train_and_resume(paths: RunPaths) -> TrainAndResume:
+    first = train(paths)
+    runs = TrainAndResume(paths, first, _metrics(paths) if paths.metrics.exists() else [])
+    if first.returncode == 0:
+        text = paths.config.read_text().replace("max_steps: 2", "max_steps: 3")
+        paths.config.write_text(text)
+        runs.again = train(paths)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def algorithm_option_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[TrainAndResume]]]:
+    """Every selected option's train-and-resume, two at a time (one process each, two
+    cores; the runs share nothing): each test then checks its own."""
+    wanted = [
+        item.callspec.params["option"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_algorithm_options_train_and_resume"
+    ]
+    root = tmp_path_factory.mktemp("options")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            name: pool.submit(
+                _train_and_resume,
+                make_run(
+                    root / name,
+                    "opt",
+                    *ALGORITHM_OPTIONS[name],
+                    "training.max_steps=2",
+                    "training.save_every_steps=1",
+                ),
+            )
+            for name in dict.fromkeys(wanted)
+        }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        # LoRA through peft (only the adapter is trained and checkpointed) + recomputation
-        ("model.lora_rank=4", "model.gradient_checkpointing=true"),
-        # KL to a frozen reference (k3) and two updates per batch from stored old log-probs
-        ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
-        # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
-        ("rollout.dynamic_sampling=true", "algo.advantage=mean_only", "algo.aggregation=constant"),
-        # Packed micro-batches (a budget of a few rows each) through LoRA, the frozen
-        # reference and the recompute
-        (
-            "algo.packing=true",
-            "algo.micro_batch_tokens=700",
-            "model.lora_rank=4",
-            "algo.beta=0.05",
-            "model.gradient_checkpointing=true",
-        ),
-    ],
-    ids=["lora-gradckpt", "kl-multi-update", "dynamic-drgrpo", "packing"],
-)
-def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str, ...]) -> None:
-    paths = make_run(
-        tmp_path, "opt", *overrides, "training.max_steps=2", "training.save_every_steps=1"
-    )
-    result = train(paths)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in _metrics(paths) if "loss" in m]
+@pytest.mark.parametrize("option", list(ALGORITHM_OPTIONS))
+def test_algorithm_options_train_and_resume(
+    algorithm_option_runs: dict[str, Future[TrainAndResume]], option: str
+) -> None:
+    overrides = ALGORITHM_OPTIONS[option]
+    runs = algorithm_option_runs[option].result()
+    assert runs.first.returncode == 0, runs.first.stderr[-3000:]
+    steps = [m for m in runs.first_metrics if "loss" in m]
     assert [m["step"] for m in steps] == [1, 2] and all(m["grad_norm"] > 0 for m in steps)
     if "algo.beta=0.05" in overrides:
         assert steps[1]["kl"] > 0  # the policy moved away from the reference after step 1
     # Resume continues from the last complete checkpoint with these options too.
-    text = paths.config.read_text().replace("max_steps: 2", "max_steps: 3")
-    paths.config.write_text(text)
-    again = train(paths)
-    assert again.returncode == 0, again.stderr[-3000:]
-    rec = read_progress(paths.progress)
+    assert runs.again is not None and runs.again.returncode == 0, runs.again.stderr[-3000:]
+    rec = read_progress(runs.paths.progress)
     assert (rec.step, rec.restarts, rec.start_step) == (3, 1, 2)
 
 
