@@ -16,7 +16,7 @@ import torch
 
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.progress import ProgressRecord, TrainState, read_progress
 
 from .helpers import make_run, signal_job, start, train, training
 
@@ -174,6 +174,12 @@ ALGORITHM_OPTIONS = {
 }
 
 
+def _selected(request: pytest.FixtureRequest, test: str, param: str) -> list:
+    """The values of ``param`` of the session's selected items of ``test``, in order."""
+    items = (i for i in request.session.items if getattr(i, "originalname", "") == test)
+    return list(dict.fromkeys(i.callspec.params[param] for i in items))
+
+
 @dataclass
 class TrainAndResume:
     """A 2-step run, what it logged, then the same run resumed to step 3."""
@@ -200,11 +206,7 @@ def algorithm_option_runs(
 ) -> Iterator[dict[str, Future[TrainAndResume]]]:
     """Every selected option's train-and-resume, two at a time (one process each, two
     cores; the runs share nothing): each test then checks its own."""
-    wanted = [
-        item.callspec.params["option"]
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_algorithm_options_train_and_resume"
-    ]
+    wanted = _selected(request, "test_algorithm_options_train_and_resume", "option")
     root = tmp_path_factory.mktemp("options")
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
@@ -218,7 +220,7 @@ def algorithm_option_runs(
                     "training.save_every_steps=1",
                 ),
             )
-            for name in dict.fromkeys(wanted)
+            for name in wanted
         }
 
 
@@ -314,25 +316,66 @@ def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
     proc.wait(timeout=120)
 
 
+@dataclass
+class StopAndResume:
+    """A run stopped inside its evaluation at ``step``, what it left, then the next attempt."""
+
+    paths: RunPaths
+    stopped: ProgressRecord | None
+    checkpoint: int | None
+    logged: list[dict]
+    again: subprocess.CompletedProcess
+
+
+def _stop_in_evaluation_and_resume(paths: RunPaths, step: int) -> StopAndResume:
+    _signal_while_evaluating(paths, step)
+    stopped, checkpoint = read_progress(paths.progress), paths.latest_checkpoint()
+    logged = _metrics(paths) if paths.metrics.exists() else []
+    return StopAndResume(paths, stopped, checkpoint, logged, train(paths))
+
+
+@pytest.fixture(scope="module")
+def stopped_in_evaluation(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[int, Future[StopAndResume]]]:
+    """Both stop-in-evaluation scenarios side by side (one process each, two cores; they
+    share nothing): each test then checks its own."""
+    wanted = _selected(
+        request, "test_stop_during_evaluation_checkpoints_and_exits_resubmit_me", "step"
+    )
+    root = tmp_path_factory.mktemp("eval-stop")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            step: pool.submit(
+                _stop_in_evaluation_and_resume,
+                make_run(
+                    root,
+                    f"eval{step}",
+                    "training.max_steps=3",
+                    "training.eval_every=2",
+                    "data.num_eval=1500",
+                    "training.save_every_steps=5",
+                ),
+                step,
+            )
+            for step in wanted
+        }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("step", [0, 2])
 def test_stop_during_evaluation_checkpoints_and_exits_resubmit_me(
-    tmp_path: Path, step: int
+    stopped_in_evaluation: dict[int, Future[StopAndResume]], step: int
 ) -> None:
     """A stop that lands in a long held-out evaluation drops the evaluation (the ranks
     agree between chunks) and is answered like any other: the step's checkpoint, exit 5;
     before step 1 there is nothing to save. It used to surface as a crash (exit 1)."""
-    paths = make_run(
-        tmp_path, f"eval{step}", "training.max_steps=3", "training.eval_every=2",
-        "data.num_eval=1500", "training.save_every_steps=5",
-    )  # fmt: skip
-    _signal_while_evaluating(paths, step)
-    rec = read_progress(paths.progress)
+    runs = stopped_in_evaluation[step].result()
+    rec = runs.stopped
     assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
     assert rec.state == TrainState.INTERRUPTED
-    assert paths.latest_checkpoint() == (step or None)
-    logged = _metrics(paths) if paths.metrics.exists() else []
-    evals = [m for m in logged if "eval/accuracy" in m]
+    assert runs.checkpoint == (step or None)
+    evals = [m for m in runs.logged if "eval/accuracy" in m]
     assert all(m["step"] != step for m in evals)  # the cut evaluation logged nothing
-    result = train(paths)  # the next attempt finishes the run
+    result = runs.again  # the next attempt finishes the run
     assert result.returncode == 0, result.stderr[-2000:]
