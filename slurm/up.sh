@@ -58,7 +58,13 @@ trap 'die "command failed at line $LINENO: $BASH_COMMAND"' ERR
 [[ $EUID -eq 0 ]] || die "must run as root (it starts munged, MariaDB and the Slurm daemons)"
 
 # ---------------------------------------------------------------- config rendering
-node_cpus() { nproc; }
+node_cpus() {
+    # The CPUs this host may use. Not plain nproc: GNU nproc honours OMP_NUM_THREADS and
+    # OMP_THREAD_LIMIT, and the test suite exports OMP_NUM_THREADS=1, so the conftest's call
+    # of up.sh rendered CPUs=1, "changed" the config and restarted every daemon: the suite
+    # then ran on one CPU slot per node (jobs meant to run side by side queued instead).
+    env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc
+}
 node_mem() {
     if [[ -n ${GRPO_SLURM_MEM:-} ]]; then
         echo "$GRPO_SLURM_MEM"

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from grpo_hpc.launch import exit_code_from_progress, ignore_preempt_signals
@@ -59,6 +63,40 @@ def train(paths: RunPaths, nproc: int = 1, timeout: float = 300) -> subprocess.C
     )
     proc.returncode = exit_code_from_progress(paths, proc.returncode)
     return proc
+
+
+@contextmanager
+def training(
+    paths: RunPaths, nproc: int = 1, timeout: float = 300
+) -> Iterator[Callable[[], subprocess.CompletedProcess]]:
+    """``train`` in the background: yields a function that waits for the run's end and
+    returns what ``train`` would have. The run is SIGKILLed if it is still going when the
+    ``with`` block ends (a failed test). For a reference run that has nothing to do with what
+    the test does meanwhile: on two cores it runs beside the test's own run, not before it.
+    Output goes to files, not pipes, so a run that prints much never blocks on a full pipe."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            torchrun_cmd(paths, nproc),
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env(),
+            start_new_session=True,
+        )
+
+        def result() -> subprocess.CompletedProcess:
+            proc.wait(timeout=timeout)
+            out.seek(0)
+            err.seek(0)
+            code = exit_code_from_progress(paths, proc.returncode)
+            return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
+
+        try:
+            yield result
+        finally:
+            if proc.poll() is None:
+                signal_job(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:

@@ -18,25 +18,35 @@ from grpo_hpc.export_plan import PROVENANCE
 from grpo_hpc.paths import RunPaths
 from tests.conftest import run_cli
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
-from tests.e2e.helpers import make_run, train
+from tests.e2e.helpers import make_run, train, training
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    root = tmp_path_factory.mktemp("runs")
-    paths = make_run(root, "plain", "training.max_steps=2", "training.eval_every=2")
-    result = train(paths)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return paths
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunPaths, RunPaths]:
+    """The plain run and the LoRA run, trained side by side (one process each, two cores;
+    they share nothing)."""
+    plain = make_run(
+        tmp_path_factory.mktemp("runs"), "plain", "training.max_steps=2", "training.eval_every=2"
+    )
+    lora = make_run(
+        tmp_path_factory.mktemp("runs"), "lora", "training.max_steps=2", "model.lora_rank=4"
+    )
+    with training(lora) as lora_result:
+        result = train(plain)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = lora_result()
+        assert result.returncode == 0, result.stderr[-3000:]
+    return plain, lora
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
-    root = tmp_path_factory.mktemp("runs")
-    paths = make_run(root, "lora", "training.max_steps=2", "model.lora_rank=4")
-    result = train(paths)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return paths
+def run(runs: tuple[RunPaths, RunPaths]) -> RunPaths:
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def lora_run(runs: tuple[RunPaths, RunPaths]) -> RunPaths:
+    return runs[1]
 
 
 def _export(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

@@ -14,7 +14,7 @@ import torch
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.progress import TrainState, read_progress
 
-from .helpers import descendants, make_run, signal_job, start, train
+from .helpers import descendants, make_run, signal_job, start, train, training
 
 # Enough steps that a kill within 1.5 s of the first checkpoint lands mid-run even on a
 # fast, idle machine (a tiny step takes ~0.05-0.1 s).
@@ -56,15 +56,7 @@ def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
     proc.wait()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("nproc", "engine"), [(1, "hf"), (1, "native"), (2, "native")])
-def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -> None:
-    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
-    rng = random.Random(seed)
-    steps = [*STEPS, f"rollout.engine={engine}"]
-    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
-    assert train(ref, nproc).returncode == 0
-    run = make_run(tmp_path, "killed", *steps, nproc=nproc)
+def _kill_and_resume(run, nproc: int, rng: random.Random, seed: int) -> None:
     _kill_after_first_checkpoint(run, nproc, rng)
     killed_at = read_progress(run.progress)
     assert killed_at is not None and killed_at.state != TrainState.FINISHED, (
@@ -72,6 +64,23 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     )
     result = train(run, nproc)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("nproc", "engine"), [(1, "hf"), (1, "native"), (2, "native")])
+def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -> None:
+    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    steps = [*STEPS, f"rollout.engine={engine}"]
+    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
+    run = make_run(tmp_path, "killed", *steps, nproc=nproc)
+    if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
+        assert train(ref, nproc).returncode == 0
+        _kill_and_resume(run, nproc, rng, seed)
+    else:  # the reference runs beside the killed and resumed runs (it shares nothing)
+        with training(ref) as ref_result:
+            _kill_and_resume(run, nproc, rng, seed)
+            assert ref_result().returncode == 0
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
     _assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
@@ -87,19 +96,20 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
     steps = ["training.max_steps=4", "training.save_every_steps=2", "training.keep_last=1"]
     slow = ["faults.enabled=true", "faults.slow_save=3"]  # a save that can be killed inside
     ref = make_run(tmp_path, "uninterrupted", *steps, *slow)
-    assert train(ref).returncode == 0
     run = make_run(tmp_path, "killed", *steps, *slow)
-    proc = start(run)
-    inside = run.checkpoint_tmp(2) / "trainer.pt"  # written just before the slow part
-    deadline = time.time() + 240
-    while not inside.exists() and time.time() < deadline:
-        assert proc.poll() is None, "trainer exited before its first checkpoint"
-        time.sleep(0.05)
-    signal_job(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert run.latest_checkpoint() is None, "the kill missed the first save"
-    result = train(run)
-    assert result.returncode == 0, result.stderr[-2000:]
+    with training(ref) as ref_result:  # beside the killed and resumed runs: shares nothing
+        proc = start(run)
+        inside = run.checkpoint_tmp(2) / "trainer.pt"  # written just before the slow part
+        deadline = time.time() + 240
+        while not inside.exists() and time.time() < deadline:
+            assert proc.poll() is None, "trainer exited before its first checkpoint"
+            time.sleep(0.05)
+        signal_job(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert run.latest_checkpoint() is None, "the kill missed the first save"
+        result = train(run)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ref_result().returncode == 0
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.attempt == 1 and rec.step == 4
     _assert_same(_final_state(ref, 4), _final_state(run, 4))
@@ -114,25 +124,27 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
     weights differed from step 2 on (campaign trials 16 and 56, hang_rank on two nodes)."""
     steps = ["training.max_steps=3", "training.save_every_steps=1", "training.keep_last=1"]
     ref = make_run(tmp_path, "uninterrupted", *steps)
-    assert train(ref).returncode == 0
     run = make_run(tmp_path, "stopped", *steps, "faults.enabled=true", "faults.hang_at_step=0")
-    proc = start(run)
-    deadline = time.time() + 240
-    while time.time() < deadline:
+    with training(ref) as ref_result:  # beside the stopped and resumed runs: shares nothing
+        proc = start(run)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            rec = read_progress(run.progress)
+            if rec is not None and rec.state == TrainState.GENERATING and rec.step == 0:
+                break
+            assert proc.poll() is None, "trainer exited before its first generation"
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the hang
+        signal_job(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) is not None
         rec = read_progress(run.progress)
-        if rec is not None and rec.state == TrainState.GENERATING and rec.step == 0:
-            break
-        assert proc.poll() is None, "trainer exited before its first generation"
-        time.sleep(0.05)
-    time.sleep(0.5)  # inside the hang
-    signal_job(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=120) is not None
-    rec = read_progress(run.progress)
-    assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
-    assert run.latest_checkpoint() is None, "a step-0 checkpoint was saved"
-    run.config.write_text(run.config.read_text().replace("hang_at_step: 0", "hang_at_step: -1"))
-    result = train(run)
-    assert result.returncode == 0, result.stderr[-2000:]
+        assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+        assert run.latest_checkpoint() is None, "a step-0 checkpoint was saved"
+        text = run.config.read_text()
+        run.config.write_text(text.replace("hang_at_step: 0", "hang_at_step: -1"))
+        result = train(run)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ref_result().returncode == 0
     _assert_same(_final_state(ref, 3), _final_state(run, 3))
 
 

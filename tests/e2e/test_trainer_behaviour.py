@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from grpo_hpc.errors import ExitCode
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.paths import RunPaths
+from grpo_hpc.progress import ProgressRecord, TrainState, read_progress
 
-from .helpers import make_run, signal_job, start, train
+from .helpers import make_run, signal_job, start, train, training
 
 
 def _metrics(paths) -> list[dict]:
@@ -146,44 +151,94 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+ALGORITHM_OPTIONS = {
+    # LoRA through peft (only the adapter is trained and checkpointed) + recomputation
+    "lora-gradckpt": ("model.lora_rank=4", "model.gradient_checkpointing=true"),
+    # KL to a frozen reference (k3) and two updates per batch from stored old log-probs
+    "kl-multi-update": ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
+    # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
+    "dynamic-drgrpo": (
+        "rollout.dynamic_sampling=true",
+        "algo.advantage=mean_only",
+        "algo.aggregation=constant",
+    ),
+    # Packed micro-batches (a budget of a few rows each) through LoRA, the frozen
+    # reference and the recompute
+    "packing": (
+        "algo.packing=true",
+        "algo.micro_batch_tokens=700",
+        "model.lora_rank=4",
+        "algo.beta=0.05",
+        "model.gradient_checkpointing=true",
+    ),
+}
+
+
+def _selected(request: pytest.FixtureRequest, test: str, param: str) -> list:
+    """The values of ``param`` of the session's selected items of ``test``, in order."""
+    items = (i for i in request.session.items if getattr(i, "originalname", "") == test)
+    return list(dict.fromkeys(i.callspec.params[param] for i in items))
+
+
+@dataclass
+class TrainAndResume:
+    """A 2-step run, what it logged, then the same run resumed to step 3."""
+
+    paths: RunPaths
+    first: subprocess.CompletedProcess
+    first_metrics: list[dict]
+    again: subprocess.CompletedProcess | None = None
+
+
+def _train_and_resume(paths: RunPaths) -> TrainAndResume:
+    first = train(paths)
+    runs = TrainAndResume(paths, first, _metrics(paths) if paths.metrics.exists() else [])
+    if first.returncode == 0:
+        text = paths.config.read_text().replace("max_steps: 2", "max_steps: 3")
+        paths.config.write_text(text)
+        runs.again = train(paths)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def algorithm_option_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[TrainAndResume]]]:
+    """Every selected option's train-and-resume, two at a time (one process each, two
+    cores; the runs share nothing): each test then checks its own."""
+    wanted = _selected(request, "test_algorithm_options_train_and_resume", "option")
+    root = tmp_path_factory.mktemp("options")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            name: pool.submit(
+                _train_and_resume,
+                make_run(
+                    root / name,
+                    "opt",
+                    *ALGORITHM_OPTIONS[name],
+                    "training.max_steps=2",
+                    "training.save_every_steps=1",
+                ),
+            )
+            for name in wanted
+        }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        # LoRA through peft (only the adapter is trained and checkpointed) + recomputation
-        ("model.lora_rank=4", "model.gradient_checkpointing=true"),
-        # KL to a frozen reference (k3) and two updates per batch from stored old log-probs
-        ("algo.beta=0.05", "algo.updates_per_batch=2", "algo.aggregation=sequence"),
-        # DAPO dynamic sampling, Dr. GRPO advantages and normaliser
-        ("rollout.dynamic_sampling=true", "algo.advantage=mean_only", "algo.aggregation=constant"),
-        # Packed micro-batches (a budget of a few rows each) through LoRA, the frozen
-        # reference and the recompute
-        (
-            "algo.packing=true",
-            "algo.micro_batch_tokens=700",
-            "model.lora_rank=4",
-            "algo.beta=0.05",
-            "model.gradient_checkpointing=true",
-        ),
-    ],
-    ids=["lora-gradckpt", "kl-multi-update", "dynamic-drgrpo", "packing"],
-)
-def test_algorithm_options_train_and_resume(tmp_path: Path, overrides: tuple[str, ...]) -> None:
-    paths = make_run(
-        tmp_path, "opt", *overrides, "training.max_steps=2", "training.save_every_steps=1"
-    )
-    result = train(paths)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in _metrics(paths) if "loss" in m]
+@pytest.mark.parametrize("option", list(ALGORITHM_OPTIONS))
+def test_algorithm_options_train_and_resume(
+    algorithm_option_runs: dict[str, Future[TrainAndResume]], option: str
+) -> None:
+    overrides = ALGORITHM_OPTIONS[option]
+    runs = algorithm_option_runs[option].result()
+    assert runs.first.returncode == 0, runs.first.stderr[-3000:]
+    steps = [m for m in runs.first_metrics if "loss" in m]
     assert [m["step"] for m in steps] == [1, 2] and all(m["grad_norm"] > 0 for m in steps)
     if "algo.beta=0.05" in overrides:
         assert steps[1]["kl"] > 0  # the policy moved away from the reference after step 1
     # Resume continues from the last complete checkpoint with these options too.
-    text = paths.config.read_text().replace("max_steps: 2", "max_steps: 3")
-    paths.config.write_text(text)
-    again = train(paths)
-    assert again.returncode == 0, again.stderr[-3000:]
-    rec = read_progress(paths.progress)
+    assert runs.again is not None and runs.again.returncode == 0, runs.again.stderr[-3000:]
+    rec = read_progress(runs.paths.progress)
     assert (rec.step, rec.restarts, rec.start_step) == (3, 1, 2)
 
 
@@ -227,8 +282,10 @@ def test_selective_checkpointing_takes_the_same_first_step(tmp_path: Path) -> No
     half = make_run(
         tmp_path, "half", *steps, "model.gradient_checkpointing=true", "model.checkpoint_every=2"
     )
-    for paths in (plain, half):
-        result = train(paths)
+    with training(plain) as plain_result:  # the two runs side by side: they share nothing
+        result = train(half)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = plain_result()
         assert result.returncode == 0, result.stderr[-3000:]
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (plain, half))
     assert [m["step"] for m in b] == [1, 2]
@@ -243,8 +300,10 @@ def test_releasing_the_engine_before_each_update_changes_nothing(tmp_path: Path)
     steps = ("training.max_steps=3", "rollout.engine=native", "training.eval_every=2")
     kept = make_run(tmp_path, "kept", *steps)
     released = make_run(tmp_path, "released", *steps, "rollout.release_engine_memory=true")
-    for paths in (kept, released):
-        result = train(paths)
+    with training(kept) as kept_result:  # the two runs side by side: they share nothing
+        result = train(released)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = kept_result()
         assert result.returncode == 0, result.stderr[-3000:]
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (kept, released))
     assert [m["step"] for m in b] == [1, 2, 3]
@@ -274,25 +333,66 @@ def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
     proc.wait(timeout=120)
 
 
+@dataclass
+class StopAndResume:
+    """A run stopped inside its evaluation at ``step``, what it left, then the next attempt."""
+
+    paths: RunPaths
+    stopped: ProgressRecord | None
+    checkpoint: int | None
+    logged: list[dict]
+    again: subprocess.CompletedProcess
+
+
+def _stop_in_evaluation_and_resume(paths: RunPaths, step: int) -> StopAndResume:
+    _signal_while_evaluating(paths, step)
+    stopped, checkpoint = read_progress(paths.progress), paths.latest_checkpoint()
+    logged = _metrics(paths) if paths.metrics.exists() else []
+    return StopAndResume(paths, stopped, checkpoint, logged, train(paths))
+
+
+@pytest.fixture(scope="module")
+def stopped_in_evaluation(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[int, Future[StopAndResume]]]:
+    """Both stop-in-evaluation scenarios side by side (one process each, two cores; they
+    share nothing): each test then checks its own."""
+    wanted = _selected(
+        request, "test_stop_during_evaluation_checkpoints_and_exits_resubmit_me", "step"
+    )
+    root = tmp_path_factory.mktemp("eval-stop")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            step: pool.submit(
+                _stop_in_evaluation_and_resume,
+                make_run(
+                    root,
+                    f"eval{step}",
+                    "training.max_steps=3",
+                    "training.eval_every=2",
+                    "data.num_eval=1500",
+                    "training.save_every_steps=5",
+                ),
+                step,
+            )
+            for step in wanted
+        }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("step", [0, 2])
 def test_stop_during_evaluation_checkpoints_and_exits_resubmit_me(
-    tmp_path: Path, step: int
+    stopped_in_evaluation: dict[int, Future[StopAndResume]], step: int
 ) -> None:
     """A stop that lands in a long held-out evaluation drops the evaluation (the ranks
     agree between chunks) and is answered like any other: the step's checkpoint, exit 5;
     before step 1 there is nothing to save. It used to surface as a crash (exit 1)."""
-    paths = make_run(
-        tmp_path, f"eval{step}", "training.max_steps=3", "training.eval_every=2",
-        "data.num_eval=1500", "training.save_every_steps=5",
-    )  # fmt: skip
-    _signal_while_evaluating(paths, step)
-    rec = read_progress(paths.progress)
+    runs = stopped_in_evaluation[step].result()
+    rec = runs.stopped
     assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
     assert rec.state == TrainState.INTERRUPTED
-    assert paths.latest_checkpoint() == (step or None)
-    logged = _metrics(paths) if paths.metrics.exists() else []
-    evals = [m for m in logged if "eval/accuracy" in m]
+    assert runs.checkpoint == (step or None)
+    evals = [m for m in runs.logged if "eval/accuracy" in m]
     assert all(m["step"] != step for m in evals)  # the cut evaluation logged nothing
-    result = train(paths)  # the next attempt finishes the run
+    result = runs.again  # the next attempt finishes the run
     assert result.returncode == 0, result.stderr[-2000:]

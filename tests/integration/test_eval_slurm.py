@@ -4,6 +4,7 @@ gives the result grpo-eval gives here, and a bad model name is refused before it
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,14 @@ def test_eval_job_matches_local_eval(tmp_path: Path) -> None:
     assert train(paths).returncode == 0
     logs = ["--logs", str(tmp_path / "logs")]
     common = ["r", *logs, "--data", "arithmetic", "--num", "6"]
-    here = tmp_path / "here.json"
-    local = cli("evaluate", *common, "--out", str(here), timeout=300)
+    here, there = tmp_path / "here.json", tmp_path / "there.json"
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the job and the local eval side by side
+        submitted = pool.submit(
+            cli, "evaluate", *common, "--profile", "slurm-local", "--out", str(there), timeout=300
+        )
+        local = cli("evaluate", *common, "--out", str(here), timeout=300)
+        job = submitted.result()
     assert local.returncode == 0, local.stdout + local.stderr
-    there = tmp_path / "there.json"
-    job = cli("evaluate", *common, "--profile", "slurm-local", "--out", str(there), timeout=300)
     assert job.returncode == 0, job.stdout + job.stderr
     assert "submitted evaluation job" in job.stdout and str(there) in job.stdout.splitlines()[-1]
     a, b = json.loads(here.read_text()), json.loads(there.read_text())
