@@ -151,11 +151,18 @@ class Tracker:
 
 
 def step_metrics(
-    step: int, cfg: Config, sums: list[float], component_names: list[str], world_size: int
+    step: int,
+    cfg: Config,
+    sums: list[float],
+    component_names: list[str],
+    world_size: int,
+    generated: float = 0.0,
 ) -> dict[str, float]:
     """Metrics of one step from globally summed values (pure): ``sums`` holds
     [reward total, completions, generated tokens, generation seconds summed over ranks,
-    sum of squared rewards, then one total per reward component]."""
+    sum of squared rewards, then one total per reward component]. ``generated``: the
+    completions those tokens belong to, when dynamic sampling generated more rounds than
+    the step kept (0: the kept completions are all there were)."""
     n = max(sums[1], 1)
     mean = sums[0] / n
     m: dict[str, float] = {
@@ -167,7 +174,7 @@ def step_metrics(
         "reward/mean": mean,
         "reward/std": math.sqrt(max(sums[4] / n - mean * mean, 0.0)),
         "tokens_per_s": sums[2] / max(sums[3] / world_size, 1e-9),
-        "gen_len/mean": sums[2] / n,
+        "gen_len/mean": sums[2] / (generated or n),
         "world_size": world_size,
     }
     for name, total in zip(component_names, sums[5:], strict=True):

@@ -395,11 +395,14 @@ class Trainer:
             [sum(sel.rewards), len(sel.rewards), float(n_tok), times["time/generate"]]
             + [sum(r * r for r in sel.rewards)]
             + [sum(v) for v in sel.components.values()]
-            + [float(sel.truncated)],
+            + [float(sel.truncated), float(sum(s.batch.input_ids.shape[0] for s in scored))],
             info,
         )
-        m = step_metrics(self.step, self.cfg, sums[:-1], list(sel.components), info.world_size)
-        m["rollout/truncated"] = sums[-1] / max(sums[1], 1.0)  # share cut at the length cap
+        *sums, truncated, generated = sums
+        m = step_metrics(
+            self.step, self.cfg, sums, list(sel.components), info.world_size, generated
+        )
+        m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
         m.update(times, **stats, lr=self.opt.sched.get_last_lr()[0])
         m["time/step"] = time.monotonic() - t0
         if info.device.type == "cuda":

@@ -121,3 +121,8 @@ def test_step_metrics_reports_reward_spread() -> None:
     m = step_metrics(3, build_config("tiny", []), sums, ["correctness"], 1)
     assert m["reward/mean"] == 0.5 and m["reward/std"] == pytest.approx(0.5)
     assert m["reward/correctness"] == 0.5
+    assert m["gen_len/mean"] == 10.0  # 40 tokens over the 4 completions
+    # Dynamic sampling generated 8 completions (two rounds) for the 4 kept: the mean
+    # length is over the 8 the 40 tokens came from.
+    two_rounds = step_metrics(3, build_config("tiny", []), sums, ["correctness"], 1, 8.0)
+    assert two_rounds["gen_len/mean"] == 5.0 and two_rounds["reward/mean"] == 0.5
