@@ -10,7 +10,8 @@
 #   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
 #   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
-#           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm))
+#           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm),
+#           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed)
 #   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
@@ -90,8 +91,10 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         # shellcheck disable=SC2086  (lists)
         timeout "${LEARN_TIMEOUT:-560}" python3 bench/learning.py --out /tmp/learn --terms "$n" \
             --name "$name" --overlong "$overlong" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
-            --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" 2>&1 |
-            grep -E "seed|final|Error|error" | tail -30
+            --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
+            grep -E "seed|final|Error|error" | tail -40
+        pkill -f -- "--child " || true  # --jobs children the timeout left running
+        pkill -f "grpo_hpc.train" || true
         cp /tmp/learn/$name.* "$out/" ;;
     gsm8k) need_model
         steps=${GSM8K_STEPS:-40}

@@ -29,12 +29,20 @@ keeps one sampled completion every 5 steps (``samples``, from its samples.jsonl)
 Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_tempered``
 (``algo.tempered_logp=true``), ``grpo_hpc_hf`` (HF ``generate`` instead of the native
 engine), ``grpo_hpc_tis`` (``algo.tis_cap=2``), ``grpo_hpc_fp32head``
-(``algo.fp32_lm_head=true``), ``trl`` (bf16 autocast on a GPU, as a TRL user runs it),
-``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run per seed, and is
-extended, not overwritten, by a later call with other seeds or systems (a GPU call is
-limited to 10 minutes): runs already there are kept.
+(``algo.fp32_lm_head=true``), ``grpo_hpc_eager`` (the native engine without CUDA graphs
+or torch.compile: ``rollout.enforce_eager``), ``trl`` (bf16 autocast on a GPU, as a TRL
+user runs it), ``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run
+per seed, and is extended, not overwritten, by a later call with other seeds or systems
+(a GPU call is limited to 10 minutes): runs already there are kept.
+
+``--jobs N`` runs N seeds/systems at once, each in its own process (a 135M model leaves
+an H100 mostly idle, so seeds come several times faster). Their accuracy per step is what
+a sequential run's would be; their wall-clock is not (they share the GPU and the CPU), so
+each run records ``jobs`` and times to the target are averaged over ``jobs == 1`` runs only.
 
     python bench/learning.py --out bench/results --terms 2 --seeds 0 1 2 3 4
+    python bench/learning.py --out bench/results --seeds 5 6 7 8 9 --systems grpo_hpc \\
+        grpo_hpc_hf --jobs 8                               # more seeds, accuracy only
     python bench/learning.py --out /tmp/l --steps 2 --eval-every 1 --num-eval 4 \\
         --prompts 2 --G 2 --max-new 16 --seeds 0          # CPU plumbing check
 """
@@ -49,6 +57,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,6 +129,7 @@ SYSTEMS = {
     "grpo_hpc_hf": ("grpo_hpc", ["rollout.engine=hf"]),
     "grpo_hpc_tis": ("grpo_hpc", ["algo.tis_cap=2"]),
     "grpo_hpc_fp32head": ("grpo_hpc", ["algo.fp32_lm_head=true"]),
+    "grpo_hpc_eager": ("grpo_hpc", ["rollout.enforce_eager=true"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
@@ -371,21 +382,25 @@ def by_step(runs: list[dict], key: str, field: str) -> dict[int, list[float]]:
 
 def summarize(runs: list[dict], target: float) -> dict:
     """Per system: final held-out accuracy (mean, SE over seeds), time to ``target`` (mean
-    over the seeds that reach it, and how many do), the curve as mean/SE per eval step.
+    over the seeds that reach it in runs that had the machine to themselves, and how many
+    seeds reach it at all), the curve as mean/SE per eval step (its clock: of those runs).
     Pure."""
     finals = [r["evals"][-1]["accuracy"] for r in runs if r["evals"]]
-    reached = [t for r in runs if (t := time_to(r["evals"], target)) is not None]
+    reached = [r for r in runs if time_to(r["evals"], target) is not None]
+    alone = [r for r in runs if r.get("jobs", 1) == 1]  # wall-clock of a run not sharing
+    timed = [t for r in alone if (t := time_to(r["evals"], target)) is not None]
     mean, se = mean_se(finals) if finals else (None, None)
     curve = {s: mean_se(v) for s, v in by_step(runs, "evals", "accuracy").items()}
-    clock = {s: mean_se(v)[0] for s, v in by_step(runs, "evals", "s").items()}
+    clock = {s: mean_se(v)[0] for s, v in by_step(alone or runs, "evals", "s").items()}
     return {
         "seeds": [r["seed"] for r in runs],
         "final_accuracy_mean": mean,
         "final_accuracy_se": se,
-        "time_to_target_mean_s": sum(reached) / len(reached) if reached else None,
+        "time_to_target_mean_s": sum(timed) / len(timed) if timed else None,
+        "timed_seeds": len(timed),
         "seeds_reaching_target": len(reached),
         "curve": [
-            {"step": s, "s": clock[s], "accuracy_mean": m, "accuracy_se": e}
+            {"step": s, "s": clock.get(s), "accuracy_mean": m, "accuracy_se": e}
             for s, (m, e) in curve.items()
         ],
     }
@@ -399,6 +414,7 @@ COLORS = {
     "grpo_hpc_hf": "tab:purple",
     "grpo_hpc_tis": "tab:cyan",
     "grpo_hpc_fp32head": "tab:olive",
+    "grpo_hpc_eager": "tab:brown",
 }
 
 
@@ -464,6 +480,49 @@ def run_one(name: str, args: argparse.Namespace, model_dir: Path, cuda: bool, se
     return {"seed": seed, **run, "wall_s": time.perf_counter() - t0}
 
 
+PASSED = ("terms", "steps", "eval_every", "num_eval", "prompts", "G", "max_new")
+PASSED += ("temperature", "lr", "micro", "target", "overlong")
+"""The options a ``--jobs`` child is given as its parent was."""
+
+
+def run_child(name: str, args: argparse.Namespace, seed: int) -> dict:
+    """One run in its own process (``--jobs``): this script with ``--child FILE``."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "run.json"
+        cmd = [sys.executable, __file__, "--out", d, "--child", str(out)]
+        cmd += ["--seeds", str(seed), "--systems", name]
+        for k in PASSED:
+            cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stderr[-2000:]}")
+        return json.loads(out.read_text()) | {"jobs": args.jobs}
+
+
+def pending_runs(result: dict, seeds: list[int], systems: list[str]) -> list[tuple[int, str]]:
+    """(seed, system) pairs without a run yet, paired: every system on a seed first."""
+    have = {(r["seed"], n) for n, runs in result["systems"].items() for r in runs}
+    return [(s, n) for s in seeds for n in systems if (s, n) not in have]
+
+
+def run_all(
+    todo: list[tuple[int, str]], args: argparse.Namespace, model_dir: Path, cuda: bool
+) -> Iterator[tuple[str, dict]]:
+    """Each (seed, system) run as it finishes: in this process one after another, or
+    ``args.jobs`` at a time in child processes (a failed child is reported and skipped)."""
+    if args.jobs <= 1:
+        for seed, name in todo:
+            yield name, run_one(name, args, model_dir, cuda, seed)
+        return
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_child, n, args, s): n for s, n in todo}
+        for done in as_completed(futures):
+            try:
+                yield futures[done], done.result()
+            except RuntimeError as e:
+                print(e, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -490,6 +549,13 @@ def main() -> None:
         "or penalised by 0.5 (configs/demo.yaml's reward)",
     )
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each in its own process (their wall-clock is not reported)",
+    )
+    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # --jobs: one run's JSON
+    p.add_argument(
         "--name", default="", help="file stem (default learning_<terms>term, + _mask with mask)"
     )
     args = p.parse_args()
@@ -497,25 +563,27 @@ def main() -> None:
     model_dir = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), Path("."), 0)
     suffix = "_mask" if args.overlong == "mask" else ""
     path = args.out / f"{args.name or f'learning_{args.terms}term{suffix}'}.json"
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "systems")}
+    if args.child:  # one run for a --jobs parent
+        run = run_one(args.systems[0], args, model_dir, cuda, args.seeds[0])
+        args.child.write_text(json.dumps(run))
+        return
+    skip = ("out", "seeds", "systems", "jobs", "child")
+    config = {k: v for k, v in vars(args).items() if k not in skip}
     result = json.loads(path.read_text()) if path.exists() else {"systems": {}}
     # Files from before --overlong existed hold penalty runs.
     if {"overlong": "penalty"} | result.get("config", config) != config:
         raise SystemExit(f"{path} holds runs of other settings: {result['config']}")
     result |= {"benchmark": "learning", "config": config, "target": args.target}
-    for seed in args.seeds:  # paired: every system on a seed before the next seed
-        for name in args.systems:
-            runs = result["systems"].setdefault(name, [])
-            if any(r["seed"] == seed for r in runs):
-                continue
-            run = run_one(name, args, model_dir, cuda, seed)
-            runs.append(run)
-            runs.sort(key=lambda r: r["seed"])
-            curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in run["evals"])
-            print(f"{name:18} seed {seed}: {curve}", flush=True)
-            result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
-            result["env"] = env_info()
-            write_result(result, path)  # after every run: a call cut short keeps what ran
+    todo = pending_runs(result, args.seeds, args.systems)
+    for name, run in run_all(todo, args, model_dir, cuda):
+        runs = result["systems"].setdefault(name, [])
+        runs.append(run)
+        runs.sort(key=lambda r: r["seed"])
+        curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in run["evals"])
+        print(f"{name:18} seed {run['seed']}: {curve}", flush=True)
+        result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
+        result["env"] = env_info()
+        write_result(result, path)  # after every run: a call cut short keeps what ran
     plot(result, path.with_suffix(".png"))
     for name, s in result["summary"].items():
         final = f"{s['final_accuracy_mean']:.3f} ± {s['final_accuracy_se']:.3f}"

@@ -108,6 +108,9 @@ class RolloutConfig:
     """DAPO dynamic sampling: drop groups with all-equal rewards and draw more prompts."""
     max_resample_rounds: int = 2
     """Dynamic sampling: extra generation rounds per step at most."""
+    enforce_eager: bool = False
+    """Native engine: decode without CUDA graphs and without torch.compile (several times
+    slower). To tell a fault of graph capture or of the compiler from one of the math."""
 
 
 @dataclass

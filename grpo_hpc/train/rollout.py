@@ -175,5 +175,7 @@ def build_engine(
         max_prompt_tokens=opts.max_prompt_tokens,
         logp_temperature=opts.logp_temperature,
         fp32_head=opts.fp32_lm_head,
+        use_graphs=not opts.eager,
+        compile=not opts.eager,
         **hooks,
     )

@@ -100,6 +100,8 @@ class EngineOptions:
     log-probs under the same one."""
     fp32_lm_head: bool = False
     """Logits in fp32 while sampling (``algo.fp32_lm_head``)."""
+    eager: bool = False
+    """Native engine: no CUDA graphs, no torch.compile (``rollout.enforce_eager``)."""
     max_prompt_tokens: int = 0
     """Longest prompt of the run's data in tokens (0: unknown); the native engine sizes its
     KV cache for it once instead of regrowing it."""

@@ -169,6 +169,7 @@ class Trainer:
                 lora=bool(cfg.model.lora_rank),
                 logp_temperature=cfg.logp_temperature,
                 fp32_lm_head=cfg.algo.fp32_lm_head,
+                eager=cfg.rollout.enforce_eager,
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
                 ),
