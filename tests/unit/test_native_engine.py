@@ -164,6 +164,12 @@ def test_engine_choice(llama) -> None:  # noqa: ANN001
         "native", model, tok, opts, tick=lambda: None, abort=lambda: False, autocast=None
     )
     assert isinstance(engine, NativeEngine)
+    assert engine.use_graphs and engine.compile  # (both ignored on a CPU)
+    eager = EngineOptions(8, 1.0, 1.0, 60, eager=True)  # rollout.enforce_eager
+    engine = build_engine(
+        "native", model, tok, eager, tick=lambda: None, abort=lambda: False, autocast=None
+    )
+    assert not engine.use_graphs and not engine.compile
 
 
 def _eos_in_most_rows(model, tok, prompts: list[str], g: int, greedy: bool):  # noqa: ANN001, ANN202
