@@ -245,6 +245,12 @@ class TrainingConfig:
     policy writes, for a reward that rises while held-out accuracy falls."""
     zero_reward_patience: int = 0
     """Circuit breaker: stop after N consecutive steps with zero mean reward (0 disables)."""
+    cut_off_patience: int = 10
+    """Circuit breaker for ``algo.mask_truncated``: stop after N consecutive steps in which
+    every completion was cut off at ``rollout.max_new_tokens``, so none trained (0
+    disables). Such a run seldom finishes a completion again: in the masked two-term
+    benchmark's 84 runs, those that ended above 0.5 accuracy had at most 6 such steps in
+    a row, and every run with 10 or more ended below it."""
     num_threads: int = 0
     """torch intra-op threads per process on CPU (0 = torch default)."""
 
@@ -474,6 +480,9 @@ def validate(cfg: Config) -> None:
     }
     if cfg.algo.micro_batch_tokens < 0:
         raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
+    for key in ("zero_reward_patience", "cut_off_patience"):
+        if getattr(cfg.training, key) < 0:
+            raise ConfigError(f"training.{key} must be >= 0 (0 = no breaker)")
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")

@@ -34,6 +34,7 @@ from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
 from grpo_hpc.train import (
     batching,
+    breakers,
     checkpoint,
     data,
     dist,
@@ -62,7 +63,7 @@ class Trainer:
             signal.signal(sig, self._on_signal)
         self.tracker = Tracker(paths, cfg, info.is_main)
         self.step = 0
-        self.zero_streak = 0
+        self.streaks = breakers.Streaks()
         self.last_save = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -200,7 +201,9 @@ class Trainer:
         )
         self.opt.sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        self.step, self.zero_streak = state["step"], state["zero_streak"]
+        self.step = state["step"]
+        # cut_streak: checkpoints from before its breaker have none
+        self.streaks = breakers.Streaks(state["zero_streak"], state.get("cut_streak", 0))
         if rng is not None:
             checkpoint.set_rng_state(rng)
         self.tracker.update(
@@ -301,12 +304,10 @@ class Trainer:
 
     def _after_step(self) -> None:
         t = self.cfg.training
-        if t.zero_reward_patience and self.zero_streak >= t.zero_reward_patience:
+        why = breakers.tripped(self.streaks, self.cfg)
+        if why:
             self.save()
-            raise CircuitBreakerError(
-                f"mean reward was 0 for {self.zero_streak} consecutive steps: the rollout or "
-                "reward is broken (check the model, the prompts and the reward function)"
-            )
+            raise CircuitBreakerError(why)
         if t.eval_every and self.step % t.eval_every == 0 and self.eval_set:
             self.evaluate()  # a stop during it is answered by the loop: save, exit 5
         due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
@@ -328,7 +329,8 @@ class Trainer:
             "step": self.step,
             "sampler": self.sampler.state_dict(),
             "scheduler": self.opt.sched.state_dict(),
-            "zero_streak": self.zero_streak,
+            "zero_streak": self.streaks.zero_reward,
+            "cut_streak": self.streaks.all_cut,
         }
         checkpoint.save(
             self.paths,
@@ -411,7 +413,9 @@ class Trainer:
         totals = getattr(self.engine, "totals", None)  # native engine: caches built so far
         if totals is not None:
             m["engine/caches"] = totals["caches"]
-        self.zero_streak = self.zero_streak + 1 if m["reward/mean"] == 0 else 0
+        self.streaks = self.streaks.after(
+            m["reward/mean"], m["rollout/truncated"], self.cfg.algo.mask_truncated
+        )
         self.tracker.update(
             step=self.step,
             epoch=self.sampler.epoch,

@@ -259,6 +259,29 @@ def test_masked_truncated_completions_train_only_finished_ones(tmp_path: Path) -
             assert m["grad_norm"] == 0 and m["loss"] == 0, m
 
 
+def test_steps_that_train_nothing_trip_the_cut_off_breaker(tmp_path: Path) -> None:
+    """With algo.mask_truncated, a run whose completions all run to the cap trains nothing;
+    after training.cut_off_patience such steps in a row it stops (exit 3, checkpoint saved)
+    and names the fix. The tiny model seldom ends within its 8 tokens."""
+    paths = make_run(
+        tmp_path,
+        "cut",
+        "algo.mask_truncated=true",
+        "training.cut_off_patience=2",
+        "training.max_steps=12",
+    )
+    result = train(paths)
+    assert result.returncode == ExitCode.CIRCUIT_BREAKER, result.stderr[-3000:]
+    cut = [m["rollout/truncated"] for m in _metrics(paths) if "loss" in m]
+    # it stopped at the first step that ended two fully cut steps in a row
+    first = next(i for i in range(1, len(cut)) if cut[i - 1] == cut[i] == 1.0)
+    assert len(cut) == first + 1
+    rec = read_progress(paths.progress)
+    assert rec.state == TrainState.FAILED and rec.exit_code == ExitCode.CIRCUIT_BREAKER
+    assert "for 2 consecutive steps" in rec.reason and "raise rollout.max_new_tokens" in rec.reason
+    assert paths.latest_checkpoint() == rec.step == len(cut)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process that sees no GPU")
 def test_low_precision_without_a_gpu_exits_2(tmp_path: Path) -> None:
     """A bf16 run whose process sees no GPU stops at start-up (exit 2, one line), instead

@@ -40,6 +40,7 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
         (["rollout.num_generations=1"], "at least 2"),
         (["algo.tis_cap=0.5"], "algo.tis_cap must be 0"),
         (["algo.tis_cap=-1"], "algo.tis_cap must be 0"),
+        (["training.cut_off_patience=-1"], "training.cut_off_patience must be >= 0"),
     ],
 )
 def test_bad_overrides(overrides: list[str], message: str) -> None:
