@@ -1,5 +1,5 @@
 """Shared by the benchmarks: model shapes, the random model builder, environment facts,
-and the result writer (``bench/results/<name>.json``)."""
+completion-length summaries and the result writer (``bench/results/<name>.json``)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,20 @@ def env_info() -> dict:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "date": datetime.date.today().isoformat(),
+    }
+
+
+def length_summary(steps: list[dict], length_key: str, cut_key: str) -> dict:
+    """Mean completion length and share cut at the cap over every logged step (pure).
+    The warm-up step counts too: lengths are not timed, and more completions make a
+    steadier mean. Keys are the logger's own (TRL and grpo_hpc name them differently)."""
+    rows = [s for s in steps if length_key in s and cut_key in s]
+    if not rows:
+        return {"mean_length": None, "cut_share": None, "steps": 0}
+    return {
+        "mean_length": sum(s[length_key] for s in rows) / len(rows),
+        "cut_share": sum(s[cut_key] for s in rows) / len(rows),
+        "steps": len(rows),
     }
 
 

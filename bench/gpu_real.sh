@@ -15,8 +15,12 @@
 #   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
+#   reallen bench/trl_baseline.py at real lengths: TRL's step and grpo_hpc's default step on
+#           the same GSM8K questions, 8 prompts x G 8, 512 new tokens, EOS where the model
+#           puts it; s/step, mean completion length, share cut at the cap (REALLEN_STEPS)
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
+#   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
 set -uo pipefail
 out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
 shift
@@ -115,6 +119,14 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         cp $run/metrics.jsonl "$out/gsm8k_smollm2_metrics.jsonl"
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
         tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
+    reallen) need_model  # issue 24 point 4: the TRL side by side at real lengths
+        # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
+        # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min
+        timeout "${REALLEN_TIMEOUT:-470}" python3 bench/trl_baseline.py --model-dir $MODEL \
+            --shape smollm2-135m --prompts-from gsm8k --prompts 8 --G 8 --max-new 512 \
+            --micro 16 --steps "${REALLEN_STEPS:-5}" --engine native --variants "default=" \
+            --variant-timeout 240 --out "$out/h100_reallen_smollm2_gsm8k.json" 2>&1 |
+            grep -E "^(default |TRL )|Error" | tail -8 ;;
     *) echo "unknown stage $stage" ;;
     esac
     echo "== $stage took $((SECONDS - t0)) s"

@@ -3,9 +3,14 @@
 Builds a randomly initialised Llama of a realistic shape (weights do not change the
 cost; a random model never emits EOS, so every completion has max_new_tokens — the
 worst case), runs ``torchrun -m grpo_hpc.train`` for a few steps, and reports the
-median per-phase times from metrics.jsonl (the first step, with warm-up, is dropped).
+median per-phase times from metrics.jsonl (the first step, with warm-up, is dropped)
+and the completions' mean length and share cut at the cap (over every step).
 
     python bench/grpo_step.py --shape smollm2-135m --precision bf16 --out bench/results/x.json
+
+With ``--model-dir`` (a real model) and ``--source gsm8k`` the prompts are GSM8K train
+questions and completions end where the model puts EOS (``--num-train`` of them, drawn
+in the trainer's seeded order: bench/trl_baseline.py gives TRL the same ones).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, write_result  # noqa: E402
+from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
 
 from grpo_hpc.config import AlgoConfig, ModelConfig, RolloutConfig  # noqa: E402
 
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"rollout.engine={args.engine}",
         f"dist.compile={args.compile}",
         f"rollout.release_engine_memory={args.release_engine}",
+        f"training.seed={args.seed}",  # the prompt order: a caller may rebuild it from this
+        *data_overrides(args),
         *args.override,
     ]
     create_run(paths, profile, "tiny", overrides)
@@ -89,8 +96,9 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(failure_summary(proc.stderr, paths))
-    steps = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
-    steps = [m for m in steps if "loss" in m][1:]
+    logged = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+    logged = [m for m in logged if "loss" in m]
+    steps = logged[1:]
     keys = [
         "time/step",
         "time/generate",
@@ -98,13 +106,24 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "time/train",
         "tokens_per_s",
         "gen_len/mean",
+        "rollout/truncated",
         "gpu_mem_gb",
     ]
     return {
         "median": {k: statistics.median(m[k] for m in steps) for k in keys if k in steps[0]},
         "steps_measured": len(steps),
+        "lengths": length_summary(logged, "gen_len/mean", "rollout/truncated"),
         "wall_s": wall,
     }
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The prompts' source: the ``tiny`` config's arithmetic unless ``--source`` says
+    otherwise. GSM8K holds out no test questions here: the longest prompt sizes the
+    engine's cache, so only the questions trained on may set it."""
+    if args.source == "arithmetic":
+        return [f"data.num_train={args.num_train}"] if args.num_train else []
+    return [f"data.source={args.source}", f"data.num_train={args.num_train}", "data.num_eval=0"]
 
 
 def failure_summary(stderr: str, paths: RunPaths) -> str:
@@ -127,6 +146,16 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
+    p.add_argument(
+        "--source",
+        choices=["arithmetic", "gsm8k"],
+        default="arithmetic",
+        help="data.source: gsm8k with a real --model-dir gives real completion lengths",
+    )
+    p.add_argument(
+        "--num-train", type=int, default=0, help="data.num_train (0: the config's, all GSM8K)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="training.seed (sets the prompt order)")
     # Memory settings default to the project's defaults (grpo_hpc.config), so that a plain
     # run measures what a user gets without setting them.
     algo, model, rollout = AlgoConfig(), ModelConfig(), RolloutConfig()

@@ -1,5 +1,6 @@
 """Benchmark: TRL's ``GRPOTrainer`` and grpo_hpc's trainer on the same machine, the same
-random model, batch, lengths and beta, in one command; writes ``speedup_vs_trl``.
+model (random unless ``--model-dir``), prompts, batch, lengths and beta, in one command;
+writes ``speedup_vs_trl``.
 
 TRL is configured like the issue's reference run: HF generate (no vLLM), gradient
 checkpointing, bf16 autocast over fp32 weights, ``prompts x G`` completions per
@@ -11,6 +12,17 @@ runs through ``bench/grpo_step.py`` (``torchrun -m grpo_hpc.train``) with the sa
 
 TRL runs once; grpo_hpc runs once per ``--variants`` entry (the project defaults first),
 each against that same TRL run.
+
+The default prompts are grpo_hpc's synthetic arithmetic questions, and a random model
+never emits EOS: every completion runs to ``--max-new``, the worst case. Real lengths:
+``--prompts-from gsm8k`` gives both sides the same GSM8K train questions in the same
+order (grpo_hpc's loader, system prompt and seeded sampler; TRL reads them unshuffled),
+and a real model in ``--model-dir`` ends its completions at EOS. Each side reports its
+mean completion length and the share cut at the cap (``lengths``)::
+
+    python bench/trl_baseline.py --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
+        --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
+        --variants default= --out bench/results/x.json
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, write_result  # noqa: E402
+from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
 
 
 def digit_fraction(completions: list, **kwargs: object) -> list[float]:
@@ -35,20 +47,71 @@ def digit_fraction(completions: list, **kwargs: object) -> list[float]:
     return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
 
-def same_prompts(n: int) -> list[list[dict]]:
+SEED = 0
+"""Both sides' seed: TRL's, and grpo_hpc's ``training.seed``, which orders its prompts."""
+
+
+def chat(system: str, question: str) -> list[dict[str, str]]:
+    """One prompt as the messages grpo_hpc's ``data.prompt_text`` renders: TRL applies the
+    same tokenizer's chat template to them, so both sides prefill the same tokens."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def same_prompts(n: int) -> list[list[dict[str, str]]]:
     """The messages grpo_hpc's trainer sends (system instruction + arithmetic question,
     from its own data module), so both sides prefill and train on the same lengths."""
     from grpo_hpc.config import DataConfig
     from grpo_hpc.train.data import ANSWER_INSTRUCTION, load_problems
 
     train, _ = load_problems(DataConfig(num_train=n, num_eval=0), seed=0)
-    return [
-        [
-            {"role": "system", "content": ANSWER_INSTRUCTION},
-            {"role": "user", "content": p["question"]},
-        ]
-        for p in train
-    ]
+    return [chat(ANSWER_INSTRUCTION, p["question"]) for p in train]
+
+
+def gsm8k_prompts(num_train: int, count: int, seed: int) -> list[list[dict[str, str]]]:
+    """``count`` GSM8K train questions in the order grpo_hpc's trainer draws them from its
+    first ``num_train`` (its loader, its default system prompt, its seeded sampler), so
+    TRL, reading them unshuffled, trains on the same questions step for step."""
+    from grpo_hpc.config import DataConfig
+    from grpo_hpc.train.data import Sampler, default_instruction, load_problems
+
+    train, _ = load_problems(DataConfig(source="gsm8k", num_train=num_train, num_eval=0), seed)
+    system = default_instruction(train)
+    return [chat(system, train[i]["question"]) for i in Sampler(len(train), seed).take(count)]
+
+
+def gsm8k_train_size(args: argparse.Namespace) -> int:
+    """Questions grpo_hpc trains from: each one once over the run's steps."""
+    return args.prompts * args.steps
+
+
+def bench_prompts(args: argparse.Namespace) -> list[list[dict[str, str]]]:
+    """TRL's dataset: one step's prompts more than the run takes (its loader must not run
+    dry); with GSM8K the extra step wraps into the sampler's next epoch, as grpo_hpc would."""
+    n = args.prompts * (args.steps + 1)
+    if args.prompts_from == "gsm8k":
+        return gsm8k_prompts(gsm8k_train_size(args), n, SEED)
+    return same_prompts(n)
+
+
+def trl_lengths(log_history: list[dict]) -> dict:
+    """TRL's logged completion lengths (``logging_steps=1``: one entry per step)."""
+    return length_summary(log_history, "completions/mean_length", "completions/clipped_ratio")
+
+
+def real_tok_per_s(completions: int, lengths: dict, s_per_step: float) -> float | None:
+    """Completion tokens actually generated per second of a step (the ``upper`` figure
+    assumes every completion ran to the cap)."""
+    mean = lengths.get("mean_length")
+    return None if mean is None else completions * mean / s_per_step
+
+
+def sync() -> None:
+    """Waits for the GPU before a clock read; nothing to wait for on a CPU (plumbing
+    checks), where the CUDA calls would fail."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
@@ -63,17 +126,18 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
             self.t0 = 0.0
 
         def on_step_begin(self, *a: object, **k: object) -> None:
-            torch.cuda.synchronize()
+            sync()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a: object, **k: object) -> None:
-            torch.cuda.synchronize()
+            sync()
             self.times.append(time.perf_counter() - self.t0)
 
     if args.cap_gib:  # the budget's memory, as bench/ladder.py caps grpo_hpc's ranks
         total = torch.cuda.get_device_properties(0).total_memory / 2**30
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total))
-    data = Dataset.from_dict({"prompt": same_prompts(args.prompts * (args.steps + 1))})
+    cuda = torch.cuda.is_available()
+    data = Dataset.from_dict({"prompt": bench_prompts(args)})
     completions = args.prompts * args.G
     peft_config, init_kwargs = None, None
     if args.lora_rank:  # as grpo_hpc's LoRA: the frozen base in the compute dtype
@@ -102,7 +166,9 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         save_strategy="no",
         temperature=1.0,
         top_p=1.0,
-        seed=0,
+        seed=SEED,
+        # GSM8K: the dataset is already in grpo_hpc's order; arithmetic keeps TRL's default
+        shuffle_dataset=args.prompts_from != "gsm8k",
         model_init_kwargs=init_kwargs,
     )
     timer = StepTimer()
@@ -114,22 +180,27 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         callbacks=[timer],
         peft_config=peft_config,
     )
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    lengths = trl_lengths(trainer.state.log_history)
     # grpo_hpc's variants run next, in child processes on the same GPU: give TRL's memory
     # back to the driver, or this process's allocator keeps it reserved (54 GiB at 3B).
     del trainer
     gc.collect()
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     steps = timer.times[1:]
     tokens = completions * args.max_new
     return {
         "s_per_step_median": statistics.median(steps),
         "s_per_step_all": timer.times,
         "completion_tok_per_s_upper": tokens / statistics.median(steps),
+        "completion_tok_per_s": real_tok_per_s(completions, lengths, statistics.median(steps)),
+        "lengths": lengths,
         "peak_gib": peak,
-        "reserved_gib_after_release": torch.cuda.memory_reserved() / 2**30,
+        "reserved_gib_after_release": torch.cuda.memory_reserved() / 2**30 if cuda else 0.0,
     }
 
 
@@ -175,6 +246,8 @@ def run_ours(
         f"--steps={args.steps}",
         f"--engine={args.engine}",
         f"--cap-gib={args.cap_gib}",
+        f"--seed={SEED}",
+        *ours_data_flags(args),
         f"--out={out}",
         *flags,
     ]
@@ -187,6 +260,13 @@ def run_ours(
     return {"flags": flags} | json.loads(out.read_text())
 
 
+def ours_data_flags(args: argparse.Namespace) -> list[str]:
+    """grpo_step.py's flags for the prompts TRL gets (nothing: its arithmetic default)."""
+    if args.prompts_from != "gsm8k":
+        return []
+    return ["--source=gsm8k", f"--num-train={gsm8k_train_size(args)}"]
+
+
 def compare(ours: dict, trl: dict | None) -> dict:
     """Speed-up and memory ratio of one grpo_hpc variant against TRL's run."""
     med = ours.get("median")
@@ -194,7 +274,10 @@ def compare(ours: dict, trl: dict | None) -> dict:
         return {"speedup_vs_trl": None, "memory_ratio_vs_trl": None}
     return {
         "speedup_vs_trl": trl["s_per_step_median"] / med["time/step"],
-        "memory_ratio_vs_trl": med.get("gpu_mem_gb", 0) / trl["peak_gib"],
+        # no peak on a CPU (plumbing checks): no ratio, not a division by zero
+        "memory_ratio_vs_trl": (
+            med.get("gpu_mem_gb", 0) / trl["peak_gib"] if trl["peak_gib"] else None
+        ),
     }
 
 
@@ -206,6 +289,12 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
+    p.add_argument(
+        "--prompts-from",
+        choices=["arithmetic", "gsm8k"],
+        default="arithmetic",
+        help="both sides' prompts; gsm8k with a real --model-dir: real completion lengths",
+    )
     p.add_argument("--micro", type=int, default=16, help="TRL's completions per micro-batch")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--beta", type=float, default=0.0)
@@ -251,7 +340,17 @@ def main() -> None:
     }
     write_result(result, args.out)
     if trl:
-        print(f"TRL      {trl['s_per_step_median']:.2f} s/step  peak {trl['peak_gib']:.1f} GiB")
+        print(
+            f"TRL      {trl['s_per_step_median']:.2f} s/step  peak {trl['peak_gib']:.1f} GiB"
+            f"  {render_lengths(trl['lengths'])}"
+        )
+
+
+def render_lengths(lengths: dict | None) -> str:
+    """``len 212 (9% at cap)``: a reader sees whether completions ended at real EOS."""
+    if not lengths or lengths.get("mean_length") is None:
+        return "len n/a"
+    return f"len {lengths['mean_length']:.0f} ({lengths['cut_share']:.0%} at cap)"
 
 
 def render_row(name: str, v: dict) -> str:
@@ -261,10 +360,12 @@ def render_row(name: str, v: dict) -> str:
     line = (
         f"{name:14s} {m['time/step']:.2f} s/step (gen {m['time/generate']:.2f} + train "
         f"{m['time/train']:.2f})  peak {m.get('gpu_mem_gb', float('nan')):.1f} GiB"
+        f"  {render_lengths(v.get('lengths'))}"
     )
     if v.get("speedup_vs_trl"):
-        speed, mem = v["speedup_vs_trl"], v["memory_ratio_vs_trl"]
-        line += f"  {speed:.1f}x TRL's speed at {mem:.2f}x its memory"
+        line += f"  {v['speedup_vs_trl']:.1f}x TRL's speed"
+    if v.get("memory_ratio_vs_trl"):
+        line += f" at {v['memory_ratio_vs_trl']:.2f}x its memory"
     return line
 
 
