@@ -120,10 +120,18 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 def data_overrides(args: argparse.Namespace) -> list[str]:
     """The prompts' source: the ``tiny`` config's arithmetic unless ``--source`` says
     otherwise. GSM8K holds out no test questions here: the longest prompt sizes the
-    engine's cache, so only the questions trained on may set it."""
+    engine's cache, so only the questions trained on may set it. GSM8K runs a real model,
+    whose completion lengths follow the policy: the ``tiny`` config's rate (1e-3, for a
+    random model) wrecks it in one update, after which every completion runs to the cap,
+    so it trains at TRL's rate in bench/trl_baseline.py (1e-6)."""
     if args.source == "arithmetic":
         return [f"data.num_train={args.num_train}"] if args.num_train else []
-    return [f"data.source={args.source}", f"data.num_train={args.num_train}", "data.num_eval=0"]
+    return [
+        f"data.source={args.source}",
+        f"data.num_train={args.num_train}",
+        "data.num_eval=0",
+        "optim.lr=1e-6",
+    ]
 
 
 def failure_summary(stderr: str, paths: RunPaths) -> str:

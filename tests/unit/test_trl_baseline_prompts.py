@@ -36,7 +36,7 @@ def test_both_sides_get_the_same_gsm8k_questions() -> None:
     flags = trl_baseline.ours_data_flags(args)
     assert flags == ["--source=gsm8k", "--num-train=6"]
     ours = grpo_step.data_overrides(argparse.Namespace(source="gsm8k", num_train=6))
-    assert ours == ["data.source=gsm8k", "data.num_train=6", "data.num_eval=0"]
+    assert ours == ["data.source=gsm8k", "data.num_train=6", "data.num_eval=0", "optim.lr=1e-6"]
     msgs = trl_baseline.bench_prompts(args)
     # TRL's loader gets one step more than the run takes; the steps run match grpo_hpc's
     want = trainer_questions(6, trl_baseline.SEED, 2, 3)
