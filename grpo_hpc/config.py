@@ -249,7 +249,7 @@ class TrainingConfig:
     """Circuit breaker for ``algo.mask_truncated``: stop after N consecutive steps in which
     every completion was cut off at ``rollout.max_new_tokens``, so none trained (0
     disables). Such a run seldom finishes a completion again: in the masked two-term
-    benchmark's 84 runs, those that ended above 0.5 accuracy had at most 6 such steps in
+    benchmark's 85 runs, those that ended above 0.5 accuracy had at most 6 such steps in
     a row, and every run with 10 or more ended below it."""
     num_threads: int = 0
     """torch intra-op threads per process on CPU (0 = torch default)."""
