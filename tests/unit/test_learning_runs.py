@@ -1,0 +1,104 @@
+"""bench/learning.py's run bookkeeping: which (seed, system) pairs still need a run, and how
+runs that shared the machine (``--jobs``) count in the summary."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from learning import pending_runs, summarize  # noqa: E402
+
+
+def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:
+    """A run as bench/learning.py stores it; ``jobs`` absent as in runs from before --jobs."""
+    run = {
+        "seed": seed,
+        "evals": [{"step": st, "s": s, "accuracy": a, "strict": a} for st, s, a in evals],
+        "steps": [],
+    }
+    return run if jobs is None else run | {"jobs": jobs}
+
+
+def test_pending_runs_pairs_every_system_on_a_seed_first() -> None:
+    result: dict = {"systems": {}}
+    assert pending_runs(result, [3, 1], ["trl", "grpo_hpc"]) == [
+        (3, "trl"),
+        (3, "grpo_hpc"),
+        (1, "trl"),
+        (1, "grpo_hpc"),
+    ]
+
+
+def test_pending_runs_skips_runs_already_there() -> None:
+    result = {
+        "systems": {
+            "grpo_hpc": [{"seed": 1}],
+            "trl": [{"seed": 3}],
+            "grpo_hpc_hf": [{"seed": 5}],  # another system's seed 5 does not count
+        }
+    }
+    assert pending_runs(result, [1, 3, 5], ["grpo_hpc", "trl"]) == [
+        (1, "trl"),
+        (3, "grpo_hpc"),
+        (5, "grpo_hpc"),
+        (5, "trl"),
+    ]
+    assert pending_runs(result, [1], ["grpo_hpc"]) == []
+    assert pending_runs(result, [], ["grpo_hpc", "trl"]) == []
+
+
+def test_summarize_times_only_runs_that_had_the_machine_alone() -> None:
+    runs = [
+        _run(0, [(0, 0.0, 0.1), (2, 10.0, 0.5), (4, 20.0, 0.9)]),  # alone: reaches 0.8 at 20 s
+        _run(1, [(0, 0.0, 0.2), (2, 30.0, 0.8), (4, 50.0, 0.7)], jobs=1),  # alone: at 30 s
+        _run(2, [(0, 0.0, 0.0), (2, 100.0, 0.9), (4, 200.0, 1.0)], jobs=4),  # shared: reaches
+        _run(3, [(0, 0.0, 0.1), (2, 90.0, 0.3), (4, 180.0, 0.4)], jobs=4),  # shared: never
+        _run(4, [(0, 0.0, 0.1), (2, 50.0, 0.2), (4, 80.0, 0.5)]),  # alone: never
+    ]
+    s = summarize(runs, 0.8)
+    assert s["seeds"] == [0, 1, 2, 3, 4]
+    assert s["time_to_target_mean_s"] == pytest.approx(25.0)  # (20 + 30) / 2, not 100
+    assert s["timed_seeds"] == 2
+    assert s["seeds_reaching_target"] == 3  # the shared run that reaches it counts here
+    finals = [0.9, 0.7, 1.0, 0.4, 0.5]
+    mean = sum(finals) / 5
+    se = math.sqrt(sum((x - mean) ** 2 for x in finals) / 4 / 5)
+    assert s["final_accuracy_mean"] == pytest.approx(mean) == 0.7
+    assert s["final_accuracy_se"] == pytest.approx(se)
+    curve = s["curve"]
+    assert [c["step"] for c in curve] == [0, 2, 4]
+    # accuracy over all five runs, the clock over the three alone (seeds 0, 1, 4) only
+    assert [c["accuracy_mean"] for c in curve] == pytest.approx([0.1, 0.54, 0.7])
+    assert [c["s"] for c in curve] == pytest.approx([0.0, 30.0, 50.0])
+
+
+def test_summarize_with_shared_runs_only() -> None:
+    runs = [
+        _run(5, [(0, 0.0, 0.1), (1, 40.0, 0.85), (2, 80.0, 0.9)], jobs=2),
+        _run(6, [(0, 0.0, 0.3), (1, 60.0, 0.5), (2, 100.0, 0.6)], jobs=2),
+    ]
+    s = summarize(runs, 0.8)
+    assert s["time_to_target_mean_s"] is None  # no run had the machine to itself
+    assert s["timed_seeds"] == 0
+    assert s["seeds_reaching_target"] == 1
+    assert s["final_accuracy_mean"] == pytest.approx(0.75)
+    assert s["final_accuracy_se"] == pytest.approx(0.15)  # std 0.212 / sqrt(2)
+    # with no alone run the clock falls back to the shared ones
+    assert [c["s"] for c in s["curve"]] == pytest.approx([0.0, 50.0, 90.0])
+
+
+def test_summarize_clock_missing_where_no_alone_run_evaluated() -> None:
+    alone = _run(0, [(0, 0.0, 0.2), (2, 20.0, 0.6)])
+    shared = _run(1, [(0, 0.0, 0.4), (1, 70.0, 0.5), (2, 90.0, 0.8)], jobs=3)
+    s = summarize([alone, shared], 0.6)
+    assert [(c["step"], c["s"]) for c in s["curve"]] == [(0, 0.0), (1, None), (2, 20.0)]
+    assert [c["accuracy_mean"] for c in s["curve"]] == pytest.approx([0.3, 0.5, 0.7])
+    assert (s["time_to_target_mean_s"], s["timed_seeds"], s["seeds_reaching_target"]) == (
+        20.0,
+        1,
+        2,
+    )
