@@ -96,6 +96,8 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
         f"training.seed={seed}",
         f"training.num_threads={0 if cuda else 2}",
         "wandb.mode=disabled",
+        # Every run trains all its steps, as TRL's do: no stop on a run that stopped finishing
+        "training.cut_off_patience=0",
     ] + (["reward.overlong=0", "algo.mask_truncated=true"] if args.overlong == "mask" else [])
 
 
