@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def restore_signals() -> Iterator[None]:
 def _launch_with_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, code: int
 ) -> tuple[object, list[object]]:
-    """Run the launcher on a fake trainer; SIGUSR2 comes 0.2 s in, handled like submitit."""
+    """Run the launcher on a fake trainer; SIGUSR2 comes 0.2 s into its wait on the trainer,
+    handled like submitit."""
     paths = RunPaths(tmp_path / "r")
     paths.root.mkdir()
     write_progress(paths.progress, ProgressRecord(run="r", state=TrainState.INTERRUPTED))
@@ -57,8 +59,17 @@ def _launch_with_signal(
         if hooks[-1] is None:
             raise submitit.core.utils.UncompletedJobError("checkpoint function returned None")
 
+    def signal_while_waiting() -> None:
+        # Once the launcher waits on its trainer (a fixed delay from the start raced the
+        # launcher's own start-up on a loaded machine: the hook then saw no trainer yet)
+        deadline = time.monotonic() + 30
+        while not launcher._waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
     signal.signal(signal.SIGUSR2, submitit_like)
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+    threading.Thread(target=signal_while_waiting, daemon=True).start()
     try:
         result: object = launcher()
     except launch.TrainingExit as e:
