@@ -21,6 +21,8 @@
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
 #   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
+#   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
+#   "default=" unless given, e.g. "default=;packc=--packing --compile")
 set -uo pipefail
 out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
 shift
@@ -122,11 +124,12 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
     reallen) need_model  # issue 24 point 4: the TRL side by side at real lengths
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
         # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min
+        IFS=';' read -ra variants <<<"${REALLEN_VARIANTS:-default=}"
         timeout "${REALLEN_TIMEOUT:-470}" python3 bench/trl_baseline.py --model-dir $MODEL \
             --shape smollm2-135m --prompts-from gsm8k --prompts 8 --G 8 --max-new 512 \
-            --micro 16 --steps "${REALLEN_STEPS:-5}" --engine native --variants "default=" \
+            --micro 16 --steps "${REALLEN_STEPS:-5}" --engine native --variants "${variants[@]}" \
             --variant-timeout 240 --out "$out/h100_reallen_smollm2_gsm8k.json" 2>&1 |
-            grep -E "^(default |TRL )|Error" | tail -8 ;;
+            grep -vE "it/s|s/it|Warning|warn" | tail -10 ;;
     *) echo "unknown stage $stage" ;;
     esac
     echo "== $stage took $((SECONDS - t0)) s"
