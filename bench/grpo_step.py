@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
 
-from grpo_hpc.config import AlgoConfig, ModelConfig, RolloutConfig  # noqa: E402
+from grpo_hpc.config import AlgoConfig, DistConfig, ModelConfig, RolloutConfig  # noqa: E402
 
 if TYPE_CHECKING:
     from grpo_hpc.paths import RunPaths
@@ -180,7 +180,7 @@ def main() -> None:
         "--packing",
         action=argparse.BooleanOptionalAction,
         default=algo.packing,
-        help="algo.packing: each micro-batch as one packed sequence",
+        help="algo.packing: each micro-batch as one packed sequence (default: auto)",
     )
     p.add_argument("--steps", type=int, default=4)
     p.add_argument(
@@ -197,7 +197,12 @@ def main() -> None:
         help="rollout.release_engine_memory",
     )
     p.add_argument("--engine", choices=["auto", "native", "hf"], default="auto")
-    p.add_argument("--compile", action="store_true", help="dist.compile=true (training forward)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=DistConfig().compile,
+        help="dist.compile (training forward; default: the project's, auto)",
+    )
     p.add_argument("--cap-gib", type=float, default=0.0, help="cap each GPU's memory at this")
     p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
     p.add_argument(

@@ -27,7 +27,9 @@ policy's entropy, the mean completion length, the share cut at the cap and the g
 norm before the clip (and, for the native engine, the engine/trainer KL); a grpo_hpc run
 keeps one sampled completion every 5 steps (``samples``, from its samples.jsonl).
 
-Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_tempered``
+Systems (``--systems``): ``grpo_hpc`` (the defaults), ``grpo_hpc_plain`` (the update
+neither compiled nor packed: the defaults before 2026-11-25), and variants of plain with
+one change: ``grpo_hpc_tempered``
 (``algo.tempered_logp=true``), ``grpo_hpc_hf`` (HF ``generate`` instead of the native
 engine), ``grpo_hpc_tis`` (``algo.tis_cap=2``), ``grpo_hpc_fp32head``
 (``algo.fp32_lm_head=true``), ``grpo_hpc_eager`` (the native engine without CUDA graphs
@@ -101,14 +103,20 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
     ] + (["reward.overlong=0", "algo.mask_truncated=true"] if args.overlong == "mask" else [])
 
 
+PLAIN = ["dist.compile=false", "algo.packing=false"]
+"""The update as it was before 2026-11-25's defaults (auto: compiled layers and packed
+micro-batches on the GPU): the runs stored under ``grpo_hpc_plain`` and every variant
+below (each is plain with one change), so stored runs keep meaning what they measured."""
+
 SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
-    "grpo_hpc_tempered": ("grpo_hpc", ["algo.tempered_logp=true"]),
-    "grpo_hpc_hf": ("grpo_hpc", ["rollout.engine=hf"]),
-    "grpo_hpc_tis": ("grpo_hpc", ["algo.tis_cap=2"]),
-    "grpo_hpc_fp32head": ("grpo_hpc", ["algo.fp32_lm_head=true"]),
-    "grpo_hpc_eager": ("grpo_hpc", ["rollout.enforce_eager=true"]),
+    "grpo_hpc_plain": ("grpo_hpc", PLAIN),
+    "grpo_hpc_tempered": ("grpo_hpc", [*PLAIN, "algo.tempered_logp=true"]),
+    "grpo_hpc_hf": ("grpo_hpc", [*PLAIN, "rollout.engine=hf"]),
+    "grpo_hpc_tis": ("grpo_hpc", [*PLAIN, "algo.tis_cap=2"]),
+    "grpo_hpc_fp32head": ("grpo_hpc", [*PLAIN, "algo.fp32_lm_head=true"]),
+    "grpo_hpc_eager": ("grpo_hpc", [*PLAIN, "rollout.enforce_eager=true"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
@@ -238,6 +246,7 @@ def summarize(runs: list[dict], target: float) -> dict:
 
 COLORS = {
     "grpo_hpc": "tab:blue",
+    "grpo_hpc_plain": "tab:gray",
     "grpo_hpc_tempered": "tab:green",
     "trl": "tab:orange",
     "trl_fp32": "tab:red",

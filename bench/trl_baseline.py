@@ -210,6 +210,7 @@ DEFAULT_VARIANTS = [
     "tok16k=--micro-tokens 16384",
     "release=--release-engine",
     "packed=--packing",
+    "plain=--no-compile --no-packing",
 ]
 """grpo_hpc's side, ``name=grpo_step.py flags``. ``default`` passes no memory flag: it runs
 the project's defaults (grpo_hpc.config), which is what issue 12 point 4 judges."""

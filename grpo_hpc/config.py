@@ -189,12 +189,14 @@ class AlgoConfig:
     18432 lets 32 rows of ~570 tokens (a 300-token prompt + 256 new) share one pass where
     16384 split 64 such rows 28+28+8 (bench/results/README.md, "Native engine vs TRL":
     both budgets measured in one run on an H100)."""
-    packing: bool = False
+    packing: bool | str = "auto"
     """Train each micro-batch as one packed sequence: its rows concatenated, positions
     restarting per row, attention confined to each row (varlen flash attention on CUDA in
     bf16/fp16, SDPA row by row elsewhere; grpo_hpc.train.packing). No padding is computed,
     and ``micro_batch_tokens`` then counts the rows' real tokens, not rows x longest. Same
-    loss and gradients as the padded path. Off until measured on a GPU (issue 24)."""
+    loss and gradients as the padded path. ``auto``: on where ``dist.compile``'s auto is
+    and the precision is bf16/fp16 (the varlen kernel's; row-by-row attention is slower
+    than padding), off elsewhere (grpo_hpc.train.auto_speed)."""
 
 
 @dataclass
@@ -265,10 +267,13 @@ class DistConfig:
     """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
     backend: str = "auto"
     """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
-    compile: bool = False
+    compile: bool | str = "auto"
     """torch.compile each decoder layer of the training forward on CUDA, once for every
     width (fewer, fused kernels around the matrix products; the first step pays the
-    compilation). The native rollout engine compiles its decode layers anyway."""
+    compilation, ~5 s at 0.5B). ``auto``: on for full-parameter DDP training on a GPU of
+    compute capability 8.0+ (A100, H100), where it was measured; off on a CPU, a V100,
+    with LoRA or FSDP (grpo_hpc.train.auto_speed). The native rollout engine compiles its
+    decode layers anyway."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
@@ -478,6 +483,9 @@ def validate(cfg: Config) -> None:
         "model.checkpoint_every": cfg.model.checkpoint_every,
         "training.eval_samples": cfg.training.eval_samples,
     }
+    for key, value in (("dist.compile", cfg.dist.compile), ("algo.packing", cfg.algo.packing)):
+        if not isinstance(value, bool) and value != "auto":
+            raise ConfigError(f"{key}={value!r} is not one of true, false, auto")
     if cfg.algo.micro_batch_tokens < 0:
         raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
     for key in ("zero_reward_patience", "cut_off_patience"):

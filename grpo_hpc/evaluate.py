@@ -188,8 +188,10 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
         target.model_dir, attn, device, getattr(torch, num.load_dtype)
     )
     model.eval()
-    if cfg is not None and cfg.dist.compile and device.type == "cuda":
-        models.compile_layers(model)  # as the trainer's (HF generate runs its compiled layers)
+    if cfg is not None and cfg.dist.compile is True and device.type == "cuda":
+        # As the trainer's, if set (HF generate runs its compiled layers); auto's
+        # compilation pays in the update, which evaluation does not run.
+        models.compile_layers(model)
     sets = _trainer_sets(cfg)
     # The trainer's system prompt: the config's, else the instruction its train set implies.
     system = cfg.data.system_prompt if cfg is not None else ""

@@ -33,7 +33,7 @@ def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
         strategy=profile.strategy,
         precision=profile.precision,
         nproc_per_node=profile.procs_per_node,
-        compile=cfg.dist.compile or profile.compile,
+        compile=True if profile.compile else cfg.dist.compile,
     )
     if cfg.model.attn_implementation == "auto":
         cfg.model = dataclasses.replace(cfg.model, attn_implementation=profile.attn_implementation)

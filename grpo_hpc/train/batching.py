@@ -63,7 +63,7 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
             adv[train],
             algo.micro_batch_size,
             algo.micro_batch_tokens,
-            algo.packing,
+            algo.packing is True,  # resolved by the trainer; an unresolved auto: padded
         )
         out.rewards += s.rewards[groups].flatten().tolist()
         for name, vals in s.components.items():

@@ -33,6 +33,7 @@ from grpo_hpc.manifest import CheckpointIncompleteError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.progress import TrainState
 from grpo_hpc.train import (
+    auto_speed,
     batching,
     breakers,
     checkpoint,
@@ -82,6 +83,10 @@ class Trainer:
                 f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
                 "train on the CPU with precision fp32"
             )
+        self.cfg = auto_speed.resolve(cfg, auto_speed.where_training(cfg, info.device))
+        if info.is_main:
+            print(auto_speed.describe(cfg, self.cfg), flush=True)
+        cfg = self.cfg
         if cfg.rollout.prompts_per_step % info.world_size:
             raise ConfigError(
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "

@@ -67,7 +67,7 @@ def test_packed_bf16_update_matches_padded(tmp_path: Path, monkeypatch: pytest.M
         return torch.autocast("cuda", dtype=torch.bfloat16)
 
     grads = []
-    for model, algo in ((padded, AlgoConfig(micro_batch_size=3)),
+    for model, algo in ((padded, AlgoConfig(micro_batch_size=3, packing=False)),
                         (packed, AlgoConfig(micro_batch_tokens=60, packing=True))):  # fmt: skip
         model.train()
         mbs = split(batch, list(range(len(ROWS))), adv, algo.micro_batch_size,

@@ -1,0 +1,100 @@
+"""What ``auto`` means for the two speed switches of the update, ``dist.compile`` (each
+decoder layer compiled) and ``algo.packing`` (a micro-batch's rows as one sequence). Pure.
+
+Both change no math (their gradients equal the plain path's in fp32: tests/unit/
+test_compile_layers.py, test_packing.py), so ``auto`` turns each on exactly where it was
+measured to pay, and leaves it off where it was not measured or cannot pay:
+
+- on a CUDA GPU of compute capability 8.0 or newer (A100, H100; Triton's fused kernels and
+  the varlen flash kernel need it), one node, data-parallel (DDP) or one GPU, full
+  parameters. On one H100 (bench/results/README.md, issue 24) compile + packing made the
+  default step 1.32x (0.5B), 1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K
+  lengths) faster, and lowered its peak memory in every case;
+- packing also needs half precision (the varlen kernel takes bf16/fp16 only; elsewhere a
+  packed forward runs attention row by row, which is slower than padding);
+- off with LoRA and with FSDP: neither was measured compiled or packed on a GPU;
+- off on a CPU (compilation costs more than it saves on small CPU runs; no varlen kernel).
+
+``true`` and ``false`` are taken as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from grpo_hpc.config import Config
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Where:
+    """The facts ``auto`` is decided from."""
+
+    cuda: bool
+    """Training on a CUDA device."""
+    capability: tuple[int, int]
+    """The device's compute capability; (0, 0) off CUDA."""
+    precision: str
+    """dist.precision: fp32, bf16 or fp16."""
+    strategy: str
+    """dist.strategy: ddp or fsdp."""
+    lora: bool
+    """A LoRA policy (model.lora_rank > 0)."""
+    varlen: bool
+    """PyTorch's varlen flash attention is importable (grpo_hpc.train.packing)."""
+
+
+def _measured(where: Where) -> bool:
+    """Where compile and packing were measured to pay: see the module docstring."""
+    return where.cuda and where.capability >= (8, 0) and where.strategy == "ddp" and not where.lora
+
+
+def compile_on(setting: bool | str, where: Where) -> bool:
+    """``dist.compile`` resolved."""
+    return _measured(where) if setting == AUTO else bool(setting)
+
+
+def packing_on(setting: bool | str, where: Where) -> bool:
+    """``algo.packing`` resolved."""
+    if setting != AUTO:
+        return bool(setting)
+    return _measured(where) and where.precision in ("bf16", "fp16") and where.varlen
+
+
+def resolve(cfg: Config, where: Where) -> Config:
+    """``cfg`` with both switches true or false (a copy; ``cfg`` is left as it is)."""
+    return dataclasses.replace(
+        cfg,
+        dist=dataclasses.replace(cfg.dist, compile=compile_on(cfg.dist.compile, where)),
+        algo=dataclasses.replace(cfg.algo, packing=packing_on(cfg.algo.packing, where)),
+    )
+
+
+def where_training(cfg: Config, device: torch.device) -> Where:
+    """The facts of this process (the thin I/O shell around the decisions above)."""
+    from grpo_hpc.train.packing import _varlen
+
+    cuda = device.type == "cuda"
+    return Where(
+        cuda=cuda,
+        capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
+        precision=cfg.dist.precision,
+        strategy=cfg.dist.strategy,
+        lora=cfg.model.lora_rank > 0,
+        varlen=_varlen() is not None,
+    )
+
+
+def describe(before: Config, after: Config) -> str:
+    """One line for the training log: each switch's resolved value, and where it was auto."""
+    parts = []
+    for name, old, new in (
+        ("dist.compile", before.dist.compile, after.dist.compile),
+        ("algo.packing", before.algo.packing, after.algo.packing),
+    ):
+        parts.append(f"{name}={str(new).lower()}" + (" (auto)" if old == AUTO else ""))
+    return "[Speed] " + ", ".join(parts)

@@ -1,0 +1,58 @@
+"""``auto`` for dist.compile and algo.packing: on exactly where they were measured to pay
+(full-parameter DDP on a GPU of capability 8.0+; packing also in half precision with the
+varlen kernel), as given when set, and validated at load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grpo_hpc.config import build_config
+from grpo_hpc.errors import ConfigError
+from grpo_hpc.train import auto_speed
+from grpo_hpc.train.auto_speed import Where, compile_on, packing_on
+
+H100 = Where(
+    cuda=True, capability=(9, 0), precision="bf16", strategy="ddp", lora=False, varlen=True
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "compiled", "packed"),
+    [
+        ({}, True, True),
+        ({"capability": (8, 0)}, True, True),  # A100
+        ({"capability": (7, 0), "precision": "fp16"}, False, False),  # V100 (Supercloud)
+        ({"precision": "fp32"}, True, False),  # the varlen kernel takes half precision only
+        ({"varlen": False}, True, False),  # a torch without varlen attention
+        ({"strategy": "fsdp"}, False, False),  # not measured on GPUs
+        ({"lora": True}, False, False),
+        ({"cuda": False, "capability": (0, 0), "precision": "fp32"}, False, False),  # CPU
+    ],
+)
+def test_auto_is_on_only_where_measured(change: dict, compiled: bool, packed: bool) -> None:
+    where = dataclasses.replace(H100, **change)
+    assert compile_on("auto", where) is compiled
+    assert packing_on("auto", where) is packed
+
+
+def test_explicit_settings_are_taken_as_given() -> None:
+    cpu = dataclasses.replace(H100, cuda=False, capability=(0, 0))
+    assert compile_on(True, cpu) and packing_on(True, cpu)
+    assert not compile_on(False, H100) and not packing_on(False, H100)
+
+
+def test_resolve_replaces_auto_and_leaves_the_input() -> None:
+    cfg = build_config("tiny", ["dist.compile=false"])
+    assert cfg.algo.packing == "auto"
+    out = auto_speed.resolve(cfg, H100)
+    assert out.dist.compile is False and out.algo.packing is True
+    assert cfg.algo.packing == "auto"  # a copy
+    assert auto_speed.describe(cfg, out) == "[Speed] dist.compile=false, algo.packing=true (auto)"
+
+
+@pytest.mark.parametrize("override", ["algo.packing=sometimes", "dist.compile=maybe"])
+def test_a_bad_value_is_one_clear_error(override: str) -> None:
+    with pytest.raises(ConfigError, match="is not one of true, false, auto"):
+        build_config("tiny", [override])
