@@ -26,6 +26,7 @@ shows finished-row compaction before and after in one run (same seeds: same toke
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -42,6 +43,7 @@ from grpo_hpc.config import DataConfig  # noqa: E402
 from grpo_hpc.train.data import load_problems, prompt_text  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
 from grpo_hpc.train.native.engine import NativeEngine  # noqa: E402
+from grpo_hpc.train.native.sampling import pick  # noqa: E402
 from grpo_hpc.train.rollout import HFEngine  # noqa: E402
 from grpo_hpc.train.update import MicroBatch, completion_logp  # noqa: E402
 
@@ -71,6 +73,31 @@ def roofline(model: torch.nn.Module, batch: int, prompt: int, new: int, bw: floa
     kv_per_slot *= cfg.hidden_size // cfg.num_attention_heads
     kv_bytes = batch * kv_per_slot * (prompt + new / 2)
     return batch / ((weight_bytes + kv_bytes) / bw)
+
+
+ENGINES = {
+    "native": {},
+    "native-nocompact": {"compact": False},
+    "native-eager": {"compile": False},
+    "native-eagerpick": {},  # compiled layers, the token choice eager (as before issue 24)
+    "hf": {},
+}
+
+
+def make_engine(name: str, model, tok, max_new: int, dtype: torch.dtype):  # noqa: ANN001, ANN201
+    """One engine of ``ENGINES`` (T = 1, top-p 1)."""
+    if name == "hf":
+        low = dtype != torch.float32
+        dev = next(model.parameters()).device.type
+
+        def autocast():  # noqa: ANN202
+            return torch.autocast(dev, dtype=dtype, enabled=low)
+
+        return HFEngine(model, tok, max_new, 1.0, 1.0, 3600, autocast=autocast)
+    engine = NativeEngine(model, tok, max_new, 1.0, 1.0, 3600, dtype=dtype, **ENGINES[name])
+    if name == "native-eagerpick":
+        engine.fns = dataclasses.replace(engine.fns, pick=pick)
+    return engine
 
 
 def sync(device: torch.device) -> None:
@@ -164,7 +191,7 @@ def main() -> None:
         "--engines",
         nargs="+",
         default=["native", "hf"],
-        choices=["native", "native-nocompact", "native-eager", "hf"],
+        choices=list(ENGINES),
     )
     p.add_argument("--no-agreement", action="store_true", help="skip the agreement checks")
     p.add_argument("--model", type=Path, help="a real model directory instead of --shape")
@@ -189,18 +216,13 @@ def main() -> None:
             f"Question {i}: what is {7 * i} plus {3 * i + 1}?" for i in range(int(args.prompts))
         ]
     bw = hbm_bandwidth(device)
-    native = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype)
-    eager = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype, compile=False)
-    full = NativeEngine(model, tok, args.max_new, 1.0, 1.0, 3600, dtype=dtype, compact=False)
-    hf = HFEngine(model, tok, args.max_new, 1.0, 1.0, 3600, autocast=autocast)
+    engines = {name: make_engine(name, model, tok, args.max_new, dtype) for name in args.engines}
     plen = tok(prompts, return_tensors="pt", padding=True).input_ids.shape[1]
     rows = []
     for batch in args.batch:
         roof = roofline(model, batch, plen, args.max_new, bw)
         for name in args.engines:
-            engine = {"native": native, "native-nocompact": full, "native-eager": eager, "hf": hf}[
-                name
-            ]
+            engine = engines[name]
             r = time_engine(engine, prompts, batch, args.reps, device)
             r |= {"engine": name, "batch": batch, "roofline_tok_per_s": roof}
             r["roofline_frac"] = r["tok_per_s"] / roof

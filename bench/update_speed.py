@@ -25,10 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
 from grpo_hpc.config import AlgoConfig  # noqa: E402
-from grpo_hpc.train import update  # noqa: E402
+from grpo_hpc.train import logp_head, update  # noqa: E402
 from grpo_hpc.train.dist import DistInfo  # noqa: E402
 from grpo_hpc.train.loss import selective_log_softmax, token_entropy  # noqa: E402
-from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer  # noqa: E402
+from grpo_hpc.train.models import (  # noqa: E402
+    compile_layers,
+    enable_checkpointing,
+    load_model_and_tokenizer,
+)
 from grpo_hpc.train.packing import _varlen, use_packed_attention  # noqa: E402
 from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
 
@@ -110,7 +114,10 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=30)
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--micro-tokens", type=int, nargs="+", default=[4096, 8192])
-    p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--grad-ckpt", action="store_true", help="checkpoint every decoder layer")
+    p.add_argument(
+        "--ckpt-every", type=int, default=0, help="checkpoint one layer in N (0: --grad-ckpt's)"
+    )
     p.add_argument(
         "--paths",
         nargs="+",
@@ -120,16 +127,24 @@ def main() -> None:
     p.add_argument("--ragged", action="store_true", help="completion lengths of a real policy")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="dist.compile: compiled layers")
+    p.add_argument(
+        "--compile-head",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --compile, also the fused head's chunk arithmetic (as dist.compile does)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
         model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
     use_packed_attention(model)  # plain SDPA except in the packed path's forwards
-    if args.grad_ckpt:
-        model.gradient_checkpointing_enable()
+    if args.grad_ckpt or args.ckpt_every:
+        enable_checkpointing(model, args.ckpt_every or 1)
     if args.compile:
         compile_layers(model)
+        if args.compile_head:
+            logp_head.compile_chunks()
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)

@@ -28,7 +28,7 @@ forward still goes through the DDP/FSDP wrapper (hooks, gradient sync, unshardin
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +55,58 @@ def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
+def chunk_stats(
+    logits: torch.Tensor, ids: torch.Tensor, inv_t: float, acc: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of one chunk's logits [n, V] (the head's product, before the temperature): the
+    log-sum-exp, the chosen token's logit and the entropy of ``softmax(z)``, ``z = logits
+    * inv_t`` in ``acc`` (fp32)."""
+    z = logits.to(acc) * inv_t
+    lse = torch.logsumexp(z, -1)
+    chosen = z.gather(-1, ids[:, None])[:, 0]
+    p = torch.exp(z - lse[:, None])
+    return lse, chosen, lse - (p * z).sum(-1)
+
+
+def chunk_grad(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    ids: torch.Tensor,
+    grad_logp: torch.Tensor,
+    inv_t: float,
+    acc: torch.dtype,
+    out: torch.dtype,
+) -> torch.Tensor:
+    """``dL/d(logits)`` of one chunk, in dtype ``out``: ``g (1[k = y] - softmax(z)_k) / T``
+    with ``g = dL/d log p_y``. Written as one elementwise expression (no scatter), so a
+    compiler fuses it into one pass over the logits; ``g - g p`` equals the scatter-add's
+    ``(-g p) + g`` bit for bit."""
+    g = grad_logp.to(acc)[:, None] * inv_t  # d z / d(h W^T) = 1/T
+    gp = g * torch.exp(logits.to(acc) * inv_t - lse[:, None])
+    hit = torch.arange(logits.shape[-1], device=logits.device) == ids[:, None]
+    return torch.where(hit, g - gp, -gp).to(out)
+
+
+@dataclass
+class _ChunkFns:
+    stats: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = chunk_stats
+    grad: Callable[..., torch.Tensor] = chunk_grad
+
+
+_CHUNK = _ChunkFns()
+
+
+def compile_chunks() -> None:
+    """Compile the head's per-chunk softmax arithmetic (``dist.compile``; the trainer calls
+    this where it compiles the decoder layers). Eager, each chunk makes about ten passes
+    over its [1024, vocab] fp32 logits, which cost more than the head's four matrix
+    products (bench/results/README.md, issue 24); compiled, one pass forward and one in
+    backward read the products' bf16 output. Same arithmetic: the fp32 gradients are the
+    eager ones (tests/unit/test_logp_head_compiled.py)."""
+    _CHUNK.stats = torch.compile(chunk_stats, dynamic=None, fullgraph=True)
+    _CHUNK.grad = torch.compile(chunk_grad, dynamic=None, fullgraph=True)
+
+
 class _LinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(  # noqa: ANN205
@@ -74,13 +126,11 @@ class _LinearLogp(torch.autograd.Function):
         chosen = torch.empty(n, dtype=acc, device=h.device)
         lse = torch.empty_like(chosen)
         entropy = torch.empty_like(chosen)
+        stats = _CHUNK.stats
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk):
-                z = (hc[s : s + chunk] @ wc.T).to(acc) * inv_t
-                lse[s : s + chunk] = torch.logsumexp(z, -1)
-                chosen[s : s + chunk] = z.gather(-1, ids[s : s + chunk, None])[:, 0]
-                p = torch.exp(z - lse[s : s + chunk, None])
-                entropy[s : s + chunk] = lse[s : s + chunk] - (p * z).sum(-1)
+                sl = slice(s, s + chunk)
+                lse[sl], chosen[sl], entropy[sl] = stats(hc[sl] @ wc.T, ids[sl], inv_t, acc)
         ctx.save_for_backward(hc, wc, ids, lse)
         ctx.chunk, ctx.h_dtype, ctx.w_dtype, ctx.inv_t = chunk, h.dtype, weight.dtype, inv_t
         ctx.mark_non_differentiable(entropy)
@@ -95,16 +145,15 @@ class _LinearLogp(torch.autograd.Function):
         # A frozen head (LoRA) needs no [vocab, hidden] fp32 gradient accumulator.
         want_w = ctx.needs_input_grad[1]
         grad_w = torch.zeros(wc.shape, dtype=acc, device=wc.device) if want_w else None
+        grad = _CHUNK.grad
         with torch.autocast(hc.device.type, enabled=False):
             for s in range(0, hc.shape[0], ctx.chunk):
                 sl = slice(s, s + ctx.chunk)
-                g = grad_logp[sl].to(acc)[:, None] * ctx.inv_t  # d z / d(h W^T) = 1/T
-                d = -g * torch.exp((hc[sl] @ wc.T).to(acc) * ctx.inv_t - lse[sl, None])
-                d.scatter_add_(-1, ids[sl, None], g)
-                d = d.to(wc.dtype)
+                g = grad_logp[sl]
+                d = grad(hc[sl] @ wc.T, lse[sl], ids[sl], g, ctx.inv_t, acc, wc.dtype)
                 grad_h[sl] = (d @ wc).to(ctx.h_dtype)
                 if grad_w is not None:
-                    grad_w += (d.T @ hc[sl]).to(acc)  # bf16 product, fp32 sum over chunks
+                    grad_w.add_(d.T @ hc[sl])  # bf16 product, fp32 sum over chunks
         grad_w = grad_w.to(ctx.w_dtype) if grad_w is not None else None
         return grad_h, grad_w, None, None, None, None
 

@@ -39,6 +39,7 @@ from grpo_hpc.train import (
     checkpoint,
     data,
     dist,
+    logp_head,
     models,
     packing,
     rewards,
@@ -149,6 +150,7 @@ class Trainer:
             models.enable_checkpointing(model, cfg.model.checkpoint_every)
         if cfg.dist.compile and self.info.device.type == "cuda":
             models.compile_layers(model)  # in place: parameter names are unchanged
+            logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)

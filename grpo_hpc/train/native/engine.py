@@ -263,7 +263,12 @@ class NativeEngine:
         logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
         spread = _pad_rows(logits.repeat_interleave(g, 0), rows)
         token, logp = choose(
-            spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
+            spread,
+            self.temperature,
+            self.top_p,
+            greedy,
+            logp_temperature=self.logp_temperature,
+            pick_fn=self.fns.pick,
         )
         ws.left_pad.copy_(_pad_rows(pad_p.repeat_interleave(g, 0), rows))
         ws.tokens.copy_(token)
@@ -330,7 +335,14 @@ class NativeEngine:
         )
         rows_of = None if draw == ws.rows else ws.rows_of  # compacted: noise of its rows
         token, logp = choose(
-            logits, self.temperature, self.top_p, greedy, rows_of, draw, self.logp_temperature
+            logits,
+            self.temperature,
+            self.top_p,
+            greedy,
+            rows_of,
+            draw,
+            self.logp_temperature,
+            self.fns.pick,
         )
         token = torch.where(ws.done, torch.full_like(token, self.pad), token)
         logp = torch.where(ws.done, torch.zeros_like(logp), logp)
