@@ -43,6 +43,7 @@ from grpo_hpc.config import DataConfig  # noqa: E402
 from grpo_hpc.train.data import load_problems, prompt_text  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
 from grpo_hpc.train.native.engine import NativeEngine  # noqa: E402
+from grpo_hpc.train.native.forward import DecodeFns  # noqa: E402
 from grpo_hpc.train.native.sampling import pick  # noqa: E402
 from grpo_hpc.train.rollout import HFEngine  # noqa: E402
 from grpo_hpc.train.update import MicroBatch, completion_logp  # noqa: E402
@@ -80,6 +81,7 @@ ENGINES = {
     "native-nocompact": {"compact": False},
     "native-eager": {"compile": False},
     "native-eagerpick": {},  # compiled layers, the token choice eager (as before issue 24)
+    "native-autotune": {},  # compiled with mode=max-autotune-no-cudagraphs (GEMM autotuning)
     "hf": {},
 }
 
@@ -97,6 +99,8 @@ def make_engine(name: str, model, tok, max_new: int, dtype: torch.dtype):  # noq
     engine = NativeEngine(model, tok, max_new, 1.0, 1.0, 3600, dtype=dtype, **ENGINES[name])
     if name == "native-eagerpick":
         engine.fns = dataclasses.replace(engine.fns, pick=pick)
+    if name == "native-autotune":
+        engine.fns = DecodeFns.compiled(mode="max-autotune-no-cudagraphs")
     return engine
 
 

@@ -144,16 +144,24 @@ def attn_in(
     eps: float,
     heads: int,
     kv_heads: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decode-step attention input of one layer: norm, fused q/k/v projection, rotary.
-    Returns q [B, heads, d], k and v [B, kv_heads, d] in the compute dtype."""
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    pos: torch.Tensor,
+) -> torch.Tensor:
+    """Decode-step attention input of one layer: norm, fused q/k/v projection, rotary; k
+    and v written into this layer's cache (``cache_k``/``cache_v`` [B, kv_heads, capacity,
+    d]) at slot ``pos``. Returns q [B, heads, d] in the compute dtype. Writing the cache
+    here lets the compiled step store k and v from the kernel that rotates them, instead
+    of two more kernels per layer (0.2 ms of a 3B model's step at 64 rows, profile24)."""
     dtype = wqkv.dtype
     qkv = F.linear(rms_norm(x, norm, eps).to(dtype), wqkv, bqkv)
     d = cos.shape[-1]
     q = qkv[:, : heads * d].unflatten(-1, (heads, d))
     k = qkv[:, heads * d : (heads + kv_heads) * d].unflatten(-1, (kv_heads, d))
     v = qkv[:, (heads + kv_heads) * d :].unflatten(-1, (kv_heads, d))
-    return apply_rope(q, cos, sin).to(dtype), apply_rope(k, cos, sin).to(dtype), v
+    cache_k.index_copy_(2, pos, apply_rope(k, cos, sin).to(dtype).unsqueeze(2))
+    cache_v.index_copy_(2, pos, v.unsqueeze(2))
+    return apply_rope(q, cos, sin).to(dtype)
 
 
 def attn_out_mlp(
@@ -187,7 +195,7 @@ class DecodeFns:
     work (norms, rotary, casts, softmax) into a few kernels, which is most of the gain
     once the step runs as a CUDA graph: a 0.5B model's step is hundreds of tiny kernels."""
 
-    attn_in: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = attn_in
+    attn_in: Callable[..., torch.Tensor] = attn_in
     attn_out_mlp: Callable[..., torch.Tensor] = attn_out_mlp
     pick: Pick = pick
     """Token choice from the logits (:func:`sampling.pick`). Compiled, its passes over the
@@ -195,11 +203,12 @@ class DecodeFns:
     0.15 ms of a 3B model's 5 ms step at 64 rows (bench/results/profile24)."""
 
     @classmethod
-    def compiled(cls) -> DecodeFns:
+    def compiled(cls, mode: str | None = None) -> DecodeFns:
+        """``mode``: torch.compile's (None: the default; benchmarks try others)."""
         return cls(
-            torch.compile(attn_in, dynamic=False, fullgraph=True),
-            torch.compile(attn_out_mlp, dynamic=None, fullgraph=True),
-            torch.compile(pick, dynamic=False, fullgraph=True),
+            torch.compile(attn_in, dynamic=False, fullgraph=True, mode=mode),
+            torch.compile(attn_out_mlp, dynamic=None, fullgraph=True, mode=mode),
+            torch.compile(pick, dynamic=False, fullgraph=True, mode=mode),
         )
 
 
@@ -227,9 +236,20 @@ def decode_step(
     bias = bias.masked_fill(~ok, float("-inf")).view(b, 1, 1, span)
     x = packed.embed[tokens].float()
     for li, lw in enumerate(packed.layers):
-        q, k, v = fns.attn_in(x, lw.in_norm, lw.wqkv, lw.bqkv, cos, sin, s.eps, s.heads, s.kv_heads)
-        cache.k[li].index_copy_(2, pos, k.unsqueeze(2))
-        cache.v[li].index_copy_(2, pos, v.unsqueeze(2))
+        q = fns.attn_in(
+            x,
+            lw.in_norm,
+            lw.wqkv,
+            lw.bqkv,
+            cos,
+            sin,
+            s.eps,
+            s.heads,
+            s.kv_heads,
+            cache.k[li],
+            cache.v[li],
+            pos,
+        )
         x = fns.attn_out_mlp(
             x,
             q,
