@@ -82,6 +82,7 @@ ENGINES = {
     "native-eager": {"compile": False},
     "native-eagerpick": {},  # compiled layers, the token choice eager (as before issue 24)
     "native-autotune": {},  # compiled with mode=max-autotune-no-cudagraphs (GEMM autotuning)
+    "native-plainattn": {},  # compiled, attention by matrix products (no Triton kernel)
     "hf": {},
 }
 
@@ -101,6 +102,8 @@ def make_engine(name: str, model, tok, max_new: int, dtype: torch.dtype):  # noq
         engine.fns = dataclasses.replace(engine.fns, pick=pick)
     if name == "native-autotune":
         engine.fns = DecodeFns.compiled(mode="max-autotune-no-cudagraphs")
+    if name == "native-plainattn":
+        engine.fns = DecodeFns.compiled(fused_attention=False)
     return engine
 
 

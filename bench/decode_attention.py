@@ -197,8 +197,8 @@ def main() -> None:
         for b in args.batch
         for s in args.spans
     ]
-    result = {"benchmark": "decode_attention", "config": vars(args), "runs": runs}
-    result["config"]["out"] = str(args.out) if args.out else None
+    config = dict(vars(args)) | {"out": str(args.out) if args.out else None}
+    result = {"benchmark": "decode_attention", "config": config, "runs": runs}
     result["env"] = env_info()
     write_result(result, args.out)
 

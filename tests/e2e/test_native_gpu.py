@@ -121,3 +121,41 @@ def test_release_gives_the_memory_back_and_recaptures(qwen_shaped) -> None:  # n
         packed = sum(t.numel() * t.element_size() for t in model.parameters())  # fp32 model
         assert freed > packed // 2 * 0.9  # at least the bf16 packed copy of the weights
     assert released.totals["captures"] > kept.totals["captures"]
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "d", "span"),
+    [(14, 2, 64, 320), (12, 2, 128, 64), (16, 2, 128, 576), (28, 4, 128, 192)],
+)
+def test_fused_attention_equals_the_plain_one(heads: int, kv: int, d: int, span: int) -> None:
+    """The Triton decode kernel against the matrix-product path in fp32 (0.5B, 1.5B, 3B
+    and 7B head layouts): rows with different left padding, the current slot inside the
+    span bucket, keys past it unwritten garbage."""
+    from grpo_hpc.train.native import attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, cap, dt = 64, span + 64, torch.bfloat16
+    q = torch.randn(rows, heads, d, device="cuda", generator=g).to(dt)
+    cache_k = torch.randn(rows, kv, cap, d, device="cuda", generator=g).to(dt)
+    cache_v = torch.randn(rows, kv, cap, d, device="cuda", generator=g).to(dt)
+    keys, vals = cache_k[:, :, :span], cache_v[:, :, :span]
+    left_pad = torch.randint(0, span // 2, (rows,), device="cuda", generator=g)
+    pos = torch.tensor([span - 9], device="cuda")
+    slots = torch.arange(span, device="cuda")
+    ok = (slots >= left_pad[:, None]) & (slots <= pos)
+    bias = torch.zeros(ok.shape, device="cuda").masked_fill(~ok, float("-inf"))
+    bias = bias.view(rows, 1, 1, span)
+    want = attention.grouped_attention(q.float(), keys.float(), vals.float(), bias, left_pad, pos)
+    got = attention.fused_attention(q, keys, vals, bias, left_pad, pos)
+    assert got.dtype == dt and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_engine_decodes_with_the_fused_attention(qwen_shaped) -> None:  # noqa: ANN001
+    from grpo_hpc.train.native import attention
+
+    model, tok = qwen_shaped
+    native = NativeEngine(model, tok, 16, 1.0, 1.0, 600, dtype=torch.bfloat16)
+    assert native.fns.attend is attention.fused_attention
+    out = native.generate(PROMPTS[:2], 4)
+    assert out.completion_mask.sum() > 0

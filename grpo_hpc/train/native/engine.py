@@ -39,7 +39,7 @@ import torch
 
 from grpo_hpc.errors import StalledError
 from grpo_hpc.train.dist import compute_device
-from grpo_hpc.train.native import forward, weights
+from grpo_hpc.train.native import attention, forward, weights
 from grpo_hpc.train.native.sampling import choose
 from grpo_hpc.train.rollout_types import GenerationAborted, RolloutBatch, to_batch
 
@@ -126,7 +126,9 @@ class NativeEngine:
         self.graphed = self.use_graphs and self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
         cuda = self.device.type == "cuda"
-        self.fns = forward.DecodeFns.compiled() if self.compile and cuda else forward.EAGER
+        fused = attention.fused_available(self.device, self.dtype)
+        compiled = self.compile and cuda
+        self.fns = forward.DecodeFns.compiled(fused_attention=fused) if compiled else forward.EAGER
         if self.fns is not forward.EAGER:
             # Each decode batch size is one compilation of the layers (``dynamic=False``);
             # compaction's halving buckets plus a large evaluation batch exceed dynamo's

@@ -6,9 +6,9 @@ inputs, rotary embedding is applied in fp32 and rounded once when it enters the 
 
 Attention at decode is grouped-query aware without expanding the KV heads: the query of
 each KV head's group of ``heads / kv_heads`` heads attends to that head's cache directly
-(one batched matrix product for the scores, one for the values), over the cache prefix
-``[0, span)`` only, where ``span`` is the caller's length bucket. Masked keys are the left
-padding of each row and the not-yet-written tail of the bucket.
+(:mod:`attention`: two batched matrix products, or one Triton kernel in bf16/fp16 on
+CUDA), over the cache prefix ``[0, span)`` only, where ``span`` is the caller's length
+bucket. Masked keys are the left padding of each row and the not-yet-written tail.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpo_hpc.train.native import attention
 from grpo_hpc.train.native.sampling import Pick, pick
 from grpo_hpc.train.native.weights import LayerWeights, Packed
 
@@ -164,28 +165,19 @@ def attn_in(
     return apply_rope(q, cos, sin).to(dtype)
 
 
-def attn_out_mlp(
+def out_mlp(
     x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    vals: torch.Tensor,
-    bias: torch.Tensor,
+    out: torch.Tensor,
     wo: torch.Tensor,
     norm: torch.Tensor,
     wgu: torch.Tensor,
     wdown: torch.Tensor,
     eps: float,
 ) -> torch.Tensor:
-    """Rest of the layer: grouped-query attention over ``keys``/``vals`` [B, kv, span, d]
-    (``bias`` [B, 1, 1, span] is 0 or -inf), output projection, MLP; returns the new
-    residual stream (fp32)."""
-    b, kv, _, d = keys.shape
-    dtype = wo.dtype
-    qg = q.view(b, kv, q.shape[1] // kv, d)  # the query heads that share one KV head
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * d**-0.5 + bias
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(dtype), vals).reshape(b, -1)
+    """Rest of the layer after the attention (``out`` [B, heads * d]): output projection,
+    MLP; returns the new residual stream (fp32)."""
     x = x + F.linear(out, wo).float()
-    gate, up = F.linear(rms_norm(x, norm, eps).to(dtype), wgu).chunk(2, dim=-1)
+    gate, up = F.linear(rms_norm(x, norm, eps).to(wo.dtype), wgu).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, wdown).float()
 
 
@@ -196,18 +188,27 @@ class DecodeFns:
     once the step runs as a CUDA graph: a 0.5B model's step is hundreds of tiny kernels."""
 
     attn_in: Callable[..., torch.Tensor] = attn_in
-    attn_out_mlp: Callable[..., torch.Tensor] = attn_out_mlp
+    attend: Callable[..., torch.Tensor] = attention.grouped_attention
+    """Attention over the cache (:mod:`attention`: plain operations, or one Triton kernel)."""
+    out_mlp: Callable[..., torch.Tensor] = out_mlp
     pick: Pick = pick
     """Token choice from the logits (:func:`sampling.pick`). Compiled, its passes over the
     [rows, vocab] logits fuse: eager, two softmaxes over a 152k vocabulary alone took
     0.15 ms of a 3B model's 5 ms step at 64 rows (bench/results/profile24)."""
 
     @classmethod
-    def compiled(cls, mode: str | None = None) -> DecodeFns:
-        """``mode``: torch.compile's (None: the default; benchmarks try others)."""
+    def compiled(cls, mode: str | None = None, fused_attention: bool = False) -> DecodeFns:
+        """``mode``: torch.compile's (None: the default; benchmarks try others);
+        ``fused_attention``: the Triton attention kernel (``attention.fused_available``)."""
+        attend = (
+            attention.fused_attention
+            if fused_attention
+            else torch.compile(attention.grouped_attention, dynamic=None, fullgraph=True, mode=mode)
+        )
         return cls(
             torch.compile(attn_in, dynamic=False, fullgraph=True, mode=mode),
-            torch.compile(attn_out_mlp, dynamic=None, fullgraph=True, mode=mode),
+            attend,
+            torch.compile(out_mlp, dynamic=False, fullgraph=True, mode=mode),
             torch.compile(pick, dynamic=False, fullgraph=True, mode=mode),
         )
 
@@ -250,17 +251,8 @@ def decode_step(
             cache.v[li],
             pos,
         )
-        x = fns.attn_out_mlp(
-            x,
-            q,
-            cache.k[li, :, :, :span],
-            cache.v[li, :, :, :span],
-            bias,
-            lw.wo,
-            lw.post_norm,
-            lw.wgu,
-            lw.wdown,
-            s.eps,
-        )
+        keys, vals = cache.k[li, :, :, :span], cache.v[li, :, :, :span]
+        out = fns.attend(q, keys, vals, bias, left_pad, pos)
+        x = fns.out_mlp(x, out, lw.wo, lw.post_norm, lw.wgu, lw.wdown, s.eps)
     h = rms_norm(x, packed.final_norm, s.eps).to(packed.lm_head.dtype)
     return F.linear(h, packed.lm_head)
