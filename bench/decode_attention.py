@@ -93,6 +93,12 @@ def _flex(fold: bool) -> Attn:
     return attn
 
 
+def _triton(q, k, v, lp, pos):  # noqa: ANN001, ANN202
+    from grpo_hpc.train.native.attention import _fused_op
+
+    return _fused_op(q, k, v, lp, pos)
+
+
 def variants() -> dict[str, tuple[Attn, object]]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -112,6 +118,7 @@ def variants() -> dict[str, tuple[Attn, object]]:
         "sdpa-cudnn": (forced(SDPBackend.CUDNN_ATTENTION), None),
         "flex": (comp(_flex(False), dynamic=False, fullgraph=True), None),
         "flex-fold": (comp(_flex(True), dynamic=False, fullgraph=True), None),
+        "triton": (_triton, None),
     }
 
 
