@@ -18,7 +18,9 @@ call per layer (each on its own layer of the cache) captured in a CUDA graph and
   picks the kernel (``sdpa-efficient`` and ``sdpa-cudnn`` force one);
 - ``flex``: FlexAttention with the mask as a score modification over the GQA layout
   (``enable_gqa``), whose decoding kernel splits the keys across thread blocks
-  (flash-decoding); ``flex-fold``: the folded layout.
+  (flash-decoding); ``flex-fold``: the folded layout;
+- ``triton``: the engine's own kernel (``grpo_hpc.train.native.attention``): a program per
+  (row, KV head) streams the keys and values once with an online softmax.
 
     python bench/decode_attention.py --shapes qwen2.5-1.5b qwen2.5-3b --batch 64 256 \
         --out bench/results/h100_decode_attention.json
