@@ -78,10 +78,26 @@ def chunk_grad(
     out: torch.dtype,
 ) -> torch.Tensor:
     """``dL/d(logits)`` of one chunk, in dtype ``out``: ``g (1[k = y] - softmax(z)_k) / T``
-    with ``g = dL/d log p_y``. Written as one elementwise expression (no scatter), so a
-    compiler fuses it into one pass over the logits; ``g - g p`` equals the scatter-add's
-    ``(-g p) + g`` bit for bit."""
+    with ``g = dL/d log p_y``, built in place (one [n, V] temporary besides the exp)."""
     g = grad_logp.to(acc)[:, None] * inv_t  # d z / d(h W^T) = 1/T
+    d = -g * torch.exp(logits.to(acc) * inv_t - lse[:, None])
+    d.scatter_add_(-1, ids[:, None], g)
+    return d.to(out)
+
+
+def chunk_grad_fusable(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    ids: torch.Tensor,
+    grad_logp: torch.Tensor,
+    inv_t: float,
+    acc: torch.dtype,
+    out: torch.dtype,
+) -> torch.Tensor:
+    """:func:`chunk_grad` as one elementwise expression (no scatter), the form a compiler
+    fuses into one pass over the logits; ``g - g p`` equals the scatter-add's ``(-g p) +
+    g`` bit for bit. Eager it would hold four [n, V] temporaries, so it is only compiled."""
+    g = grad_logp.to(acc)[:, None] * inv_t
     gp = g * torch.exp(logits.to(acc) * inv_t - lse[:, None])
     hit = torch.arange(logits.shape[-1], device=logits.device) == ids[:, None]
     return torch.where(hit, g - gp, -gp).to(out)
@@ -104,7 +120,7 @@ def compile_chunks() -> None:
     backward read the products' bf16 output. Same arithmetic: the fp32 gradients are the
     eager ones (tests/unit/test_logp_head_compiled.py)."""
     _CHUNK.stats = torch.compile(chunk_stats, dynamic=None, fullgraph=True)
-    _CHUNK.grad = torch.compile(chunk_grad, dynamic=None, fullgraph=True)
+    _CHUNK.grad = torch.compile(chunk_grad_fusable, dynamic=None, fullgraph=True)
 
 
 class _LinearLogp(torch.autograd.Function):

@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from grpo_hpc.train import logp_head
-from grpo_hpc.train.logp_head import chunk_grad, chunk_stats, linear_logp
+from grpo_hpc.train.logp_head import chunk_grad, chunk_grad_fusable, chunk_stats, linear_logp
 
 
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -23,16 +23,20 @@ def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return h, w, ids
 
 
-def test_chunk_gradient_equals_the_scatter_add_form_bit_for_bit() -> None:
+def test_fusable_chunk_gradient_equals_the_scatter_add_form_bit_for_bit() -> None:
     h, w, ids = _inputs()
     logits = h @ w.T
     inv_t = 1 / 0.7
     lse, _, _ = chunk_stats(logits, ids, inv_t, torch.float32)
     g = torch.randn(10, generator=torch.Generator().manual_seed(1))
-    want = -(g[:, None] * inv_t) * torch.exp(logits * inv_t - lse[:, None])
-    want.scatter_add_(-1, ids[:, None], g[:, None] * inv_t)
-    got = chunk_grad(logits, lse, ids, g, inv_t, torch.float32, torch.float32)
+    want = chunk_grad(logits, lse, ids, g, inv_t, torch.float32, torch.float32)
+    got = chunk_grad_fusable(logits, lse, ids, g, inv_t, torch.float32, torch.float32)
     assert torch.equal(got, want)
+    # and the scatter form is d log_softmax(z / T)_y / d logits, times g
+    z = logits.detach().clone().requires_grad_(True)
+    torch.log_softmax(z * inv_t, -1).gather(-1, ids[:, None])[:, 0].mul(g).sum().backward()
+    assert z.grad is not None
+    torch.testing.assert_close(want, z.grad)
 
 
 def test_chunk_stats_are_the_log_softmax_and_its_entropy() -> None:

@@ -52,8 +52,12 @@ def grouped_attention(
 
 
 def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether :func:`fused_attention` can run for this device and compute dtype."""
-    return triton is not None and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+    """Whether the engine uses :func:`fused_attention`: Triton present, bf16/fp16, and a
+    GPU of compute capability 8.0+ (A100, H100: where it was measured; a V100 keeps the
+    matrix products, as ``auto_speed`` keeps its plain update)."""
+    if triton is None or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 if triton is not None:
