@@ -270,3 +270,14 @@ def test_release_frees_the_engine_and_the_next_rollout_is_the_same(llama) -> Non
         assert torch.equal(a.input_ids, b.input_ids)
         assert torch.equal(a.sampled_logp, b.sampled_logp)
     assert released.totals["caches"] == 2 and kept.totals["caches"] == 1
+
+
+def test_fused_attention_only_where_its_kernel_was_measured() -> None:
+    """The Triton decode attention needs CUDA, half precision and a power-of-two head
+    size; everywhere else (here: the CPU) the engine keeps the matrix-product path."""
+    from grpo_hpc.train.native import attention
+
+    cpu = torch.device("cpu")
+    assert not attention.fused_available(cpu, torch.bfloat16, 64)
+    assert not attention.fused_available(torch.device("cuda"), torch.float32, 64)
+    assert not attention.fused_available(torch.device("cuda"), torch.bfloat16, 80)

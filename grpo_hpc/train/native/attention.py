@@ -51,11 +51,14 @@ def grouped_attention(
     return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), vals).reshape(b, -1)
 
 
-def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the engine uses :func:`fused_attention`: Triton present, bf16/fp16, and a
-    GPU of compute capability 8.0+ (A100, H100: where it was measured; a V100 keeps the
-    matrix products, as ``auto_speed`` keeps its plain update)."""
+def fused_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the engine uses :func:`fused_attention`: Triton present, bf16/fp16, a head
+    size that is a power of two from 16 to 256 (the kernel's block shape), and a GPU of
+    compute capability 8.0+ (A100, H100: where it was measured; a V100 keeps the matrix
+    products, as ``auto_speed`` keeps its plain update)."""
     if triton is None or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if head_dim not in (16, 32, 64, 128, 256):
         return False
     return torch.cuda.get_device_capability(device) >= (8, 0)
 

@@ -126,7 +126,7 @@ class NativeEngine:
         self.graphed = self.use_graphs and self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
         cuda = self.device.type == "cuda"
-        fused = attention.fused_available(self.device, self.dtype)
+        fused = attention.fused_available(self.device, self.dtype, self.packed.shape.head_dim)
         compiled = self.compile and cuda
         self.fns = forward.DecodeFns.compiled(fused_attention=fused) if compiled else forward.EAGER
         if self.fns is not forward.EAGER:
