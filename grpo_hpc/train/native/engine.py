@@ -264,13 +264,10 @@ class NativeEngine:
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
         logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
         spread = _pad_rows(logits.repeat_interleave(g, 0), rows)
+        # Eager token choice: once per rollout, and outside the capture that falls back to
+        # eager decoding if compiling fails.
         token, logp = choose(
-            spread,
-            self.temperature,
-            self.top_p,
-            greedy,
-            logp_temperature=self.logp_temperature,
-            pick_fn=self.fns.pick,
+            spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
         )
         ws.left_pad.copy_(_pad_rows(pad_p.repeat_interleave(g, 0), rows))
         ws.tokens.copy_(token)
