@@ -101,7 +101,7 @@ def _triton(q, k, v, lp, pos):  # noqa: ANN001, ANN202
     return _fused_op(q, k, v, lp, pos)
 
 
-def variants() -> dict[str, tuple[Attn, object]]:
+def variants() -> dict[str, Attn]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def forced(backend):  # noqa: ANN001, ANN202
@@ -113,14 +113,14 @@ def variants() -> dict[str, tuple[Attn, object]]:
 
     comp = torch.compile
     return {
-        "bmm": (comp(bmm, dynamic=False, fullgraph=True), None),
-        "sdpa": (comp(sdpa, dynamic=False, fullgraph=True), None),
-        "sdpa-bias": (comp(sdpa_bias, dynamic=False, fullgraph=True), None),
-        "sdpa-efficient": (forced(SDPBackend.EFFICIENT_ATTENTION), None),
-        "sdpa-cudnn": (forced(SDPBackend.CUDNN_ATTENTION), None),
-        "flex": (comp(_flex(False), dynamic=False, fullgraph=True), None),
-        "flex-fold": (comp(_flex(True), dynamic=False, fullgraph=True), None),
-        "triton": (_triton, None),
+        "bmm": comp(bmm, dynamic=False, fullgraph=True),
+        "sdpa": comp(sdpa, dynamic=False, fullgraph=True),
+        "sdpa-bias": comp(sdpa_bias, dynamic=False, fullgraph=True),
+        "sdpa-efficient": forced(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa-cudnn": forced(SDPBackend.CUDNN_ATTENTION),
+        "flex": comp(_flex(False), dynamic=False, fullgraph=True),
+        "flex-fold": comp(_flex(True), dynamic=False, fullgraph=True),
+        "triton": _triton,
     }
 
 
@@ -166,7 +166,7 @@ def run_shape(shape: str, batch: int, span: int, prompt: int, names: list[str], 
     kv_bytes = 2 * batch * kv * span * d * 2
     rows = []
     for name in names:
-        fn = variants()[name][0]
+        fn = variants()[name]
         try:
             err = (fn(qs[0], ks[0], vs[0], lp, pos).float() - ref).abs().max().item()
             s = time_graph(fn, qs, ks, vs, lp, pos, reps)
