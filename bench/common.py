@@ -29,6 +29,21 @@ def build_model(out: Path, shape: str) -> None:
     save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)
 
 
+def untiny_overrides() -> list[str]:
+    """The project's defaults for what ``configs/tiny.yaml`` sets for its CPU smoke runs
+    (4 rows per micro-batch, no recompute, one CPU thread). A GPU benchmark that starts
+    from the ``tiny`` preset adds these, so that it measures the step a user gets (the
+    first issue-24 profile missed them and measured 16 micro-batches without recompute)."""
+    from grpo_hpc.config import AlgoConfig, ModelConfig, TrainingConfig
+
+    algo, model = AlgoConfig(), ModelConfig()
+    return [
+        f"algo.micro_batch_size={algo.micro_batch_size}",
+        f"model.gradient_checkpointing={str(model.gradient_checkpointing).lower()}",
+        f"training.num_threads={TrainingConfig().num_threads}",
+    ]
+
+
 def env_info() -> dict:
     import torch
     import transformers

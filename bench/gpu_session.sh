@@ -6,6 +6,7 @@
 #           packing (issue 24: TRL, the defaults and algo.packing side by side)
 #           update24 (issue 24: the update alone, padded vs packed, full and ragged lengths)
 #           packdiag (issue 24: the packed update's profile) compile24 (compiled layers)
+#           ckpt24 (issue 24: the default step with less gradient checkpointing)
 #           multi dcp ladder2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
@@ -115,6 +116,22 @@ print(torch.__version__, inspect.signature(v.varlen_attn))" 2>&1 | tail -1
                 --grad-ckpt --paths fused packed --ragged --compile --reps 2 \
                 --out "$out/h100_update_speed_${shape}_ragged_compiled.json" 2>&1 |
                 grep -E "^\{'path'|Error"
+        done ;;
+    ckpt24) # issue 24: the default step with less recompute (CKPT_VARIANTS per shape, "name=flags"
+        # separated by ";"), one model per shape built once; medians of steps 2-4
+        for shape in ${SIZES_SHAPES:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b}; do
+            python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; \
+from common import build_model; build_model(Path('/tmp/m-$shape'), '$shape')" || continue
+            IFS=';' read -ra variants <<<"${CKPT_VARIANTS:-default=;none=--no-grad-ckpt;every2=--ckpt-every 2}"
+            for v in "${variants[@]}"; do
+                name=${v%%=*}
+                timeout "${CKPT_TIMEOUT:-170}" python3 bench/grpo_step.py --shape "$shape" \
+                    --model-dir "/tmp/m-$shape" --steps 4 --engine native ${v#*=} \
+                    --out "$out/h100_ckpt24_${shape}_$name.json" >/dev/null 2>"$out/err_${shape}_$name.txt"
+                python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['median']; \
+print(sys.argv[2], {k: round(v, 3) for k, v in m.items()})" "$out/h100_ckpt24_${shape}_$name.json" \
+                    "$shape $name" 2>/dev/null || echo "$shape $name failed: $(tail -c 300 "$out/err_${shape}_$name.txt")"
+            done
         done ;;
     update) python3 bench/update_speed.py --out "$out/update_speed.json" 2>&1 | tail -45 ;;
     *) echo "unknown stage $stage" ;;

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
 
-from grpo_hpc.config import AlgoConfig, DistConfig, ModelConfig, RolloutConfig  # noqa: E402
+from grpo_hpc.config import (  # noqa: E402
+    AlgoConfig,
+    DistConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainingConfig,
+)
 
 if TYPE_CHECKING:
     from grpo_hpc.paths import RunPaths
@@ -73,6 +79,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"dist.compile={args.compile}",
         f"rollout.release_engine_memory={args.release_engine}",
         f"training.seed={args.seed}",  # the prompt order: a caller may rebuild it from this
+        f"training.num_threads={TrainingConfig().num_threads}",  # not the tiny preset's 1
         *data_overrides(args),
         *args.override,
     ]
@@ -108,9 +115,11 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "gen_len/mean",
         "rollout/truncated",
         "gpu_mem_gb",
+        "gpu_alloc_retries",
     ]
     return {
         "median": {k: statistics.median(m[k] for m in steps) for k in keys if k in steps[0]},
+        "alloc_retries_total": logged[-1].get("gpu_alloc_retries"),
         "steps_measured": len(steps),
         "lengths": length_summary(logged, "gen_len/mean", "rollout/truncated"),
         "wall_s": wall,

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info  # noqa: E402
+from common import env_info, untiny_overrides  # noqa: E402
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 PHASES = ("generate", "update")
@@ -76,9 +76,10 @@ MODULE_SCOPES = {"RMSNorm": "norm", "Attention": "attn", "MLP": "mlp"}
 
 
 def run_overrides(shape: str, args: argparse.Namespace) -> list[str]:
-    """The config grpo_step.py / trl_baseline.py run (project defaults for memory settings),
-    on random weights of ``shape``, plus ``--override``."""
+    """The config grpo_step.py / trl_baseline.py run (project defaults for memory settings,
+    not the ``tiny`` preset's), on random weights of ``shape``, plus ``--override``."""
     return [
+        *untiny_overrides(),
         f"model.name_or_path=random:{SHAPES_DIR / shape}",
         f"rollout.prompts_per_step={args.prompts}",
         f"rollout.num_generations={args.G}",
@@ -148,15 +149,21 @@ def _ranged(fn: Callable, name: str, sync: bool) -> Callable:
 
 
 def instrument(trainer: Any) -> None:
-    """Phase ranges around generation and the update; scopes around the optimizer step and
-    the forwards of norms, attention modules and MLPs (instance attributes: the classes and
-    other models are untouched)."""
+    """Phase ranges around generation and the update; scopes around the optimizer step and,
+    in an eager model, the forwards of norms, attention modules and MLPs (instance
+    attributes: the classes and other models are untouched). Compiled decoder layers
+    (``dist.compile``) get no module scopes: a patched ``forward`` fails the compiled
+    layer's guards, so the profiled step would recompile and run another graph than the
+    unprofiled one (it did, 2026-11-25), and a compiled layer's fused kernels cross the
+    norm / attention / MLP boundaries anyway; its kernels are categorised by name."""
     from grpo_hpc.train import dist
 
     engine, opt = trainer.engine, trainer.opt
     engine.generate = _ranged(engine.generate, PHASE_PREFIX + "generate", sync=True)
     opt.update = _ranged(opt.update, PHASE_PREFIX + "update", sync=True)
     opt.optimizer_step = _ranged(opt.optimizer_step, SCOPE_PREFIX + "optimizer", sync=False)
+    if trainer.cfg.dist.compile:
+        return
     for module in dist.unwrap(trainer.model).modules():
         cls = type(module).__name__
         scope = next((s for suffix, s in MODULE_SCOPES.items() if cls.endswith(suffix)), None)

@@ -417,6 +417,10 @@ class Trainer:
         m["time/step"] = time.monotonic() - t0
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            # Times the caching allocator had to free its cache and retry a cudaMalloc:
+            # each is a device-wide sync, so a count that grows step by step means memory
+            # is nearly full and the step runs slower than its kernels (no GPU sync here).
+            m["gpu_alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
         totals = getattr(self.engine, "totals", None)  # native engine: caches built so far
         if totals is not None:
             m["engine/caches"] = totals["caches"]
