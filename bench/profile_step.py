@@ -64,7 +64,8 @@ CATEGORIES = (
 PHASE_PREFIX, SCOPE_PREFIX = "phase:", "scope:"
 # Kernel (or CPU op) names, lower-cased substrings; attention is tested before matmul
 # (flash kernels are CUTLASS-built).
-ATTENTION_NAMES = ("flash", "fmha", "attention", "attn", "varlen", "sdpa")
+ATTENTION_NAMES = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "_decode_kernel")
+# (_decode_kernel: the native engine's Triton decode attention, grpo_hpc/train/native/attention.py)
 MATMUL_NAMES = ("gemm", "cutlass", "nvjet", "xmma", "cublas", "aten::mm", "aten::addmm",
                 "aten::bmm", "aten::baddbmm", "matmul", "triton_tem")  # fmt: skip
 # Kernels that torch.compile fused (the engine's decode layers) carry their ops in the name.

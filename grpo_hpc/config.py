@@ -36,7 +36,10 @@ class ModelConfig:
     layer's input, which lets a micro-batch hold 32 rows, and fewer, larger micro-batches
     pay back the recompute in an update that is bound by kernel launches at these sizes
     (bench/results/README.md, "Native engine vs TRL": 1.37 s/step at 13.8 GiB against
-    1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty."""
+    1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
+    with compiled, packed layers the recompute is a quarter of the update's matrix work
+    (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
+    "Issue 24, third pass")."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the
