@@ -16,7 +16,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
   under LoRA without FSDP2 only the adapted projections, the frozen base read in place)
   and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
 - activations of one micro-batch (``algo.micro_batch_tokens`` padded tokens); with gradient
-  checkpointing the layer inputs plus one layer being recomputed;
+  checkpointing the layer inputs plus one layer being recomputed; compiled layers
+  (``dist.compile``, as ``auto`` resolves it for the submission) keep fewer than eager ones;
 - the fused log-prob head: a few ``chunk x vocab`` fp32 logit blocks and its fp32 weight
   gradient accumulator;
 - a frozen reference model when ``algo.beta > 0``; the CUDA context.
@@ -142,6 +143,9 @@ class Settings:
     release_engine: bool = False
     """The native engine frees its packed weights, KV caches and CUDA graphs before each
     update and rebuilds them at the next rollout (``rollout.release_engine_memory``)."""
+    compiled_layers: bool = False
+    """Decoder layers compiled (``dist.compile`` resolved on): a compiled layer keeps fewer
+    activations for backward (COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED)."""
 
     @property
     def compute_bytes(self) -> int:
@@ -158,6 +162,8 @@ class Settings:
         if self.gradient_checkpointing:
             every = self.checkpoint_every
             parts.append("gradient checkpointing" + (f" (1 layer in {every})" if every > 1 else ""))
+        if self.compiled_layers:
+            parts.append("compiled layers")
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
         if self.release_engine and self.engine == "native":
@@ -245,6 +251,16 @@ LORA_FIXED_BYTES = 2**30
 size (fitted with LORA_HIDDEN_SAVED; where it comes from is not pinned down)."""
 
 
+COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED = 2, 19
+"""Intermediate- and hidden-sized tensors a compiled, fully trained decoder layer keeps per
+token (compute dtype), against eager's 4 and 20: the compiled backward keeps gate and up
+and recomputes the cheap pointwise work. Fitted on one H100 (bench/results, issue 24,
+third pass) to stay at or above every measured peak: the 1.5B step without recompute and
+with every other layer recomputed (~85 KB per token and layer kept, 2 and 17 would give
+88 KB), and the one-GPU ladder rows of ``ladder_auto24.json`` (0.5B-3B, compiled, no
+recompute; 2 and 18 meet the 3B row's peak, 19 leaves a margin)."""
+
+
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
@@ -304,6 +320,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     # linear is trained, LORA_HIDDEN_SAVED when frozen linears keep no inputs.
     mlp_saved = 3 if lora and "down_proj" not in s.lora_targets else 4
     per_layer = mlp_saved * c * i + (LORA_HIDDEN_SAVED if lora else 20) * c * h
+    if s.compiled_layers and not lora:  # LoRA layers were not measured compiled
+        per_layer = COMPILED_INTERMEDIATE_SAVED * c * i + COMPILED_HIDDEN_SAVED * c * h
     if s.gradient_checkpointing:
         # Checkpointed layers keep their input; the others keep everything; one layer is
         # being recomputed at a time.

@@ -19,6 +19,7 @@ from grpo_hpc.memory import (
     fit,
     micro_tokens,
 )
+from grpo_hpc.train import auto_speed
 
 if TYPE_CHECKING:
     from grpo_hpc.config import Config, ModelConfig
@@ -88,6 +89,7 @@ def settings_of(cfg: Config, nodes: int = 1) -> Settings:
         engine=engine,
         cpu_offload=cfg.dist.cpu_offload,
         release_engine=cfg.rollout.release_engine_memory,
+        compiled_layers=auto_speed.compile_on(cfg.dist.compile, auto_speed.where_submitted(cfg)),
     )
 
 

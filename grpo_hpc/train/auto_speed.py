@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from grpo_hpc.config import Config
+
+if TYPE_CHECKING:  # grpo-submit decides ``auto`` too (where_submitted), without torch
+    import torch
 
 AUTO = "auto"
 
@@ -74,8 +76,26 @@ def resolve(cfg: Config, where: Where) -> Config:
     )
 
 
+def where_submitted(cfg: Config) -> Where:
+    """The facts as a submission knows them, with no GPU at hand (the memory estimate,
+    :mod:`grpo_hpc.memory_plan`): bf16 needs compute capability 8.0+ (a V100 has none), so
+    a bf16 run is taken to have it; an fp16 or fp32 run is not (there the estimate assumes
+    eager layers, which keep more for backward: the safe side)."""
+    bf16 = cfg.dist.precision == "bf16"
+    return Where(
+        cuda=True,
+        capability=(8, 0) if bf16 else (0, 0),
+        precision=cfg.dist.precision,
+        strategy=cfg.dist.strategy,
+        lora=cfg.model.lora_rank > 0,
+        varlen=bf16,
+    )
+
+
 def where_training(cfg: Config, device: torch.device) -> Where:
     """The facts of this process (the thin I/O shell around the decisions above)."""
+    import torch
+
     from grpo_hpc.train.packing import _varlen
 
     cuda = device.type == "cuda"
