@@ -374,6 +374,8 @@ class Trainer:
         self.tracker.update(TrainState.TRAINING)
         t1 = time.monotonic()
         stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
+        if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
+            torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
         t_train = time.monotonic() - t1
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
