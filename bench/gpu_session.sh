@@ -70,8 +70,10 @@ for stage in "$@"; do
                 --G 8 --max-new 256 --micro 16 --engine native --no-grad-ckpt --micro-tokens $v \
                 --out "$out/lean_$tag.json" 2>&1 | grep -E "time/step|gpu_mem|Error" | tail -3
         done ;;
-    tests) # GPU_TESTS picks the tests (default: every GPU test under tests/e2e)
-        python3 -m pytest -q -x -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/e2e} 2>&1 | tail -30 ;;
+    tests) # GPU_TESTS picks the tests (default: every GPU test under tests/e2e). The whole
+        # log goes to $out as it is written: a call cut at its limit still brings it back.
+        python3 -m pytest -v -x -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/e2e} 2>&1 |
+            tee "$out/gpu_tests.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" ;;
     point4) # issue 12 point 4: TRL once, then the defaults and the variants around them
         python3 bench/trl_baseline.py --shape qwen2.5-0.5b --micro 16 --engine native \
             --variant-timeout "${VARIANT_TIMEOUT:-160}" --variants "default=" \
