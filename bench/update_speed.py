@@ -33,6 +33,7 @@ from grpo_hpc.train.models import (  # noqa: E402
     enable_checkpointing,
     load_model_and_tokenizer,
 )
+from grpo_hpc.train.optimization import autocast_factory  # noqa: E402
 from grpo_hpc.train.packing import _varlen, use_packed_attention  # noqa: E402
 from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
 
@@ -90,13 +91,10 @@ def measured_peak() -> float:
     return 2 * 8192**3 * 10 / (time.perf_counter() - t)
 
 
-def run_update(model, opt, mbs, algo, new) -> float:  # noqa: ANN001
+def run_update(model, opt, mbs, algo, new, cache: bool = False) -> float:  # noqa: ANN001
     torch.cuda.synchronize()
     t = time.perf_counter()
-
-    def autocast():  # noqa: ANN202
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-
+    autocast = autocast_factory("cuda", torch.bfloat16, cache=cache)  # the trainer's: no cache
     update.accumulate(model, mbs, algo, DistInfo(device=torch.device("cuda")), new, None, autocast)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -127,6 +125,11 @@ def main() -> None:
     p.add_argument("--ragged", action="store_true", help="completion lengths of a real policy")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="dist.compile: compiled layers")
+    p.add_argument(
+        "--autocast-cache",
+        action="store_true",
+        help="the update's autocast keeps its cast cache (the trainer's did before 2026-11-25)",
+    )
     p.add_argument(
         "--compile-head",
         action=argparse.BooleanOptionalAction,
@@ -164,9 +167,12 @@ def main() -> None:
         for budget in args.micro_tokens:
             algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=budget, packing=packed)
             mbs = update.split(batch, list(range(args.rows)), adv, args.rows, budget, packed)
-            run_update(model, opt, mbs, algo, args.max_new)  # warm-up
+            run_update(model, opt, mbs, algo, args.max_new, args.autocast_cache)  # warm-up
             torch.cuda.reset_peak_memory_stats()
-            times = [run_update(model, opt, mbs, algo, args.max_new) for _ in range(args.reps)]
+            times = [
+                run_update(model, opt, mbs, algo, args.max_new, args.autocast_cache)
+                for _ in range(args.reps)
+            ]
             t = statistics.median(times)
             r = {
                 "path": path,
@@ -189,7 +195,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        run_update(model, opt, mbs, algo, args.max_new)
+        run_update(model, opt, mbs, algo, args.max_new, args.autocast_cache)
     table = prof.key_averages().table(
         sort_by="cuda_time_total", row_limit=25, max_name_column_width=60
     )

@@ -297,7 +297,17 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         compute = c * (2 * shape.layer_params + shape.embed_params) + 4 * shape.layer_params
     elif lora or s.precision == "fp32":
         compute = 0  # weights are already in the compute dtype: autocast caches nothing
-    else:  # autocast keeps a low-precision copy of every linear weight for backward
+    elif s.compiled_layers and s.gradient_checkpointing:
+        # A compiled layer casts inside its graph, so autocast's cache holds nothing, and a
+        # checkpointed one frees its casts: only the layers not checkpointed keep theirs
+        # (plus one layer's in flight). Every compiled peak measured stays at or above.
+        kept = shape.layers - (-(-shape.layers // max(1, s.checkpoint_every)))
+        compute = c * shape.layer_params * (kept + 1)
+    else:
+        # Eager layers: autocast's cache kept a low-precision copy of every linear weight
+        # through the update. The update's autocast now keeps no cache
+        # (optimization.autocast_factory), which frees that copy under checkpointing, but
+        # no eager peak has been measured on a GPU since: the estimate stays conservative.
         compute = c * (p - shape.embed_params)
     native = s.engine == "native"  # LoRA too: adapters are folded into the packed copy
     if native and lora and not s.fsdp:  # the frozen base is read in place, not copied

@@ -14,6 +14,24 @@ from grpo_hpc.train import dist, update
 from grpo_hpc.train.logp_head import Scoring
 
 
+def autocast_factory(
+    device_type: str, dtype: torch.dtype | None, cache: bool = True
+) -> Callable[[], contextlib.AbstractContextManager]:
+    """Contexts of low-precision compute over fp32 master weights (``dtype`` None: none).
+
+    ``cache=False`` is for the update. autocast caches the low-precision cast of each weight
+    until its outermost context exits, and the update's backward runs inside it: with
+    gradient checkpointing the cache is a second copy of the model in bf16/fp16 (2 bytes a
+    parameter: 2.9 GiB at 1.5B) held through the forward and the backward for nothing, since
+    a checkpointed layer casts again in its recompute and a layer that is not checkpointed
+    saves its cast for backward anyway. Casting is exact, so gradients are equal bit for
+    bit (``tests/unit/test_update_autocast.py``). Compiled layers cast inside their graph and
+    never filled the cache: what it frees is in eager runs (a V100, ``dist.compile=false``)."""
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
+
+
 def _fused(info: dist.DistInfo, cfg: Config) -> bool:
     """Fused AdamW wherever the parameters live on the GPU, FSDP2's sharded DTensors
     included. It updates each tensor in place in one kernel. The alternative torch picks by

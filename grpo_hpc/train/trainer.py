@@ -12,7 +12,6 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -47,7 +46,7 @@ from grpo_hpc.train import (
 )
 from grpo_hpc.train.collect import Collector
 from grpo_hpc.train.held_out import HeldOutEval
-from grpo_hpc.train.optimization import StepOptimizer
+from grpo_hpc.train.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.rollout import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.tracking import Tracker, step_metrics, step_samples
@@ -156,13 +155,11 @@ class Trainer:
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
         gpu = self.info.device.type == "cuda"
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
-        # fp32 master weights; bf16/fp16 compute through autocast (generation too).
-        self.autocast = (
-            (lambda: torch.autocast("cuda", dtype=dtype))
-            if gpu and dtype
-            else contextlib.nullcontext
-        )
-        self.opt = StepOptimizer(self.model, cfg, self.info, self.autocast)
+        # fp32 master weights; bf16/fp16 compute through autocast (generation too); the
+        # update's keeps no cast cache (one low-precision copy of the model saved).
+        self.autocast = autocast_factory("cuda", dtype if gpu else None)
+        update_autocast = autocast_factory("cuda", dtype if gpu else None, cache=False)
+        self.opt = StepOptimizer(self.model, cfg, self.info, update_autocast)
         self.engine = rollout.build_engine(
             cfg.rollout.engine,
             dist.unwrap(self.model),
