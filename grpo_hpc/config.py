@@ -263,9 +263,11 @@ class TrainingConfig:
 @dataclass
 class DistConfig:
     strategy: str = "ddp"
-    """ddp or fsdp (FSDP2 fully_shard); set from the profile."""
+    """ddp or fsdp (FSDP2 fully_shard); set from the profile unless given on the command
+    line (``grpo-submit ... dist.strategy=ddp``)."""
     precision: str = "fp32"
-    """fp32, bf16 or fp16 (with a grad scaler); set from the profile."""
+    """fp32, bf16 or fp16 (with a grad scaler); set from the profile unless given on the
+    command line (bf16 needs compute capability 8.0+: the trainer refuses it on a V100)."""
     nproc_per_node: int = 1
     """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
     backend: str = "auto"

@@ -17,21 +17,29 @@ import submitit
 import yaml
 
 from grpo_hpc import memory_plan, slurm_query
-from grpo_hpc.config import Config, build_config, load_resolved, to_yaml
+from grpo_hpc.config import Config, build_config, load_resolved, normalize_overrides, to_yaml
 from grpo_hpc.errors import ConfigError, GrpoError
 from grpo_hpc.fsutil import append_jsonl, atomic_write_text, read_jsonl
 from grpo_hpc.launch import NodeContext, NodeLauncher, torchrun_command
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import Profile, load_profile, profile_from_dict, render_setup
 
+PROFILE_KEYS_OVERRIDABLE = ("dist.strategy", "dist.precision")
+"""Keys the profile fills that a command-line override still decides (the profile's value
+is the cluster's default, not a fact of its hardware like the processes per node)."""
 
-def apply_profile(cfg: Config, profile: Profile, run_name: str) -> Config:
-    """The resolved config: the profile decides how to run (pure)."""
+
+def apply_profile(
+    cfg: Config, profile: Profile, run_name: str, explicit: frozenset[str] = frozenset()
+) -> Config:
+    """The resolved config: the profile decides how to run (pure), except for the keys of
+    PROFILE_KEYS_OVERRIDABLE named in ``explicit`` (the command line's overrides)."""
     cfg = dataclasses.replace(cfg, run_name=run_name)
+    own = {k.split(".", 1)[1] for k in PROFILE_KEYS_OVERRIDABLE if k in explicit}
     cfg.dist = dataclasses.replace(
         cfg.dist,
-        strategy=profile.strategy,
-        precision=profile.precision,
+        strategy=cfg.dist.strategy if "strategy" in own else profile.strategy,
+        precision=cfg.dist.precision if "precision" in own else profile.precision,
         nproc_per_node=profile.procs_per_node,
         compile=True if profile.compile else cfg.dist.compile,
     )
@@ -46,7 +54,8 @@ def resolve(
     """The resolved config and its memory verdict: the profile decides how to run, and when
     the run does not fit the profile's GPUs as given, the cheapest memory means that leave
     the training math unchanged are applied (grpo_hpc.memory.MEANS)."""
-    cfg = apply_profile(build_config(config_source, overrides), profile, run_name)
+    explicit = frozenset(o.partition("=")[0] for o in normalize_overrides(overrides or []))
+    cfg = apply_profile(build_config(config_source, overrides), profile, run_name, explicit)
     chk = memory_plan.check(cfg, profile)
     if chk.plan is not None and chk.plan.changed:
         cfg = memory_plan.apply_settings(cfg, chk.plan.settings)

@@ -67,6 +67,19 @@ def packing_on(setting: bool | str, where: Where) -> bool:
     return _measured(where) and where.precision in ("bf16", "fp16") and where.varlen
 
 
+def precision_problem(where: Where) -> str | None:
+    """One line when ``dist.precision`` cannot run here, else None: bf16 needs a GPU of
+    compute capability 8.0+ (a V100 has no bf16 arithmetic; a command-line override can ask
+    for it on a profile whose GPUs lack it)."""
+    if where.cuda and where.precision == "bf16" and where.capability < (8, 0):
+        major, minor = where.capability
+        return (
+            f"dist.precision=bf16 but this GPU (compute capability {major}.{minor}) has no bf16 "
+            "arithmetic: use dist.precision=fp16 (what the supercloud profile's V100s run) or fp32"
+        )
+    return None
+
+
 def resolve(cfg: Config, where: Where) -> Config:
     """``cfg`` with both switches true or false (a copy; ``cfg`` is left as it is)."""
     return dataclasses.replace(

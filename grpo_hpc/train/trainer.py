@@ -83,7 +83,10 @@ class Trainer:
                 f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
                 "train on the CPU with precision fp32"
             )
-        self.cfg = auto_speed.resolve(cfg, auto_speed.where_training(cfg, info.device))
+        where = auto_speed.where_training(cfg, info.device)
+        if why := auto_speed.precision_problem(where):
+            raise ConfigError(why)
+        self.cfg = auto_speed.resolve(cfg, where)
         if info.is_main:
             print(auto_speed.describe(cfg, self.cfg), flush=True)
         cfg = self.cfg

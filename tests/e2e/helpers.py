@@ -24,9 +24,6 @@ def make_run(root: Path, name: str, *overrides: str, nproc: int = 1) -> RunPaths
     text = paths.config.read_text()
     if nproc != 1:  # the local profile runs one process; tests ask for more
         text = text.replace("nproc_per_node: 1", f"nproc_per_node: {nproc}")
-    for o in overrides:  # the profile decides the strategy (ddp); a test may ask for another
-        if o.startswith("dist.strategy="):
-            text = text.replace("strategy: ddp", f"strategy: {o.split('=', 1)[1]}")
     paths.config.write_text(text)
     return paths
 

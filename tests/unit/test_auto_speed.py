@@ -56,3 +56,21 @@ def test_resolve_replaces_auto_and_leaves_the_input() -> None:
 def test_a_bad_value_is_one_clear_error(override: str) -> None:
     with pytest.raises(ConfigError, match="is not one of true, false, auto"):
         build_config("tiny", [override])
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({}, False),  # H100, bf16
+        ({"capability": (8, 0)}, False),  # A100
+        ({"capability": (7, 0)}, True),  # V100 asked for bf16 (a command-line override)
+        ({"capability": (7, 0), "precision": "fp16"}, False),  # what supercloud runs
+        ({"capability": (7, 0), "precision": "fp32"}, False),
+        ({"cuda": False, "capability": (0, 0)}, False),  # the trainer refuses half on a CPU
+    ],
+)
+def test_bf16_is_refused_on_a_gpu_without_it(change: dict, refused: bool) -> None:
+    why = auto_speed.precision_problem(dataclasses.replace(H100, **change))
+    assert (why is not None) is refused
+    if refused:
+        assert "compute capability 7.0" in why and "dist.precision=fp16" in why

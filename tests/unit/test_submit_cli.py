@@ -171,3 +171,26 @@ def test_local_profile_runs_with_shell_metacharacters_as_data(tmp_path: Path, lo
     assert f"$(touch {marker})" in (run / "config.yaml").read_text()
     assert "state:      finished" in (run / "job_summary.txt").read_text()
     assert os.listdir(run / "submitit")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ((), "fsdp, bf16"),  # the h100x2 profile's
+        (("dist.strategy=ddp",), "ddp, bf16"),
+        (("--dist.precision=fp32",), "fsdp, fp32"),
+        (("dist.strategy=ddp", "dist.precision=fp32"), "ddp, fp32"),
+    ],
+)
+def test_command_line_strategy_and_precision_win_over_the_profile(
+    logs_dir: Path, overrides: tuple[str, ...], said: str
+) -> None:
+    """The profile fills dist.*; an explicit override of the strategy or the precision was
+    dropped without a word before, and now decides (the memory line judges the run as given)."""
+    args = ("--profile", "h100x2", "--config", "tiny", "--dry-run", "--name", "d", *overrides)
+    result = submit(*args)
+    assert result.returncode == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("memory:"))
+    assert f"fits; {said}" in line, line
+    assert "torch.distributed.run --nproc-per-node=2" in result.stdout  # always the profile's
+    assert not logs_dir.exists()
