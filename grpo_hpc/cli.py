@@ -24,7 +24,8 @@ SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile supercloud --config gsm8k --watch   # and start a monitor for it
   grpo-submit --list-profiles
 
-overrides: any config key as section.key=value or --section.key=value
+overrides: any config key as section.key=value or --section.key=value; dist.* comes
+from the profile, but dist.strategy and dist.precision given here win over it
 """
 
 
