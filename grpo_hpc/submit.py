@@ -24,22 +24,19 @@ from grpo_hpc.launch import NodeContext, NodeLauncher, torchrun_command
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import Profile, load_profile, profile_from_dict, render_setup
 
-PROFILE_KEYS_OVERRIDABLE = ("dist.strategy", "dist.precision")
-"""Keys the profile fills that a command-line override still decides (the profile's value
-is the cluster's default, not a fact of its hardware like the processes per node)."""
-
 
 def apply_profile(
     cfg: Config, profile: Profile, run_name: str, explicit: frozenset[str] = frozenset()
 ) -> Config:
-    """The resolved config: the profile decides how to run (pure), except for the keys of
-    PROFILE_KEYS_OVERRIDABLE named in ``explicit`` (the command line's overrides)."""
+    """The resolved config: the profile decides how to run (pure), except for
+    ``dist.strategy`` and ``dist.precision`` when ``explicit`` (the command line's override
+    keys) names them: the profile's value there is the cluster's default, not a fact of its
+    hardware like the processes per node."""
     cfg = dataclasses.replace(cfg, run_name=run_name)
-    own = {k.split(".", 1)[1] for k in PROFILE_KEYS_OVERRIDABLE if k in explicit}
     cfg.dist = dataclasses.replace(
         cfg.dist,
-        strategy=cfg.dist.strategy if "strategy" in own else profile.strategy,
-        precision=cfg.dist.precision if "precision" in own else profile.precision,
+        strategy=cfg.dist.strategy if "dist.strategy" in explicit else profile.strategy,
+        precision=cfg.dist.precision if "dist.precision" in explicit else profile.precision,
         nproc_per_node=profile.procs_per_node,
         compile=True if profile.compile else cfg.dist.compile,
     )
