@@ -317,7 +317,7 @@ def _busy_us(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize(events: list[Any], on_gpu: bool) -> dict:
+def summarize(events: list[Any], on_gpu: bool, top_n: int = 15) -> dict:
     """Per phase: wall time, kernel time by category, busy/idle share, top kernels."""
     attr = Attribution()
     attr.learn_forward(events)
@@ -343,7 +343,7 @@ def summarize(events: list[Any], on_gpu: bool) -> dict:
         kernel_us = sum(cats[phase].values())
         busy = _busy_us(spans[phase]) if on_gpu else kernel_us
         wall = walls.get(phase, 0.0)
-        ranked = sorted(top[phase].items(), key=lambda kv: -kv[1][0])[:15]
+        ranked = sorted(top[phase].items(), key=lambda kv: -kv[1][0])[:top_n]
         out[phase] = {
             "wall_ms": wall / 1e3,
             "kernel_ms": kernel_us / 1e3,
@@ -425,7 +425,7 @@ def profile_one(shape: str, args: argparse.Namespace) -> dict:
             "profiled_step_s": step_s,
             "metrics": _last_metrics(trainer.paths.metrics),
             "unprofiled_metrics": unprofiled,
-            "phases": summarize(events, on_gpu),
+            "phases": summarize(events, on_gpu, args.top),
             "env": env_info(),
         }
         trainer.tracker.finish()
@@ -462,6 +462,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--override", nargs="*", default=[], help="extra config key=value")
     p.add_argument("--tag", default="", help="suffix of the output files (e.g. packed)")
     p.add_argument("--trace", action="store_true", help="also write a chrome trace")
+    p.add_argument("--top", type=int, default=15, help="kernels listed per phase")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=Path("bench/results/profile"))
     return p.parse_args(argv)
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _passthrough(args: argparse.Namespace) -> list[str]:
     out = [f"--prompts={args.prompts}", f"--G={args.G}", f"--max-new={args.max_new}",
-           f"--warmup={args.warmup}", f"--out={args.out}", f"--tag={args.tag}"]  # fmt: skip
+           f"--warmup={args.warmup}", f"--out={args.out}", f"--tag={args.tag}", f"--top={args.top}"]  # fmt: skip
     out += [f"--precision={args.precision}"] if args.precision else []
     out += ["--trace"] if args.trace else []
     return out + (["--override", *args.override] if args.override else [])
