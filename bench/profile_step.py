@@ -492,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _passthrough(args: argparse.Namespace) -> list[str]:
     out = [f"--prompts={args.prompts}", f"--G={args.G}", f"--max-new={args.max_new}",
-           f"--warmup={args.warmup}", f"--out={args.out}", f"--tag={args.tag}", f"--top={args.top}"]  # fmt: skip
+           f"--warmup={args.warmup}", f"--out={args.out}", f"--tag={args.tag}",
+           f"--top={args.top}"]  # fmt: skip
     out += [f"--precision={args.precision}"] if args.precision else []
     out += ["--trace"] if args.trace else []
     return out + (["--override", *args.override] if args.override else [])

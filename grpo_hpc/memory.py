@@ -9,9 +9,10 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
   shards weights, gradients and moments over the ranks; ``dist.cpu_offload`` moves all
   three to host memory (FSDP2 CPUOffloadPolicy);
 - DDP's gradient buckets (one more fp32 copy of the trainable gradients, multi-GPU only);
-- autocast's cache of low-precision weight copies during a forward/backward (DDP or one
-  GPU with fp32 weights); under FSDP2 the all-gathered bf16/fp16 layers instead (two
-  decoder layers in flight, and the root's embedding and head);
+- the low-precision casts of fp32 weights that backward keeps (the layers that are not
+  checkpointed, plus one in flight; the update's autocast keeps no cache); under FSDP2
+  the all-gathered bf16/fp16 layers instead (two decoder layers in flight, and the
+  root's embedding and head);
 - the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in;
   under LoRA without FSDP2 only the adapted projections, the frozen base read in place)
   and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
@@ -184,7 +185,8 @@ class Estimate:
     optimizer: int
     ddp_buckets: int
     compute_weights: int
-    """autocast's cached low-precision weights (DDP) or FSDP2's gathered layers."""
+    """Low-precision weight casts kept for backward (DDP, one GPU) or FSDP2's gathered
+    layers."""
     engine_weights: int
     kv_cache: int
     activations: int
@@ -297,18 +299,16 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         compute = c * (2 * shape.layer_params + shape.embed_params) + 4 * shape.layer_params
     elif lora or s.precision == "fp32":
         compute = 0  # weights are already in the compute dtype: autocast caches nothing
-    elif s.compiled_layers and s.gradient_checkpointing:
-        # A compiled layer casts inside its graph, so autocast's cache holds nothing, and a
-        # checkpointed one frees its casts: only the layers not checkpointed keep theirs
-        # (plus one layer's in flight). Every compiled peak measured stays at or above.
-        kept = shape.layers - (-(-shape.layers // max(1, s.checkpoint_every)))
-        compute = c * shape.layer_params * (kept + 1)
     else:
-        # Eager layers: autocast's cache kept a low-precision copy of every linear weight
-        # through the update. The update's autocast now keeps no cache
-        # (optimization.autocast_factory), which frees that copy under checkpointing, but
-        # no eager peak has been measured on a GPU since: the estimate stays conservative.
-        compute = c * (p - shape.embed_params)
+        # The update's autocast keeps no cast cache (optimization.autocast_factory): a layer
+        # casts its weights as it runs them, and only a layer that is not checkpointed keeps
+        # its casts for backward (plus one layer's in flight). Compiled layers cast inside
+        # their graph and behave the same. Measured without the cache on an H100: eager
+        # 1.5B, every layer checkpointed, 2.44 GiB lower (the whole bf16 copy of its
+        # layers; bench/results/h100_update_eager_autocast_*_qwen2.5-1.5b.json).
+        every = max(1, s.checkpoint_every) if s.gradient_checkpointing else 0
+        kept = shape.layers - (-(-shape.layers // every)) if every else shape.layers
+        compute = c * shape.layer_params * (kept + 1)
     native = s.engine == "native"  # LoRA too: adapters are folded into the packed copy
     if native and lora and not s.fsdp:  # the frozen base is read in place, not copied
         engine_weights = c * shape.packed_adapted_params(s.lora_targets)
