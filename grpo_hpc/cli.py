@@ -25,7 +25,8 @@ SUBMIT_EXAMPLES = """examples:
   grpo-submit --list-profiles
 
 overrides: any config key as section.key=value or --section.key=value; dist.* comes
-from the profile, but dist.strategy and dist.precision given here win over it
+from the profile, but dist.strategy and dist.precision given here win over it (bf16 is
+refused before queueing on a profile whose gpu_capability is below 8.0, e.g. supercloud)
 """
 
 

@@ -18,6 +18,7 @@ from grpo_hpc.config import Config, DataConfig, ModelConfig
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import Profile
+from grpo_hpc.train import auto_speed
 
 ROWS_CHECKED = 5
 """First rows of a local data file that must parse (reading all of a big file is the job's)."""
@@ -194,12 +195,33 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
             f"profile {profile.name!r} trains in {precision} but asks for no GPU: set "
             "gpus_per_node in the profile (or precision: fp32 to train on the CPU)"
         )
+    problem = _precision_problem(precision, profile)
+    if problem:
+        problems.append(problem)
     if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:
         problems.append(
             f"profile {profile.name!r}: time limit {profile.time_min} min is not longer than "
             f"its signal lead ({profile.signal_lead_s} s): raise time_min or lower signal_lead_s"
         )
     return problems
+
+
+def _precision_problem(precision: str, profile: Profile) -> str | None:
+    """The trainer's own refusal (``auto_speed.precision_problem``), made before the job
+    queues where the profile names its GPUs' compute capability."""
+    if profile.gpu_capability is None or not profile.gpus_per_node:
+        return None
+    major, minor = str(float(profile.gpu_capability)).split(".")[:2]
+    where = auto_speed.Where(
+        cuda=True,
+        capability=(int(major), int(minor[:1])),
+        precision=precision,
+        strategy="ddp",
+        lora=False,
+        varlen=False,
+    )
+    problem = auto_speed.precision_problem(where)
+    return f"profile {profile.name!r}: {problem}" if problem else None
 
 
 def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:

@@ -41,6 +41,10 @@ class Profile:
     gpu_mem_gb: float | None = None
     """Memory of one GPU in GiB (None on CPU profiles): grpo-submit refuses a run whose
     estimated peak per GPU exceeds it (grpo_hpc.memory)."""
+    gpu_capability: float | None = None
+    """CUDA compute capability of the profile's GPUs (7.0 for a V100, 8.0 for an A100, 9.0
+    for an H100; None: not known): grpo-submit refuses ``dist.precision=bf16`` below 8.0
+    before anything queues (a V100 has no bf16 arithmetic)."""
     allow_cpu_offload: bool = False
     """grpo-submit may turn on FSDP2 optimizer CPU offload to fit a run (needs ~16 bytes of
     host memory per parameter on the node, and costs a CPU optimizer step)."""
@@ -152,6 +156,10 @@ def _validate(p: Profile) -> None:
         ),
         (isinstance(p.nodes, int) and p.nodes >= 1, "nodes must be an integer >= 1"),
         (p.gpu_mem_gb is None or p.gpu_mem_gb > 0, "gpu_mem_gb must be > 0 (or left out)"),
+        (
+            p.gpu_capability is None or p.gpu_capability > 0,
+            "gpu_capability must be > 0, e.g. 7.0 for a V100 (or left out)",
+        ),
         (isinstance(p.time_min, int) and p.time_min >= 1, "time_min must be an integer >= 1"),
         (0 <= p.signal_lead_s < p.time_min * 60, "signal_lead_s must be below the time limit"),
         (p.executor == "slurm" or p.nodes == 1, "the local executor runs one node only"),

@@ -74,7 +74,7 @@ def precision_problem(where: Where) -> str | None:
     if where.cuda and where.precision == "bf16" and where.capability < (8, 0):
         major, minor = where.capability
         return (
-            f"dist.precision=bf16 but this GPU (compute capability {major}.{minor}) has no bf16 "
+            f"dist.precision=bf16 but the GPU (compute capability {major}.{minor}) has no bf16 "
             "arithmetic: use dist.precision=fp16 (what the supercloud profile's V100s run) or fp32"
         )
     return None

@@ -260,6 +260,35 @@ def test_cli_refuses_bf16_profile_without_gpus(tmp_path: Path) -> None:
     assert not (logs / "g").exists()
 
 
+@pytest.mark.parametrize(
+    ("capability", "precision", "refused"),
+    [(7.0, "bf16", True), (7.0, "fp16", False), (8.0, "bf16", False), (None, "bf16", False)],
+)
+def test_bf16_is_refused_where_the_profile_names_gpus_without_it(
+    capability: float | None, precision: str, refused: bool
+) -> None:
+    profile = Profile(name="p", gpus_per_node=2, gpu_capability=capability, precision=precision)
+    problems = preflight.check_values(_cfg(f"dist.precision={precision}"), profile)
+    hits = [p for p in problems if "no bf16 arithmetic" in p]
+    assert len(hits) == int(refused), problems
+    if refused:
+        assert "compute capability 7.0" in hits[0] and "dist.precision=fp16" in hits[0]
+
+
+def test_cli_refuses_bf16_on_the_supercloud_profile_before_queueing(tmp_path: Path) -> None:
+    """The built-in supercloud profile names its V100s' capability: a command-line bf16
+    (which wins over the profile's fp16) is refused at submission, exit 2, nothing written."""
+    logs = tmp_path / "logs"
+    r = _grpo_submit(
+        "--profile", "supercloud", "--config", "tiny", "--logs", str(logs), "--name", "v",
+        "dist.precision=bf16", env={},
+    )  # fmt: skip
+    assert r.returncode == int(ExitCode.CONFIG_ERROR), r.stderr
+    lines = [line for line in _errors(r) if "bf16" in line]
+    assert len(lines) == 1 and "profile 'supercloud'" in lines[0], _errors(r)
+    assert not (logs / "v").exists()
+
+
 def test_random_weights_of_a_local_architecture_are_checked_like_the_directory(
     tmp_path: Path,
 ) -> None:

@@ -81,6 +81,10 @@ def test_profile_bad_key_and_value(tmp_path: Path) -> None:
     f.write_text("precision: fp8\n")
     with pytest.raises(ConfigError, match="precision must be"):
         load_profile(str(f))
+    f.write_text("gpu_capability: 0\n")
+    with pytest.raises(ConfigError, match="gpu_capability must be > 0"):
+        load_profile(str(f))
+    assert load_profile("supercloud").gpu_capability == 7.0
 
 
 def test_setup_values_are_quoted(tmp_path: Path) -> None:
