@@ -47,6 +47,14 @@ CKPT_VARIANTS = {
     "every2 (--ckpt-every 2)": {"checkpoint_every": 2},
     "every3 (--ckpt-every 3)": {"checkpoint_every": 3},
     "none (--no-grad-ckpt)": {"gradient_checkpointing": False},
+    "none3k (--no-grad-ckpt --micro-tokens 3072)": {
+        "gradient_checkpointing": False,
+        "micro_batch_tokens": 3072,
+    },
+    "none4k (--no-grad-ckpt --micro-tokens 4608)": {
+        "gradient_checkpointing": False,
+        "micro_batch_tokens": 4608,
+    },
 }
 
 
