@@ -83,8 +83,10 @@ def _submit(argv: list[str]) -> int:
 
     args, overrides = _split_args(argv)
     if args.list_profiles:
-        for name in known_profiles():
-            print(f"{name:14s} {load_profile(name).description}")
+        names = known_profiles()
+        width = max(map(len, names), default=0)
+        for name in names:  # the descriptions in one column, however long a name
+            print(f"{name:{width}s}  {load_profile(name).description}")
         return ExitCode.OK
     overrides = normalize_overrides(overrides)
     root = logs_root(args.logs)

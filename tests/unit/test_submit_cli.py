@@ -138,6 +138,18 @@ def test_help_has_examples() -> None:
     assert "examples:" in result.stdout and "exit codes:" in result.stdout
 
 
+def test_list_profiles_puts_every_description_in_one_column() -> None:
+    result = submit("--list-profiles")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert {"local", "supercloud", "h100x2", "slurm-local-2node"} <= set(names)
+    starts = {
+        len(line) - len(line[len(name) :].lstrip()) for line, name in zip(lines, names, strict=True)
+    }
+    assert len(starts) == 1, result.stdout  # the longest name no longer pushes its line out
+
+
 @pytest.mark.slow
 def test_local_profile_runs_with_shell_metacharacters_as_data(tmp_path: Path, logs_dir: Path):
     marker = tmp_path / "pwned"
