@@ -79,11 +79,15 @@ for stage in "$@"; do
             --variant-timeout "${VARIANT_TIMEOUT:-160}" --variants "default=" \
             "tok16k=--micro-tokens 16384" "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192" \
             --out "$out/h100_trl_vs_grpo_hpc_defaults.json" 2>&1 | grep -v "it/s\]" | tail -12 ;;
-    sizes) # the defaults against TRL at the 1.5B and 3B shapes, one GPU (80 GB class)
+    sizes) # the defaults against TRL at the 1.5B and 3B shapes, one GPU (80 GB class);
+        # SIZES_REPEAT=N runs each pair N times (TRL's step moves ~25 % between runs)
         for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
-            timeout "${SIZES_TIMEOUT:-290}" python3 bench/trl_baseline.py --shape "$shape" \
-                --micro 16 --engine native --variant-timeout 200 --variants "default=" \
-                --out "$out/h100_trl_vs_grpo_hpc_$shape.json" 2>&1 | grep -v "it/s\]" | tail -4
+            for r in $(seq "${SIZES_REPEAT:-1}"); do
+                suffix=$([ "$r" = 1 ] && echo "" || echo "_run$r")
+                timeout "${SIZES_TIMEOUT:-290}" python3 bench/trl_baseline.py --shape "$shape" \
+                    --micro 16 --engine native --variant-timeout 200 --variants "default=" \
+                    --out "$out/h100_trl_vs_grpo_hpc_$shape$suffix.json" 2>&1 | grep -v "it/s\]" | tail -4
+            done
         done ;;
     profile) # issue 24 point 1: kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
         python3 bench/profile_step.py --shapes ${PROFILE_SHAPES:-qwen2.5-1.5b qwen2.5-3b} \
