@@ -207,20 +207,12 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
 
 
 def _precision_problem(precision: str, profile: Profile) -> str | None:
-    """The trainer's own refusal (``auto_speed.precision_problem``), made before the job
-    queues where the profile names its GPUs' compute capability."""
+    """The trainer's own refusal (``auto_speed.gpu_precision_problem``), made before the
+    job queues where the profile names its GPUs' compute capability."""
     if profile.gpu_capability is None or not profile.gpus_per_node:
         return None
-    major, minor = str(float(profile.gpu_capability)).split(".")[:2]
-    where = auto_speed.Where(
-        cuda=True,
-        capability=(int(major), int(minor[:1])),
-        precision=precision,
-        strategy="ddp",
-        lora=False,
-        varlen=False,
-    )
-    problem = auto_speed.precision_problem(where)
+    capability = divmod(round(profile.gpu_capability * 10), 10)  # 7.0 -> (7, 0)
+    problem = auto_speed.gpu_precision_problem(precision, capability)
     return f"profile {profile.name!r}: {problem}" if problem else None
 
 

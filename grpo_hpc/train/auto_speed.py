@@ -68,11 +68,17 @@ def packing_on(setting: bool | str, where: Where) -> bool:
 
 
 def precision_problem(where: Where) -> str | None:
-    """One line when ``dist.precision`` cannot run here, else None: bf16 needs a GPU of
-    compute capability 8.0+ (a V100 has no bf16 arithmetic; a command-line override can ask
-    for it on a profile whose GPUs lack it)."""
-    if where.cuda and where.precision == "bf16" and where.capability < (8, 0):
-        major, minor = where.capability
+    """One line when ``dist.precision`` cannot run here, else None (see
+    :func:`gpu_precision_problem`; nothing to refuse off CUDA)."""
+    return gpu_precision_problem(where.precision, where.capability) if where.cuda else None
+
+
+def gpu_precision_problem(precision: str, capability: tuple[int, int]) -> str | None:
+    """bf16 needs a GPU of compute capability 8.0+ (a V100 has no bf16 arithmetic; a
+    command-line override can ask for it on a profile whose GPUs lack it). The trainer asks
+    with its device, grpo-submit with the profile's ``gpu_capability``."""
+    if precision == "bf16" and capability < (8, 0):
+        major, minor = capability
         return (
             f"dist.precision=bf16 but the GPU (compute capability {major}.{minor}) has no bf16 "
             "arithmetic: use dist.precision=fp16 (what the supercloud profile's V100s run) or fp32"
