@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
@@ -43,7 +42,6 @@ from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 from grpo_hpc.config import DataConfig  # noqa: E402
 from grpo_hpc.train.data import load_problems, prompt_text  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.native.attention import fused_attention  # noqa: E402
 from grpo_hpc.train.native.engine import NativeEngine  # noqa: E402
 from grpo_hpc.train.native.forward import DecodeFns  # noqa: E402
 from grpo_hpc.train.native.sampling import pick  # noqa: E402
@@ -85,7 +83,6 @@ ENGINES = {
     "native-eagerpick": {},  # compiled layers, the token choice eager (as before issue 24)
     "native-autotune": {},  # compiled with mode=max-autotune-no-cudagraphs (GEMM autotuning)
     "native-plainattn": {},  # compiled, attention by matrix products (no Triton kernel)
-    "native-cublas": {},  # compiled, matrix products by cuBLAS (no Triton skinny kernel)
     "hf": {},
 }
 
@@ -106,11 +103,7 @@ def make_engine(name: str, model, tok, max_new: int, dtype: torch.dtype):  # noq
     if name == "native-autotune":
         engine.fns = DecodeFns.compiled(mode="max-autotune-no-cudagraphs")
     if name == "native-plainattn":
-        gemm = engine.fns.head is not F.linear
-        engine.fns = DecodeFns.compiled(fused_attention=False, skinny_gemm=gemm)
-    if name == "native-cublas":
-        fused = engine.fns.attend is fused_attention
-        engine.fns = DecodeFns.compiled(fused_attention=fused)
+        engine.fns = DecodeFns.compiled(fused_attention=False)
     return engine
 
 

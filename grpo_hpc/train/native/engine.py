@@ -39,7 +39,7 @@ import torch
 
 from grpo_hpc.errors import StalledError
 from grpo_hpc.train.dist import compute_device
-from grpo_hpc.train.native import attention, forward, skinny, weights
+from grpo_hpc.train.native import attention, forward, weights
 from grpo_hpc.train.native.sampling import choose
 from grpo_hpc.train.rollout_types import GenerationAborted, RolloutBatch, to_batch
 
@@ -128,12 +128,7 @@ class NativeEngine:
         cuda = self.device.type == "cuda"
         fused = attention.fused_available(self.device, self.dtype, self.packed.shape.head_dim)
         compiled = self.compile and cuda
-        gemm = skinny.available(self.device, self.dtype)
-        self.fns = (
-            forward.DecodeFns.compiled(fused_attention=fused, skinny_gemm=gemm)
-            if compiled
-            else forward.EAGER
-        )
+        self.fns = forward.DecodeFns.compiled(fused_attention=fused) if compiled else forward.EAGER
         if self.fns is not forward.EAGER:
             # Each decode batch size is one compilation of the layers (``dynamic=False``);
             # compaction's halving buckets plus a large evaluation batch exceed dynamo's

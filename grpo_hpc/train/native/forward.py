@@ -13,14 +13,13 @@ bucket. Masked keys are the left padding of each row and the not-yet-written tai
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from grpo_hpc.train.native import attention, skinny
+from grpo_hpc.train.native import attention
 from grpo_hpc.train.native.sampling import Pick, pick
 from grpo_hpc.train.native.weights import LayerWeights, Packed
 
@@ -149,16 +148,14 @@ def attn_in(
     cache_k: torch.Tensor,
     cache_v: torch.Tensor,
     pos: torch.Tensor,
-    linear: Callable[..., torch.Tensor] = F.linear,
 ) -> torch.Tensor:
     """Decode-step attention input of one layer: norm, fused q/k/v projection, rotary; k
     and v written into this layer's cache (``cache_k``/``cache_v`` [B, kv_heads, capacity,
     d]) at slot ``pos``. Returns q [B, heads, d] in the compute dtype. Writing the cache
     here lets the compiled step store k and v from the kernel that rotates them, instead
-    of two more kernels per layer (0.2 ms of a 3B model's step at 64 rows, profile24).
-    ``linear``: ``F.linear`` or :func:`skinny.skinny_linear`."""
+    of two more kernels per layer (0.2 ms of a 3B model's step at 64 rows, profile24)."""
     dtype = wqkv.dtype
-    qkv = linear(rms_norm(x, norm, eps).to(dtype), wqkv, bqkv)
+    qkv = F.linear(rms_norm(x, norm, eps).to(dtype), wqkv, bqkv)
     d = cos.shape[-1]
     q = qkv[:, : heads * d].unflatten(-1, (heads, d))
     k = qkv[:, heads * d : (heads + kv_heads) * d].unflatten(-1, (kv_heads, d))
@@ -176,13 +173,12 @@ def out_mlp(
     wgu: torch.Tensor,
     wdown: torch.Tensor,
     eps: float,
-    linear: Callable[..., torch.Tensor] = F.linear,
 ) -> torch.Tensor:
     """Rest of the layer after the attention (``out`` [B, heads * d]): output projection,
-    MLP; returns the new residual stream (fp32). ``linear`` as in :func:`attn_in`."""
-    x = x + linear(out, wo).float()
-    gate, up = linear(rms_norm(x, norm, eps).to(wo.dtype), wgu).chunk(2, dim=-1)
-    return x + linear(F.silu(gate) * up, wdown).float()
+    MLP; returns the new residual stream (fp32)."""
+    x = x + F.linear(out, wo).float()
+    gate, up = F.linear(rms_norm(x, norm, eps).to(wo.dtype), wgu).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, wdown).float()
 
 
 @dataclass
@@ -199,32 +195,21 @@ class DecodeFns:
     """Token choice from the logits (:func:`sampling.pick`). Compiled, its passes over the
     [rows, vocab] logits fuse: eager, two softmaxes over a 152k vocabulary alone took
     0.15 ms of a 3B model's 5 ms step at 64 rows (bench/results/profile24)."""
-    head: Callable[..., torch.Tensor] = F.linear
-    """The LM head's matrix product (``F.linear`` or :func:`skinny.skinny_linear`)."""
 
     @classmethod
-    def compiled(
-        cls, mode: str | None = None, fused_attention: bool = False, skinny_gemm: bool = False
-    ) -> DecodeFns:
+    def compiled(cls, mode: str | None = None, fused_attention: bool = False) -> DecodeFns:
         """``mode``: torch.compile's (None: the default; benchmarks try others);
-        ``fused_attention``: the Triton attention kernel (``attention.fused_available``);
-        ``skinny_gemm``: the Triton matrix products for few rows (``skinny.available``)."""
+        ``fused_attention``: the Triton attention kernel (``attention.fused_available``)."""
         attend = (
             attention.fused_attention
             if fused_attention
             else torch.compile(attention.grouped_attention, dynamic=None, fullgraph=True, mode=mode)
         )
-        linear = skinny.skinny_linear if skinny_gemm else F.linear
         return cls(
-            torch.compile(
-                functools.partial(attn_in, linear=linear), dynamic=False, fullgraph=True, mode=mode
-            ),
+            torch.compile(attn_in, dynamic=False, fullgraph=True, mode=mode),
             attend,
-            torch.compile(
-                functools.partial(out_mlp, linear=linear), dynamic=False, fullgraph=True, mode=mode
-            ),
+            torch.compile(out_mlp, dynamic=False, fullgraph=True, mode=mode),
             torch.compile(pick, dynamic=False, fullgraph=True, mode=mode),
-            linear,
         )
 
 
@@ -270,4 +255,4 @@ def decode_step(
         out = fns.attend(q, keys, vals, bias, left_pad, pos)
         x = fns.out_mlp(x, out, lw.wo, lw.post_norm, lw.wgu, lw.wdown, s.eps)
     h = rms_norm(x, packed.final_norm, s.eps).to(packed.lm_head.dtype)
-    return fns.head(h, packed.lm_head)
+    return F.linear(h, packed.lm_head)
