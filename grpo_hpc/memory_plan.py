@@ -68,9 +68,10 @@ def model_shape(model: ModelConfig) -> ModelShape | None:
     return ModelShape.from_config(found) if found else None
 
 
-def settings_of(cfg: Config, nodes: int = 1) -> Settings:
+def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None = None) -> Settings:
     """Memory settings of a resolved config (one rank's share of the step) on ``nodes``
-    nodes: FSDP2 shards over every rank of the job."""
+    nodes (FSDP2 shards over every rank of the job) of GPUs of compute ``capability``
+    (the profile's; None: unknown, see ``auto_speed.where_submitted``)."""
     ranks = cfg.dist.nproc_per_node * nodes
     engine = "hf" if cfg.rollout.engine == "hf" else "native"
     return Settings(
@@ -89,7 +90,9 @@ def settings_of(cfg: Config, nodes: int = 1) -> Settings:
         engine=engine,
         cpu_offload=cfg.dist.cpu_offload,
         release_engine=cfg.rollout.release_engine_memory,
-        compiled_layers=auto_speed.compile_on(cfg.dist.compile, auto_speed.where_submitted(cfg)),
+        compiled_layers=auto_speed.compile_on(
+            cfg.dist.compile, auto_speed.where_submitted(cfg, capability)
+        ),
     )
 
 
@@ -129,7 +132,7 @@ def check(cfg: Config, profile: Profile) -> Check:
             "machine (a local directory, or a hub id in the local Hugging Face cache)",
             None,
         )
-    s = settings_of(cfg, profile.nodes)
+    s = settings_of(cfg, profile.nodes, profile.capability)
     if gpu_mem_gb is None:
         # The estimator models GPU allocations (calibrated on the ladder); a CPU process's
         # resident memory is another matter, so no figure is printed for it.

@@ -209,10 +209,9 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
 def _precision_problem(precision: str, profile: Profile) -> str | None:
     """The trainer's own refusal (``auto_speed.gpu_precision_problem``), made before the
     job queues where the profile names its GPUs' compute capability."""
-    if profile.gpu_capability is None or not profile.gpus_per_node:
+    if profile.capability is None:
         return None
-    capability = divmod(round(profile.gpu_capability * 10), 10)  # 7.0 -> (7, 0)
-    problem = auto_speed.gpu_precision_problem(precision, capability)
+    problem = auto_speed.gpu_precision_problem(precision, profile.capability)
     return f"profile {profile.name!r}: {problem}" if problem else None
 
 

@@ -44,7 +44,8 @@ class Profile:
     gpu_capability: float | None = None
     """CUDA compute capability of the profile's GPUs (7.0 for a V100, 8.0 for an A100, 9.0
     for an H100; None: not known): grpo-submit refuses ``dist.precision=bf16`` below 8.0
-    before anything queues (a V100 has no bf16 arithmetic)."""
+    before anything queues (a V100 has no bf16 arithmetic), and its memory estimate counts
+    compiled layers from 8.0 up, where ``dist.compile=auto`` compiles them."""
     allow_cpu_offload: bool = False
     """grpo-submit may turn on FSDP2 optimizer CPU offload to fit a run (needs ~16 bytes of
     host memory per parameter on the node, and costs a CPU optimizer step)."""
@@ -83,6 +84,14 @@ class Profile:
     @property
     def procs_per_node(self) -> int:
         return self.nproc_per_node or max(1, self.gpus_per_node)
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """``gpu_capability`` as (major, minor), e.g. 7.0 -> (7, 0); None where the profile
+        has no GPUs or does not say."""
+        if self.gpu_capability is None or not self.gpus_per_node:
+            return None
+        return divmod(round(self.gpu_capability * 10), 10)
 
     @property
     def gres_value(self) -> str | None:

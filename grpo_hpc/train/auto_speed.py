@@ -95,15 +95,19 @@ def resolve(cfg: Config, where: Where) -> Config:
     )
 
 
-def where_submitted(cfg: Config) -> Where:
+def where_submitted(cfg: Config, capability: tuple[int, int] | None = None) -> Where:
     """The facts as a submission knows them, with no GPU at hand (the memory estimate,
-    :mod:`grpo_hpc.memory_plan`): bf16 needs compute capability 8.0+ (a V100 has none), so
-    a bf16 run is taken to have it; an fp16 or fp32 run is not (there the estimate assumes
-    eager layers, which keep more for backward: the safe side)."""
+    :mod:`grpo_hpc.memory_plan`). ``capability``: the profile's ``gpu_capability``. Where
+    the profile does not say, the precision tells what it can: bf16 needs compute
+    capability 8.0+ (a V100 has none), so a bf16 run is taken to have it; an fp16 or fp32
+    run is not (there the estimate assumes eager layers, which keep more for backward: the
+    safe side)."""
     bf16 = cfg.dist.precision == "bf16"
+    if capability is None:
+        capability = (8, 0) if bf16 else (0, 0)
     return Where(
         cuda=True,
-        capability=(8, 0) if bf16 else (0, 0),
+        capability=capability,
         precision=cfg.dist.precision,
         strategy=cfg.dist.strategy,
         lora=cfg.model.lora_rank > 0,

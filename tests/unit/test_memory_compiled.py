@@ -121,6 +121,20 @@ def test_submission_decides_compiled_layers_as_auto_does(
     assert memory_plan.settings_of(cfg).compiled_layers is compiled
 
 
+@pytest.mark.parametrize(
+    ("capability", "compiled"),
+    [((9, 0), True), ((8, 0), True), ((7, 0), False), (None, False)],
+)
+def test_submission_takes_the_profiles_capability(
+    capability: tuple[int, int] | None, compiled: bool
+) -> None:
+    """fp16 on a profile that names its GPUs: the trainer on an H100 or A100 compiles its
+    layers (auto), so the estimate counts compiled layers there; on a V100, or where the
+    profile does not say, eager ones (the larger estimate)."""
+    cfg = build_config("tiny", ["dist.precision=fp16"])
+    assert memory_plan.settings_of(cfg, 1, capability).compiled_layers is compiled
+
+
 def test_checkpointed_layers_hold_no_low_precision_copy() -> None:
     """The update's autocast keeps no cast cache, so a checkpointed layer frees its casts,
     compiled or eager (tests/unit/test_update_autocast.py on the CPU; on an H100 the eager

@@ -85,6 +85,9 @@ def test_profile_bad_key_and_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="gpu_capability must be > 0"):
         load_profile(str(f))
     assert load_profile("supercloud").gpu_capability == 7.0
+    assert load_profile("supercloud").capability == (7, 0)
+    assert load_profile("h100x2").capability == (9, 0)
+    assert load_profile("local").capability is None  # no GPUs
 
 
 def test_setup_values_are_quoted(tmp_path: Path) -> None:

@@ -206,3 +206,20 @@ def test_command_line_strategy_and_precision_win_over_the_profile(
     assert f"fits; {said}" in line, line
     assert "torch.distributed.run --nproc-per-node=2" in result.stdout  # always the profile's
     assert not logs_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "compiled"),
+    [("h100x2", True), ("supercloud", False)],  # gpu_capability 9.0 and 7.0
+)
+def test_memory_line_counts_compiled_layers_by_the_profiles_gpus(
+    logs_dir: Path, profile: str, compiled: bool
+) -> None:
+    """fp16 with DDP: the trainer compiles its layers (auto) on an H100, not on a V100; the
+    estimate follows the profile's gpu_capability, not a guess from the precision."""
+    args = ("--profile", profile, "--config", "tiny", "--dry-run", "--name", "d")
+    result = submit(*args, "dist.strategy=ddp", "dist.precision=fp16")
+    assert result.returncode == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("memory:"))
+    assert ("compiled layers" in line) is compiled, line
+    assert not logs_dir.exists()
