@@ -100,7 +100,7 @@ def build_trainer(work: Path, shape: str, args: argparse.Namespace) -> Any:
     """A set-up Trainer of the run ``create_run`` writes (as grpo-submit would)."""
     import torch
 
-    from grpo_hpc.config import load_resolved
+    from grpo_hpc.config_load import load_resolved
     from grpo_hpc.paths import RunPaths
     from grpo_hpc.profiles import profile_from_dict
     from grpo_hpc.submit import create_run

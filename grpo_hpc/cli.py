@@ -7,7 +7,7 @@ import time
 
 from grpo_hpc import preflight
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.config import builtin_configs, normalize_overrides
+from grpo_hpc.config_load import builtin_configs, normalize_overrides
 from grpo_hpc.errors import ConfigError, ExitCode
 from grpo_hpc.paths import RunPaths, logs_root
 from grpo_hpc.profiles import known_profiles, load_profile

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_hpc.config import Config, load_resolved
+from grpo_hpc.config import Config
+from grpo_hpc.config_load import load_resolved
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.export_plan import RUN_CONFIG, ExportOptions, read_provenance
 from grpo_hpc.paths import RunPaths, logs_root

@@ -31,7 +31,7 @@ from typing import Any
 
 from grpo_hpc import export_plan
 from grpo_hpc.cli_common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.config import load_resolved
+from grpo_hpc.config_load import load_resolved
 from grpo_hpc.errors import ConfigError, ExitCode
 from grpo_hpc.export_plan import ExportOptions, ExportPlan, TensorSpec, fmt_bytes, read_provenance
 from grpo_hpc.export_sources import (

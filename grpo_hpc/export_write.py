@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_hpc import __version__, export_plan
-from grpo_hpc.config import to_yaml
+from grpo_hpc.config_load import to_yaml
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.export_plan import PROVENANCE, RUN_CONFIG, ExportPlan
 from grpo_hpc.export_sources import BaseWeights, ExportSources

@@ -240,7 +240,7 @@ def refuse(problems: list[str]) -> None:
 
 def check_run(paths: RunPaths) -> list[str]:
     """:func:`check_inputs` for an existing run, from its stored config and profile."""
-    from grpo_hpc.config import load_resolved
+    from grpo_hpc.config_load import load_resolved
     from grpo_hpc.submit import load_run_profile
 
     return check_inputs(load_resolved(paths.config), load_run_profile(paths))

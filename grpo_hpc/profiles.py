@@ -16,7 +16,7 @@ from typing import Any
 
 import jinja2
 
-from grpo_hpc.config import _data_dir, load_yaml_mapping
+from grpo_hpc.config_load import _data_dir, load_yaml_mapping
 from grpo_hpc.errors import ConfigError
 
 

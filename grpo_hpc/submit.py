@@ -17,7 +17,8 @@ import submitit
 import yaml
 
 from grpo_hpc import memory_plan, slurm_query
-from grpo_hpc.config import Config, build_config, load_resolved, normalize_overrides, to_yaml
+from grpo_hpc.config import Config
+from grpo_hpc.config_load import build_config, load_resolved, normalize_overrides, to_yaml
 from grpo_hpc.errors import ConfigError, GrpoError
 from grpo_hpc.fsutil import append_jsonl, atomic_write_text, read_jsonl
 from grpo_hpc.launch import NodeContext, NodeLauncher, torchrun_command
@@ -228,7 +229,7 @@ def _profile_dict(profile: Profile) -> dict[str, Any]:
 
 def load_run_profile(paths: RunPaths) -> Profile:
     """The profile stored in the run directory (what every resubmission uses)."""
-    from grpo_hpc.config import load_yaml_mapping
+    from grpo_hpc.config_load import load_yaml_mapping
 
     data = load_yaml_mapping(paths.profile, what="run profile")
     return profile_from_dict(data, name=str(data.pop("name", "run")), path=None)

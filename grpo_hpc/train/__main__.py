@@ -16,7 +16,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from grpo_hpc.config import load_resolved  # noqa: E402
+from grpo_hpc.config_load import load_resolved  # noqa: E402
 from grpo_hpc.errors import (  # noqa: E402
     ExitCode,
     GrpoError,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_hpc.config import load_resolved
+from grpo_hpc.config_load import load_resolved
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.train import checkpoint, models
 from grpo_hpc.train.loss import selective_log_softmax

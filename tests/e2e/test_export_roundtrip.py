@@ -212,7 +212,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from grpo_hpc import evaluate
-    from grpo_hpc.config import load_resolved
+    from grpo_hpc.config_load import load_resolved
     from grpo_hpc.train import data, evaluation, rollout
 
     last = [

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from grpo_hpc.config import build_config
+from grpo_hpc.config_load import build_config
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.train import auto_speed
 from grpo_hpc.train.auto_speed import Where, compile_on, packing_on

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.config import DataConfig, RewardConfig, build_config
+from grpo_hpc.config import DataConfig, RewardConfig
+from grpo_hpc.config_load import build_config
 from grpo_hpc.errors import ConfigError
 from grpo_hpc.plot import CODE_HELD_OUT_TITLE, CODE_REWARD, build_figure, panel, plot_data
 from grpo_hpc.preflight import check_data, check_model

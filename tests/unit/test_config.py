@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.config import build_config, builtin_configs, load_resolved, to_yaml
+from grpo_hpc.config_load import build_config, builtin_configs, load_resolved, to_yaml
 from grpo_hpc.errors import ConfigError, ExitCode
 
 

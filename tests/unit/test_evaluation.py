@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_hpc.config import RewardConfig, build_config
+from grpo_hpc.config import RewardConfig
+from grpo_hpc.config_load import build_config
 from grpo_hpc.train import evaluation, rewards
 
 # Completions as small models write them: the demo's step-30 model answered in prose

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from grpo_hpc.config import build_config
+from grpo_hpc.config_load import build_config
 from grpo_hpc.train.data import GSM8K_DIR, load_problems
 from grpo_hpc.train.rewards import gold_value, score_correctness_batch
 

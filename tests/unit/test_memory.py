@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_hpc import memory, memory_plan
-from grpo_hpc.config import build_config
+from grpo_hpc.config_load import build_config
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.profiles import load_profile
 from grpo_hpc.submit import resolve

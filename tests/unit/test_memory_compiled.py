@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc import memory, memory_plan
-from grpo_hpc.config import build_config
+from grpo_hpc.config_load import build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = ROOT / "bench" / "shapes"

@@ -113,7 +113,7 @@ def test_plot_errors_are_one_line(tmp_path: Path, metrics: list, out: str, messa
 
 
 def test_step_metrics_reports_reward_spread() -> None:
-    from grpo_hpc.config import build_config
+    from grpo_hpc.config_load import build_config
     from grpo_hpc.train.tracking import step_metrics
 
     rewards = [0.0, 1.0, 1.0, 0.0]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc import preflight
-from grpo_hpc.config import DataConfig, build_config
+from grpo_hpc.config import DataConfig
+from grpo_hpc.config_load import build_config
 from grpo_hpc.errors import ExitCode
 from grpo_hpc.paths import RunPaths
 from grpo_hpc.profiles import Profile, load_profile
