@@ -267,6 +267,15 @@ class DistConfig:
     compute capability 8.0+ (A100, H100), where it was measured; off on a CPU, a V100,
     with LoRA or FSDP (grpo_hpc.train.auto_speed). The native rollout engine compiles its
     decode layers anyway."""
+    deterministic_kernels: bool = True
+    """Inductor's deterministic mode on a GPU, for every kernel torch.compile builds in the
+    trainer (compiled layers, the fused head's arithmetic, the native engine's decode):
+    launch configurations that change a sum's order are chosen by rule, not by timing
+    them on the device. Timed, a near-tie is decided by noise and then cached on that
+    node, so a run resumed on another node of the same GPU model could sum in another
+    order. Measured free on one H100 (the default step at 0.5B-3B within 1 %;
+    bench/results/README.md, "Inductor's deterministic mode"). False: Inductor's timed
+    choices."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run

@@ -140,4 +140,5 @@ def describe(before: Config, after: Config) -> str:
         ("algo.packing", before.algo.packing, after.algo.packing),
     ):
         parts.append(f"{name}={str(new).lower()}" + (" (auto)" if old == AUTO else ""))
+    parts.append(f"dist.deterministic_kernels={str(after.dist.deterministic_kernels).lower()}")
     return "[Speed] " + ", ".join(parts)

@@ -47,6 +47,15 @@ def init(cfg: DistConfig, timeout_s: float = 1800) -> DistInfo:
     return DistInfo(rank, world, local, device)
 
 
+def choose_kernels_by_rule(device: torch.device, deterministic: bool) -> None:
+    """``dist.deterministic_kernels``: Inductor's deterministic mode for this process's
+    compilations on a GPU (nothing compiles on the CPU: Inductor is not imported there)."""
+    if device.type == "cuda":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.deterministic = deterministic
+
+
 def _backend(cfg: DistConfig, cuda: bool) -> str:
     """NCCL on GPUs, gloo on CPUs; with FSDP2 CPU offload both: the sharded gradients live in
     host memory, and gradient clipping reduces their norms there (NCCL alone fails with "no

@@ -87,6 +87,7 @@ class Trainer:
         if why := auto_speed.precision_problem(where):
             raise ConfigError(why)
         self.cfg = auto_speed.resolve(cfg, where)
+        dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         if info.is_main:
             print(auto_speed.describe(cfg, self.cfg), flush=True)
         cfg = self.cfg

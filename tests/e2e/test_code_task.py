@@ -25,7 +25,8 @@ def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[Sandbox] code reward runs in" in result.stdout
     # auto's speed switches are off on a CPU (grpo_hpc.train.auto_speed), and logged so
-    assert "[Speed] dist.compile=false (auto), algo.packing=false (auto)" in result.stdout
+    speed = "[Speed] dist.compile=false (auto), algo.packing=false (auto), "
+    assert speed + "dist.deterministic_kernels=true" in result.stdout
     metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
     steps = [m for m in metrics if "reward/mean" in m]
     evals = [m for m in metrics if "eval/pass@1" in m]

@@ -49,7 +49,29 @@ def test_resolve_replaces_auto_and_leaves_the_input() -> None:
     out = auto_speed.resolve(cfg, H100)
     assert out.dist.compile is False and out.algo.packing is True
     assert cfg.algo.packing == "auto"  # a copy
-    assert auto_speed.describe(cfg, out) == "[Speed] dist.compile=false, algo.packing=true (auto)"
+    said = "[Speed] dist.compile=false, algo.packing=true (auto), dist.deterministic_kernels=true"
+    assert auto_speed.describe(cfg, out) == said
+
+
+def test_kernels_by_rule_on_a_gpu_only() -> None:
+    """``dist.deterministic_kernels`` sets Inductor's deterministic mode where the trainer
+    compiles (a CUDA device; setting the flag needs no GPU) and leaves it alone on a CPU."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from grpo_hpc.train.dist import choose_kernels_by_rule
+
+    before = inductor_config.deterministic
+    try:
+        inductor_config.deterministic = False
+        choose_kernels_by_rule(torch.device("cpu"), True)
+        assert inductor_config.deterministic is False
+        choose_kernels_by_rule(torch.device("cuda", 0), True)
+        assert inductor_config.deterministic is True
+        choose_kernels_by_rule(torch.device("cuda", 0), False)
+        assert inductor_config.deterministic is False
+    finally:
+        inductor_config.deterministic = before
 
 
 @pytest.mark.parametrize("override", ["algo.packing=sometimes", "dist.compile=maybe"])
