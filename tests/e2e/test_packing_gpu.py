@@ -90,3 +90,6 @@ def test_trainer_runs_packed_in_bf16(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     rec = read_progress(paths.progress)
     assert rec.state == TrainState.FINISHED and rec.step == rec.max_steps
+    # compiled layers (auto on a GPU), built in Inductor's deterministic mode by default
+    assert "dist.compile=true (auto)" in result.stdout
+    assert "dist.deterministic_kernels=true" in result.stdout
