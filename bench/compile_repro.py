@@ -5,13 +5,14 @@ on the device and keeps the fastest; for a reduction, the configuration sets the
 which it sums, so the choice changes the result's last bits, and a near-tie between two
 configurations is decided by timing noise. The choice is then cached on the machine
 (``TORCHINDUCTOR_CACHE_DIR``), so runs on one machine repeat each other while a run
-resubmitted on another node need not. ``TORCHINDUCTOR_DETERMINISTIC=1`` (Inductor's
-deterministic mode) skips the timings that affect numerics.
+resubmitted on another node need not. Inductor's deterministic mode skips the timings
+that affect numerics; the trainer runs in it unless ``dist.deterministic_kernels=false``.
 
 This script starts ``--runs`` copies of the same short ``bench/learning.py`` run (one
 seed, grpo_hpc's defaults) at once, each with an empty Inductor cache of its own (so each
-compiles and times afresh, while the others load the GPU), first in the default mode and
-then in the deterministic one, and reports how many distinct trajectories (the reward
+compiles and times afresh, while the others load the GPU), first with Inductor's timed
+choices (``learning.py``'s system ``grpo_hpc_timed``) and then in the deterministic mode
+(``grpo_hpc``, the default), and reports how many distinct trajectories (the reward
 and gradient norm of every step, to the last bit) each mode gave.
 
     python bench/compile_repro.py --runs 4 --seed 5 --steps 3 \
@@ -40,17 +41,22 @@ def launch(work: Path, i: int, deterministic: bool, args: argparse.Namespace) ->
     out = work / f"run{i}"
     out.mkdir()
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(out / "inductor"))
-    env["TORCHINDUCTOR_DETERMINISTIC"] = "1" if deterministic else "0"
     cmd = [sys.executable, str(LEARNING), "--out", str(out), "--name", "run"]
-    cmd += ["--systems", "grpo_hpc", "--seeds", str(args.seed), "--steps", str(args.steps)]
+    cmd += ["--systems", system(deterministic), "--seeds", str(args.seed)]
+    cmd += ["--steps", str(args.steps)]
     cmd += ["--eval-every", str(args.steps), "--num-eval", str(args.num_eval)]
     cmd += shlex.split(args.learning_args)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def trajectory(out: Path) -> list[tuple[float, float]]:
+def system(deterministic: bool) -> str:
+    """learning.py's name for grpo_hpc's defaults with or without deterministic kernels."""
+    return "grpo_hpc" if deterministic else "grpo_hpc_timed"
+
+
+def trajectory(out: Path, deterministic: bool) -> list[tuple[float, float]]:
     """(reward, gradient norm) of every step of the run in ``out``."""
-    run = json.loads((out / "run.json").read_text())["systems"]["grpo_hpc"][0]
+    run = json.loads((out / "run.json").read_text())["systems"][system(deterministic)][0]
     return [(s["reward"], s["grad_norm"]) for s in run["steps"]]
 
 
@@ -62,7 +68,7 @@ def one_mode(deterministic: bool, args: argparse.Namespace) -> dict:
         for i, p in enumerate(procs):
             _, err = p.communicate()
             if p.returncode == 0:
-                trajs.append(trajectory(work / f"run{i}"))
+                trajs.append(trajectory(work / f"run{i}", deterministic))
             else:
                 errors.append(err.decode()[-1500:])
     distinct = sorted({json.dumps(t) for t in trajs})

@@ -111,6 +111,7 @@ below (each is plain with one change), so stored runs keep meaning what they mea
 SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
+    "grpo_hpc_timed": ("grpo_hpc", ["dist.deterministic_kernels=false"]),  # Inductor's timing
     "grpo_hpc_plain": ("grpo_hpc", PLAIN),
     "grpo_hpc_tempered": ("grpo_hpc", [*PLAIN, "algo.tempered_logp=true"]),
     "grpo_hpc_hf": ("grpo_hpc", [*PLAIN, "rollout.engine=hf"]),
