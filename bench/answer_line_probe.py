@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from grpo_hpc.config import DataConfig
-from grpo_hpc.train import rewards
-from grpo_hpc.train.data import load_problems, prompt_text
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.tasks.problems import load_problems, prompt_text
 from grpo_hpc.train.models import load_model_and_tokenizer
-from grpo_hpc.train.native.engine import NativeEngine
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 PROMPTS = {
     "demo": "Solve it. End with the line 'Answer: <number>'.",

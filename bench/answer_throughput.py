@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import env_info, write_result  # noqa: E402
 
-from grpo_hpc.train.answers import extract_gold, find_answer  # noqa: E402
-from grpo_hpc.train.rewards import score_correctness_batch  # noqa: E402
+from grpo_hpc.tasks.answers import extract_gold, find_answer  # noqa: E402
+from grpo_hpc.train.rewards.functions import score_correctness_batch  # noqa: E402
 
 REASONING = (
     "Natalia sold 48 clips in April and half as many in May, so she sold 48 / 2 = 24 in May. "

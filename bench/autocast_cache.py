@@ -28,15 +28,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import build_model, env_info, write_result  # noqa: E402
 
-from grpo_hpc.config import AlgoConfig  # noqa: E402
-from grpo_hpc.train import update  # noqa: E402
+from grpo_hpc.config.schema import AlgoConfig  # noqa: E402
+from grpo_hpc.train.algo import update  # noqa: E402
+from grpo_hpc.train.algo.optimization import autocast_factory  # noqa: E402
 from grpo_hpc.train.dist import DistInfo  # noqa: E402
 from grpo_hpc.train.models import (  # noqa: E402
     compile_layers,
     enable_checkpointing,
     load_model_and_tokenizer,
 )
-from grpo_hpc.train.optimization import autocast_factory  # noqa: E402
 
 VARIANTS = {
     "eager, cache": (False, True),

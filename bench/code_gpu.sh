@@ -28,7 +28,7 @@ steps=${CODE_STEPS:-40}
 run=/tmp/runs/code-smollm2
 rm -rf "$run"  # a run left by an earlier call on the held machine
 t0=$SECONDS
-timeout "${CODE_TIMEOUT:-420}" python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
+timeout "${CODE_TIMEOUT:-420}" python3 -c "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))" \
     --profile bench/local-bf16.yaml --config code-qwen --name code-smollm2 \
     model.name_or_path=smollm2-135m model.gradient_checkpointing=false rollout.engine=native \
     rollout.prompts_per_step="${CODE_PROMPTS:-16}" rollout.num_generations="${CODE_G:-8}" \
@@ -40,7 +40,7 @@ echo "train stage: $((SECONDS - t0)) s"
 cp "$run/metrics.jsonl" "$out/code_smollm2_metrics.jsonl"
 cp "$run/config.yaml" "$out/code_smollm2_config.yaml"
 tail -c 20000 "$run/training_output.log" >"$out/code_smollm2_output_tail.log"
-python3 -c "import sys; from grpo_hpc.status import main; sys.exit(main(sys.argv[1:]))" \
+python3 -c "import sys; from grpo_hpc.cli.status import main; sys.exit(main(sys.argv[1:]))" \
     code-smollm2 --plot "$out/code_smollm2_curves.png" >/dev/null
 python3 - "$run/metrics.jsonl" "$out/code_smollm2_summary.json" <<'PY'
 import json, statistics, sys

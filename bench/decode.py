@@ -39,14 +39,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
-from grpo_hpc.config import DataConfig  # noqa: E402
-from grpo_hpc.train.data import load_problems, prompt_text  # noqa: E402
+from grpo_hpc.config.schema import DataConfig  # noqa: E402
+from grpo_hpc.tasks.problems import load_problems, prompt_text  # noqa: E402
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.native.engine import NativeEngine  # noqa: E402
-from grpo_hpc.train.native.forward import DecodeFns  # noqa: E402
-from grpo_hpc.train.native.sampling import pick  # noqa: E402
-from grpo_hpc.train.rollout import HFEngine  # noqa: E402
-from grpo_hpc.train.update import MicroBatch, completion_logp  # noqa: E402
+from grpo_hpc.train.rollout.engines import HFEngine  # noqa: E402
+from grpo_hpc.train.rollout.native.engine import NativeEngine  # noqa: E402
+from grpo_hpc.train.rollout.native.forward import DecodeFns  # noqa: E402
+from grpo_hpc.train.rollout.native.sampling import pick  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

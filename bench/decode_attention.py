@@ -19,7 +19,7 @@ call per layer (each on its own layer of the cache) captured in a CUDA graph and
 - ``flex``: FlexAttention with the mask as a score modification over the GQA layout
   (``enable_gqa``), whose decoding kernel splits the keys across thread blocks
   (flash-decoding); ``flex-fold``: the folded layout;
-- ``triton``: the engine's own kernel (``grpo_hpc.train.native.attention``): a program per
+- ``triton``: the engine's own kernel (``grpo_hpc.train.rollout.native.attention``): a program per
   (row, KV head) streams the keys and values once with an online softmax.
 
     python bench/decode_attention.py --shapes qwen2.5-1.5b qwen2.5-3b --batch 64 256 \
@@ -96,7 +96,7 @@ def _flex(fold: bool) -> Attn:
 
 
 def _triton(q, k, v, lp, pos):  # noqa: ANN001, ANN202
-    from grpo_hpc.train.native.attention import _fused_op
+    from grpo_hpc.train.rollout.native.attention import _fused_op
 
     return _fused_op(q, k, v, lp, pos)
 

@@ -28,10 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_info, write_result  # noqa: E402
 
-from grpo_hpc.config import DataConfig  # noqa: E402
-from grpo_hpc.train.data import load_problems, longest_prompt_tokens, prompt_text  # noqa: E402
+from grpo_hpc.config.schema import DataConfig  # noqa: E402
+from grpo_hpc.tasks.problems import load_problems, longest_prompt_tokens, prompt_text  # noqa: E402
 from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.native.engine import NativeEngine  # noqa: E402
+from grpo_hpc.train.rollout.native.engine import NativeEngine  # noqa: E402
 
 VARIANTS = {
     "reserve": {},

@@ -20,23 +20,23 @@ export WANDB_MODE=disabled GRPO_HPC_LOGS=${GRPO_HPC_LOGS:-/tmp/runs}
 export GRPO_HPC_CACHE=${GRPO_HPC_CACHE:-/tmp/grpo_cache}
 STEPS=${STEPS:-4} EVAL=${EVAL:-64} MAX_NEW=${MAX_NEW:-256} PROFILE=${PROFILE:-bench/local-bf16.yaml}
 run=export-eval-$(date +%s)
-python -m grpo_hpc.cli --profile "$PROFILE" --config gsm8k --name "$run" \
+python -m grpo_hpc.cli.submit --profile "$PROFILE" --config gsm8k --name "$run" \
     model.name_or_path=smollm2-135m data.num_eval="$EVAL" rollout.prompts_per_step=16 \
     rollout.max_new_tokens="$MAX_NEW" training.max_steps="$STEPS" training.eval_every="$STEPS" \
     training.save_every_steps="$STEPS" training.zero_reward_patience=0 \
     2>&1 | tee "$out/train.log"
-python -m grpo_hpc.status "$run" | tee "$out/status.txt"
+python -m grpo_hpc.cli.status "$run" | tee "$out/status.txt"
 : >"$out/export.log"
 for dtype in bf16 fp32; do
     t0=$SECONDS
-    python -m grpo_hpc.export "$run" "$out/hf_$dtype" --dtype "$dtype" --force | tee -a "$out/export.log"
+    python -m grpo_hpc.cli.export "$run" "$out/hf_$dtype" --dtype "$dtype" --force | tee -a "$out/export.log"
     echo "export $dtype: $((SECONDS - t0)) s, $(du -sh "$out/hf_$dtype" | cut -f1)" | tee -a "$out/export.log"
 done
 : >"$out/eval.log"
 # The run's own held-out problems (the default for a run or an export of one).
-python -m grpo_hpc.evaluate "$run" --out "$out/eval_run.json" | tee -a "$out/eval.log"
-python -m grpo_hpc.evaluate "$out/hf_fp32" --out "$out/eval_fp32.json" | tee -a "$out/eval.log"
-python -m grpo_hpc.evaluate "$out/hf_bf16" --out "$out/eval_bf16.json" | tee -a "$out/eval.log"
+python -m grpo_hpc.cli.eval "$run" --out "$out/eval_run.json" | tee -a "$out/eval.log"
+python -m grpo_hpc.cli.eval "$out/hf_fp32" --out "$out/eval_fp32.json" | tee -a "$out/eval.log"
+python -m grpo_hpc.cli.eval "$out/hf_bf16" --out "$out/eval_bf16.json" | tee -a "$out/eval.log"
 python - "$GRPO_HPC_LOGS/$run/metrics.jsonl" "$out" <<'PY' | tee "$out/compare.txt"
 import json, sys
 from pathlib import Path

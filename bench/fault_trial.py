@@ -20,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_plan import EXCLUSIVE, Fault, TrialPlan, TrialResult  # noqa: E402
 
-from grpo_hpc.fsutil import read_jsonl  # noqa: E402
-from grpo_hpc.paths import RunPaths  # noqa: E402
-from grpo_hpc.progress import TrainState, read_progress  # noqa: E402
-from grpo_hpc.slurm_query import job_name  # noqa: E402
+from grpo_hpc.core.fsutil import read_jsonl  # noqa: E402
+from grpo_hpc.core.paths import RunPaths  # noqa: E402
+from grpo_hpc.core.progress import TrainState, read_progress  # noqa: E402
+from grpo_hpc.core.slurm import job_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

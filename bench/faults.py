@@ -43,7 +43,7 @@ from fault_trial import (  # noqa: E402
     sh,
 )
 
-from grpo_hpc.fsutil import atomic_write_text  # noqa: E402
+from grpo_hpc.core.fsutil import atomic_write_text  # noqa: E402
 
 
 def git_commit() -> str:

@@ -31,9 +31,9 @@ from grpo_hpc.train.checkpoint import model_weights  # noqa: E402
 
 
 def make_run(args: argparse.Namespace, work: Path):
-    from grpo_hpc.paths import RunPaths
-    from grpo_hpc.profiles import profile_from_dict
-    from grpo_hpc.submit import create_run
+    from grpo_hpc.config.profiles import profile_from_dict
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.submit.job import create_run
 
     model_dir = work / "model"
     build_model(model_dir, args.shape)
@@ -73,7 +73,7 @@ def max_abs_diff(a: dict, b: dict) -> float:
 
 
 def ckpt_facts(ckpt: Path) -> dict:
-    from grpo_hpc.ckpt import verify_checkpoint
+    from grpo_hpc.export.checkpoints import verify_checkpoint
 
     manifest = json.loads((ckpt / "manifest.json").read_text())
     shards = sorted((ckpt / "dcp").glob("*.distcp")) if (ckpt / "dcp").is_dir() else []
@@ -88,7 +88,7 @@ def ckpt_facts(ckpt: Path) -> dict:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    from grpo_hpc.submit import rewind
+    from grpo_hpc.submit.job import rewind
 
     paths = make_run(args, work)
     result: dict = {"train_wall_s": torchrun(paths, args.nproc)}

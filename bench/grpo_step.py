@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
 
-from grpo_hpc.config import (  # noqa: E402
+from grpo_hpc.config.schema import (  # noqa: E402
     AlgoConfig,
     DistConfig,
     ModelConfig,
@@ -37,13 +37,13 @@ from grpo_hpc.config import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from grpo_hpc.paths import RunPaths
+    from grpo_hpc.core.paths import RunPaths
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    from grpo_hpc.paths import RunPaths
-    from grpo_hpc.profiles import profile_from_dict
-    from grpo_hpc.submit import create_run
+    from grpo_hpc.config.profiles import profile_from_dict
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.submit.job import create_run
 
     model_dir = args.model_dir or work / "model"
     if not args.model_dir:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
         "wandb.mode=disabled",
         "reward.correctness=1.0",
-        "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
+        "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}",
         f"rollout.engine={args.engine}",
         f"dist.compile={args.compile}",
         f"rollout.release_engine_memory={args.release_engine}",
@@ -173,7 +173,7 @@ def main() -> None:
         "--num-train", type=int, default=0, help="data.num_train (0: the config's, all GSM8K)"
     )
     p.add_argument("--seed", type=int, default=0, help="training.seed (sets the prompt order)")
-    # Memory settings default to the project's defaults (grpo_hpc.config), so that a plain
+    # Memory settings default to the project's defaults (grpo_hpc.config.schema), so that a plain
     # run measures what a user gets without setting them.
     algo, model, rollout = AlgoConfig(), ModelConfig(), RolloutConfig()
     p.add_argument(

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_info, write_result  # noqa: E402
 
-from grpo_hpc.train import logp_head  # noqa: E402
+from grpo_hpc.train.algo import logp_head  # noqa: E402
 
 
 def _ms(fn, reps: int) -> float:  # noqa: ANN001

@@ -1,5 +1,5 @@
 """Model-size ladder: which Qwen2.5 shapes fit which GPU budget, how fast a GRPO step is there,
-and how close the memory estimator (grpo_hpc.memory) comes to the measured peak.
+and how close the memory estimator (grpo_hpc.memory.estimate) comes to the measured peak.
 
 For each shape (bench/shapes: 0.5B, 1.5B, 3B, 7B; random weights built on the GPU) x budget
 x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 512 new tokens.
@@ -71,7 +71,7 @@ def decode_bw() -> tuple[float, str]:
 
 
 def load_shape(name: str):  # noqa: ANN201
-    from grpo_hpc import memory
+    from grpo_hpc.memory import estimate as memory
 
     config = json.loads((SHAPES_DIR / name / "config.json").read_text())
     return memory.ModelShape.from_config(config)
@@ -80,8 +80,8 @@ def load_shape(name: str):  # noqa: ANN201
 @functools.cache
 def prompt_tokens(vocab: int) -> int:
     """Longest prompt of the first step, as the trainer builds it (char tokenizer)."""
-    from grpo_hpc.config import DataConfig
-    from grpo_hpc.train import data
+    from grpo_hpc.config.schema import DataConfig
+    from grpo_hpc.tasks import problems as data
     from grpo_hpc.train.models import char_tokenizer
 
     tok = char_tokenizer(vocab)
@@ -90,7 +90,7 @@ def prompt_tokens(vocab: int) -> int:
 
 
 def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, ranks: int = 1):  # noqa: ANN201
-    from grpo_hpc import memory
+    from grpo_hpc.memory import estimate as memory
 
     precision = "fp32" if args.device == "cpu" else BUDGETS[budget][0]
     return memory.Settings(
@@ -108,8 +108,8 @@ def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, rank
 
 def estimates(args: argparse.Namespace, name: str, budget: str, mode: str) -> dict:
     """The estimator's plan for one GPU under the cap, and for the budget's 2-GPU profile."""
-    from grpo_hpc import memory
-    from grpo_hpc.profiles import load_profile
+    from grpo_hpc.config.profiles import load_profile
+    from grpo_hpc.memory import estimate as memory
 
     shape = load_shape(name)
     prompt = prompt_tokens(shape.vocab)
@@ -139,9 +139,9 @@ def estimates(args: argparse.Namespace, name: str, budget: str, mode: str) -> di
 def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, work: Path) -> dict:  # noqa: ANN001
     """The real trainer on ``args.nproc`` GPUs (or CPU processes) with the plan's settings
     (one rank's share of the step); its measured figures."""
-    from grpo_hpc.paths import RunPaths
-    from grpo_hpc.profiles import profile_from_dict
-    from grpo_hpc.submit import create_run
+    from grpo_hpc.config.profiles import profile_from_dict
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.submit.job import create_run
 
     s = plan.settings
     prof = {"executor": "local", "precision": s.precision, "strategy": s.strategy}
@@ -166,7 +166,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
         "data.num_eval=0",
         "wandb.mode=disabled",
-        "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
+        "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}",
     ]
     create_run(paths, profile, "tiny", overrides, force=True)
     cap = BUDGETS[budget][1] if args.device == "cuda" else 0
@@ -255,7 +255,7 @@ def wants_trl(args: argparse.Namespace, name: str, row: dict, elapsed: float) ->
 def same_settings(row: dict, plan) -> bool:  # noqa: ANN001
     """Whether ``row`` ran the settings ``plan`` resolves now (a field the row predates
     counts as its default)."""
-    from grpo_hpc import memory
+    from grpo_hpc.memory import estimate as memory
 
     defaults = {
         f.name: f.default

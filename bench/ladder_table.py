@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 def current_estimate(row: dict) -> float | None:
     """The estimator's peak GiB per rank for the settings the row ran (None if not run)."""
-    from grpo_hpc import memory
+    from grpo_hpc.memory import estimate as memory
 
     if "run_settings" not in row:
         return None

@@ -70,10 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_info, write_result  # noqa: E402
 from learning_trl import run_trl  # noqa: E402
 
-from grpo_hpc.config import ModelConfig  # noqa: E402
-from grpo_hpc.paths import RunPaths  # noqa: E402
-from grpo_hpc.profiles import load_profile  # noqa: E402
-from grpo_hpc.submit import create_run  # noqa: E402
+from grpo_hpc.config.profiles import load_profile  # noqa: E402
+from grpo_hpc.config.schema import ModelConfig  # noqa: E402
+from grpo_hpc.core.paths import RunPaths  # noqa: E402
+from grpo_hpc.submit.job import create_run  # noqa: E402
 from grpo_hpc.train import models  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from grpo_hpc.config import DataConfig, RewardConfig
+from grpo_hpc.config.schema import DataConfig, RewardConfig
 
 SYSTEM = "Solve it. End with the line 'Answer: <number>'."  # configs/demo.yaml's
 REWARD = RewardConfig(correctness=1.0, format=0.2, overlong=0.5, require_marker=False)

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from learning_task import REWARD, SYSTEM, data_config, reward_config
 
-from grpo_hpc.train import data, rewards
+from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.evaluation import score_eval
+from grpo_hpc.train.rewards import functions as rewards
 
 # TRL's log_history -> the same per-step fields
 TRL_FIELDS = {
@@ -35,7 +36,7 @@ def run_trl(
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_hpc.train.native.engine import NativeEngine
+    from grpo_hpc.train.rollout.native.engine import NativeEngine
 
     cfg = data_config(args)
     train, held_out = data.load_problems(cfg, seed)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from grpo_hpc.train.models import LlamaShape, save_random_llama
-from grpo_hpc.train.native.engine import NativeEngine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 
 def probe(engine: NativeEngine, rows: int) -> dict:

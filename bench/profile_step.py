@@ -65,7 +65,8 @@ PHASE_PREFIX, SCOPE_PREFIX = "phase:", "scope:"
 # Kernel (or CPU op) names, lower-cased substrings; attention is tested before matmul
 # (flash kernels are CUTLASS-built).
 ATTENTION_NAMES = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "_decode_kernel")
-# (_decode_kernel: the native engine's Triton decode attention, grpo_hpc/train/native/attention.py)
+# (_decode_kernel: the native engine's Triton decode attention,
+# grpo_hpc/train/rollout/native/attention.py)
 MATMUL_NAMES = ("gemm", "cutlass", "nvjet", "xmma", "cublas", "aten::mm", "aten::addmm",
                 "aten::bmm", "aten::baddbmm", "matmul", "triton_tem")  # fmt: skip
 # Kernels that torch.compile fused (the engine's decode layers) carry their ops in the name.
@@ -91,7 +92,7 @@ def run_overrides(shape: str, args: argparse.Namespace) -> list[str]:
         "data.num_eval=0",
         "wandb.mode=disabled",
         "reward.correctness=1.0",
-        "reward.custom={grpo_hpc.train.toy_rewards:digit_fraction: 1.0}",
+        "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}",
         *args.override,
     ]
 
@@ -100,10 +101,10 @@ def build_trainer(work: Path, shape: str, args: argparse.Namespace) -> Any:
     """A set-up Trainer of the run ``create_run`` writes (as grpo-submit would)."""
     import torch
 
-    from grpo_hpc.config_load import load_resolved
-    from grpo_hpc.paths import RunPaths
-    from grpo_hpc.profiles import profile_from_dict
-    from grpo_hpc.submit import create_run
+    from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.config.profiles import profile_from_dict
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.submit.job import create_run
     from grpo_hpc.train import dist
     from grpo_hpc.train.trainer import Trainer
 

@@ -40,12 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_hpc.config import DataConfig, ModelConfig
-from grpo_hpc.train import data, models
-from grpo_hpc.train.logp_head import Scoring
-from grpo_hpc.train.native.engine import NativeEngine
-from grpo_hpc.train.rollout import HFEngine
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.config.schema import DataConfig, ModelConfig
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train import models
+from grpo_hpc.train.algo.logp_head import Scoring
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.engines import HFEngine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 SYSTEM = "Solve it. End with the line 'Answer: <number>'."  # configs/demo.yaml's
 TAIL = 1e-4

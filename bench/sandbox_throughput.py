@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import env_info, write_result  # noqa: E402
 
-from grpo_hpc.train import code_data, rewards, sandbox  # noqa: E402
+from grpo_hpc.tasks import code as code_data
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rewards import sandbox  # noqa: E402
 
 
 def programs() -> tuple[list[str], list[dict], int]:

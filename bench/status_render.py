@@ -17,12 +17,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.runs import SlurmView
-from grpo_hpc.slurm_query import JobRecord
-from grpo_hpc.status import build_table, collect_rows
+from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.runs import SlurmView
+from grpo_hpc.core.slurm import JobRecord
+from grpo_hpc.status.report import build_table, collect_rows
 
 
 def make_runs(root: Path, n: int, metrics_lines: int) -> None:

@@ -36,12 +36,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_hpc.config import Config
-from grpo_hpc.train import dist, update
-from grpo_hpc.train.batching import Scored, select_groups
-from grpo_hpc.train.logp_head import Scoring
-from grpo_hpc.train.optimization import StepOptimizer
-from grpo_hpc.train.rollout_types import RolloutBatch
+from grpo_hpc.config.schema import Config
+from grpo_hpc.train import dist
+from grpo_hpc.train.algo import update
+from grpo_hpc.train.algo.batching import Scored, select_groups
+from grpo_hpc.train.algo.logp_head import Scoring
+from grpo_hpc.train.algo.optimization import StepOptimizer
+from grpo_hpc.train.rollout.types import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ def main() -> None:
     args = p.parse_args()
     from common import env_info, write_result
 
-    from grpo_hpc.config import ModelConfig
+    from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.train import models
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -24,18 +24,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, build_model, env_info, write_result  # noqa: E402
 
-from grpo_hpc.config import AlgoConfig  # noqa: E402
-from grpo_hpc.train import logp_head, update  # noqa: E402
+from grpo_hpc.config.schema import AlgoConfig  # noqa: E402
+from grpo_hpc.train.algo import (
+    logp_head,
+    update,  # noqa: E402
+)
+from grpo_hpc.train.algo.loss import selective_log_softmax, token_entropy  # noqa: E402
+from grpo_hpc.train.algo.optimization import autocast_factory  # noqa: E402
+from grpo_hpc.train.algo.packing import use_packed_attention, varlen_kernel  # noqa: E402
 from grpo_hpc.train.dist import DistInfo  # noqa: E402
-from grpo_hpc.train.loss import selective_log_softmax, token_entropy  # noqa: E402
 from grpo_hpc.train.models import (  # noqa: E402
     compile_layers,
     enable_checkpointing,
     load_model_and_tokenizer,
 )
-from grpo_hpc.train.optimization import autocast_factory  # noqa: E402
-from grpo_hpc.train.packing import _varlen, use_packed_attention  # noqa: E402
-from grpo_hpc.train.rollout import RolloutBatch  # noqa: E402
+from grpo_hpc.train.rollout.engines import RolloutBatch  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
 
@@ -209,7 +212,7 @@ def main() -> None:
         "peak_flops_used": peak,
         "measured_matmul_flops": peak_meas,
         "runs": runs,
-        "packed_attention": "varlen flash" if _varlen() else "SDPA per row",
+        "packed_attention": "varlen flash" if varlen_kernel() else "SDPA per row",
         "env": env_info(),
     }
     write_result(result, args.out)

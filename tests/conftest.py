@@ -36,8 +36,8 @@ def run_cli(module_main: str, *args: str, env: dict | None = None, timeout: floa
 
 def make_checkpoint(paths, step: int, complete: bool = True) -> Path:  # noqa: ANN001
     """A small checkpoint directory of the trainer's gathered layout (placeholder bytes,
-    a real manifest) that resume counts as complete (grpo_hpc.manifest.is_complete)."""
-    from grpo_hpc.manifest import COMPLETE_MARKER, write_manifest
+    a real manifest) that resume counts as complete (grpo_hpc.core.manifest.is_complete)."""
+    from grpo_hpc.core.manifest import COMPLETE_MARKER, write_manifest
 
     d = paths.checkpoint(step)
     d.mkdir(parents=True)

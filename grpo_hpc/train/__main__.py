@@ -16,15 +16,15 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from grpo_hpc.config_load import load_resolved  # noqa: E402
-from grpo_hpc.errors import (  # noqa: E402
+from grpo_hpc.config.load import load_resolved  # noqa: E402
+from grpo_hpc.core.errors import (  # noqa: E402
     ExitCode,
     GrpoError,
     RunDirBusyError,
     StoppedBeforeTrainingError,
 )
-from grpo_hpc.paths import RunPaths  # noqa: E402
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress  # noqa: E402
+from grpo_hpc.core.paths import RunPaths  # noqa: E402
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +93,7 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
     the estimator says would fit this GPU) and the peak in GiB (None without CUDA)."""
     import torch
 
-    from grpo_hpc import memory_plan
+    from grpo_hpc.memory import plan as memory_plan
 
     cfg = trainer.cfg
     phase = trainer.tracker.record.state.value

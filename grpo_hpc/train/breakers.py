@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo_hpc.config import Config
+from grpo_hpc.config.schema import Config
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ file), and ``COMPLETE``. All of it is written into ``.tmp-step-N/``, renamed, an
 marked COMPLETE (by rank 0, after every rank's files are on disk, and only when the
 manifest lists the model and optimizer files and they are all there): a job killed at any
 moment leaves either no checkpoint or a partial one that resume ignores, and a checkpoint
-whose files vanished under its writer is never marked COMPLETE (grpo_hpc.manifest).
+whose files vanished under its writer is never marked COMPLETE (grpo_hpc.core.manifest).
 
 * **gathered** (DDP, one process): ``model.pt`` and ``optim.pt``, full state dicts written
   by rank 0. Simple, and loads at any world size.
@@ -38,9 +38,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from grpo_hpc.errors import RunDirBusyError
-from grpo_hpc.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.core.errors import RunDirBusyError
+from grpo_hpc.core.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.train.ckpt_space import abandon, check_space, state_bytes
 from grpo_hpc.train.dist import DistInfo, barrier
 

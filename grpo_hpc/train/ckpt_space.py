@@ -11,9 +11,9 @@ from typing import Any, NoReturn
 
 import torch
 
-from grpo_hpc.errors import DiskFullError
-from grpo_hpc.memory import GIB
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.core.errors import DiskFullError
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.memory.estimate import GIB
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 
 SPACE_SLACK = 1.05

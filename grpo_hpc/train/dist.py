@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo_hpc.config import DistConfig
+from grpo_hpc.config.schema import DistConfig
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the strict figure (an answer convention required: ``Answer:``, ``#### N``, ``\\b
 "the answer is") beside it, so that a run that judges by the last number also shows how
 often the model writes a proper answer line.
 
-Code problems (tests, no gold: :mod:`grpo_hpc.train.code_data`) are judged by running them
+Code problems (tests, no gold: :mod:`grpo_hpc.tasks.code`) are judged by running them
 in the code reward's sandbox (a child process, never the trainer's), and report pass@k:
 :func:`judge_problems` is the one place that chooses how a completion is judged.
 """
@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_hpc.config import RewardConfig
-from grpo_hpc.train import code_data, rewards
-from grpo_hpc.train.rollout_types import RolloutEngine
+from grpo_hpc.config.schema import RewardConfig
+from grpo_hpc.tasks import code as code_data
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rollout.types import RolloutEngine
 
 Progress = Callable[[int, float], None]
 """``progress(done prompts, seconds)``, called after each generate call."""

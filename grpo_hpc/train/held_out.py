@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from grpo_hpc.config import Config
-from grpo_hpc.progress import TrainState
-from grpo_hpc.train import data, dist, evaluation
-from grpo_hpc.train.rollout_types import RolloutEngine
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.progress import TrainState
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train import dist, evaluation
+from grpo_hpc.train.rollout.types import RolloutEngine
 from grpo_hpc.train.tracking import Tracker
 
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from grpo_hpc.config import ModelConfig
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.config.schema import ModelConfig
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
 
 SMOLLM2 = "smollm2-135m"
 RANDOM = "random:"

@@ -15,10 +15,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_hpc.config import Config
-from grpo_hpc.fsutil import append_jsonl, atomic_write_text
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, read_progress, write_progress
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.fsutil import append_jsonl, atomic_write_text
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
 
 
 @dataclass
@@ -204,7 +204,7 @@ def console_line(m: dict[str, float]) -> str:
 
 def step_samples(step: int, scored: list[Any], n: int) -> list[dict]:
     """Up to ``n`` completions of a step, the first of each group, the first groups first
-    (``scored``: the step's :class:`~grpo_hpc.train.batching.Scored` rollouts). Pure."""
+    (``scored``: the step's :class:`~grpo_hpc.train.algo.batching.Scored` rollouts). Pure."""
     rows: list[dict] = []
     for s in scored:
         g = s.rewards.shape[1]

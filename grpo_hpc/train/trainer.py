@@ -20,36 +20,42 @@ import time
 
 import torch
 
-from grpo_hpc.config import Config
-from grpo_hpc.errors import (
+from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.errors import (
     CircuitBreakerError,
     ConfigError,
     ExitCode,
     GrpoError,
     StoppedBeforeTrainingError,
 )
-from grpo_hpc.manifest import CheckpointIncompleteError
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState
-from grpo_hpc.train import (
-    auto_speed,
-    batching,
-    breakers,
-    checkpoint,
-    data,
-    dist,
-    logp_head,
-    models,
-    packing,
-    rewards,
-    rollout,
-)
-from grpo_hpc.train.collect import Collector
+from grpo_hpc.core.manifest import CheckpointIncompleteError
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train import breakers, checkpoint, dist, models
+from grpo_hpc.train.algo import batching, logp_head, packing
+from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.held_out import HeldOutEval
-from grpo_hpc.train.optimization import StepOptimizer, autocast_factory
-from grpo_hpc.train.rollout import GenerationAborted
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rollout import engines as rollout
+from grpo_hpc.train.rollout.collect import Collector
+from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.tracking import Tracker, step_metrics, step_samples
+
+
+def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
+    """The facts of this process (the thin I/O shell around the decisions above)."""
+    cuda = device.type == "cuda"
+    return auto_speed.Where(
+        cuda=cuda,
+        capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
+        precision=cfg.dist.precision,
+        strategy=cfg.dist.strategy,
+        lora=cfg.model.lora_rank > 0,
+        varlen=packing.varlen_kernel() is not None,
+    )
 
 
 class Trainer:
@@ -83,7 +89,7 @@ class Trainer:
                 f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
                 "train on the CPU with precision fp32"
             )
-        where = auto_speed.where_training(cfg, info.device)
+        where = where_training(cfg, info.device)
         if why := auto_speed.precision_problem(where):
             raise ConfigError(why)
         self.cfg = auto_speed.resolve(cfg, where)
@@ -278,7 +284,7 @@ class Trainer:
         """Rank 0: the verified final weights as a Hugging Face directory (``final/``). The
         run has succeeded already: a failure here is one warning, and grpo-export RUN
         writes the directory later."""
-        from grpo_hpc import export
+        from grpo_hpc.export import run as export
 
         self.tracker.update(TrainState.CHECKPOINTING)  # a heartbeat while it writes
         t0 = time.monotonic()

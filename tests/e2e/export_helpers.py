@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from grpo_hpc.config_load import load_resolved
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.config.load import load_resolved
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.train import checkpoint, models
-from grpo_hpc.train.loss import selective_log_softmax
+from grpo_hpc.train.algo.loss import selective_log_softmax
 
 TEXTS = ["Ada has 3 apples. How many?", "Answer: 42", "12 + 7 = 19, so the answer is 19."]
 

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.fsdp import fully_shard
 
-from grpo_hpc.config import Config
+from grpo_hpc.config.schema import Config
+from grpo_hpc.train.algo.optimization import _fused
 from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.optimization import _fused
 
 
 def main() -> None:

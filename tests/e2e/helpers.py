@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpo_hpc.launch import exit_code_from_progress, ignore_preempt_signals
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.profiles import load_profile
-from grpo_hpc.submit import create_run
+from grpo_hpc.config.profiles import load_profile
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit.job import create_run
+from grpo_hpc.submit.launch import exit_code_from_progress, ignore_preempt_signals
 
 
 def make_run(root: Path, name: str, *overrides: str, nproc: int = 1) -> RunPaths:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.plot import panel, plot_data
-from grpo_hpc.status import read_row
+from grpo_hpc.status.plot import panel, plot_data
+from grpo_hpc.status.report import read_row
 from tests.e2e.helpers import make_run, train
 
 
@@ -24,7 +24,7 @@ def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
     result = train(paths)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[Sandbox] code reward runs in" in result.stdout
-    # auto's speed switches are off on a CPU (grpo_hpc.train.auto_speed), and logged so
+    # auto's speed switches are off on a CPU (grpo_hpc.config.speed), and logged so
     speed = "[Speed] dist.compile=false (auto), algo.packing=false (auto), "
     assert speed + "dist.deterministic_kernels=true" in result.stdout
     metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_hpc import export
-from grpo_hpc.export_plan import PROVENANCE
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.export import run as export
+from grpo_hpc.export.plan import PROVENANCE
 from tests.conftest import run_cli
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
 from tests.e2e.helpers import make_run, train, training
@@ -80,11 +80,13 @@ def test_the_trainer_wrote_final_and_status_shows_it(run: RunPaths, tmp_path: Pa
     assert json.loads((run.final / PROVENANCE).read_text())["step"] == 2
     enc = batch(run.final)
     assert torch.equal(logprobs(load_export(run.final), enc), logprobs(trainer_model(run, 2), enc))
-    status = run_cli("grpo_hpc.status:main", str(run.root), env={"GRPO_HPC_LOGS": str(tmp_path)})
+    status = run_cli(
+        "grpo_hpc.cli.status:main", str(run.root), env={"GRPO_HPC_LOGS": str(tmp_path)}
+    )
     assert status.returncode == 0, status.stderr
     assert f"final model: {run.final} (step 2" in status.stdout.replace("\n", "")
     # grpo-export RUN (no OUT) says where it is.
-    again = run_cli("grpo_hpc.export:main", str(run.root))
+    again = run_cli("grpo_hpc.cli.export:main", str(run.root))
     assert again.returncode == 0 and str(run.final) in again.stdout
 
 
@@ -211,9 +213,11 @@ def test_replace_with_force(run: RunPaths, tmp_path: Path, capsys: pytest.Captur
 def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from grpo_hpc import evaluate
-    from grpo_hpc.config_load import load_resolved
-    from grpo_hpc.train import data, evaluation, rollout
+    from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.evaluate import local as evaluate
+    from grpo_hpc.tasks import problems as data
+    from grpo_hpc.train import evaluation
+    from grpo_hpc.train.rollout import engines as rollout
 
     last = [
         m for m in map(json.loads, run.metrics.read_text().splitlines()) if "eval/accuracy" in m
@@ -270,7 +274,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
 def test_grpo_eval_pass_at_k_and_refusals(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from grpo_hpc import evaluate
+    from grpo_hpc.evaluate import local as evaluate
 
     out = tmp_path / "s.json"
     code = evaluate.main([str(run.final), "--data", "arithmetic", "--num", "3", "--samples", "4",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.progress import TrainState, read_progress
 
 from .helpers import make_run, train
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_hpc.train import logp_head
+from grpo_hpc.train.algo import logp_head
 
 pytestmark = [
     pytest.mark.gpu,

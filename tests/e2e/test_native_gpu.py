@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import load_model_and_tokenizer
-from grpo_hpc.train.native.engine import NativeEngine
-from grpo_hpc.train.rollout import HFEngine
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.engines import HFEngine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -131,7 +131,7 @@ def test_fused_attention_equals_the_plain_one(heads: int, kv: int, d: int, span:
     """The Triton decode kernel against the matrix-product path in fp32 (0.5B, 1.5B, 3B
     and 7B head layouts): rows with different left padding, the current slot inside the
     span bucket, keys past it unwritten garbage."""
-    from grpo_hpc.train.native import attention
+    from grpo_hpc.train.rollout.native import attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, cap, dt = 64, span + 64, torch.bfloat16
@@ -152,7 +152,7 @@ def test_fused_attention_equals_the_plain_one(heads: int, kv: int, d: int, span:
 
 
 def test_bf16_engine_decodes_with_the_fused_attention(qwen_shaped) -> None:  # noqa: ANN001
-    from grpo_hpc.train.native import attention
+    from grpo_hpc.train.rollout.native import attention
 
     model, tok = qwen_shaped
     native = NativeEngine(model, tok, 16, 1.0, 1.0, 600, dtype=torch.bfloat16)

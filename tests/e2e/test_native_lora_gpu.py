@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import load_model_and_tokenizer
-from grpo_hpc.train.native.engine import NativeEngine
-from grpo_hpc.train.rollout import HFEngine
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.engines import HFEngine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.progress import TrainState, read_progress
 from tests.e2e.helpers import make_run, train
 
 pytestmark = pytest.mark.slow

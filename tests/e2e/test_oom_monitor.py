@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,8 @@ OVERRIDES = [
 
 def test_oom_stops_the_run_with_what_would_fit(logs_dir: Path) -> None:
     sub = run_cli(
-        "grpo_hpc.cli:submit_main", "--profile", "local", "--config", "tiny", "--name", "oom",
+        "grpo_hpc.cli.submit:main",
+        "--profile", "local", "--config", "tiny", "--name", "oom",
         *OVERRIDES,
     )  # fmt: skip
     assert sub.returncode == ExitCode.OUT_OF_MEMORY, sub.stdout + sub.stderr
@@ -43,13 +44,13 @@ def test_oom_stops_the_run_with_what_would_fit(logs_dir: Path) -> None:
     assert "would fit: algo.micro_batch_tokens=2048" in rec.reason
     assert "exit code:  6 (OUT_OF_MEMORY)" in paths.job_summary.read_text()
 
-    mon = run_cli("grpo_hpc.monitor:main", "oom", "--interval", "1", "--logs", str(logs_dir))
+    mon = run_cli("grpo_hpc.cli.monitor:main", "oom", "--interval", "1", "--logs", str(logs_dir))
     assert mon.returncode == 1, mon.stdout + mon.stderr  # the loop ends: a run was stopped
     (line,) = [x for x in mon.stdout.splitlines() if "STOP out_of_memory" in x]
     assert "CUDA out of memory while generating at step 1" in line
     assert "would fit: algo.micro_batch_tokens=2048" in line
     assert "never resubmitted unchanged" in line
-    again = run_cli("grpo_hpc.monitor:main", "oom", "--once", "--logs", str(logs_dir))
+    again = run_cli("grpo_hpc.cli.monitor:main", "oom", "--once", "--logs", str(logs_dir))
     assert again.returncode == 0 and "STOP" not in again.stdout  # sticky: nothing more done
     assert len(paths.jobs.read_text().splitlines()) == 1  # never resubmitted
     (decision,) = [e for e in map(json.loads, paths.events.read_text().splitlines())

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.config import AlgoConfig
-from grpo_hpc.progress import TrainState, read_progress
-from grpo_hpc.train import packing
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.train.algo import packing
+from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.models import load_model_and_tokenizer
-from grpo_hpc.train.update import accumulate, split
 from tests.unit.test_packing import NEW, ROWS, _batch, _model_dir
 
 from .helpers import make_run, train
@@ -29,7 +29,7 @@ pytestmark = [
 
 
 def test_varlen_attention_matches_row_by_row_sdpa() -> None:
-    varlen = packing._varlen()
+    varlen = packing.varlen_kernel()
     assert varlen is not None, f"torch {torch.__version__} has no usable varlen_attn"
     torch.manual_seed(0)
     lengths = [300, 7, 129, 1, 64]

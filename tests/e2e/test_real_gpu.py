@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.profiles import load_profile
-from grpo_hpc.progress import TrainState, read_progress
-from grpo_hpc.submit import create_run
+from grpo_hpc.config.profiles import load_profile
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.submit.job import create_run
 from grpo_hpc.train import models
 
 from .helpers import train

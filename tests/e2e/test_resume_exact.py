@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.progress import TrainState, read_progress
 
 from .helpers import descendants, make_run, signal_job, start, train, training
 

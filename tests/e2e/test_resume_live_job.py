@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.attempts import Effects, LiveJobError, live_job, refuse_if_live
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.fsutil import append_jsonl, read_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, read_progress, write_progress
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
+from grpo_hpc.monitor.attempts import Effects, LiveJobError, live_job, refuse_if_live
 from tests.conftest import REPO, run_cli
 
 from .helpers import env, make_run, signal_job, start, torchrun_cmd
@@ -40,7 +40,7 @@ def _submit_no_wait(logs: Path, *args: str) -> None:
     """grpo-submit with its output in a file: the local job inherits the submitter's
     stdout, so captured pipes would stay open (and the call blocked) until the job ends."""
     log = logs.parent / "submit.log"
-    code = "import sys; from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))"
+    code = "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))"
     with open(log, "w") as out:
         cmd = [sys.executable, "-c", code, *args]
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=120)
@@ -55,7 +55,7 @@ def test_resume_refuses_while_job_live(logs_dir: Path) -> None:
     pid = str(read_jsonl(paths.jobs)[0]["job_id"])
     try:
         before = _snapshot(paths)
-        result = run_cli("grpo_hpc.cli:submit_main", "--resume", "r")
+        result = run_cli("grpo_hpc.cli.submit:main", "--resume", "r")
         assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout + result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("grpo-submit: error:"), result.stderr

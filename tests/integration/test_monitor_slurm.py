@@ -28,13 +28,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_hpc import submit as submit_mod
-from grpo_hpc.decision import MonitorPolicy
-from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.monitor import monitor_run
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState, read_progress
-from grpo_hpc.status import build_table, collect_rows
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.monitor.decision import MonitorPolicy
+from grpo_hpc.monitor.loop import monitor_run
+from grpo_hpc.status.report import collect_rows
+from grpo_hpc.status.view import build_table
+from grpo_hpc.submit import job as submit_mod
 
 from .slurm_helpers import (
     assert_one_slurm_job_per_entry,

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState, read_progress
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.checkpoint import model_weights
 
 from .slurm_helpers import (

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.slurm_query import job_name
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.slurm import job_name
 
 from .slurm_helpers import REPO, cli, cli_env, job_ids, queued, scancel, submit, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 KILLED_AFTER_SBATCH = (
-    "import os, sys; import grpo_hpc.submit as s; "
+    "import os, sys; import grpo_hpc.submit.job as s; "
     "s.record_job = lambda *a, **k: os._exit(9); "  # dies after sbatch, before the write
-    "from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))"
+    "from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import TrainState
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState
 
 from .slurm_helpers import cli, job_ids, progress, sacct, wait_sacct
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_hpc.train.advantages import group_advantages, informative_groups, select_informative
+from grpo_hpc.train.algo.advantages import group_advantages, informative_groups, select_informative
 
 MODES = ("group_norm", "mean_only", "loo")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_hpc.train.answers import extract_gold, find_answer
-from grpo_hpc.train.rewards import compute_rewards, correctness_reward, format_reward
+from grpo_hpc.tasks.answers import extract_gold, find_answer
+from grpo_hpc.train.rewards.functions import compute_rewards, correctness_reward, format_reward
 
 # (completion, gold, correctness with default settings)
 CASES = [

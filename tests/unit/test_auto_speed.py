@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from grpo_hpc.config_load import build_config
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.train import auto_speed
-from grpo_hpc.train.auto_speed import Where, compile_on, packing_on
+from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.speed import Where, compile_on, packing_on
+from grpo_hpc.core.errors import ConfigError
 
 H100 = Where(
     cuda=True, capability=(9, 0), precision="bf16", strategy="ddp", lora=False, varlen=True

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_hpc.config import AlgoConfig
-from grpo_hpc.train.batching import Scored, select_groups
-from grpo_hpc.train.rollout import RolloutBatch
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo.batching import Scored, select_groups
+from grpo_hpc.train.rollout.engines import RolloutBatch
 
 
 def _scored(rewards: list[list[float]]) -> Scored:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from grpo_hpc.config import Config
+from grpo_hpc.config.schema import Config
 from grpo_hpc.train.breakers import Streaks, tripped
 
 

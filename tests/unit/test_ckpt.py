@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_hpc.ckpt import (
-    build_list_table,
-    fmt_bytes,
-    list_checkpoints,
-    main,
-    verify_checkpoint,
-    write_manifest,
-)
-from grpo_hpc.manifest import CheckpointIncompleteError
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.cli.ckpt import main
+from grpo_hpc.core.manifest import CheckpointIncompleteError, verify_checkpoint, write_manifest
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.export.checkpoints import build_list_table, fmt_bytes, list_checkpoints
 
 
 def make_ckpt(paths: RunPaths, step: int, complete: bool = True, manifest: bool = True) -> Path:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.ckpt import main as ckpt_main
-from grpo_hpc.errors import RunDirBusyError
-from grpo_hpc.manifest import COMPLETE_MARKER, MANIFEST, CheckpointIncompleteError, is_complete
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.cli.ckpt import main as ckpt_main
+from grpo_hpc.core.errors import RunDirBusyError
+from grpo_hpc.core.manifest import COMPLETE_MARKER, MANIFEST, CheckpointIncompleteError, is_complete
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.train import checkpoint
 from grpo_hpc.train.dist import DistInfo
 
@@ -108,7 +108,7 @@ def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
     held = checkpoint.lock_run_dir(paths)
     try:
         code = (
-            "import sys; from grpo_hpc.paths import RunPaths; "
+            "import sys; from grpo_hpc.core.paths import RunPaths; "
             "from grpo_hpc.train.checkpoint import lock_run_dir; "
             "lock_run_dir(RunPaths(__import__('pathlib').Path(sys.argv[1])))"
         )

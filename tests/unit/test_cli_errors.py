@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.decision import MonitorPolicy
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.monitor import Backend, monitor_pass
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.monitor.decision import MonitorPolicy
+from grpo_hpc.monitor.loop import Backend, monitor_pass
 from tests.conftest import make_checkpoint, run_cli
 
 MAINS = {
-    "grpo-status": "grpo_hpc.status:main",
-    "grpo-monitor": "grpo_hpc.monitor:main",
-    "grpo-ckpt": "grpo_hpc.ckpt:main",
-    "grpo-submit": "grpo_hpc.cli:submit_main",
+    "grpo-status": "grpo_hpc.cli.status:main",
+    "grpo-monitor": "grpo_hpc.cli.monitor:main",
+    "grpo-ckpt": "grpo_hpc.cli.ckpt:main",
+    "grpo-submit": "grpo_hpc.cli.submit:main",
 }
 
 
@@ -107,7 +107,7 @@ def test_checkpoints_deleted_under_a_reader(logs_dir: Path, monkeypatch) -> None
 def test_cancel_local_never_signals_init_or_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from grpo_hpc import monitor
+    from grpo_hpc.monitor import loop as monitor
 
     sent: list[tuple] = []
     monkeypatch.setattr(monitor.os, "kill", lambda *a: sent.append(("kill", *a)))

@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.config import DataConfig, RewardConfig
-from grpo_hpc.config_load import build_config
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.plot import CODE_HELD_OUT_TITLE, CODE_REWARD, build_figure, panel, plot_data
-from grpo_hpc.preflight import check_data, check_model
-from grpo_hpc.status_view import held_out_figure
-from grpo_hpc.train import code_data, data, evaluation, rewards
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.schema import DataConfig, RewardConfig
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.status.plot import CODE_HELD_OUT_TITLE, CODE_REWARD, build_figure, panel, plot_data
+from grpo_hpc.status.view import held_out_figure
+from grpo_hpc.submit.preflight import check_data, check_model
+from grpo_hpc.tasks import code as code_data
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train import evaluation
+from grpo_hpc.train.rewards import functions as rewards
 
 # MBPP-shaped rows written for these tests (text, test_list, optional test_setup_code).
 MBPP_ROWS = [

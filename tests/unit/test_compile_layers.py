@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_hpc.config import AlgoConfig
+from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.models import compile_layers, enable_checkpointing, load_model_and_tokenizer
 from tests.unit.test_packing import _batch, _grads, _model_dir
 

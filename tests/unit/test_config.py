@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.config_load import build_config, builtin_configs, load_resolved, to_yaml
-from grpo_hpc.errors import ConfigError, ExitCode
+from grpo_hpc.config.load import build_config, builtin_configs, load_resolved, to_yaml
+from grpo_hpc.core.errors import ConfigError, ExitCode
 
 
 def test_builtin_configs_load() -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from grpo_hpc.decision import ActionKind, FailureClass, JobView, RunHistory, decide
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.progress import ProgressRecord, TrainState
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.progress import ProgressRecord, TrainState
+from grpo_hpc.core.runs import JobView
+from grpo_hpc.monitor.decision import ActionKind, FailureClass, RunHistory, decide
 
 NOW = 1_000_000.0
 

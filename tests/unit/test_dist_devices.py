@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_hpc.config import DistConfig
+from grpo_hpc.config.schema import DistConfig
 from grpo_hpc.train import dist
 
 

@@ -1,11 +1,11 @@
 """grpo-eval --profile: the compute node's arguments and the pending reasons that cannot
-clear (pure parts of grpo_hpc.eval_submit)."""
+clear (pure parts of grpo_hpc.evaluate.job)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_hpc.eval_submit import hopeless, job_argv
+from grpo_hpc.evaluate.job import hopeless, job_argv
 
 
 def test_job_runs_the_same_evaluation_locally_with_an_absolute_out() -> None:

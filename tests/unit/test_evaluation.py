@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_hpc.config import RewardConfig
-from grpo_hpc.config_load import build_config
-from grpo_hpc.train import evaluation, rewards
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.schema import RewardConfig
+from grpo_hpc.train import evaluation
+from grpo_hpc.train.rewards import functions as rewards
 
 # Completions as small models write them: the demo's step-30 model answered in prose
 # ("so Hana has 20 + 7 = 27 cards") and never wrote an answer line.
@@ -134,7 +135,7 @@ def test_grpo_eval_replays_the_trainers_held_out_batches(
 def test_grpo_eval_numerics_are_the_trainers() -> None:
     """A model of our runs: fp32 weights, the run's precision as compute dtype (autocast on
     a GPU), the run's engine; a foreign model: bf16 on a GPU; fp32 on a CPU."""
-    from grpo_hpc.eval_target import numerics_for
+    from grpo_hpc.evaluate.target import numerics_for
 
     cfg = build_config("tiny", ["dist.precision=bf16", "rollout.engine=native"])
     gpu = numerics_for(cfg, cuda=True)

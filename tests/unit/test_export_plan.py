@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from grpo_hpc import export_plan as ep
-from grpo_hpc.evaluate import ks_for, pass_at_k, summarize
+from grpo_hpc.evaluate.local import ks_for, pass_at_k, summarize
+from grpo_hpc.export import plan as ep
 
 
 def test_parse_size() -> None:

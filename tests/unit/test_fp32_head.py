@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.train.logp_head import Scoring, linear_logp
+from grpo_hpc.train.algo.logp_head import Scoring, linear_logp
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import LlamaShape, load_model_and_tokenizer, save_random_llama
-from grpo_hpc.train.native.engine import NativeEngine
-from grpo_hpc.train.rollout import fp32_logits
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.engines import fp32_logits
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 PROMPTS = ["What is 2+3?", "Compute 17 plus 25."]
 BF16 = torch.autocast("cpu", dtype=torch.bfloat16)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from grpo_hpc.config_load import build_config
-from grpo_hpc.train.data import GSM8K_DIR, load_problems
-from grpo_hpc.train.rewards import gold_value, score_correctness_batch
+from grpo_hpc.config.load import build_config
+from grpo_hpc.tasks.problems import GSM8K_DIR, load_problems
+from grpo_hpc.train.rewards.functions import gold_value, score_correctness_batch
 
 # The checksums the dataset's README states (original release, unchanged).
 SHA256 = {

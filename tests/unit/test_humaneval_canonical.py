@@ -3,7 +3,8 @@ in parallel, about 5 s on two cores), and a wrong solution to each problem score
 
 from __future__ import annotations
 
-from grpo_hpc.train import code_data, rewards
+from grpo_hpc.tasks import code as code_data
+from grpo_hpc.train.rewards import functions as rewards
 
 
 def _completion(prompt: str, body: str) -> str:

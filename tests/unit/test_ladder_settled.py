@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from grpo_hpc import memory
+from grpo_hpc.memory import estimate as memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import ladder  # noqa: E402

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import submitit
 
-from grpo_hpc import launch
-from grpo_hpc.launch import NodeLauncher
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.submit import launch
+from grpo_hpc.submit.launch import NodeLauncher
 
 FAKE_TRAINER = """
 import sys, time
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
 time.sleep(0.6)  # the signal arrives while this "trainer" is still busy
 state, code = TrainState(sys.argv[2]), int(sys.argv[3])
 write_progress(sys.argv[1], ProgressRecord(run="r", state=state, exit_code=code, step=3))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.live import follow, line, snapshot
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.status.live import follow, line, snapshot
 
 
 def _rec(step: int, state: TrainState = TrainState.TRAINING, **kw) -> ProgressRecord:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_hpc.train import logp_head
-from grpo_hpc.train.logp_head import chunk_grad, chunk_grad_fusable, chunk_stats, linear_logp
+from grpo_hpc.train.algo import logp_head
+from grpo_hpc.train.algo.logp_head import chunk_grad, chunk_grad_fusable, chunk_stats, linear_logp
 
 
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,11 +1,11 @@
 """The fused log-prob head with a frozen weight (LoRA): same input gradient, and no
-[vocab, hidden] weight-gradient accumulator (grpo_hpc.memory counts none)."""
+[vocab, hidden] weight-gradient accumulator (grpo_hpc.memory.estimate counts none)."""
 
 from __future__ import annotations
 
 import torch
 
-from grpo_hpc.train.logp_head import linear_logp
+from grpo_hpc.train.algo.logp_head import linear_logp
 
 
 def test_frozen_head_gives_the_same_input_gradient() -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_hpc.train.loss import (
+from grpo_hpc.train.algo.loss import (
     aggregate,
     loss_stats,
     masked_mean,

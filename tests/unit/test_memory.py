@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc import memory, memory_plan
-from grpo_hpc.config_load import build_config
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.profiles import load_profile
-from grpo_hpc.submit import resolve
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.profiles import load_profile
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.memory import estimate as memory
+from grpo_hpc.memory import plan as memory_plan
+from grpo_hpc.submit.job import resolve
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +157,7 @@ def test_config_json_from_the_local_hf_cache(tmp_path: Path, monkeypatch) -> Non
 
 
 def submit(*args: str, env: dict | None = None):
-    return run_cli("grpo_hpc.cli:submit_main", *args, env=env)
+    return run_cli("grpo_hpc.cli.submit:main", *args, env=env)
 
 
 def test_submit_refuses_7b_full_on_supercloud(logs_dir: Path) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc import memory, memory_plan
-from grpo_hpc.config_load import build_config
+from grpo_hpc.config.load import build_config
+from grpo_hpc.memory import estimate as memory
+from grpo_hpc.memory import plan as memory_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = ROOT / "bench" / "shapes"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc import memory
+from grpo_hpc.memory import estimate as memory
 
 ROOT = Path(__file__).resolve().parents[2]
 LADDER = ROOT / "bench" / "results" / "ladder.json"

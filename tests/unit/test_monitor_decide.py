@@ -11,23 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.decision import (
+from grpo_hpc.cli.monitor import main
+from grpo_hpc.core.errors import ConfigError, GrpoError
+from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.runs import JobView, running_since
+from grpo_hpc.core.slurm import ACTIVE_STATES, JobRecord
+from grpo_hpc.monitor.decision import (
     ActionKind,
     FailureClass,
-    JobView,
     MonitorPolicy,
     RunHistory,
     decide,
     history_from,
     pending_intent,
-    running_since,
 )
-from grpo_hpc.errors import ConfigError, GrpoError
-from grpo_hpc.fsutil import append_jsonl, read_jsonl
-from grpo_hpc.monitor import Backend, main, monitor_pass, monitor_run
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.slurm_query import ACTIVE_STATES, JobRecord
+from grpo_hpc.monitor.loop import Backend, monitor_pass, monitor_run
 
 NOW = 1_000_000.0
 MIN = 60.0

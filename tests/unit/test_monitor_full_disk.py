@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.fsutil import append_jsonl, read_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.profiles import load_profile
-from grpo_hpc.submit import create_run
+from grpo_hpc.config.profiles import load_profile
+from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit.job import create_run
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
@@ -51,7 +51,7 @@ def test_monitor_survives_full_disk(small_fs: Path) -> None:
     append_jsonl(paths.jobs, {"job_id": str(dead.pid), "attempt": 0, "executor": "local"})
     filler = _fill(small_fs)
     log = open(paths.root / "monitor.log", "ab")  # noqa: SIM115 - where --watch puts it
-    cmd = [sys.executable, "-m", "grpo_hpc.monitor", "r", "--logs", str(small_fs)]
+    cmd = [sys.executable, "-m", "grpo_hpc.cli.monitor", "r", "--logs", str(small_fs)]
     cmd += ["--interval", "0.2", "--max-retries", "0"]  # budget 0: it STOPs, no resubmission
     mon = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
     try:

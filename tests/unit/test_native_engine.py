@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.errors import ConfigError, StalledError
+from grpo_hpc.core.errors import ConfigError, StalledError
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import LlamaShape, char_tokenizer, save_random_llama
-from grpo_hpc.train.native.engine import NativeEngine, compact_rows
-from grpo_hpc.train.native.sampling import choose, top_p_filter
-from grpo_hpc.train.rollout import (
+from grpo_hpc.train.rollout.engines import (
     EngineOptions,
     GenerationAborted,
     HFEngine,
     build_engine,
     pick_engine,
 )
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.native.engine import NativeEngine, compact_rows
+from grpo_hpc.train.rollout.native.sampling import choose, top_p_filter
 
 PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
 
@@ -234,7 +234,7 @@ def test_cache_sized_once_for_the_longest_prompt(llama) -> None:  # noqa: ANN001
     """Evaluation feeds chunks of prompts of many lengths. Without a reservation the cache
     regrows whenever a chunk's prompts are longer, dropping the captured graphs; sized for
     the longest prompt it is allocated once, and the tokens are the same either way."""
-    from grpo_hpc.train.data import longest_prompt_tokens, prompt_text
+    from grpo_hpc.tasks.problems import longest_prompt_tokens, prompt_text
 
     model, tok = llama
     texts = [prompt_text(tok, q) for q in PROMPTS]  # as the trainer prompts
@@ -275,7 +275,7 @@ def test_release_frees_the_engine_and_the_next_rollout_is_the_same(llama) -> Non
 def test_fused_attention_only_where_its_kernel_was_measured() -> None:
     """The Triton decode attention needs CUDA, half precision and a power-of-two head
     size; everywhere else (here: the CPU) the engine keeps the matrix-product path."""
-    from grpo_hpc.train.native import attention
+    from grpo_hpc.train.rollout.native import attention
 
     cpu = torch.device("cpu")
     assert not attention.fused_available(cpu, torch.bfloat16, 64)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_hpc.errors import ConfigError
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import char_tokenizer
-from grpo_hpc.train.native.engine import NativeEngine
-from grpo_hpc.train.rollout import EngineOptions, HFEngine, pick_engine
-from grpo_hpc.train.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.engines import EngineOptions, HFEngine, pick_engine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

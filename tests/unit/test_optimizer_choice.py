@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_hpc.config import Config
+from grpo_hpc.config.schema import Config
+from grpo_hpc.train.algo.optimization import _fused
 from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.optimization import _fused
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.config import AlgoConfig
-from grpo_hpc.train import packing
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo import packing
+from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.models import (
     LlamaShape,
@@ -21,8 +22,7 @@ from grpo_hpc.train.models import (
     load_model_and_tokenizer,
     save_random_llama,
 )
-from grpo_hpc.train.rollout import RolloutBatch
-from grpo_hpc.train.update import accumulate, split
+from grpo_hpc.train.rollout.engines import RolloutBatch
 
 SHAPES = Path(__file__).resolve().parents[2] / "bench" / "shapes"
 PROMPT, NEW = 12, 24

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.plot import OVERLAYS, PANELS, build_figure, plot_data, write_png
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.status.plot import OVERLAYS, PANELS, build_figure, plot_data, write_png
 from tests.conftest import REPO, run_cli
 
 DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_metrics.jsonl"
@@ -90,7 +90,7 @@ def test_grpo_status_plot_writes_a_png(logs_dir: Path, tmp_path: Path) -> None:
     for job in _jobs_with_resume_at(metrics, 15):
         append_jsonl(run / "jobs.jsonl", {**job, "executor": "slurm"})
     out = tmp_path / "curves.png"
-    result = run_cli("grpo_hpc.status:main", "demo", "--plot", str(out))
+    result = run_cli("grpo_hpc.cli.status:main", "demo", "--plot", str(out))
     assert result.returncode == 0, result.stderr
     assert _png_size(out) == (1500, 900)
     import matplotlib.image
@@ -113,7 +113,7 @@ def test_plot_errors_are_one_line(tmp_path: Path, metrics: list, out: str, messa
 
 
 def test_step_metrics_reports_reward_spread() -> None:
-    from grpo_hpc.config_load import build_config
+    from grpo_hpc.config.load import build_config
     from grpo_hpc.train.tracking import step_metrics
 
     rewards = [0.0, 1.0, 1.0, 0.0]

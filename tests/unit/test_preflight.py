@@ -1,4 +1,4 @@
-"""Submission checks (grpo_hpc.preflight): one test per check, then through grpo-submit."""
+"""Submission checks (grpo_hpc.submit.preflight): one test per check, then through grpo-submit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc import preflight
-from grpo_hpc.config import DataConfig
-from grpo_hpc.config_load import build_config
-from grpo_hpc.errors import ExitCode
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.profiles import Profile, load_profile
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.profiles import Profile, load_profile
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit import preflight
 from tests.conftest import REPO
 
 GOOD_ROW = {"question": "Ada has 2 coins and gets 3 more. How many?", "answer": "2+3=5\n#### 5"}
@@ -229,7 +229,7 @@ def test_cli_offline_profile_names_the_fetch_command(tmp_path: Path) -> None:
 
 
 def test_cli_resume_refuses_when_data_went_away(tmp_path: Path) -> None:
-    from grpo_hpc.submit import create_run
+    from grpo_hpc.submit.job import create_run
 
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(GOOD_ROW) + "\n")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.profiles import known_profiles, load_profile, render_setup
-from grpo_hpc.submit import preview
+from grpo_hpc.config.profiles import known_profiles, load_profile, render_setup
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit.job import preview
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -102,7 +102,7 @@ def test_local_executor_is_given_the_profiles_gpus() -> None:
     profile that did not pass it ran its bf16 job on the CPU (seen on an H100)."""
     import dataclasses
 
-    from grpo_hpc.submit import executor_parameters
+    from grpo_hpc.submit.job import executor_parameters
 
     local = load_profile("local")
     assert executor_parameters(local, "r", [])["gpus_per_node"] == 0

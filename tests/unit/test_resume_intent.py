@@ -9,10 +9,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from grpo_hpc.decision import MonitorPolicy
-from grpo_hpc.fsutil import read_jsonl
-from grpo_hpc.monitor import Backend, monitor_pass
-from grpo_hpc.paths import RunPaths
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.monitor.decision import MonitorPolicy
+from grpo_hpc.monitor.loop import Backend, monitor_pass
 from tests.conftest import run_cli
 
 FAKE_SLURM = {
@@ -29,9 +29,9 @@ FAKE_SLURM = {
 }
 
 KILLED_AFTER_SBATCH = (
-    "import os, sys; import grpo_hpc.submit as s; "
+    "import os, sys; import grpo_hpc.submit.job as s; "
     "s.record_job = lambda *a, **k: os._exit(9); "  # the process dies before the write
-    "from grpo_hpc.cli import submit_main; sys.exit(submit_main(sys.argv[1:]))"
+    "from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -63,7 +63,7 @@ def _killed_resume(env: dict[str, str], run: str) -> None:
 
 
 def _submit(env: dict[str, str], *args: str):
-    result = run_cli("grpo_hpc.cli:submit_main", *args, env=env)
+    result = run_cli("grpo_hpc.cli.submit:main", *args, env=env)
     assert result.returncode == 0, result.stderr
     return result
 
@@ -109,6 +109,6 @@ def test_monitor_adopts_the_job_of_a_killed_resume(tmp_path: Path, logs_dir: Pat
     last = read_jsonl(paths.events)[-1]
     assert (last["phase"], last["class"], last["note"]) == ("done", "manual", "adopted")
     # a person's resume spends none of the monitor's retry budget
-    from grpo_hpc.decision import history_from
+    from grpo_hpc.monitor.decision import history_from
 
     assert history_from(read_jsonl(paths.events), read_jsonl(paths.jobs)).retries == {}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.train.rewards import (
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.train.rewards.functions import (
     ANSWER_INSTRUCTION,
     code_reward,
     compute_rewards,
@@ -280,7 +280,7 @@ def test_compute_rewards_rejects_bad_weights() -> None:
 
 
 def test_last_number_fallback_only_when_marker_not_required() -> None:
-    from grpo_hpc.train.rewards import compute_rewards
+    from grpo_hpc.train.rewards.functions import compute_rewards
 
     texts = ["so 5 + 7 = 12 apples", "Answer: 12", "12 or maybe 13"]
     samples = [{"gold": "12"}] * 3
@@ -291,8 +291,8 @@ def test_last_number_fallback_only_when_marker_not_required() -> None:
 
 
 def test_code_reward_says_once_which_sandbox_ran(capsys: pytest.CaptureFixture) -> None:
-    from grpo_hpc.train import rewards
-    from grpo_hpc.train.sandbox import proven_isolation as detect
+    from grpo_hpc.train.rewards import functions as rewards
+    from grpo_hpc.train.rewards.sandbox import proven_isolation as detect
 
     rewards.announce_sandbox.cache_clear()
     samples = [{"gold": "", "tests": ["assert add(1, 2) == 3"]}] * 2

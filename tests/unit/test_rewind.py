@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.submit import rewind
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit.job import rewind
 from tests.conftest import make_checkpoint as _ckpt
 
 

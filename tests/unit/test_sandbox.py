@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.train import bwrap, sandbox
-from grpo_hpc.train.sandbox import RETURNED_CHARS, SandboxResult, harden_check, run_python
+from grpo_hpc.train.rewards import bwrap, sandbox
+from grpo_hpc.train.rewards.sandbox import RETURNED_CHARS, SandboxResult, harden_check, run_python
 
 BWRAP_WORKS = bwrap.detect().name == "bwrap"
 needs_bwrap = pytest.mark.skipif(not BWRAP_WORKS, reason=bwrap.detect().detail)

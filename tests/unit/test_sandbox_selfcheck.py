@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.config import RewardConfig
-from grpo_hpc.errors import ConfigError
-from grpo_hpc.train import bwrap, rewards, sandbox, verifier
+from grpo_hpc.config.schema import RewardConfig
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.train.rewards import bwrap, sandbox, verifier
+from grpo_hpc.train.rewards import functions as rewards
 from tests.conftest import REPO
 
 BWRAP_WORKS = bwrap.detect().name == "bwrap"

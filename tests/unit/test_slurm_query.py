@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_hpc.runs import SlurmView, job_view
-from grpo_hpc.slurm_query import JobRecord, parse_sacct, parse_submit_lines
+from grpo_hpc.core.runs import SlurmView, job_view
+from grpo_hpc.core.slurm import JobRecord, parse_sacct, parse_submit_lines
 
 
 def test_parse_sacct_fields_and_states() -> None:

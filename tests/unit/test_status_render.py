@@ -14,23 +14,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grpo_hpc import status, status_view
-from grpo_hpc.fsutil import append_jsonl
-from grpo_hpc.paths import RunPaths
-from grpo_hpc.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.runs import SlurmView
-from grpo_hpc.slurm_query import JobRecord
-from grpo_hpc.status import (
-    RunRow,
-    build_details,
-    build_table,
-    collect_detail,
-    collect_rows,
-    row_flags,
-    tail_jsonl,
-)
-from grpo_hpc.status_view import _eta
-from grpo_hpc.termviz import fmt_age, sparkline, step_bar, text_plot
+from grpo_hpc.cli import status
+from grpo_hpc.core.fsutil import append_jsonl, tail_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
+from grpo_hpc.core.runs import SlurmView
+from grpo_hpc.core.slurm import JobRecord
+from grpo_hpc.status import view as status_view
+from grpo_hpc.status.report import collect_detail, collect_rows
+from grpo_hpc.status.termviz import fmt_age, sparkline, step_bar, text_plot
+from grpo_hpc.status.view import RunRow, _eta, build_details, build_table, row_flags
 from tests.conftest import make_checkpoint
 
 NOW = 1_700_000_000.0
@@ -195,7 +188,7 @@ def test_json_output_for_local_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["run"] == "loc" and rows[0]["slurm_state"] == "LOCAL_RUNNING"
     assert rows[0]["reward_trend"] == [0.0, 0.0, 0.0] and rows[0]["flags"] == ["zero reward"]
-    assert set(rows[0]) == {f.name for f in status.dataclasses.fields(RunRow)} | {"flags"}
+    assert set(rows[0]) == {f.name for f in dataclasses.fields(RunRow)} | {"flags"}
 
 
 def test_details_view(logs: Path) -> None:
@@ -297,7 +290,7 @@ def test_small_visuals() -> None:
 
 
 def test_narrow_terminals_drop_optional_columns_first() -> None:
-    from grpo_hpc.status_view import COLUMNS, columns_for_width
+    from grpo_hpc.status.view import COLUMNS, columns_for_width
 
     assert columns_for_width(None) == COLUMNS == columns_for_width(200)
     mid = columns_for_width(120)
@@ -307,7 +300,7 @@ def test_narrow_terminals_drop_optional_columns_first() -> None:
 
 
 def test_sample_line_is_one_line_and_bounded() -> None:
-    from grpo_hpc.status_view import sample_line
+    from grpo_hpc.status.view import sample_line
 
     row = {"step": 3, "completion": "a\n\nb " + "x" * 500, "reward": -0.5, "tokens": 48}
     line = sample_line(row, limit=40)
@@ -319,7 +312,7 @@ def test_sample_line_is_one_line_and_bounded() -> None:
 def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
     """entropy, engine-vs-trainer KL and the clipped share travel from progress.json to the
     ``grpo-status RUN`` view (a run before any step shows dashes)."""
-    from grpo_hpc.status_view import RunRow, health_line
+    from grpo_hpc.status.view import RunRow, health_line
 
     assert health_line(RunRow(run="r")) == (
         "last step: entropy - nats/token, engine-trainer KL -, clipped -"

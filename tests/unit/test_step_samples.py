@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_hpc.train.batching import Scored
-from grpo_hpc.train.rollout_types import RolloutBatch
+from grpo_hpc.train.algo.batching import Scored
+from grpo_hpc.train.rollout.types import RolloutBatch
 from grpo_hpc.train.tracking import step_samples
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.errors import ExitCode
+from grpo_hpc.core.errors import ExitCode
 from tests.conftest import run_cli
 
 
 def submit(*args: str, env: dict | None = None):
-    return run_cli("grpo_hpc.cli:submit_main", *args, env=env)
+    return run_cli("grpo_hpc.cli.submit:main", *args, env=env)
 
 
 def _assert_one_line_error(result, logs: Path, fragment: str) -> None:

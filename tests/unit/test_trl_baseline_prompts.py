@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from grpo_hpc.config import DataConfig
-from grpo_hpc.train import data
-from grpo_hpc.train.rewards import ANSWER_INSTRUCTION
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train.rewards.functions import ANSWER_INSTRUCTION
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import common  # noqa: E402

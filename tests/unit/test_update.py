@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_hpc.config import AlgoConfig
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo.loss import selective_log_softmax
+from grpo_hpc.train.algo.update import MicroBatch, accumulate, completion_logp, right_align, split
 from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.loss import selective_log_softmax
-from grpo_hpc.train.rollout import RolloutBatch
-from grpo_hpc.train.update import MicroBatch, accumulate, completion_logp, right_align, split
+from grpo_hpc.train.rollout.engines import RolloutBatch
 
 
 def test_right_align_moves_left_pads_to_the_end() -> None:

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpo_hpc.config import AlgoConfig
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo.optimization import autocast_factory
+from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.models import enable_checkpointing, load_model_and_tokenizer
-from grpo_hpc.train.optimization import autocast_factory
-from grpo_hpc.train.update import accumulate, split
 from tests.unit.test_packing import NEW, ROWS, _batch, _model_dir
 
 

@@ -1,0 +1,205 @@
+"""Cluster profiles: what a cluster needs (resources, setup lines, precision).
+
+A profile is a YAML file ``<name>.yaml`` in ``templates/`` (built in), in a user
+directory (``$GRPO_HPC_PROFILES``, ``~/.config/grpo_hpc/profiles``) or given by
+path. Its ``template`` names a Jinja2 file (next to the profile) that renders the
+job's setup block: module loads, NCCL environment, anything before the job runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from grpo_hpc.config.load import _data_dir, load_yaml_mapping
+from grpo_hpc.core.errors import ConfigError
+
+
+@dataclass
+class Profile:
+    name: str
+    """Profile name (file stem)."""
+    description: str = ""
+    """One line shown by ``grpo-submit --list-profiles``."""
+    executor: str = "slurm"
+    """slurm (sbatch through submitit) or local (submitit's LocalExecutor, no Slurm)."""
+    partition: str | None = None
+    """Slurm partition (None: the cluster's default)."""
+    account: str | None = None
+    """Slurm account to charge."""
+    qos: str | None = None
+    """Slurm quality of service."""
+    nodes: int = 1
+    """Nodes per job; one task per node launches torchrun for that node."""
+    gpus_per_node: int = 0
+    """GPUs per node (0 on CPU profiles)."""
+    gpu_mem_gb: float | None = None
+    """Memory of one GPU in GiB (None on CPU profiles): grpo-submit refuses a run whose
+    estimated peak per GPU exceeds it (grpo_hpc.memory.estimate)."""
+    gpu_capability: float | None = None
+    """CUDA compute capability of the profile's GPUs (7.0 for a V100, 8.0 for an A100, 9.0
+    for an H100; None: not known): grpo-submit refuses ``dist.precision=bf16`` below 8.0
+    before anything queues (a V100 has no bf16 arithmetic), and its memory estimate counts
+    compiled layers from 8.0 up, where ``dist.compile=auto`` compiles them."""
+    allow_cpu_offload: bool = False
+    """grpo-submit may turn on FSDP2 optimizer CPU offload to fit a run (needs ~16 bytes of
+    host memory per parameter on the node, and costs a CPU optimizer step)."""
+    gres: str | None = None
+    """Explicit --gres (e.g. gpu:volta:2); default gpu:<gpus_per_node> when GPUs are asked."""
+    nproc_per_node: int = 0
+    """torchrun processes per node; 0 = gpus_per_node (or 1 without GPUs)."""
+    cpus_per_task: int = 2
+    """CPUs for the node's task (all torchrun workers share them)."""
+    mem_gb: float | None = None
+    """Memory per node in GB (None: the cluster's default)."""
+    time_min: int = 60
+    """Time limit in minutes."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit at which the warning signal asks the trainer to
+    checkpoint (slurmctld may deliver it up to 30 s earlier)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (V100 has no bf16)."""
+    strategy: str = "ddp"
+    """ddp or fsdp."""
+    attn_implementation: str = "sdpa"
+    """sdpa, eager or flash_attention_2 (falls back to sdpa when flash-attn is missing)."""
+    compile: bool = False
+    """torch.compile the model."""
+    template: str = "setup.sh.j2"
+    """Jinja2 template (next to the profile) rendering the job's setup lines."""
+    modules: list[str] = field(default_factory=list)
+    """Environment modules to load (``module load``), used by the template."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables exported before launch."""
+    sbatch_extra: dict[str, str] = field(default_factory=dict)
+    """Extra sbatch options (name without dashes -> value)."""
+    path: str = ""
+    """Where the profile was read from."""
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.nproc_per_node or max(1, self.gpus_per_node)
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """``gpu_capability`` as (major, minor), e.g. 7.0 -> (7, 0); None where the profile
+        has no GPUs or does not say."""
+        if self.gpu_capability is None or not self.gpus_per_node:
+            return None
+        return divmod(round(self.gpu_capability * 10), 10)
+
+    @property
+    def gres_value(self) -> str | None:
+        if self.gres:
+            return self.gres
+        return f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None
+
+
+def profile_dirs() -> list[Path]:
+    """Search order: $GRPO_HPC_PROFILES (colon-separated), user dir, built-in templates/."""
+    dirs = [Path(p) for p in os.environ.get("GRPO_HPC_PROFILES", "").split(":") if p]
+    dirs.append(Path.home() / ".config" / "grpo_hpc" / "profiles")
+    dirs.append(_data_dir("templates"))
+    return dirs
+
+
+def known_profiles() -> list[str]:
+    names: set[str] = set()
+    for d in profile_dirs():
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def find_profile(name_or_path: str) -> Path:
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"profile file {str(path)!r} does not exist: check the path")
+        return path
+    for d in profile_dirs():
+        candidate = d / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"unknown profile {name_or_path!r}: known profiles are {', '.join(known_profiles())}; "
+        "or pass --profile path/to/profile.yaml"
+    )
+
+
+def load_profile(name_or_path: str) -> Profile:
+    path = find_profile(name_or_path)
+    data = load_yaml_mapping(path, what="profile")
+    return profile_from_dict(data, name=path.stem, path=path)
+
+
+def profile_from_dict(data: dict[str, Any], name: str, path: Path | None = None) -> Profile:
+    fields = {f.name for f in dataclasses.fields(Profile)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(
+            f"profile {name!r} has unknown key(s) {', '.join(unknown)}: "
+            f"allowed keys are {', '.join(sorted(fields - {'name', 'path'}))}"
+        )
+    try:
+        prof = Profile(**{**data, "name": name, "path": str(path or "")})
+    except TypeError as e:
+        raise ConfigError(f"profile {name!r} is malformed: {e}") from None
+    _validate(prof)
+    return prof
+
+
+def _validate(p: Profile) -> None:
+    checks = [
+        (p.executor in ("slurm", "local"), "executor must be slurm or local"),
+        (p.precision in ("fp32", "bf16", "fp16"), "precision must be fp32, bf16 or fp16"),
+        (p.strategy in ("ddp", "fsdp"), "strategy must be ddp or fsdp"),
+        (
+            p.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
+            "attn_implementation must be sdpa, eager or flash_attention_2",
+        ),
+        (isinstance(p.nodes, int) and p.nodes >= 1, "nodes must be an integer >= 1"),
+        (p.gpu_mem_gb is None or p.gpu_mem_gb > 0, "gpu_mem_gb must be > 0 (or left out)"),
+        (
+            p.gpu_capability is None or p.gpu_capability > 0,
+            "gpu_capability must be > 0, e.g. 7.0 for a V100 (or left out)",
+        ),
+        (isinstance(p.time_min, int) and p.time_min >= 1, "time_min must be an integer >= 1"),
+        (0 <= p.signal_lead_s < p.time_min * 60, "signal_lead_s must be below the time limit"),
+        (p.executor == "slurm" or p.nodes == 1, "the local executor runs one node only"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"profile {p.name!r}: {msg} (in {p.path or 'profile'})")
+
+
+def render_setup(profile: Profile, context: dict[str, Any]) -> list[str]:
+    """Render the profile's Jinja2 setup template into shell lines.
+
+    Undefined variables are errors (StrictUndefined): a typo in a template fails at
+    submission, not as an empty string on the compute node.
+    """
+    base = Path(profile.path).parent if profile.path else _data_dir("templates")
+    search = [str(base), str(_data_dir("templates"))]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+    try:
+        template = env.get_template(profile.template)
+        text = template.render(profile=profile, **context)
+    except jinja2.TemplateNotFound:
+        raise ConfigError(
+            f"profile {profile.name!r}: template {profile.template!r} not found in "
+            f"{', '.join(search)}: create it or fix the profile's 'template' key"
+        ) from None
+    except jinja2.TemplateError as e:
+        raise ConfigError(f"profile {profile.name!r}: template {profile.template!r}: {e}") from None
+    return [line for line in text.splitlines() if line.strip()]

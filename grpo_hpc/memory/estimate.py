@@ -1,0 +1,465 @@
+"""Peak GPU memory per rank, estimated from a model's ``config.json`` and the run's settings.
+
+Pure functions: no weights are read, nothing is allocated. The model is what the trainer
+keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/weights):
+
+- policy weights: fp32 master copy (autocast computes in bf16/fp16); a LoRA policy keeps its
+  frozen base in the compute dtype and only the adapters in fp32;
+- gradients (fp32, trainable only) and AdamW's two moments (fp32, trainable only); FSDP2
+  shards weights, gradients and moments over the ranks; ``dist.cpu_offload`` moves all
+  three to host memory (FSDP2 CPUOffloadPolicy);
+- DDP's gradient buckets (one more fp32 copy of the trainable gradients, multi-GPU only);
+- the low-precision casts of fp32 weights that backward keeps (the layers that are not
+  checkpointed, plus one in flight; the update's autocast keeps no cache); under FSDP2
+  the all-gathered bf16/fp16 layers instead (two decoder layers in flight, and the
+  root's embedding and head);
+- the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in;
+  under LoRA without FSDP2 only the adapted projections, the frozen base read in place)
+  and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
+- activations of one micro-batch (``algo.micro_batch_tokens`` padded tokens); with gradient
+  checkpointing the layer inputs plus one layer being recomputed; compiled layers
+  (``dist.compile``, as ``auto`` resolves it for the submission) keep fewer than eager ones;
+- the fused log-prob head: a few ``chunk x vocab`` fp32 logit blocks and its fp32 weight
+  gradient accumulator;
+- a frozen reference model when ``algo.beta > 0``; the CUDA context.
+
+Calibrated against measured peaks (``torch.cuda.max_memory_allocated``) of the 0.5B, 1.5B and
+3B shapes on one H100 (bench/results) and checked against ``bench/results/ladder.json`` by
+``tests/unit/test_memory_ladder.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+PROMPT_TOKENS = 320
+"""Prompt length assumed per row: a chat-formatted GSM8K question with the built-in answer
+instruction is 250-320 tokens for Qwen's tokenizer."""
+CUDA_CONTEXT_GIB = 0.6
+"""CUDA context, cuBLAS workspaces and NCCL buffers: outside torch's allocator."""
+FRAGMENTATION = 1.05
+"""The caching allocator holds a little more than it hands out."""
+HEAD_CHUNK_TOKENS = 1024
+"""grpo_hpc.train.algo.logp_head.DEFAULT_CHUNK_TOKENS."""
+ROW_BUCKET, SPAN_BUCKET = 8, 64
+"""The native engine pads rows and cache slots to these multiples."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on in a decoder-only transformer's config.json."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    model_type: str = "llama"
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ModelShape:
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            hidden=hidden,
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate=int(cfg["intermediate_size"]),
+            vocab=int(cfg["vocab_size"]),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            model_type=str(cfg.get("model_type", "llama")),
+        )
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.model_type == "qwen2" else 0)
+        return attn + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def embed_params(self) -> int:
+        """Embedding plus an untied LM head (the root module under FSDP2)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embed_params
+
+    def packed_adapted_params(self, targets: tuple[str, ...]) -> int:
+        """Weights the native engine packs as folded copies under LoRA on ``targets`` (the
+        rest of a frozen, unsharded base is read in place): the fused q/k/v matrix if any of
+        q/k/v is adapted, the fused gate/up if either is, o and down by themselves."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        t = set(targets)
+        qkv = h * (q + 2 * kv) if t & {"q_proj", "k_proj", "v_proj"} else 0
+        gate_up = 2 * h * i if t & {"gate_proj", "up_proj"} else 0
+        single = (q * h if "o_proj" in t else 0) + (i * h if "down_proj" in t else 0)
+        return self.layers * (qkv + gate_up + single)
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dims = {
+            "q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+            "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h,
+        }  # fmt: skip
+        return self.layers * rank * sum(dims.get(t, 0) for t in targets)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run settings that decide memory (from the resolved config and the profile)."""
+
+    ranks: int = 1
+    """Processes sharing the model (FSDP2 shards over them)."""
+    strategy: str = "ddp"
+    """ddp or fsdp."""
+    precision: str = "bf16"
+    """fp32, bf16 or fp16 (compute dtype of autocast and of the engine)."""
+    rows: int = 64
+    """Completions generated per rank per step (prompts per rank x G)."""
+    prompt_tokens: int = PROMPT_TOKENS
+    max_new_tokens: int = 512
+    micro_batch_size: int = 8
+    micro_batch_tokens: int = 4096
+    gradient_checkpointing: bool = False
+    checkpoint_every: int = 1
+    """With checkpointing: one decoder layer in this many recomputes (the rest keep all)."""
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    beta: float = 0.0
+    engine: str = "native"
+    """native (packed weights + static cache) or hf (generate's own cache)."""
+    cpu_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: sharded weights, gradients and AdamW state in host memory."""
+    release_engine: bool = False
+    """The native engine frees its packed weights, KV caches and CUDA graphs before each
+    update and rebuilds them at the next rollout (``rollout.release_engine_memory``)."""
+    compiled_layers: bool = False
+    """Decoder layers compiled (``dist.compile`` resolved on): a compiled layer keeps fewer
+    activations for backward (COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED)."""
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def fsdp(self) -> bool:
+        return self.strategy == "fsdp" and self.ranks > 1
+
+    def describe(self) -> str:
+        parts = [f"{self.strategy if self.ranks > 1 else 'single GPU'}", self.precision]
+        if self.lora_rank:
+            parts.append(f"LoRA r={self.lora_rank}")
+        if self.gradient_checkpointing:
+            every = self.checkpoint_every
+            parts.append("gradient checkpointing" + (f" (1 layer in {every})" if every > 1 else ""))
+        if self.compiled_layers:
+            parts.append("compiled layers")
+        if self.cpu_offload:
+            parts.append("optimizer CPU offload")
+        if self.release_engine and self.engine == "native":
+            parts.append("engine released during the update")
+        if self.engine == "hf":
+            parts.append("HF generate")
+        parts.append(f"micro_batch_tokens={self.micro_batch_tokens}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak memory per rank, by component (bytes). ``peak_bytes`` is the larger of the
+    generation and update phases; ``total_gib`` adds fragmentation and the CUDA context."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    ddp_buckets: int
+    compute_weights: int
+    """Low-precision weight casts kept for backward (DDP, one GPU) or FSDP2's gathered
+    layers."""
+    engine_weights: int
+    kv_cache: int
+    activations: int
+    logp_head: int
+    reference: int
+    generation_transient: int
+    micro_batch_tokens: int
+    engine_released: bool = False
+    """The engine's weights and cache are freed while the update runs."""
+    """Padded tokens in the largest micro-batch."""
+
+    @property
+    def resident(self) -> int:
+        """Kept across phases: weights, optimizer state, engine copy and cache, reference."""
+        return self.weights + self.optimizer + self.engine_weights + self.kv_cache + self.reference
+
+    @property
+    def generate_bytes(self) -> int:
+        return self.resident + self.generation_transient
+
+    @property
+    def update_bytes(self) -> int:
+        released = self.engine_weights + self.kv_cache if self.engine_released else 0
+        return (
+            self.resident
+            - released
+            + self.grads
+            + self.ddp_buckets
+            + self.compute_weights
+            + self.activations
+            + self.logp_head
+        )
+
+    @property
+    def peak_phase(self) -> str:
+        return "update" if self.update_bytes >= self.generate_bytes else "generate"
+
+    @property
+    def peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` should report."""
+        return max(self.generate_bytes, self.update_bytes)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def total_gib(self) -> float:
+        """What the GPU must hold: allocator peak, its slack, and the CUDA context."""
+        return self.peak_gib * FRAGMENTATION + CUDA_CONTEXT_GIB
+
+    def breakdown(self) -> dict[str, float]:
+        keys = [f.name for f in dataclasses.fields(self) if f.type in (int, "int")]
+        keys.remove("micro_batch_tokens")
+        return {k: round(getattr(self, k) / GIB, 3) for k in keys}
+
+
+LORA_HIDDEN_SAVED = 10
+"""Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
+2-GPU ladder (bench/results/ladder.json, six LoRA rows 0.5B-7B, bf16 and fp16): fewer than
+full fine-tuning's ~20, since a frozen linear keeps its weight, not its input."""
+LORA_FIXED_BYTES = 2**30
+"""What the LoRA rows of the ladder held beyond the per-layer model, about 1 GiB at every
+size (fitted with LORA_HIDDEN_SAVED; where it comes from is not pinned down)."""
+
+
+COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED = 2, 19
+"""Intermediate- and hidden-sized tensors a compiled, fully trained decoder layer keeps per
+token (compute dtype), against eager's 4 and 20: the compiled backward keeps gate and up
+and recomputes the cheap pointwise work. Fitted on one H100 (bench/results, issue 24,
+third pass) to stay at or above every measured peak: the 1.5B step without recompute and
+with every other layer recomputed (~85 KB per token and layer kept, 2 and 17 would give
+88 KB), and the one-GPU ladder rows of ``ladder_auto24.json`` (0.5B-3B, compiled, no
+recompute; 2 and 18 meet the 3B row's peak, 19 leaves a margin)."""
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def micro_tokens(s: Settings) -> int:
+    """Padded tokens of the largest micro-batch (every row at full length: the worst case,
+    and what a random or rambling policy produces). Packed micro-batches (``algo.packing``)
+    count real tokens against the same budget, so at full length they hold the same rows
+    and tokens: the worst case, hence the estimate, is the same with and without packing
+    (the packed attention builds no [T, T] mask)."""
+    row = s.prompt_tokens + s.max_new_tokens
+    by_tokens = s.micro_batch_tokens // row if s.micro_batch_tokens else s.micro_batch_size
+    return max(1, min(s.micro_batch_size, by_tokens, s.rows)) * row
+
+
+def estimate(shape: ModelShape, s: Settings) -> Estimate:
+    """Peak GPU memory per rank of one GRPO step (pure)."""
+    p, c, n = shape.params, s.compute_bytes, s.ranks
+    lora = s.lora_rank > 0
+    trainable = shape.lora_params(s.lora_rank, s.lora_targets) if lora else p
+    # Frozen LoRA base in the compute dtype; otherwise fp32 master weights.
+    weight_bytes = c * p + 4 * trainable if lora else 4 * p
+    shard = n if s.fsdp else 1
+    on_gpu = 0 if (s.cpu_offload and s.fsdp) else 1
+    weights = on_gpu * weight_bytes // shard
+    grads = on_gpu * 4 * trainable // shard
+    # No optimizer-step phase: the trainer's AdamW is fused on the GPU (FSDP2 included) and
+    # updates in place; torch's foreach default would add a 4 * trainable / shard temporary.
+    optimizer = on_gpu * 8 * trainable // shard
+    ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
+    head_w = shape.vocab * shape.hidden
+    if s.fsdp:  # two gathered decoder layers in flight, the gathered root (embedding,
+        # head), and one layer's unsharded fp32 gradient before its reduce-scatter
+        compute = c * (2 * shape.layer_params + shape.embed_params) + 4 * shape.layer_params
+    elif lora or s.precision == "fp32":
+        compute = 0  # weights are already in the compute dtype: autocast caches nothing
+    else:
+        # The update's autocast keeps no cast cache (optimization.autocast_factory): a layer
+        # casts its weights as it runs them, and only a layer that is not checkpointed keeps
+        # its casts for backward (plus one layer's in flight). Compiled layers cast inside
+        # their graph and behave the same. Measured without the cache on an H100: eager
+        # 1.5B, every layer checkpointed, 2.44 GiB lower (the whole bf16 copy of its
+        # layers; bench/results/h100_update_eager_autocast_*_qwen2.5-1.5b.json).
+        every = max(1, s.checkpoint_every) if s.gradient_checkpointing else 0
+        kept = shape.layers - (-(-shape.layers // every)) if every else shape.layers
+        compute = c * shape.layer_params * (kept + 1)
+    native = s.engine == "native"  # LoRA too: adapters are folded into the packed copy
+    if native and lora and not s.fsdp:  # the frozen base is read in place, not copied
+        engine_weights = c * shape.packed_adapted_params(s.lora_targets)
+    else:  # fp32 master weights or FSDP2 shards: a full low-precision copy
+        engine_weights = c * p if native else 0
+    slots = s.prompt_tokens + s.max_new_tokens
+    rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
+    slots = _round_up(slots, SPAN_BUCKET) if native else slots
+    kv = rows * slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
+    # The native engine keeps its cache across steps; HF generate's lives while it generates.
+    kv_resident, kv_transient = (kv, 0) if native else (0, kv)
+    tokens = micro_tokens(s)
+    h, i = shape.hidden, shape.intermediate
+    # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
+    resid = c if (lora or s.fsdp) else 4
+    # Bytes per token one decoder layer keeps for backward: gate, up, silu(gate) and their
+    # product (the product only as the input of a trained down projection), plus
+    # hidden-sized tensors (norms, q/k/v, attention output, residuals): ~20 when every
+    # linear is trained, LORA_HIDDEN_SAVED when frozen linears keep no inputs.
+    mlp_saved = 3 if lora and "down_proj" not in s.lora_targets else 4
+    per_layer = mlp_saved * c * i + (LORA_HIDDEN_SAVED if lora else 20) * c * h
+    if s.compiled_layers and not lora:  # LoRA layers were not measured compiled
+        per_layer = COMPILED_INTERMEDIATE_SAVED * c * i + COMPILED_HIDDEN_SAVED * c * h
+    if s.gradient_checkpointing:
+        # Checkpointed layers keep their input; the others keep everything; one layer is
+        # being recomputed at a time.
+        ckpt = -(-shape.layers // max(1, s.checkpoint_every))
+        kept = (shape.layers - ckpt) * per_layer
+        activations = tokens * (ckpt * resid * h + kept + per_layer)
+    else:
+        activations = tokens * shape.layers * per_layer
+    activations += LORA_FIXED_BYTES if lora else 0
+    chunk = min(HEAD_CHUNK_TOKENS, tokens)
+    head_cast = 0 if (s.fsdp or lora or c == 4) else c * head_w
+    head_grad = 0 if lora else 4 * head_w
+    logp_head = 3 * chunk * shape.vocab * 4 + head_cast + head_grad
+    reference = (c * p if lora else 4 * p) // shard if s.beta > 0 else 0
+    prompts = rows if not native else max(1, s.rows // 8)
+    transient = prompts * s.prompt_tokens * (3 * c * i + 8 * c * h)
+    return Estimate(
+        weights=weights,
+        grads=grads,
+        optimizer=optimizer,
+        ddp_buckets=ddp_buckets,
+        compute_weights=compute,
+        engine_weights=engine_weights,
+        kv_cache=kv_resident,
+        activations=activations,
+        logp_head=logp_head,
+        reference=reference,
+        generation_transient=transient + kv_transient,
+        micro_batch_tokens=tokens,
+        engine_released=native and s.release_engine,
+    )
+
+
+# ------------------------------------------------------------------ fitting a budget
+
+MEANS = (
+    ("fsdp", "FSDP2", 1),
+    ("micro_batch_tokens", "micro_batch_tokens=2048", 1),
+    ("release_engine", "engine released during the update", 2),
+    ("gradient_checkpointing", "gradient checkpointing", 2),
+    ("engine_hf", "rollout.engine=hf", 10),
+    ("cpu_offload", "optimizer CPU offload", 8),
+)
+"""Memory means that leave the training math unchanged: (name, label, speed cost). When the
+run's own settings do not fit, the cheapest combination that fits is applied. CPU offload
+is only tried where the profile allows it (``allow_cpu_offload``). HF generate instead of the
+native engine drops the engine's packed copy of the weights, at ~10x slower decoding."""
+
+
+def _apply(s: Settings, mean: str) -> Settings | None:
+    """``s`` with one mean applied; None when it does not apply (already on, one GPU)."""
+    if mean == "fsdp":
+        return replace(s, strategy="fsdp") if s.ranks > 1 and not s.fsdp else None
+    if mean == "gradient_checkpointing":
+        return None if s.gradient_checkpointing else replace(s, gradient_checkpointing=True)
+    if mean == "micro_batch_tokens":
+        ok = s.micro_batch_tokens == 0 or s.micro_batch_tokens > 2048
+        return replace(s, micro_batch_tokens=2048) if ok else None
+    if mean == "release_engine":  # weights and cache rebuilt (graphs recaptured) per rollout
+        ok = s.engine == "native" and not s.release_engine
+        return replace(s, release_engine=True) if ok else None
+    if mean == "engine_hf":  # HF generate: no packed weight copy, a smaller KV cache
+        return replace(s, engine="hf") if s.engine == "native" else None
+    if mean == "cpu_offload":  # FSDP2's offload policy: needs (and implies) FSDP
+        return replace(s, cpu_offload=True) if s.fsdp and not s.cpu_offload else None
+    raise ValueError(mean)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The settings a submission runs with, and what fitting the budget changed."""
+
+    settings: Settings
+    estimate: Estimate
+    budget_gib: float | None
+    changed: tuple[str, ...] = ()
+    """Means applied to fit (labels of MEANS)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.budget_gib is None or self.estimate.total_gib <= self.budget_gib
+
+
+def fit(
+    shape: ModelShape, s: Settings, budget_gib: float | None, allow_offload: bool = False
+) -> Plan:
+    """The run's own settings when they fit; else the cheapest combination of MEANS that
+    fits; else every applicable mean at once (which does not fit either)."""
+    plan = Plan(s, estimate(shape, s), budget_gib)
+    if plan.fits:
+        return plan
+    means = [m for m in MEANS if allow_offload or m[0] != "cpu_offload"]
+    best: Plan | None = None
+    best_cost = 0
+    for subset in itertools.product((False, True), repeat=len(means)):
+        trial, labels, cost = s, [], 0
+        for on, (mean, label, c) in zip(subset, means, strict=True):
+            nxt = _apply(trial, mean) if on else trial
+            if nxt is None:
+                break
+            trial = nxt
+            if on:
+                labels.append(label)
+                cost += c
+        else:
+            cand = Plan(trial, estimate(shape, trial), budget_gib, tuple(labels))
+            better = best is None or (cand.fits, -cost) > (best.fits, -best_cost)
+            if not cand.fits and best is not None and not best.fits:
+                better = cand.estimate.total_gib < best.estimate.total_gib
+            if better:
+                best, best_cost = cand, cost
+    return best if best is not None else plan
+
+
+def alternatives(
+    shape: ModelShape, s: Settings, budget_gib: float, allow_offload: bool = False
+) -> list[tuple[str, float]]:
+    """What would fit when nothing automatic does: LoRA (rank 16) with the memory means, and
+    smaller token budgets. (override, total GiB) pairs, the best first."""
+    out: list[tuple[str, float]] = []
+    if not s.lora_rank:
+        plan = fit(shape, replace(s, lora_rank=16), budget_gib, allow_offload)
+        if plan.fits:
+            out.append(("model.lora_rank=16", plan.estimate.total_gib))
+    for tokens in (1024, 512):
+        if s.micro_batch_tokens == 0 or s.micro_batch_tokens > tokens:
+            trial = replace(s, micro_batch_tokens=tokens)
+            plan = Plan(trial, estimate(shape, trial), budget_gib)
+            if plan.fits:
+                out.append((f"algo.micro_batch_tokens={tokens}", plan.estimate.total_gib))
+    return out

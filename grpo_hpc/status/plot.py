@@ -1,0 +1,173 @@
+"""``grpo-status RUN --plot FILE.png``: a run's training curves from metrics.jsonl and
+jobs.jsonl as one PNG (matplotlib, headless Agg backend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc.core.errors import ConfigError
+
+PANELS = (
+    ("reward/mean", "reward (mean ± std)"),
+    ("reward/correctness", "correctness"),
+    ("kl", "KL to reference"),
+    ("gen_len/mean", "generation length (tokens)"),
+    ("eval/accuracy", "held-out accuracy (greedy)"),
+    ("reward/format", "answer-line format"),
+    ("entropy", "policy entropy (nats/token)"),
+    ("rollout/engine_kl", "engine vs trainer KL (k3/token)"),
+    ("clip_frac", "clipped share of tokens"),
+)
+"""(metrics key, panel title), in the order they are drawn."""
+OVERLAYS = {"eval/accuracy": "eval/accuracy_strict"}
+"""A second series drawn dashed in another key's panel (held-out: with an answer line)."""
+BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format", "clip_frac")
+"""Panels drawn on a fixed 0..1 scale, so that runs compare at a glance."""
+PASS_AT = "eval/pass@"
+"""Prefix of the held-out pass@k of code tasks (eval/pass@1, eval/pass@10, ...)."""
+CODE_HELD_OUT_TITLE = "held-out pass@1 (code, sandboxed)"
+"""Title of the held-out panel in a run that logs pass@k instead of eval/accuracy."""
+CODE_REWARD = ("reward/code", "code reward (every test passes)")
+"""Drawn in the correctness panel of a run that logs the code reward and no correctness."""
+
+
+@dataclass
+class PlotData:
+    """What the picture shows: per-metric (step, value) series and where attempts began."""
+
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Metrics key -> (step, value) in logging order; non-numbers dropped."""
+    reward_std: list[tuple[int, float]] = field(default_factory=list)
+    """(step, reward/std) for the spread band (runs logged before it existed have none)."""
+    attempts: list[tuple[int, float]] = field(default_factory=list)
+    """(attempt number, step position) of every attempt after the first."""
+
+
+def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> PlotData:
+    """The series of every panel (pure). An attempt's line sits just before the first step
+    logged after its submission (or after the last step when it has logged none yet)."""
+    data = PlotData()
+    pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
+    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
+        data.series[key] = _series(metrics, key)
+    data.reward_std = _series(metrics, "reward/std")
+    timed = [(float(m["time"]), int(m["step"])) for m in metrics if _point(m.get("time"), m)]
+    last = max((s for _, s in timed), default=0)
+    for job in jobs[1:]:
+        submitted = job.get("submitted_at")
+        if not isinstance(submitted, (int, float)):
+            continue
+        after = [s for t, s in timed if t >= submitted]
+        data.attempts.append((int(job.get("attempt", 0)), (after[0] if after else last + 1) - 0.5))
+    return data
+
+
+def panel(data: PlotData, key: str, title: str) -> tuple[str, str, str]:
+    """(series, title, dashed overlay) drawn in the panel of ``key`` (pure): a code run's
+    held-out panel shows pass@1, with its largest pass@k dashed, and its correctness panel
+    the code reward."""
+    if key == "reward/correctness" and not data.series.get(key) and data.series.get(CODE_REWARD[0]):
+        return CODE_REWARD[0], CODE_REWARD[1], ""
+    if key == "eval/accuracy" and not data.series.get(key) and data.series.get(PASS_AT + "1"):
+        ks = sorted(int(k[len(PASS_AT) :]) for k in data.series if k.startswith(PASS_AT))
+        return PASS_AT + "1", CODE_HELD_OUT_TITLE, PASS_AT + str(ks[-1]) if ks[-1] > 1 else ""
+    return key, title, OVERLAYS.get(key, "")
+
+
+def _point(value: Any, m: dict[str, Any]) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and isinstance(m.get("step"), int)
+
+
+def _series(metrics: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(int(m["step"]), float(m[key])) for m in metrics if _point(m.get(key), m)]
+
+
+def build_figure(data: PlotData, title: str) -> Any:
+    """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
+    plt = _pyplot()
+    fig, grid = plt.subplots(3, 3, figsize=(15, 9))
+    for ax, (key, panel_title) in zip(grid.flat, PANELS, strict=True):
+        shown, label, overlay = panel(data, key, panel_title)
+        points = data.series.get(shown, [])
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, ms=3, label=shown)
+            extra = data.series.get(overlay, [])
+            if extra:
+                xs, ys = zip(*extra, strict=True)
+                ax.plot(xs, ys, ls="--", marker="x", ms=3, label=overlay)
+                ax.legend(fontsize=7, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        if key == "reward/mean" and data.reward_std:
+            mean = dict(points)
+            band = [(s, mean[s], sd) for s, sd in data.reward_std if s in mean]
+            if band:
+                xs, ms, sds = zip(*band, strict=True)
+                lo = [m - sd for m, sd in zip(ms, sds, strict=True)]
+                hi = [m + sd for m, sd in zip(ms, sds, strict=True)]
+                ax.fill_between(xs, lo, hi, alpha=0.25, label="± std")
+        for attempt, x in data.attempts:
+            ax.axvline(x, color="grey", ls="--", lw=0.8)
+            if key == "reward/mean":
+                ax.annotate(
+                    f"attempt {attempt}",
+                    (x, 1),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    va="top",
+                    ha="right",
+                    fontsize=7,
+                    color="grey",
+                )
+        if key in BOUNDED:
+            ax.set_ylim(-0.03, 1.03)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_xlim(*_step_range(data))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _step_range(data: PlotData) -> tuple[float, float]:
+    steps = [s for points in data.series.values() for s, _ in points]
+    steps += [x for _, x in data.attempts]
+    lo, hi = (min(steps), max(steps)) if steps else (0, 1)
+    pad = max(0.5, (hi - lo) * 0.02)
+    return lo - pad, hi + pad
+
+
+def write_png(data: PlotData, out: Path, title: str) -> None:
+    """Draw and save; ConfigError (one line) when there is nothing to draw or no place to
+    write it."""
+    if not any(data.series.values()):
+        raise ConfigError(f"run {title!r} has logged no metrics yet: nothing to plot")
+    if not Path(out).parent.is_dir():
+        raise ConfigError(f"cannot write {out}: directory {Path(out).parent} does not exist")
+    fig = build_figure(data, title)
+    try:
+        fig.savefig(out, dpi=100)
+    except (OSError, ValueError) as e:  # read-only place, unknown extension
+        raise ConfigError(f"cannot write {out}: {e}") from None
+    finally:
+        _pyplot().close(fig)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:  # a dependency: only a damaged environment gets here
+        raise ConfigError(
+            "--plot needs matplotlib, which grpo_hpc installs: repair the environment with "
+            "pip install matplotlib"
+        ) from None
+
+    matplotlib.use("Agg")  # no display on a login node
+    import matplotlib.pyplot as plt
+
+    return plt

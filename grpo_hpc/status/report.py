@@ -1,0 +1,118 @@
+"""grpo-status: one squeue-like line per run, or one run in detail.
+
+:func:`collect_rows` is the I/O shell (files of every run, one ``sacct`` + one ``squeue``
+for all of them); the rendering is pure and lives in :mod:`grpo_hpc.status.view`: rows (and
+a clock) in, rich renderables out, so tests render them into a StringIO console.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from grpo_hpc.core.errors import SlurmUnavailableError
+from grpo_hpc.core.fsutil import read_jsonl, tail_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import read_progress
+from grpo_hpc.core.runs import (
+    SlurmView,
+    job_view,
+    query_slurm,
+    resolve_runs,
+    slurm_ids,
+)
+from grpo_hpc.export.plan import read_provenance
+from grpo_hpc.monitor.decision import history_from
+from grpo_hpc.status.view import (
+    RunDetail,
+    RunRow,
+    held_out_figure,
+)
+
+TREND_POINTS = 16
+
+
+# ------------------------------------------------------------------------------- I/O shell
+
+
+def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
+    """One run's row from its files (``view`` None: Slurm did not answer)."""
+    jobs, events = read_jsonl(paths.jobs), read_jsonl(paths.events)
+    row = RunRow(run=paths.name, attempts=len(jobs), last_checkpoint=paths.latest_checkpoint())
+    if jobs:
+        entry = jobs[-1]
+        row.job_id, row.profile = str(entry["job_id"]), entry.get("profile")
+        local = entry.get("executor") == "local"
+        known = view is not None or local
+        row.slurm_state = job_view(entry, view or SlurmView(), events).state if known else "?"
+        record = view.records.get(row.job_id) if view is not None else None
+        row.nodes = record.nodes if record is not None else None
+        last = [e for e in events if e.get("phase") == "decision" and e.get("job_id") == row.job_id]
+        if last:
+            row.monitor_action, row.monitor_class = last[-1].get("action"), last[-1].get("class")
+            row.monitor_reason = last[-1].get("reason")
+        final = history_from(events, jobs).final
+        row.monitor_action = final.value if final else row.monitor_action
+    rec = read_progress(paths.progress)
+    if rec is not None:
+        row.train_state, row.step, row.max_steps = rec.state.value, rec.step, rec.max_steps
+        row.reward_mean, row.kl, row.tokens_per_s = rec.reward_mean, rec.kl, rec.tokens_per_s
+        row.entropy, row.engine_kl, row.clip_frac = rec.entropy, rec.engine_kl, rec.clip_frac
+        row.heartbeat = rec.heartbeat
+        if rec.last_checkpoint is not None:
+            row.last_checkpoint = max(rec.last_checkpoint, row.last_checkpoint or 0)
+    prov = read_provenance(paths.final)
+    if prov is not None:
+        row.final_model, row.final_step = str(paths.final), prov.get("step")
+    tail = tail_jsonl(paths.metrics)
+    metrics = tail[-TREND_POINTS:]
+    row.reward_trend = [float(m["reward/mean"]) for m in metrics if "reward/mean" in m]
+    held_out = held_out_figure(tail)  # evaluations are sparser than steps: the whole tail
+    if held_out is not None:
+        row.held_out_metric, row.held_out = held_out
+    times = [float(m["time/step"]) for m in metrics if "time/step" in m]
+    row.sec_per_step = sum(times) / len(times) if times else None
+    return row
+
+
+def collect_rows(
+    logs_root: Path,
+    run_names: list[str] | None = None,
+    query: Callable[[list[str]], SlurmView] | None = None,
+) -> list[RunRow]:
+    """Rows for the named runs (default: all under ``logs_root``), one sacct call in all."""
+    return rows_for(resolve_runs(run_names or [], logs_root), query)
+
+
+def rows_for(
+    runs: list[RunPaths], query: Callable[[list[str]], SlurmView] | None = None
+) -> list[RunRow]:
+    """Rows of the given runs, asking Slurm once for all of them."""
+    ids = slurm_ids(next(iter(read_jsonl(p.jobs)[-1:]), None) for p in runs)
+    try:
+        view: SlurmView | None = (query or query_slurm)(ids)
+    except SlurmUnavailableError as e:
+        print(f"grpo-status: warning: {e} (Slurm states shown as ?)", file=sys.stderr)
+        view = None
+    return [read_row(p, view) for p in runs]
+
+
+def collect_detail(
+    paths: RunPaths, query: Callable[[list[str]], SlurmView] | None = None
+) -> RunDetail:
+    """Everything ``grpo-status RUN`` shows."""
+    metrics = read_jsonl(paths.metrics)
+    rewards = [
+        (int(m["step"]), float(m["reward/mean"]))
+        for m in metrics
+        if "step" in m and "reward/mean" in m
+    ]
+    return RunDetail(
+        rows_for([paths], query)[0],
+        read_jsonl(paths.jobs),
+        read_jsonl(paths.events)[-10:],
+        rewards,
+        paths.checkpoint_steps(),
+        next(iter(tail_jsonl(paths.samples)[-1:]), None),
+    )

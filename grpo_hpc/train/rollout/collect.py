@@ -1,0 +1,137 @@
+"""One step's rollouts on this rank: generate completions for its share of the step's
+prompts, score them, and with dynamic sampling (DAPO) resample while too few groups carry
+a learning signal.
+
+Every rank reaches one collective after each rollout, which decides for all of them:
+abandon the step (some rank was stopped mid-generation), resample, or go on. A rank that
+aborted alone used to start saving while the others went on into the step's next
+collective, and both hung.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.progress import TrainState
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train import dist
+from grpo_hpc.train.algo.advantages import informative_groups
+from grpo_hpc.train.algo.batching import Scored
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
+from grpo_hpc.train.tracking import Tracker
+
+ABORT, RESAMPLE, DONE = 2.0, 1.0, 0.0
+"""Each rank's vote after a rollout; the all-reduced maximum is the verdict."""
+
+
+@dataclass
+class Collected:
+    """What one step's rollouts produced on this rank."""
+
+    scored: list[Scored]
+    """One entry per rollout round (more than one only with dynamic sampling)."""
+    generate_s: float
+    """Seconds spent generating, over all rounds."""
+    score_s: float
+    """Seconds spent computing rewards, over all rounds."""
+
+
+@dataclass
+class Collector:
+    """Generates and scores a step's groups for one rank (the trainer's rollout half)."""
+
+    cfg: Config
+    """The run's resolved configuration."""
+    info: dist.DistInfo
+    """This rank's place in the job."""
+    tok: Any
+    """The policy's tokenizer (prompts are rendered with its chat template)."""
+    train_set: list[dict]
+    """Training problems ({"question", "gold", ...})."""
+    sampler: data.Sampler
+    """Which problems each step takes (its state is checkpointed by the trainer)."""
+    custom: dict[str, Callable]
+    """User reward functions from reward.custom."""
+    tracker: Tracker
+    """Progress file and heartbeat."""
+    engine: Any
+    """The rollout engine (native or HF generate)."""
+
+    @property
+    def per_rank(self) -> int:
+        return self.cfg.rollout.prompts_per_step // self.info.world_size
+
+    def collect(self) -> Collected:
+        """Generate and score; with dynamic sampling, more rounds while groups are flat.
+        Raises GenerationAborted on every rank when any rank was stopped mid-generation."""
+        cfg = self.cfg
+        out = Collected([], 0.0, 0.0)
+        rounds = 1 + (cfg.rollout.max_resample_rounds if cfg.rollout.dynamic_sampling else 0)
+        for r in range(rounds):
+            mine = self._take()
+            t = time.monotonic()
+            try:
+                batch = self.engine.generate(self._prompts(mine), cfg.rollout.num_generations)
+            except GenerationAborted:
+                batch = None  # a stop reached this rank: the others must hear of it first
+            out.generate_s += time.monotonic() - t
+            vote = ABORT
+            if batch is not None:
+                self.tracker.update(TrainState.SCORING)
+                t = time.monotonic()
+                out.scored.append(self.score(batch, mine))
+                out.score_s += time.monotonic() - t
+                have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
+                vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
+            verdict = dist.all_reduce_max(vote, self.info)
+            if verdict == ABORT:
+                raise GenerationAborted()
+            if verdict == DONE:
+                break
+            self.tracker.update(TrainState.GENERATING)
+        return out
+
+    def _take(self) -> list[dict]:
+        """This rank's share of the next prompts (whole groups per rank)."""
+        idx = self.sampler.take(self.cfg.rollout.prompts_per_step)
+        lo = self.info.rank * self.per_rank
+        return [self.train_set[i] for i in idx[lo : lo + self.per_rank]]
+
+    def _prompts(self, problems: list[dict]) -> list[str]:
+        system = self.cfg.data.system_prompt
+        return [data.prompt_text(self.tok, p["question"], system) for p in problems]
+
+    def score(self, batch: RolloutBatch, problems: list[dict]) -> Scored:
+        """Rewards of a rollout batch; a custom reward failing on every completion is a bug
+        in the function, said in one line."""
+        g = self.cfg.rollout.num_generations
+        samples = [p for p in problems for _ in range(g)]
+        out = rewards.run_rewards(
+            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg)
+        )
+        for name in self.custom:
+            if out.errors.get(name, 0) == len(samples):
+                raise ConfigError(
+                    f"reward function {name!r} failed on every completion "
+                    f"({out.error_examples.get(name, '?')}): fix it or remove it from reward.custom"
+                )
+        total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
+        if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
+            total = torch.zeros_like(total)
+        questions = [str(p["question"]) for p in problems]
+        return Scored(batch, total, out.components, dict(out.errors), questions)
+
+
+def lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:
+    """Token counts and EOS flags of a batch, for the overlong reward."""
+    tokens = batch.completion_mask.sum(1).tolist()
+    finished = batch.finished.tolist() if batch.finished is not None else [True] * len(tokens)
+    return rewards.Lengths(tokens, finished, cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer)

@@ -1,0 +1,181 @@
+"""Rollout engines: turn prompts into G sampled completions each.
+
+The interface is small so another engine can sit behind it (the native one does). The HF
+engine enforces a time budget per batch from *inside* ``generate`` (a stopping
+criterion checked every token): a hung or pathologically slow generation ends
+the step with StalledError instead of waiting forever, and the same hook
+refreshes the heartbeat so the monitor can tell "slow" from "dead".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from grpo_hpc.core.errors import StalledError
+from grpo_hpc.train.dist import compute_device
+from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the trainer
+    EngineOptions,
+    GenerationAborted,
+    RolloutBatch,
+    RolloutEngine,
+    to_batch,
+)
+
+
+class _Deadline(StoppingCriteria):
+    """Stops generation at the deadline or on request; calls ``tick`` as it goes."""
+
+    def __init__(self, deadline: float, tick: Callable[[], None], abort: Callable[[], bool]):
+        self.deadline, self.tick, self.abort = deadline, tick, abort
+        self.expired = self.aborted = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        self.tick()
+        if time.monotonic() > self.deadline:
+            self.expired = True
+        elif self.abort():
+            self.aborted = True
+        done = self.expired or self.aborted
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+@dataclass
+class HFEngine:
+    """transformers ``generate`` on the policy model itself (no weight sync needed)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    timeout_s: float
+    synced: bool = False
+    """True under FSDP with several ranks: every rank runs the same number of forwards."""
+    tick: Callable[[], None] = lambda: None
+    abort: Callable[[], bool] = lambda: False
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Context for low-precision generation (bf16/fp16 autocast on GPU)."""
+    fp32_head: bool = False
+    """Logits in fp32 (``algo.fp32_lm_head``): the distribution the update scores."""
+
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = compute_device(self.model)
+        ids = enc.input_ids.repeat_interleave(num_generations, 0).to(device)
+        mask = enc.attention_mask.repeat_interleave(num_generations, 0).to(device)
+        stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
+        sampling: dict[str, Any] = {"do_sample": False}
+        if not greedy:
+            sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+            sampling["top_k"] = 0  # plain temperature sampling over the whole vocabulary
+        with torch.no_grad(), self.autocast(), fp32_logits(self.model, self.fp32_head):
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=self.max_new_tokens,
+                stopping_criteria=StoppingCriteriaList([stop]),
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                synced_gpus=self.synced,
+                **sampling,
+            )
+        if stop.expired:
+            raise StalledError(
+                f"generation exceeded rollout.generation_timeout_s={self.timeout_s:.0f}s"
+            )
+        if stop.aborted:
+            raise GenerationAborted()
+        return to_batch(out, mask, ids.shape[1], tok)
+
+    def release(self) -> None:
+        """Nothing to free: generate's cache lives only while it generates."""
+
+
+@contextlib.contextmanager
+def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201
+    """While active (and ``on``), the model's LM head computes its logits in fp32, outside
+    autocast: HF ``generate`` then samples from the logits the update scores with
+    ``algo.fp32_lm_head``."""
+    head = model.get_output_embeddings() if on else None
+    if head is None:
+        yield
+        return
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward  # back to the class's forward
+
+
+def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
+    """``auto`` -> ``native`` on CUDA when the architecture is supported, else ``hf``.
+    An explicit ``native`` that cannot run is a configuration error (said in one line)."""
+    from grpo_hpc.core.errors import ConfigError
+    from grpo_hpc.train.rollout.native.weights import UnsupportedModel, shape_of
+
+    if name == "hf":
+        return "hf"
+    why = ""
+    try:
+        shape_of(model)  # a peft LoRA policy is folded into the packed weights
+    except UnsupportedModel as e:
+        why = str(e)
+    if name == "native" and why:
+        raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
+    cuda = compute_device(model).type == "cuda"
+    if name == "auto" and (why or not cuda):
+        return "hf"
+    return "native"
+
+
+def build_engine(
+    name: str,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    opts: EngineOptions,
+    *,
+    tick: Callable[[], None],
+    abort: Callable[[], bool],
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> RolloutEngine:
+    """The engine ``rollout.engine`` names (see :func:`pick_engine`)."""
+    common = (model, tokenizer, opts.max_new_tokens, opts.temperature, opts.top_p)
+    hooks = {"tick": tick, "abort": abort}
+    if pick_engine(name, model, opts) == "hf":
+        return HFEngine(
+            *common,
+            opts.timeout_s,
+            synced=opts.synced,
+            autocast=autocast,
+            fp32_head=opts.fp32_lm_head,
+            **hooks,
+        )
+    from grpo_hpc.train.rollout.native.engine import NativeEngine
+
+    return NativeEngine(
+        *common,
+        opts.timeout_s,
+        dtype=opts.dtype,
+        max_prompt_tokens=opts.max_prompt_tokens,
+        logp_temperature=opts.logp_temperature,
+        fp32_head=opts.fp32_lm_head,
+        use_graphs=not opts.eager,
+        compile=not opts.eager,
+        **hooks,
+    )

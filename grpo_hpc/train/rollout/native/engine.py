@@ -1,0 +1,400 @@
+"""The native rollout engine: static KV cache, shared prompt prefill, CUDA-graph decode.
+
+One ``generate`` call:
+1. refill the packed low-precision weights from the policy (once per rollout);
+2. prefill each *prompt* once and copy its K/V into the cache rows of its G completions
+   (no G-fold prefill);
+3. decode one token per row per step. On CUDA each step is a captured graph, one per
+   (row bucket, attention-span bucket), captured the first time it is needed and
+   replayed for every later step and rollout; attention reads only the span bucket
+   that holds the filled slots. Token choice, EOS tracking and the output write happen
+   inside the graph; the host looks at the device only every ``check_every`` tokens to
+   refresh the heartbeat, enforce the time budget and stop once every row has ended;
+4. compact finished rows out (``compact``): at those same checks, once the rows still
+   running fit a row bucket at most half the current one, they move (cache, state,
+   output so far) into that smaller workspace, whose graphs then run the remaining steps.
+
+Why compaction rather than refilling freed slots with new completions (continuous
+batching): every row of a rollout shares one cache slot index, so a refilled row would
+need its own positions and masks in every graph, and a rollout has no further prompts
+to refill with unless steps overlap (off-policy). Compaction keeps the decode step as it
+is and costs one gather of the live rows' cache per halving. With the real model on
+GSM8K prompts, a few long completions hold the rollout for hundreds of steps at a
+fraction of the batch (``bench/decode.py --model DIR --prompts gsm8k`` measures both).
+Sampling stays exact: the race noise is drawn for the whole original batch and each
+compacted row takes its own row of it (``sampling.choose``), so a row's tokens are those
+it would have had without compaction.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_hpc.core.errors import StalledError
+from grpo_hpc.train.dist import compute_device
+from grpo_hpc.train.rollout.native import attention, forward, weights
+from grpo_hpc.train.rollout.native.sampling import choose
+from grpo_hpc.train.rollout.types import GenerationAborted, RolloutBatch, to_batch
+
+
+def round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+@dataclass
+class Workspace:
+    """Static tensors for one row bucket; CUDA graphs read and write exactly these."""
+
+    cache: forward.KVCache
+    tokens: torch.Tensor
+    """[rows] token fed to the next step."""
+    pos: torch.Tensor
+    """[1] cache slot the next step writes."""
+    first_slot: torch.Tensor
+    """[1] slot of completion token 0 (= padded prompt length)."""
+    left_pad: torch.Tensor
+    """[rows] leading pad tokens of each row's prompt."""
+    done: torch.Tensor
+    """[rows] row has emitted EOS."""
+    out: torch.Tensor
+    """[rows, max_new] completion tokens."""
+    out_logp: torch.Tensor
+    """[rows, max_new] log-probability of each under the policy (fp32)."""
+    rows_of: torch.Tensor
+    """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
+    graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
+    compacted: dict[int, Workspace] = field(default_factory=dict)
+    """Smaller batches finished rows are compacted into; their caches are views of the
+    first rows of this one's (no memory beyond the decode state), and their graphs are
+    kept for the next rollout."""
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+
+@dataclass
+class NativeEngine:
+    """Rollouts from the policy's own weights with the decode loop of this package."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    timeout_s: float
+    dtype: torch.dtype = torch.float32
+    """Compute dtype of weights, activations and cache (bf16/fp16 on GPU)."""
+    use_graphs: bool = True
+    """Capture decode steps in CUDA graphs (ignored on CPU)."""
+    compile: bool = True
+    """torch.compile the decode layers on CUDA (ignored on CPU; falls back to eager,
+    with a warning, if compilation fails)."""
+    tick: Callable[[], None] = lambda: None
+    abort: Callable[[], bool] = lambda: False
+    span_bucket: int = 64
+    """Attention span granularity: one graph per multiple of this."""
+    row_bucket: int = 8
+    """Rows are padded up to a multiple of this (fewer distinct graphs)."""
+    check_every: int = 16
+    """Decode steps between host checks (heartbeat, deadline, all rows done, compaction)."""
+    compact: bool = True
+    """Move the rows still running into a smaller row bucket once they fit in half the
+    current one (finished rows stop costing); False decodes every row to the end."""
+    logp_temperature: float = 1.0
+    """The reported log-probs are of ``softmax(logits / logp_temperature)``: the update's
+    distribution (see ``sampling.choose``)."""
+    fp32_head: bool = False
+    """Logits in fp32 (an fp32 LM head; ``algo.fp32_lm_head``), as the update scores them."""
+    max_prompt_tokens: int = 0
+    """Longest prompt (tokens) the engine will be given, if known: every KV cache is sized
+    for it from the start. A cache that has to grow drops its workspace's captured graphs
+    (and, with new strides, recompiles the layers), which is what made a held-out
+    evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
+
+    def __post_init__(self) -> None:
+        self.device = compute_device(self.model)
+        self.head_dtype = torch.float32 if self.fp32_head else self.dtype
+        self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
+        self.graphed = self.use_graphs and self.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
+        cuda = self.device.type == "cuda"
+        fused = attention.fused_available(self.device, self.dtype, self.packed.shape.head_dim)
+        compiled = self.compile and cuda
+        self.fns = forward.DecodeFns.compiled(fused_attention=fused) if compiled else forward.EAGER
+        if self.fns is not forward.EAGER:
+            # Each decode batch size is one compilation of the layers (``dynamic=False``);
+            # compaction's halving buckets plus a large evaluation batch exceed dynamo's
+            # default limit of 8, past which a fullgraph compile raises (then: eager).
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        self.spaces: dict[int, Workspace] = {}
+        self.floor = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
+        """Least KV cache capacity of a new workspace (raised when a cache had to regrow)."""
+        self.eos = int(self.tokenizer.eos_token_id)
+        self.stats: dict[str, int] = {}
+        """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
+        decode cost) and ``compactions``."""
+        self.totals = {"captures": 0, "caches": 0}
+        """Since construction: CUDA graphs captured and KV caches allocated."""
+        self.pad = int(self.tokenizer.pad_token_id)
+
+    # ------------------------------------------------------------------ public
+    def generate(
+        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+    ) -> RolloutBatch:
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = enc.input_ids.to(self.device)
+        pmask = enc.attention_mask.to(self.device)
+        g, n_rows, length = num_generations, len(prompts) * num_generations, ids.shape[1]
+        deadline = time.monotonic() + self.timeout_s
+        if self.packed is None:  # released before the last update
+            self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
+        weights.refill(self.packed, self.model)
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
+            self._start(root, ids, pmask, g, n_rows, greedy)
+            ws, real = root, n_rows  # the batch being decoded and its non-padding rows
+            cols = self.max_new_tokens
+            self.stats = {"row_steps": 0, "compactions": 0}
+            for t in range(1, self.max_new_tokens):
+                if t % self.check_every == 0:
+                    self.tick()
+                    if time.monotonic() > deadline:
+                        raise StalledError(
+                            "generation exceeded "
+                            f"rollout.generation_timeout_s={self.timeout_s:.0f}s"
+                        )
+                    if self.abort():
+                        raise GenerationAborted()
+                    live = (~ws.done[:real]).nonzero().squeeze(1)
+                    if live.numel() == 0:
+                        cols = t
+                        break
+                    target = compact_rows(live.numel(), ws.rows, self.row_bucket)
+                    if self.compact and target < ws.rows:
+                        ws, real = self._compacted(root, ws, real, live, target, length + t - 1)
+                        self.stats["compactions"] += 1
+                self.stats["row_steps"] += ws.rows
+                self._step(ws, round_up(length + t, self.span_bucket), greedy, root.rows)
+            self._write_back(root, ws, real)
+            completion = root.out[:n_rows, :cols].clone()
+            logp = root.out_logp[:n_rows, :cols].clone()
+        self.tick()
+        full = torch.cat([ids.repeat_interleave(g, 0), completion], 1)
+        batch = to_batch(full, pmask.repeat_interleave(g, 0), length, self.tokenizer)
+        batch.sampled_logp = logp * batch.completion_mask
+        return batch
+
+    def release(self) -> None:
+        """Free what the engine holds on the device between rollouts: the packed weights,
+        every KV cache and workspace, and the captured graphs with their memory pool. The
+        next ``generate`` allocates and captures again (caches at the size already learnt,
+        ``floor``); compiled layers are kept. For an update that does not fit beside the
+        engine (``rollout.release_engine_memory``)."""
+        self._drop_all_graphs()
+        self.packed = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the graphs' private pool goes back with its blocks
+
+    # ------------------------------------------------------------------ internals
+    def _workspace(self, rows: int, capacity: int) -> Workspace:
+        ws = self.spaces.get(rows)
+        if ws is not None and ws.cache.capacity >= capacity:
+            return ws
+        if ws is not None:  # a longer prompt than any before: regrow, by half at least
+            self.floor = max(self.floor, ws.cache.capacity * 3 // 2)
+            self._drop_all_graphs()
+        capacity = round_up(max(capacity, self.floor), self.span_bucket)
+        self.totals["caches"] += 1
+        cache = forward.KVCache.empty(self.packed, rows, capacity, self.dtype)
+        ws = self.spaces[rows] = self._new_workspace(cache)
+        return ws
+
+    def _drop_all_graphs(self) -> None:
+        """Forget every workspace and captured graph; later captures use a fresh memory
+        pool. Freeing one workspace's graphs while the others' stay in the shared pool
+        and new ones are captured into it trips an assert in PyTorch's caching allocator
+        ("use_count > 0", seen on an H100 with torch 2.11)."""
+        self.spaces.clear()
+        if self.graphed:
+            torch.cuda.synchronize(self.device)
+            gc.collect()
+            self.pool = torch.cuda.graph_pool_handle()
+        else:
+            gc.collect()
+
+    def _new_workspace(self, cache: forward.KVCache) -> Workspace:
+        rows, dev, m = cache.rows, self.device, self.max_new_tokens
+
+        def zeros(*size: int, dt: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*size, dtype=dt, device=dev)
+
+        return Workspace(
+            cache=cache,
+            tokens=zeros(rows),
+            pos=zeros(1),
+            first_slot=zeros(1),
+            left_pad=zeros(rows),
+            done=zeros(rows, dt=torch.bool),
+            out=zeros(rows, m),
+            out_logp=zeros(rows, m, dt=torch.float32),
+            rows_of=torch.arange(rows, device=dev),
+        )
+
+    def _start(
+        self,
+        ws: Workspace,
+        ids: torch.Tensor,
+        pmask: torch.Tensor,
+        g: int,
+        n_rows: int,
+        greedy: bool,
+    ) -> None:
+        """Prefill, choose completion token 0 of every row, set the decode state."""
+        rows = ws.tokens.shape[0]
+        pad_p = (pmask.shape[1] - pmask.sum(1)).long()
+        logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
+        spread = _pad_rows(logits.repeat_interleave(g, 0), rows)
+        # Eager token choice: once per rollout, and outside the capture that falls back to
+        # eager decoding if compiling fails.
+        token, logp = choose(
+            spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
+        )
+        ws.left_pad.copy_(_pad_rows(pad_p.repeat_interleave(g, 0), rows))
+        ws.tokens.copy_(token)
+        ws.done.copy_(token == self.eos)
+        ws.done[n_rows:] = True  # bucket padding rows never count as running
+        ws.out.fill_(self.pad)
+        ws.out_logp.zero_()
+        ws.out[:, 0] = token
+        ws.out_logp[:, 0] = logp
+        ws.first_slot.fill_(ids.shape[1])
+        ws.pos.fill_(ids.shape[1])
+        ws.rows_of.copy_(torch.arange(rows, device=ws.rows_of.device))
+
+    def _compacted(
+        self, root: Workspace, ws: Workspace, real: int, live: torch.Tensor, rows: int, filled: int
+    ) -> tuple[Workspace, int]:
+        """The ``live`` rows of ``ws`` moved into a workspace of ``rows`` rows (cache slots
+        ``[0, filled)``, decode state, output so far); padding rows repeat the last live
+        row and count as done. Rows of ``ws`` are written back to ``root`` first.
+        The new cache is the first ``rows`` rows of ``root``'s: rows are gathered into a
+        temporary one layer at a time, then written over the (earlier) rows they replace."""
+        self._write_back(root, ws, real)
+        new = root.compacted.get(rows)
+        if new is None:
+            view = forward.KVCache(root.cache.k[:, :rows], root.cache.v[:, :rows])
+            new = root.compacted[rows] = self._new_workspace(view)
+        idx = _pad_rows(live, rows)
+        for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
+            for layer in range(dst.shape[0]):
+                dst[layer, :, :, :filled] = src[layer, :, :, :filled].index_select(0, idx)
+        for name in ("tokens", "left_pad", "done", "out", "out_logp", "rows_of"):
+            getattr(new, name).copy_(getattr(ws, name).index_select(0, idx))
+        new.done[live.numel() :] = True
+        new.pos.copy_(ws.pos)
+        new.first_slot.copy_(ws.first_slot)
+        return new, live.numel()
+
+    @staticmethod
+    def _write_back(root: Workspace, ws: Workspace, real: int) -> None:
+        """Copy the output of the ``real`` rows of a compacted ``ws`` into their rows of
+        ``root`` (where the rollout's result is read from)."""
+        if ws is root:
+            return
+        rows = ws.rows_of[:real]
+        root.out.index_copy_(0, rows, ws.out[:real])
+        root.out_logp.index_copy_(0, rows, ws.out_logp[:real])
+
+    def _step(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
+        """One decode step; ``draw``: rows of the rollout's first batch (sampling noise)."""
+        if not self.graphed:
+            self._step_eager(ws, span, greedy, draw)
+            return
+        key = (span, greedy, 0 if greedy else draw)
+        graph = ws.graphs.get(key)
+        if graph is None:
+            graph = ws.graphs[key] = self._capture(ws, span, greedy, draw)
+            self.totals["captures"] += 1
+        graph.replay()
+
+    def _step_eager(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
+        """Feed ``ws.tokens`` at slot ``ws.pos``; write the next token of every row."""
+        logits = forward.decode_step(
+            self.packed, ws.cache, ws.tokens, ws.pos, ws.left_pad, span, self.fns
+        )
+        rows_of = None if draw == ws.rows else ws.rows_of  # compacted: noise of its rows
+        token, logp = choose(
+            logits,
+            self.temperature,
+            self.top_p,
+            greedy,
+            rows_of,
+            draw,
+            self.logp_temperature,
+            self.fns.pick,
+        )
+        token = torch.where(ws.done, torch.full_like(token, self.pad), token)
+        logp = torch.where(ws.done, torch.zeros_like(logp), logp)
+        col = ws.pos - ws.first_slot + 1
+        ws.out.index_copy_(1, col, token.unsqueeze(1))
+        ws.out_logp.index_copy_(1, col, logp.unsqueeze(1))
+        ws.done.logical_or_(token == self.eos)
+        ws.tokens.copy_(token)
+        ws.pos.add_(1)
+
+    def _capture(self, ws: Workspace, span: int, greedy: bool, draw: int) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream, capture, and restore the state (and RNG) the warm-up
+        advanced, so capturing is invisible to the rollout."""
+        state = [t.clone() for t in (ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp)]
+        rng = torch.cuda.get_rng_state(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            try:
+                self._step_eager(ws, span, greedy, draw)  # compiles on first use
+            except Exception as e:  # noqa: BLE001  (any compiler failure: run eager)
+                if self.fns is forward.EAGER:
+                    raise
+                warnings.warn(
+                    f"native engine: torch.compile failed, decoding eagerly ({e})", stacklevel=2
+                )
+                self.fns = forward.EAGER
+                for dst, src in zip(
+                    (ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True
+                ):
+                    dst.copy_(src)
+                self._step_eager(ws, span, greedy, draw)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._step_eager(ws, span, greedy, draw)
+        for dst, src in zip((ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True):
+            dst.copy_(src)
+        torch.cuda.set_rng_state(rng, self.device)
+        return graph
+
+
+def compact_rows(live: int, rows: int, bucket: int) -> int:
+    """Rows of the batch to decode ``live`` running rows in: the smallest ``bucket * 2^k``
+    that holds them, or ``rows`` (the current batch) when that is no smaller. Halving
+    steps keep the distinct batch sizes (captured graphs, compiled shapes) few."""
+    target = bucket
+    while target < live:
+        target *= 2
+    return min(target, rows)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """Extend dim 0 to ``rows`` by repeating the last row (bucket padding)."""
+    extra = rows - x.shape[0]
+    return torch.cat([x, x[-1:].expand(extra, *x.shape[1:])]) if extra else x
