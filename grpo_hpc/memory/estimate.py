@@ -25,7 +25,7 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 
 Calibrated against measured peaks (``torch.cuda.max_memory_allocated``) of the 0.5B, 1.5B and
 3B shapes on one H100 (bench/results) and checked against ``bench/results/ladder.json`` by
-``tests/unit/test_memory_ladder.py``.
+``tests/unit/memory/test_memory_ladder.py``.
 """
 
 from __future__ import annotations

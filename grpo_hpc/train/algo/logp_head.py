@@ -118,7 +118,7 @@ def compile_chunks() -> None:
     over its [1024, vocab] fp32 logits, which cost more than the head's four matrix
     products (bench/results/README.md, issue 24); compiled, one pass forward and one in
     backward read the products' bf16 output. Same arithmetic: the fp32 gradients are the
-    eager ones (tests/unit/test_logp_head_compiled.py)."""
+    eager ones (tests/unit/train/test_logp_head_compiled.py)."""
     _CHUNK.stats = torch.compile(chunk_stats, dynamic=None, fullgraph=True)
     _CHUNK.grad = torch.compile(chunk_grad_fusable, dynamic=None, fullgraph=True)
 

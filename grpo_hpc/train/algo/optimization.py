@@ -26,7 +26,7 @@ def autocast_factory(
     parameter: 2.9 GiB at 1.5B) held through the forward and the backward for nothing, since
     a checkpointed layer casts again in its recompute and a layer that is not checkpointed
     saves its cast for backward anyway. Casting is exact, so gradients are equal bit for
-    bit (``tests/unit/test_update_autocast.py``). Compiled layers cast inside their graph and
+    bit (``tests/unit/train/test_update_autocast.py``). Compiled layers cast inside their graph and
     never filled the cache: what it frees is in eager runs (a V100, ``dist.compile=false``)."""
     if dtype is None:
         return contextlib.nullcontext

@@ -17,7 +17,7 @@ from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.submit.job import resolve
 from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHAPES = ROOT / "bench" / "shapes"
 RESULTS = ROOT / "bench" / "results"
 SIZES = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"]

@@ -11,7 +11,7 @@ import pytest
 
 from grpo_hpc.memory import estimate as memory
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LADDER = ROOT / "bench" / "results" / "ladder.json"
 TOLERANCE = 0.15
 

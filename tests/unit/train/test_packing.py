@@ -24,7 +24,7 @@ from grpo_hpc.train.models import (
 )
 from grpo_hpc.train.rollout.engines import RolloutBatch
 
-SHAPES = Path(__file__).resolve().parents[2] / "bench" / "shapes"
+SHAPES = Path(__file__).resolve().parents[3] / "bench" / "shapes"
 PROMPT, NEW = 12, 24
 # (real prompt tokens, completion tokens): very different lengths, an empty completion too.
 ROWS = [(12, 24), (3, 1), (7, 17), (1, 24), (12, 0), (5, 9), (2, 3)]

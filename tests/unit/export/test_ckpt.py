@@ -178,7 +178,7 @@ def test_both_trainer_formats_verify(run: RunPaths, fmt: str) -> None:
 
 def _short_manifest(d: Path, **extra: object) -> None:
     """A manifest consistent with the files, yet short of what its format needs (the
-    trainer's write_manifest refuses to write one: tests/unit/test_ckpt_complete.py)."""
+    trainer's write_manifest refuses to write one: tests/unit/core/test_ckpt_complete.py)."""
     m = write_manifest(d)
     (d / "manifest.json").write_text(json.dumps({**m, **extra}))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from grpo_hpc.memory import estimate as memory
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import ladder  # noqa: E402
 
 SETTINGS = memory.Settings(ranks=2, strategy="ddp", precision="fp16", rows=64, lora_rank=16)

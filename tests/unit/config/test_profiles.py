@@ -15,7 +15,7 @@ from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.submit.job import preview
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 
 def _normalized_preview(name: str) -> str:

@@ -11,7 +11,7 @@ from grpo_hpc.core.errors import GrpoError
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.monitor.decision import ActionKind as K
 from grpo_hpc.monitor.loop import MAX_SUBMIT_ERRORS, SUBMIT_ERROR_WINDOW_S, monitor_run
-from tests.unit.test_monitor_decide import FAST, NOW, FakeSlurm, jobs_of, make_run, rec
+from tests.unit.monitor.test_monitor_decide import FAST, NOW, FakeSlurm, jobs_of, make_run, rec
 
 ENOSPC = GrpoError("submission failed: [Errno 28] No space left on device")
 

@@ -14,11 +14,11 @@ from grpo_hpc.config.load import build_config
 from grpo_hpc.memory import estimate as memory
 from grpo_hpc.memory import plan as memory_plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHAPES = ROOT / "bench" / "shapes"
 RESULTS = ROOT / "bench" / "results"
 TOLERANCE = 0.15
-"""As tests/unit/test_memory_ladder.py: an estimate within 15 % of the measured peak."""
+"""As tests/unit/memory/test_memory_ladder.py: an estimate within 15 % of the measured peak."""
 GPU_GIB = 79.2
 """What torch reports as an H100 80GB's capacity (the OOM messages of h100_ckpt24.json)."""
 
@@ -138,7 +138,7 @@ def test_submission_takes_the_profiles_capability(
 
 def test_checkpointed_layers_hold_no_low_precision_copy() -> None:
     """The update's autocast keeps no cast cache, so a checkpointed layer frees its casts,
-    compiled or eager (tests/unit/test_update_autocast.py on the CPU; on an H100 the eager
+    compiled or eager (tests/unit/train/test_update_autocast.py on the CPU; on an H100 the eager
     1.5B update without the cache peaked 2.44 GiB lower, its whole bf16 copy): only the
     layers not checkpointed keep a bf16 copy, plus one layer in flight."""
     shape = _shape("qwen2.5-3b")

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.models import compile_layers, enable_checkpointing, load_model_and_tokenizer
-from tests.unit.test_packing import _batch, _grads, _model_dir
+from tests.unit.train.test_packing import _batch, _grads, _model_dir
 
 pytestmark = pytest.mark.slow
 
