@@ -12,6 +12,7 @@ from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.submit import preflight
+from grpo_hpc.submit.plan import dry_run_text, plan_submission
 
 SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile local --config demo            # train SmolLM2-135M on this machine
@@ -97,23 +98,18 @@ def _submit(argv: list[str]) -> int:
     if not args.profile:
         raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
-    profile = load_profile(args.profile)
-    cfg, chk = submit.resolve(args.config, overrides, profile, paths.name)
-    problems = preflight.check_all(cfg, profile)
-    if args.dry_run:
-        sys.stdout.write(submit.preview(profile, paths))
-        print(chk.line)
-        for line in problems:
-            print(f"# refused at submission: {line}")
-    preflight.refuse(problems)  # before anything is written or queued: exit 2
-    if args.dry_run:
+    plan = plan_submission(paths, load_profile(args.profile), args.config, overrides, args.force)
+    if args.dry_run:  # the plan as the submission would carry it out, and its verdict
+        sys.stdout.write(dry_run_text(plan))
+        preflight.refuse(list(plan.problems))  # exit 2, as the submission would
         return ExitCode.OK
-    result = submit.new_run(paths, args.profile, args.config, overrides, force=args.force)
+    result = submit.carry_out(plan)
     print(result.memory_line)
-    print(f"submitted run {paths.name}: job {result.job_id} ({profile.executor}), dir {paths.root}")
+    executor = plan.profile.executor
+    print(f"submitted run {paths.name}: job {result.job_id} ({executor}), dir {paths.root}")
     if args.watch:
         _start_monitor(paths)
-    wait = args.wait or (profile.executor == "local" and not args.no_wait)
+    wait = args.wait or (executor == "local" and not args.no_wait)
     return _wait(paths, result) if wait else ExitCode.OK
 
 
@@ -152,7 +148,7 @@ def _start_monitor(paths: RunPaths) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "grpo_hpc.monitor.loop",
+        "grpo_hpc.cli.monitor",
         paths.name,
         "--logs",
         str(paths.root.parent),

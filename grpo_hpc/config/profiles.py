@@ -18,6 +18,7 @@ import jinja2
 
 from grpo_hpc.config.load import _data_dir, load_yaml_mapping
 from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.paths import RunPaths
 
 
 @dataclass
@@ -203,3 +204,14 @@ def render_setup(profile: Profile, context: dict[str, Any]) -> list[str]:
     except jinja2.TemplateError as e:
         raise ConfigError(f"profile {profile.name!r}: template {profile.template!r}: {e}") from None
     return [line for line in text.splitlines() if line.strip()]
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """What a run directory's ``profile.yaml`` holds (the profile, less where it came from)."""
+    return {k: v for k, v in dataclasses.asdict(profile).items() if k != "path"}
+
+
+def load_run_profile(paths: RunPaths) -> Profile:
+    """The profile stored in the run directory (what every resubmission uses)."""
+    data = load_yaml_mapping(paths.profile, what="run profile")
+    return profile_from_dict(data, name=str(data.pop("name", "run")), path=None)

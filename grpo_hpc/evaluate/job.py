@@ -65,7 +65,7 @@ def job_argv(argv: list[str], out: Path) -> list[str]:
 
 def job_parameters(profile: Profile, name: str, setup: list[str]) -> dict[str, Any]:
     """submitit parameters of an evaluation job: the profile's, on one node (pure)."""
-    from grpo_hpc.submit.job import executor_parameters
+    from grpo_hpc.submit.plan import executor_parameters
 
     params = executor_parameters(profile, name, setup)
     params["nodes"] = 1

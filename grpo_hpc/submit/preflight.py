@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from grpo_hpc.config import speed as auto_speed
-from grpo_hpc.config.profiles import Profile
+from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
@@ -126,7 +126,7 @@ def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> 
     """The data source exists and its first rows parse (GSM8K, MBPP or HumanEval format,
     see tasks/problems.py and tasks/code.py);
     an ``hf:`` dataset is cached when the compute nodes are offline."""
-    from grpo_hpc.tasks.problems import _row_to_problem
+    from grpo_hpc.tasks.problems import row_to_problem
 
     source = cfg.source
     if source in ("arithmetic", "gsm8k"):  # generated, or shipped in the package
@@ -157,7 +157,7 @@ def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> 
         if not rows:
             return [f"data.source {source!r} is empty: it needs GSM8K, MBPP or HumanEval rows"]
         for i, row in rows:
-            _row_to_problem(row, f"data.source {source}:{i}")
+            row_to_problem(row, f"data.source {source}:{i}")
     except ConfigError as e:
         return [str(e)]
     except (OSError, UnicodeDecodeError) as e:
@@ -241,6 +241,5 @@ def refuse(problems: list[str]) -> None:
 def check_run(paths: RunPaths) -> list[str]:
     """:func:`check_inputs` for an existing run, from its stored config and profile."""
     from grpo_hpc.config.load import load_resolved
-    from grpo_hpc.submit.job import load_run_profile
 
     return check_inputs(load_resolved(paths.config), load_run_profile(paths))

@@ -46,7 +46,7 @@ def arithmetic_problems(n: int, cfg: DataConfig, seed: int) -> list[Problem]:
     return out
 
 
-def _row_to_problem(row: Any, where: str) -> Problem:
+def row_to_problem(row: Any, where: str) -> Problem:
     """A file/dataset row as a problem: GSM8K (``question``, ``answer``), MBPP (``text``,
     ``test_list``) or HumanEval (``prompt``, ``entry_point``, ``test``) by its fields."""
     kind = code_data.row_kind(row)
@@ -87,7 +87,7 @@ def load_file(path: Path) -> list[Problem]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 raise ConfigError(f"{path}:{i}: not valid JSON; fix or remove the row") from None
-    return [_row_to_problem(r, f"{path}:{i}") for i, r in enumerate(rows, 1)]
+    return [row_to_problem(r, f"{path}:{i}") for i, r in enumerate(rows, 1)]
 
 
 def load_hf(spec: str, split: str) -> list[Problem]:
@@ -102,7 +102,7 @@ def load_hf(spec: str, split: str) -> list[Problem]:
         ds = datasets.load_dataset(name, subset or None, split=split)
     except Exception as e:  # noqa: BLE001 - any hub/network failure is a config problem here
         raise ConfigError(f"cannot load dataset {spec!r}: {str(e).splitlines()[0]}") from None
-    return [_row_to_problem(r, f"{spec}[{i}]") for i, r in enumerate(ds)]
+    return [row_to_problem(r, f"{spec}[{i}]") for i, r in enumerate(ds)]
 
 
 def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -67,7 +67,7 @@ def start_cli(module: str, *args: str, log: Path) -> subprocess.Popen:
 def submit(logs: Path, name: str, *overrides: str, profile: str = "slurm-local") -> str:
     """grpo-submit a tiny run (no wait); returns its first job id."""
     args = ["--profile", profile, "--config", "tiny", "--name", name, "--logs", str(logs)]
-    proc = cli("cli", *args, "training.num_threads=1", *overrides)
+    proc = cli("cli.submit", *args, "training.num_threads=1", *overrides)
     assert proc.returncode == 0, f"grpo-submit failed ({proc.returncode}):\n{proc.stderr}"
     return job_ids(RunPaths(logs / name))[0]
 

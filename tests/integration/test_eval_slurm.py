@@ -33,7 +33,7 @@ def test_eval_job_matches_local_eval(tmp_path: Path) -> None:
         submitted = pool.submit(
             cli, "evaluate", *common, "--profile", "slurm-local", "--out", str(there), timeout=300
         )
-        local = cli("evaluate", *common, "--out", str(here), timeout=300)
+        local = cli("cli.eval", *common, "--out", str(here), timeout=300)
         job = submitted.result()
     assert local.returncode == 0, local.stdout + local.stderr
     assert job.returncode == 0, job.stdout + job.stderr
@@ -50,7 +50,7 @@ def test_eval_job_matches_local_eval(tmp_path: Path) -> None:
 def test_unknown_model_is_refused_before_queueing(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     args = ["nope", "--logs", str(tmp_path), "--profile", "slurm-local", "--out", str(out)]
-    proc = cli("evaluate", *args, timeout=60)
+    proc = cli("cli.eval", *args, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "nope" in proc.stderr
     assert not out.exists() and not (tmp_path / "x.json.submitit").exists()
@@ -67,7 +67,7 @@ def test_a_job_that_can_never_start_is_cancelled_with_one_line(tmp_path: Path) -
     profile = tmp_path / "volta.yaml"
     profile.write_text(local.read_text().replace("cpus_per_task: 1", "cpus_per_task: 64"))
     args = ["r", "--logs", str(tmp_path / "logs"), "--profile", str(profile)]
-    proc = cli("evaluate", *args, "--out", str(tmp_path / "v.json"), timeout=120)
+    proc = cli("cli.eval", *args, "--out", str(tmp_path / "v.json"), timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "can never start" in err[0] and "cancelled" in err[0], err
@@ -75,7 +75,7 @@ def test_a_job_that_can_never_start_is_cancelled_with_one_line(tmp_path: Path) -
     assert job not in squeue_ids()
 
     profile.write_text(local.read_text() + "gres: gpu:volta:2\n")
-    proc = cli("evaluate", *args, "--out", str(tmp_path / "w.json"), timeout=120)
+    proc = cli("cli.eval", *args, "--out", str(tmp_path / "w.json"), timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "refused the evaluation job" in err[0], err

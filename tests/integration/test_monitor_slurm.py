@@ -133,7 +133,7 @@ def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
     submit(logs, "zero", FAULTS, "faults.zero_reward=true", "training.zero_reward_patience=2")
     submit(logs, "crash", FAULTS, "faults.crash_at_step=1")
     monitor_log = root / "monitor.log"
-    monitor = start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, log=monitor_log)
+    monitor = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=monitor_log)
     f = Fleet(logs, monitor, monitor_log)
     killer = threading.Thread(
         target=_scancel_after_checkpoint, args=(f.run("preempt"), f.preempted), daemon=True
@@ -198,7 +198,7 @@ def test_time_limit_requeues_until_all_steps_done(fleet: Fleet) -> None:
     assert len(ids) == 1 + len(reasons)
     out = (paths.submitit_dir / ids[0] / f"{ids[0]}_0_log.out").read_text()
     assert "Requeued job" in out  # submitit's in-job requeue on USR2 happened
-    verify = cli("ckpt", "verify", "limit", "--logs", str(fleet.logs))
+    verify = cli("cli.ckpt", "verify", "limit", "--logs", str(fleet.logs))
     assert verify.returncode == 0 and f"step-{LIMIT_STEPS}: ok" in verify.stdout, verify
 
 
@@ -289,7 +289,7 @@ def test_status_shows_finished_stopped_and_exhausted(fleet: Fleet) -> None:
     assert rc == 1, fleet.monitor_output()  # every run ended; some were stopped
 
     def status_rows() -> dict[str, dict] | None:
-        proc = cli("status", "--json", "--logs", str(fleet.logs))
+        proc = cli("cli.status", "--json", "--logs", str(fleet.logs))
         assert proc.returncode == 0, proc.stderr
         rows = {r["run"]: r for r in json.loads(proc.stdout)}
         ended = all(rows[n]["slurm_state"] not in ("RUNNING", "COMPLETING") for n in rows)
@@ -318,7 +318,7 @@ def test_status_shows_finished_stopped_and_exhausted(fleet: Fleet) -> None:
     assert "finished" in lines["hang"] and "DONE" not in lines["hang"]
     assert "stopped: circuit_breaker" in lines["zero"] and "failed" in lines["zero"]
     assert "budget exhausted" in lines["crash"] and "FAILED" in lines["crash"]
-    detail = cli("status", "crash", "--logs", str(fleet.logs))
+    detail = cli("cli.status", "crash", "--logs", str(fleet.logs))
     assert detail.returncode == 0 and "retry budget exhausted" in detail.stdout
 
 
@@ -348,7 +348,7 @@ def _killed_after_intent(logs: Path, paths: RunPaths, held: Path) -> None:
     first = submit(logs, "k", profile=str(held))  # pending until --begin: never runs
     scancel(first)
     wait_sacct(first, "CANCELLED")
-    mon = start_cli("monitor", "--logs", str(logs), "--interval", "0.5", log=logs / "m1.log")
+    mon = start_cli("cli.monitor", "--logs", str(logs), "--interval", "0.5", log=logs / "m1.log")
     try:
         wait_for("an intent event", lambda: events(paths, "intent"), 60, interval=0.005)
     finally:
@@ -356,7 +356,7 @@ def _killed_after_intent(logs: Path, paths: RunPaths, held: Path) -> None:
         mon.wait()
     killed_before_submit = len(job_ids(paths)) == 1
     for _ in range(2):
-        proc = cli("monitor", "k", "--logs", str(logs), "--once")
+        proc = cli("cli.monitor", "k", "--logs", str(logs), "--once")
         assert proc.returncode == 0, proc.stderr
     ids = job_ids(paths)
     assert len(ids) == 2, (killed_before_submit, describe(paths))
@@ -384,10 +384,10 @@ def _killed_between_sbatch_and_record(paths: RunPaths, monkeypatch: pytest.Monke
     orphans = jobs_of_run(paths) - set(job_ids(paths))
     assert len(orphans) == 1, describe(paths)
     (orphan,) = orphans
-    proc = cli("monitor", "k", "--logs", str(paths.root.parent), "--once")
+    proc = cli("cli.monitor", "k", "--logs", str(paths.root.parent), "--once")
     assert proc.returncode == 0, proc.stderr
     assert "-> job " + orphan in proc.stdout, proc.stdout
-    cli("monitor", "k", "--logs", str(paths.root.parent), "--once")
+    cli("cli.monitor", "k", "--logs", str(paths.root.parent), "--once")
     ids = job_ids(paths)
     assert ids[-1] == orphan and len(ids) == 3, describe(paths)
     assert "adopted" in json.loads(paths.jobs.read_text().splitlines()[-1])["reason"]

@@ -82,7 +82,7 @@ def reference(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """``grpo-submit --profile slurm-local-2node --wait``: the uninterrupted run."""
     logs = tmp_path_factory.mktemp("multinode") / "logs"
     args = ["--profile", PROFILE, "--config", "tiny", "--name", "ref", "--logs", str(logs)]
-    proc = cli("cli", *args, "--wait", *RUN_ARGS, timeout=300)
+    proc = cli("cli.submit", *args, "--wait", *RUN_ARGS, timeout=300)
     return Reference(RunPaths(logs / "ref"), proc.returncode, proc.stdout + proc.stderr)
 
 
@@ -104,7 +104,7 @@ def test_submit_wait_completes_on_both_nodes(reference: Reference) -> None:
     ckpt = paths.checkpoint(STEPS)
     assert (ckpt / "rng-rank0.pt").is_file() and (ckpt / "rng-rank1.pt").is_file()
     assert "(node 0/2)" in paths.job_summary.read_text()
-    status = cli("status", "--logs", str(paths.root.parent), "--json")
+    status = cli("cli.status", "--logs", str(paths.root.parent), "--json")
     assert status.returncode == 0, status.stderr
     (row,) = json.loads(status.stdout)
     assert (row["run"], row["slurm_state"], row["nodes"]) == ("ref", "COMPLETED", "grpo-n[1-2]")
@@ -177,7 +177,7 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     # heartbeat stops; a monitor with a 20 s heartbeat timeout cancels and resubmits. (That
     # monitor is then replaced by one with a longer timeout, which phase 2 needs: a node's
     # death takes ~25 s to become NODE_FAIL, and no rank heartbeats meanwhile.)
-    hb = start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
+    hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
                    log=log)  # fmt: skip
     procs.append(hb)
     hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM)
@@ -187,7 +187,7 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     )
     hb.kill()
     hb.wait()
-    procs.append(start_cli("monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
+    procs.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
 
     # 1. The job's processes on grpo-n2 die: the survivors fail at once, the monitor resubmits.
     first = _wait_and_kill(paths, 1, SAVE_EVERY + 3, kill_job_processes, VICTIM)
@@ -236,7 +236,7 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_pat
     fsdp = write_profile(tmp_path / "fsdp-2node.yaml", base=PROFILE, strategy="fsdp")
     where = ["--name", "fsdp", "--logs", str(logs)]
     steps = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
-    proc = cli("cli", "--profile", str(fsdp), "--config", "tiny", *where, "--wait", *steps,
+    proc = cli("cli.submit", "--profile", str(fsdp), "--config", "tiny", *where, "--wait", *steps,
                timeout=300)  # fmt: skip
     paths = RunPaths(logs / "fsdp")
     assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}\n{describe(paths)}"
@@ -245,13 +245,15 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_pat
     assert (manifest["format"], manifest["world_size"]) == ("sharded", 2)
     assert not (ckpt / "model.pt").exists()
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
-    verify = cli("ckpt", "verify", "fsdp", "--logs", str(logs))
+    verify = cli("cli.ckpt", "verify", "fsdp", "--logs", str(logs))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "step-2: ok" in verify.stdout and "step-4: ok" in verify.stdout
     uninterrupted = model_weights(ckpt)
 
     # Resume from the sharded step-2 checkpoint on the same two nodes: same final weights.
-    again = cli("cli", "--resume", "fsdp", "--from-step", "2", *where[2:], "--wait", timeout=300)
+    again = cli(
+        "cli.submit", "--resume", "fsdp", "--from-step", "2", *where[2:], "--wait", timeout=300
+    )
     assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{describe(paths)}"
     rec = progress(paths)
     assert (rec.step, rec.start_step, rec.restarts) == (4, 2, 1)

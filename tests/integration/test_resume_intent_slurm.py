@@ -46,7 +46,7 @@ def test_resume_refuses_while_job_live(tmp_path: Path) -> None:
         wait_for(f"job {first} in squeue", lambda: first in queued(), 30, interval=0.2)
         before = {p.name: p.read_bytes() for p in (paths.jobs, paths.events) if p.exists()}
         listing = sorted(p.name for p in paths.root.iterdir())
-        proc = cli("cli", "--resume", "live", "--logs", str(logs))
+        proc = cli("cli.submit", "--resume", "live", "--logs", str(logs))
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert f"live job {first}" in line and f"scancel {first}" in line, line
@@ -73,7 +73,7 @@ def test_killed_resume_is_adopted_not_resubmitted(tmp_path: Path) -> None:
         ours |= orphan
         assert len(orphan) == 1, "the killed --resume should have left one job in Slurm"
 
-        proc = cli("cli", "--resume", "adopt", "--logs", str(logs))
+        proc = cli("cli.submit", "--resume", "adopt", "--logs", str(logs))
         assert proc.returncode == 0, proc.stderr
         (job,) = orphan
         assert f"adopted job {job}" in proc.stdout

@@ -21,9 +21,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def test_submit_wait_runs_tiny_to_completion(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     args = ["--profile", "slurm-local", "--config", "tiny", "--name", "ok", "--logs", str(logs)]
-    proc = cli("cli", *args, "--wait", "training.num_threads=1", timeout=300)
+    dry = cli("cli.submit", *args, "--dry-run", "training.num_threads=1")
+    proc = cli("cli.submit", *args, "--wait", "training.num_threads=1", timeout=300)
     paths = RunPaths(logs / "ok")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # One plan behind both: the dry run printed the memory line and the #SBATCH lines of the
+    # job that was then submitted.
+    memory = [x for x in proc.stdout.splitlines() if x.startswith("memory:")]
+    assert dry.returncode == 0 and memory and memory[0] in dry.stdout.splitlines()
     assert "exit code 0 (ok)" in proc.stdout
 
     (job,) = job_ids(paths)
@@ -44,6 +49,8 @@ def test_submit_wait_runs_tiny_to_completion(tmp_path: Path) -> None:
         assert (job_dir / f"{job}{suffix}").exists(), suffix
     sbatch = (job_dir / f"{job}_submission.sh").read_text()
     assert "#SBATCH --signal=USR2@20" in sbatch and "#SBATCH --requeue" in sbatch
+    directives = [x for x in sbatch.splitlines() if x.startswith("#SBATCH")]
+    assert directives == [x for x in dry.stdout.splitlines() if x.startswith("#SBATCH")]
 
 
 def test_submit_wait_reports_circuit_breaker(tmp_path: Path) -> None:
@@ -51,7 +58,7 @@ def test_submit_wait_reports_circuit_breaker(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     args = ["--profile", "slurm-local", "--config", "tiny", "--name", "zero", "--logs", str(logs)]
     faults = ["faults.enabled=true", "faults.zero_reward=true", "training.zero_reward_patience=2"]
-    proc = cli("cli", *args, "--wait", "training.num_threads=1", *faults, timeout=300)
+    proc = cli("cli.submit", *args, "--wait", "training.num_threads=1", *faults, timeout=300)
     paths = RunPaths(logs / "zero")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "exit code 3 (circuit_breaker)" in proc.stdout

@@ -13,14 +13,14 @@ import pytest
 from grpo_hpc.config.profiles import known_profiles, load_profile, render_setup
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.submit.job import preview
+from grpo_hpc.submit.plan import plan_submission, preview
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 
 def _normalized_preview(name: str) -> str:
     paths = RunPaths(Path("/RUNS/golden-run"))
-    text = preview(load_profile(name), paths)
+    text = preview(plan_submission(paths, load_profile(name), "tiny", []))
     return text.replace(sys.executable, "<PYTHON>")
 
 
@@ -102,7 +102,7 @@ def test_local_executor_is_given_the_profiles_gpus() -> None:
     profile that did not pass it ran its bf16 job on the CPU (seen on an H100)."""
     import dataclasses
 
-    from grpo_hpc.submit.job import executor_parameters
+    from grpo_hpc.submit.plan import executor_parameters
 
     local = load_profile("local")
     assert executor_parameters(local, "r", [])["gpus_per_node"] == 0

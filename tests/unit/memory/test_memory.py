@@ -14,7 +14,7 @@ from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.memory import estimate as memory
 from grpo_hpc.memory import plan as memory_plan
-from grpo_hpc.submit.job import resolve
+from grpo_hpc.submit.plan import resolve
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -181,6 +181,26 @@ def test_dry_run_prints_the_memory_line(logs_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("memory:"))
     assert "of 80 GiB (h100x2): fits" in line and "fsdp, bf16" in line
+
+
+def test_dry_run_refuses_what_the_submission_refuses(logs_dir: Path) -> None:
+    """One plan value behind both (grpo_hpc.submit.plan): a dry run of a plan that does not
+    fit exits 2 with the submission's own one-line refusal, after printing the job, the same
+    memory line and the refusal; --force lets both through the memory check."""
+    model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
+    args = ("--profile", "supercloud", "--config", "gsm8k", model, "--name", "big")
+    real = submit(*args)
+    dry = submit(*args, "--dry-run")
+    assert real.returncode == dry.returncode == ExitCode.CONFIG_ERROR, dry.stdout + dry.stderr
+    assert dry.stderr == real.stderr and "exceeds supercloud's 32 GiB" in dry.stderr
+    memory = [x for x in dry.stdout.splitlines() if x.startswith("memory:")]
+    assert len(memory) == 1 and "does NOT fit" in memory[0]
+    refusal = real.stderr.strip().removeprefix("grpo-submit: error: ")
+    assert f"# refused at submission: {refusal}" in dry.stdout
+    assert "#SBATCH" in dry.stdout
+    assert not logs_dir.exists() or not any(logs_dir.iterdir())
+    forced = submit(*args, "--dry-run", "--force")
+    assert forced.returncode == 0 and "refused at submission" not in forced.stdout, forced.stderr
 
 
 def test_checkpointing_every_other_layer_sits_between() -> None:

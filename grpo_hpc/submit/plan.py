@@ -1,0 +1,203 @@
+"""A submission, planned once: everything grpo-submit decides before it writes or queues.
+
+``plan_submission`` turns (config, overrides, profile, the model's ``config.json``) into a
+:class:`SubmitPlan`: the resolved config, the memory verdict, every problem that refuses
+the submission, the rendered setup lines and the executor's parameters. It reads (the
+config YAML, the profile, the model's ``config.json``, the first rows of a data file) and
+never writes. ``--dry-run`` prints the plan and refuses exactly when the submission would;
+:func:`grpo_hpc.submit.job.carry_out` submits the same value without resolving anything
+again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_hpc.config.load import build_config, normalize_overrides
+from grpo_hpc.config.profiles import Profile, render_setup
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core import slurm as slurm_query
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.memory import plan as memory_plan
+from grpo_hpc.submit import preflight
+from grpo_hpc.submit.launch import NodeContext, torchrun_command
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """One submission, decided: what ``--dry-run`` prints and what the submission carries
+    out."""
+
+    paths: RunPaths
+    """The run directory to create."""
+    profile: Profile
+    """The cluster profile, as loaded (stored in the run directory as ``profile.yaml``)."""
+    config: Config
+    """The resolved config: the profile applied, then any memory means the fit needed."""
+    memory: memory_plan.Check
+    """The memory verdict; ``memory.line`` is the ``memory:`` line both paths print."""
+    problems: tuple[str, ...]
+    """Why the submission is refused, one line each (empty: it goes ahead)."""
+    setup: tuple[str, ...]
+    """The profile's setup lines, rendered for this run (module loads, env exports)."""
+    executor_params: dict[str, Any] = field(default_factory=dict)
+    """submitit's AutoExecutor parameters."""
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.problems)
+
+
+def apply_profile(
+    cfg: Config, profile: Profile, run_name: str, explicit: frozenset[str] = frozenset()
+) -> Config:
+    """The resolved config: the profile decides how to run (pure), except for
+    ``dist.strategy`` and ``dist.precision`` when ``explicit`` (the command line's override
+    keys) names them: the profile's value there is the cluster's default, not a fact of its
+    hardware like the processes per node."""
+    cfg = dataclasses.replace(cfg, run_name=run_name)
+    cfg.dist = dataclasses.replace(
+        cfg.dist,
+        strategy=cfg.dist.strategy if "dist.strategy" in explicit else profile.strategy,
+        precision=cfg.dist.precision if "dist.precision" in explicit else profile.precision,
+        nproc_per_node=profile.procs_per_node,
+        compile=True if profile.compile else cfg.dist.compile,
+    )
+    if cfg.model.attn_implementation == "auto":
+        cfg.model = dataclasses.replace(cfg.model, attn_implementation=profile.attn_implementation)
+    return cfg
+
+
+def resolve(
+    config_source: str | None, overrides: list[str], profile: Profile, run_name: str
+) -> tuple[Config, memory_plan.Check]:
+    """The resolved config and its memory verdict: the profile decides how to run, and when
+    the run does not fit the profile's GPUs as given, the cheapest memory means that leave
+    the training math unchanged are applied (grpo_hpc.memory.estimate.MEANS)."""
+    explicit = frozenset(o.partition("=")[0] for o in normalize_overrides(overrides or []))
+    cfg = apply_profile(build_config(config_source, overrides), profile, run_name, explicit)
+    chk = memory_plan.check(cfg, profile)
+    if chk.plan is not None and chk.plan.changed:
+        cfg = memory_plan.apply_settings(cfg, chk.plan.settings)
+    return cfg, chk
+
+
+def executor_parameters(profile: Profile, run_name: str, setup: list[str]) -> dict[str, Any]:
+    """submitit AutoExecutor parameters for a profile (pure)."""
+    params: dict[str, Any] = {
+        "name": slurm_query.job_name(run_name),
+        "timeout_min": profile.time_min,
+        "nodes": profile.nodes,
+        "tasks_per_node": 1,  # one task per node; it launches torchrun for that node
+        "cpus_per_task": profile.cpus_per_task,
+    }
+    if profile.executor == "local":
+        # submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES from this: without it the job
+        # sees no GPU at all.
+        params["gpus_per_node"] = profile.gpus_per_node
+        return params
+    if profile.mem_gb is not None:
+        params["mem_gb"] = profile.mem_gb
+    gres = profile.gres_value
+    if gres:
+        params["slurm_gres"] = gres
+    params["slurm_signal_delay_s"] = profile.signal_lead_s
+    params["slurm_setup"] = setup
+    extra = {"requeue": True, **profile.sbatch_extra}
+    params["slurm_additional_parameters"] = extra
+    for key in ("partition", "account", "qos"):
+        value = getattr(profile, key)
+        if value:
+            params[f"slurm_{key}"] = value
+    return params
+
+
+def template_context(paths: RunPaths) -> dict[str, Any]:
+    """What a profile's setup lines may name: ``{{ run_name }}``, ``{{ run_dir }}``."""
+    return {"run_name": paths.name, "run_dir": str(paths.root)}
+
+
+def exists_problem(paths: RunPaths) -> list[str]:
+    """A run directory of that name exists already: its one line, or none."""
+    if not paths.root.exists():
+        return []
+    return [
+        f"run {paths.name!r} already exists in {paths.root.parent}: choose another --name, "
+        f"or continue it with --resume {paths.name}"
+    ]
+
+
+def plan_submission(
+    paths: RunPaths,
+    profile: Profile,
+    config_source: str | None,
+    overrides: list[str],
+    force: bool = False,
+    cache: Path | None = None,
+) -> SubmitPlan:
+    """The plan of a new run's first submission (reads, never writes). A run directory
+    that exists, every preflight problem, and a run that does not fit the profile's GPUs
+    (unless ``force``) are its problems, in the order a user would fix them."""
+    cfg, chk = resolve(config_source, overrides, profile, paths.name)
+    setup = render_setup(profile, template_context(paths))  # a template error: exit 2 here
+    problems = exists_problem(paths) + preflight.check_all(cfg, profile, cache)
+    if chk.refusal and not force:
+        problems.append(chk.refusal)
+    return SubmitPlan(
+        paths=paths,
+        profile=profile,
+        config=cfg,
+        memory=chk,
+        problems=tuple(problems),
+        setup=tuple(setup),
+        executor_params=executor_parameters(profile, paths.name, setup),
+    )
+
+
+def render_sbatch(plan: SubmitPlan) -> str:
+    """The exact sbatch script submitit would write for this plan; needs no Slurm."""
+    import submitit
+
+    class _PreviewExecutor(submitit.SlurmExecutor):
+        """submitit's Slurm executor minus its ``srun`` check, so that ``--dry-run`` renders
+        the sbatch script on a machine with no Slurm installed (a laptop, CI). It never
+        submits."""
+
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    params = plan.executor_params
+    inner = _PreviewExecutor(folder=plan.paths.submitit_dir / "%j")
+    # AutoExecutor's translation for the slurm cluster: generic names are converted,
+    # slurm_* keys pass through without their prefix.
+    generic = submitit.AutoExecutor._valid_parameters()
+    converted = inner._convert_parameters({k: v for k, v in params.items() if k in generic})
+    converted |= {k[len("slurm_") :]: v for k, v in params.items() if k.startswith("slurm_")}
+    inner.update_parameters(**converted)
+    return inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
+
+
+def preview(plan: SubmitPlan) -> str:
+    """The job of a plan as text: the sbatch script (Slurm profiles) and each node's
+    torchrun command (the golden files in tests/golden are this text)."""
+    profile, paths = plan.profile, plan.paths
+    parts = []
+    if profile.executor == "slurm":
+        parts += ["# ---- sbatch script (written by submitit) ----", render_sbatch(plan)]
+    else:
+        parts += [f"# ---- local executor: no Slurm; runs on this machine in {paths.submitit_dir}"]
+    ctx = NodeContext(nnodes=profile.nodes, master_addr="$FIRST_NODE", job_id="$SLURM_JOB_ID")
+    cmd = torchrun_command(str(paths.root), plan.config.dist.nproc_per_node, ctx)
+    parts += [f"# ---- per node ({profile.nodes} node(s)): ----", " ".join(cmd)]
+    return "\n".join(parts) + "\n"
+
+
+def dry_run_text(plan: SubmitPlan) -> str:
+    """What ``--dry-run`` prints: the job, the memory line the submission prints, and each
+    problem that refuses the submission."""
+    refused = [f"# refused at submission: {line}" for line in plan.problems]
+    return preview(plan) + "\n".join([plan.memory.line, *refused]) + "\n"
