@@ -1,0 +1,111 @@
+"""The README and docs/ tell the truth about the repository (issue 39): the README's file
+tree names exactly the packages that exist, every relative link points at a file that
+exists, and the README stays a user guide of at most 200 lines."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+MAX_README_LINES = 200
+
+LINK_RE = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE_RE = re.compile(r"^(```|~~~)")
+TREE_LINE_RE = re.compile(r"^( *)(\S+/)(?:\s|$)")
+
+
+def readme_tree() -> list[str]:
+    """The README's file tree: the fenced block under "## Repository layout", as paths
+    (``grpo_hpc/train/algo``) built from each entry's indentation (two spaces a level)."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Repository layout\n", 1)
+    assert len(section) == 2, "README.md has no '## Repository layout' section"
+    block = re.search(r"^```[^\n]*\n(.*?)^```", section[1], re.S | re.M)
+    assert block, "the '## Repository layout' section has no fenced file tree"
+    stack: list[str] = []
+    paths = []
+    for line in block.group(1).splitlines():
+        m = TREE_LINE_RE.match(line)
+        if not m:
+            continue
+        indent, name = len(m.group(1)), m.group(2).rstrip("/")
+        assert indent % 2 == 0, f"odd indentation in the README's tree: {line!r}"
+        depth = indent // 2
+        assert depth <= len(stack), f"the README's tree skips a level at {line!r}"
+        stack[depth:] = [name]
+        paths.append("/".join(stack))
+    return paths
+
+
+def packages_on_disk() -> set[str]:
+    """Every package under grpo_hpc/ (a directory with an ``__init__.py``), nested ones too."""
+    pkg = ROOT / "grpo_hpc"
+    return {
+        str(p.parent.relative_to(ROOT))
+        for p in pkg.rglob("__init__.py")
+        if p.parent != pkg and "__pycache__" not in p.parts
+    }
+
+
+def test_readme_tree_names_exactly_the_packages() -> None:
+    tree = readme_tree()
+    in_tree = {p for p in tree if p.startswith("grpo_hpc/")}
+    assert in_tree == packages_on_disk()
+    assert len(tree) == len(set(tree)), "an entry appears twice in the README's tree"
+
+
+def test_readme_tree_top_folders_exist() -> None:
+    tops = [p for p in readme_tree() if "/" not in p]
+    assert "grpo_hpc" in tops
+    missing = [t for t in tops if not (ROOT / t).is_dir()]
+    assert missing == []
+    for top in ("configs", "templates", "slurm", "bench", "tests", "docs", "scripts"):
+        assert top in tops, f"the README's tree does not name {top}/"
+
+
+def relative_links(md: Path) -> list[str]:
+    """The targets of the markdown links and images of a file that point inside the
+    repository (no scheme, not a bare #anchor), outside fenced code blocks."""
+    targets, fenced = [], False
+    for line in md.read_text(encoding="utf-8").splitlines():
+        if FENCE_RE.match(line.strip()):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        line = re.sub(r"`[^`]*`", "", line)  # inline code is not a link
+        for m in LINK_RE.finditer(line):
+            target = m.group(1) or m.group(2)
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+                continue
+            targets.append(target)
+    return targets
+
+
+def test_every_relative_link_points_at_a_file() -> None:
+    """bench/README.md and bench/results/LOG.md are checked too: the README and docs link
+    the measurements and the dated history there."""
+    broken = []
+    for md in [README, *DOCS]:
+        for target in relative_links(md):
+            path = target.split("#", 1)[0]
+            if path and not (md.parent / path).resolve().exists():
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
+
+
+def test_links_are_found() -> None:
+    """The link finder sees the README's links (a finder that sees none passes anything)."""
+    links = relative_links(README)
+    assert "docs/configs.md" in links
+    assert "bench/README.md" in links
+    assert "bench/results/LOG.md" in links
+
+
+def test_readme_is_a_short_user_guide() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines"
+    assert "bash scripts/test.sh" in README.read_text(encoding="utf-8")  # .ci/run calls it
