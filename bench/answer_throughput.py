@@ -1,6 +1,6 @@
 """Throughput of answer extraction and correctness scoring (parse + verify), on CPU.
 
-    python bench/answer_throughput.py [--items 2000] [--repeat 3] [--out FILE.json]
+    python -m bench.answer_throughput [--items 2000] [--repeat 3] [--out FILE.json]
 
 Completions are GSM8K-style: ~900 characters of reasoning, then one of the answer
 conventions (``Answer:``, ``#### N``, ``\\boxed{}``, "the answer is"). Four figures (best
@@ -20,17 +20,13 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import env_info, write_result  # noqa: E402
-
-from grpo_hpc.tasks.answers import extract_gold, find_answer  # noqa: E402
-from grpo_hpc.train.rewards.functions import score_correctness_batch  # noqa: E402
+from bench.common import env_info, write_result
+from grpo_hpc.tasks.answers import extract_gold, find_answer
+from grpo_hpc.train.rewards.functions import score_correctness_batch
 
 REASONING = (
     "Natalia sold 48 clips in April and half as many in May, so she sold 48 / 2 = 24 in May. "

@@ -9,7 +9,7 @@ embedding/LM head once) plus the K/V of every filled cache slot; so
 with kv_bytes_per_step averaged over the completion (prompt + t slots at step t) and the
 bandwidth measured here (device-to-device copy, bytes read + written).
 
-    python bench/decode.py --shape qwen2.5-0.5b --batch 64 256 --out bench/results/decode.json
+    python -m bench.decode --shape qwen2.5-0.5b --batch 64 256 --out bench/results/decode.json
 
 Real lengths: ``--model DIR --prompts gsm8k`` decodes the real model on GSM8K questions
 (the trainer's prompt, sampled at temperature 1): rows end at EOS at very different
@@ -17,7 +17,7 @@ steps. ``tok_per_s`` counts useful tokens (up to and including each row's EOS);
 ``row_steps`` is the decode work (rows in the batch, summed over steps). Engine
 ``native-nocompact`` is the same engine decoding every row to the end, so
 
-    python bench/decode.py --model DIR --prompts gsm8k --batch 64 256 --max-new 512 \
+    python -m bench.decode --model DIR --prompts gsm8k --batch 64 256 --max-new 512 \
         --engines native native-nocompact
 
 shows finished-row compaction before and after in one run (same seeds: same tokens).
@@ -29,24 +29,21 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, write_result  # noqa: E402
-
-from grpo_hpc.config.schema import DataConfig  # noqa: E402
-from grpo_hpc.tasks.problems import load_problems, prompt_text  # noqa: E402
-from grpo_hpc.train.algo.update import MicroBatch, completion_logp  # noqa: E402
-from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.rollout.engines import HFEngine  # noqa: E402
-from grpo_hpc.train.rollout.native.engine import NativeEngine  # noqa: E402
-from grpo_hpc.train.rollout.native.forward import DecodeFns  # noqa: E402
-from grpo_hpc.train.rollout.native.sampling import pick  # noqa: E402
+from bench.common import SHAPES, build_model, env_info, write_result
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.tasks.problems import load_problems, prompt_text
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.models import load_model_and_tokenizer
+from grpo_hpc.train.rollout.engines import HFEngine
+from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.rollout.native.forward import DecodeFns
+from grpo_hpc.train.rollout.native.sampling import pick
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

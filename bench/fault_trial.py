@@ -17,13 +17,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_plan import EXCLUSIVE, Fault, TrialPlan, TrialResult  # noqa: E402
-
-from grpo_hpc.core.fsutil import read_jsonl  # noqa: E402
-from grpo_hpc.core.paths import RunPaths  # noqa: E402
-from grpo_hpc.core.progress import TrainState, read_progress  # noqa: E402
-from grpo_hpc.core.slurm import job_name  # noqa: E402
+from bench.fault_plan import EXCLUSIVE, Fault, TrialPlan, TrialResult
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.core.slurm import job_name
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

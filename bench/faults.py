@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_plan import (  # noqa: E402
+from bench.fault_plan import (
     EXCLUSIVE,
     TrialPlan,
     TrialResult,
@@ -33,7 +32,7 @@ from fault_plan import (  # noqa: E402
     summarize,
     verdict,
 )
-from fault_trial import (  # noqa: E402
+from bench.fault_trial import (
     MAX_STEPS,
     MONITOR_FLAGS,
     REPO,
@@ -42,8 +41,7 @@ from fault_trial import (  # noqa: E402
     restore_cluster,
     sh,
 )
-
-from grpo_hpc.core.fsutil import atomic_write_text  # noqa: E402
+from grpo_hpc.core.fsutil import atomic_write_text
 
 
 def git_commit() -> str:
@@ -85,11 +83,11 @@ def write_results(out: Path, meta: dict, results: list[TrialResult]) -> None:
 
 
 EXAMPLES = """examples:
-  python bench/faults.py --trials 10 --seed 1 --out bench/results/faults_campaign.json
-  python bench/faults.py --trials 100 --seed 1 --out bench/results/faults_campaign.json
-  python bench/faults.py --seed 1 --only 17,23 --out /tmp/rerun.json   # rerun two trials
-  python bench/faults.py --plan --trials 20 --seed 1      # print the schedule, run nothing
-  python bench/faults.py --table bench/results/faults_campaign.json   # the README table
+  python -m bench.faults --trials 10 --seed 1 --out bench/results/faults_campaign.json
+  python -m bench.faults --trials 100 --seed 1 --out bench/results/faults_campaign.json
+  python -m bench.faults --seed 1 --only 17,23 --out /tmp/rerun.json   # rerun two trials
+  python -m bench.faults --plan --trials 20 --seed 1      # print the schedule, run nothing
+  python -m bench.faults --table bench/results/faults_campaign.json   # the README table
 
 Trial i of seed S is the same whatever --trials is (its kind is KINDS[i % 10], its moments
 come from a generator seeded with S and i). Needs root and slurm/up.sh --nodes 2.
@@ -131,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             "trials": len(plans),
             "started": time.time(),
             "commit": git_commit(),
-            "command": " ".join(["python", "bench/faults.py", *(argv or sys.argv[1:])]),
+            "command": " ".join(["python", "-m", "bench.faults", *(argv or sys.argv[1:])]),
         },
         "run": {
             "config": "tiny",

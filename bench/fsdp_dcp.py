@@ -7,10 +7,10 @@ the same world size (are the final weights bit-identical to the uninterrupted ru
 and on one process (DCP resharding). Reports times, checkpoint sizes and the outcomes.
 
     # two GPUs (the H200-x2 run recorded in bench/results/):
-    python bench/fsdp_dcp.py --nproc 2 --shape smollm2-135m --precision bf16 \\
+    python -m bench.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \\
         --out bench/results/h200x2_fsdp2_dcp_nccl.json
     # CPU smoke test (gloo, tiny shape, ~1 min on 2 cores):
-    python bench/fsdp_dcp.py --nproc 2 --shape tiny --precision fp32 --max-new 8 --prompts 2 --G 4
+    python -m bench.fsdp_dcp --nproc 2 --shape tiny --precision fp32 --max-new 8 --prompts 2 --G 4
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, write_result  # noqa: E402
-
-from grpo_hpc.train.checkpoint import model_weights  # noqa: E402
+from bench.common import SHAPES, build_model, env_info, write_result
+from grpo_hpc.train.checkpoint import model_weights
 
 
 def make_run(args: argparse.Namespace, work: Path):

@@ -12,7 +12,7 @@
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
 #           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm),
 #           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed)
-#   sampler bench/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
+#   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 #   reallen bench/trl_baseline.py at real lengths: TRL's step and grpo_hpc's default step on
@@ -58,33 +58,33 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         ls $MODEL ;;
     decode) need_model
         # shellcheck disable=SC2086  (DECODE_BATCH is a list)
-        python3 bench/decode.py --model $MODEL --prompts gsm8k --distinct 8 \
+        python3 -m bench.decode --model $MODEL --prompts gsm8k --distinct 8 \
             --batch ${DECODE_BATCH:-64 256} --max-new 512 --reps 3 \
             --engines native native-nocompact --out "$out/h100_decode_gsm8k_smollm2.json" \
             2>&1 | grep -v "^{" | tail -8
         # the same shape with random weights (no EOS: every row runs to the cap)
-        python3 bench/decode.py --shape smollm2-135m --prompts 8 --batch ${DECODE_BATCH:-64 256} \
+        python3 -m bench.decode --shape smollm2-135m --prompts 8 --batch ${DECODE_BATCH:-64 256} \
             --max-new 512 --reps 3 --engines native --no-agreement \
             --out "$out/h100_decode_random_smollm2.json" 2>&1 | grep -v "^{" | tail -4 ;;
     evalspeed) need_model  # held-out evaluation: cache sized once vs regrown per chunk
         for v in ${EVAL_VARIANTS:-grow reserve}; do
-            timeout "${EVAL_TIMEOUT:-200}" python3 bench/eval_speed.py --model $MODEL \
+            timeout "${EVAL_TIMEOUT:-200}" python3 -m bench.probes.eval_speed --model $MODEL \
                 --num "${EVAL_NUM:-512}" --chunk 128 --variant "$v" \
                 --out "$out/h100_eval_speed_$v.json" 2>&1 | grep -E '^\{|s for|Error' | cut -c1-200
         done ;;
     e2e) need_model
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
     parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl_parity.py)
-        python3 bench/trl_parity.py --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
+        python3 -m bench.trl_parity --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
     sampler) need_model
-        python3 bench/sampler_check.py --out "$out/h100_sampler_check.json" 2>&1 |
+        python3 -m bench.probes.sampler_check --out "$out/h100_sampler_check.json" 2>&1 |
             grep -E "^(native|hf)|Error"
         # '.' ends a completion: rows finish at many steps, the native engine compacts often
-        python3 bench/sampler_check.py --eos . --out "$out/h100_sampler_check_eos.json" 2>&1 |
+        python3 -m bench.probes.sampler_check --eos . --out "$out/h100_sampler_check_eos.json" 2>&1 |
             grep -E "^(native|hf)|Error" ;;
     stops) need_model
         # The stop-token check over 4,096 completions per engine (16 prompts x 256)
-        python3 bench/sampler_check.py --rows 256 --out "$out/h100_sampler_stops.json" 2>&1 |
+        python3 -m bench.probes.sampler_check --rows 256 --out "$out/h100_sampler_stops.json" 2>&1 |
             grep -E "^(native|hf)|Error" ;;
     learn2 | learn3) need_model
         # Runs accumulate in /tmp/learn while the machine is held (a call is cut at 10 min);
@@ -95,7 +95,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         mkdir -p /tmp/learn
         [ -f /tmp/learn/$name.json ] || [ ! -f bench/results/$name.json ] || cp bench/results/$name.json /tmp/learn/
         # shellcheck disable=SC2086  (lists)
-        timeout "${LEARN_TIMEOUT:-560}" python3 bench/learning.py --out /tmp/learn --terms "$n" \
+        timeout "${LEARN_TIMEOUT:-560}" python3 -m bench.learning --out /tmp/learn --terms "$n" \
             --name "$name" --overlong "$overlong" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
             --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
             grep -E "seed|final|Error|error" | tail -40
@@ -125,7 +125,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
         # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min
         IFS=';' read -ra variants <<<"${REALLEN_VARIANTS:-default=}"
-        timeout "${REALLEN_TIMEOUT:-470}" python3 bench/trl_baseline.py --model-dir $MODEL \
+        timeout "${REALLEN_TIMEOUT:-470}" python3 -m bench.trl_baseline --model-dir $MODEL \
             --shape smollm2-135m --prompts-from gsm8k --prompts 8 --G 8 --max-new 512 \
             --micro 16 --steps "${REALLEN_STEPS:-5}" --engine native --variants "${variants[@]}" \
             --variant-timeout 240 --out "$out/h100_reallen_smollm2_gsm8k.json" 2>&1 |

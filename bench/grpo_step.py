@@ -6,7 +6,7 @@ worst case), runs ``torchrun -m grpo_hpc.train`` for a few steps, and reports th
 median per-phase times from metrics.jsonl (the first step, with warm-up, is dropped)
 and the completions' mean length and share cut at the cap (over every step).
 
-    python bench/grpo_step.py --shape smollm2-135m --precision bf16 --out bench/results/x.json
+    python -m bench.grpo_step --shape smollm2-135m --precision bf16 --out bench/results/x.json
 
 With ``--model-dir`` (a real model) and ``--source gsm8k`` the prompts are GSM8K train
 questions and completions end where the model puts EOS (``--num-train`` of them, drawn
@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
-
-from grpo_hpc.config.schema import (  # noqa: E402
+from bench.common import SHAPES, build_model, env_info, length_summary, write_result
+from grpo_hpc.config.schema import (
     AlgoConfig,
     DistConfig,
     ModelConfig,
@@ -91,9 +89,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         f"--nproc-per-node={args.nproc}",
         "--standalone",
         *(  # the ladder's child caps each rank's memory at the budget first
-            [str(Path(__file__).with_name("ladder.py")), "--child"]
-            if args.cap_gib
-            else ["-m", "grpo_hpc.train"]
+            ["-m", "bench.ladder", "--child"] if args.cap_gib else ["-m", "grpo_hpc.train"]
         ),
         str(paths.root),
         *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []),

@@ -21,9 +21,9 @@ rows that timed out or failed run again, as do rows marked ``stale`` (measured b
 change to what they measure; the reason is in the row) and rows whose settings the
 estimator now resolves differently.
 
-    python bench/ladder.py --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
-    python bench/ladder.py --out bench/results/ladder.json             # one GPU, ~8 min
-    python bench/ladder.py --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+    python -m bench.ladder --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
+    python -m bench.ladder --out bench/results/ladder.json             # one GPU, ~8 min
+    python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES as COMMON_SHAPES  # noqa: E402
-from common import build_model, env_info, write_result  # noqa: E402
+from bench.common import SHAPES as COMMON_SHAPES
+from bench.common import build_model, env_info, write_result
 
 HERE = Path(__file__).resolve().parent
 SHAPES_DIR = HERE / "shapes"
@@ -171,8 +170,8 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
     create_run(paths, profile, "tiny", overrides, force=True)
     cap = BUDGETS[budget][1] if args.device == "cuda" else 0
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              f"--nproc-per-node={args.nproc}", "--max-restarts=0", __file__]  # fmt: skip
-    cmd = [*launch, "--child", str(paths.root), "--cap-gib", str(cap)]
+              f"--nproc-per-node={args.nproc}", "--max-restarts=0"]  # fmt: skip
+    cmd = [*launch, "-m", "bench.ladder", "--child", str(paths.root), "--cap-gib", str(cap)]
     t0 = time.monotonic()
     code, tail = _run_group(cmd, args.row_timeout)
     out: dict = {"wall_s": round(time.monotonic() - t0, 1), "exit_code": code}
@@ -312,7 +311,7 @@ def run_trl(args: argparse.Namespace, name: str, budget: str, mode: str, model: 
     (bench/trl_baseline.py: HF generate, gradient checkpointing, micro-batches of 16);
     its median s/step and peak, or why it did not run to the end."""
     out = model.parent / f"trl-{name}-{budget}-{mode}.json"
-    cmd = [sys.executable, str(HERE / "trl_baseline.py"), f"--shape={name}",
+    cmd = [sys.executable, "-m", "bench.trl_baseline", f"--shape={name}",
            f"--model-dir={model}", f"--precision={BUDGETS[budget][0]}",
            f"--cap-gib={BUDGETS[budget][1]}", f"--lora-rank={LORA_RANK if mode == 'lora' else 0}",
            f"--prompts={args.prompts}", f"--G={args.G}", f"--max-new={args.max_new}",

@@ -1,7 +1,7 @@
 """The ladder's markdown table (bench/results/README.md) from ladder.json: measured figures
 beside what the memory estimator says now for the same settings.
 
-    python bench/ladder_table.py bench/results/ladder.json
+    python -m bench.ladder_table bench/results/ladder.json
 """
 
 from __future__ import annotations

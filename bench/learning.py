@@ -43,10 +43,10 @@ an H100 mostly idle, so seeds come several times faster). Their accuracy per ste
 a sequential run's would be; their wall-clock is not (they share the GPU and the CPU), so
 each run records ``jobs`` and times to the target are averaged over ``jobs == 1`` runs only.
 
-    python bench/learning.py --out bench/results --terms 2 --seeds 0 1 2 3 4
-    python bench/learning.py --out bench/results --seeds 5 6 7 8 9 --systems grpo_hpc \\
+    python -m bench.learning --out bench/results --terms 2 --seeds 0 1 2 3 4
+    python -m bench.learning --out bench/results --seeds 5 6 7 8 9 --systems grpo_hpc \\
         grpo_hpc_hf --jobs 8                               # more seeds, accuracy only
-    python bench/learning.py --out /tmp/l --steps 2 --eval-every 1 --num-eval 4 \\
+    python -m bench.learning --out /tmp/l --steps 2 --eval-every 1 --num-eval 4 \\
         --prompts 2 --G 2 --max-new 16 --seeds 0          # CPU plumbing check
 """
 
@@ -66,15 +66,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, write_result  # noqa: E402
-from learning_trl import run_trl  # noqa: E402
-
-from grpo_hpc.config.profiles import load_profile  # noqa: E402
-from grpo_hpc.config.schema import ModelConfig  # noqa: E402
-from grpo_hpc.core.paths import RunPaths  # noqa: E402
-from grpo_hpc.submit.job import create_run  # noqa: E402
-from grpo_hpc.train import models  # noqa: E402
+from bench.common import env_info, write_result
+from bench.learning_trl import run_trl
+from grpo_hpc.config.profiles import load_profile
+from grpo_hpc.config.schema import ModelConfig
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit.job import create_run
+from grpo_hpc.train import models
 
 
 def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
@@ -329,7 +327,7 @@ def run_child(name: str, args: argparse.Namespace, seed: int) -> dict:
     """One run in its own process (``--jobs``): this script with ``--child FILE``."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "run.json"
-        cmd = [sys.executable, __file__, "--out", d, "--child", str(out)]
+        cmd = [sys.executable, "-m", "bench.learning", "--out", d, "--child", str(out)]
         cmd += ["--seeds", str(seed), "--systems", name]
         for k in PASSED:
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]

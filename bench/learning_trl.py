@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import torch
-from learning_task import REWARD, SYSTEM, data_config, reward_config
 
+from bench.learning_task import REWARD, SYSTEM, data_config, reward_config
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.evaluation import score_eval
 from grpo_hpc.train.rewards import functions as rewards

@@ -24,7 +24,7 @@ phase is the part of its wall time no kernel covers: launch gaps and host work.
 
 On a CPU (the tiny smoke test) the same table is built from the CPU time of the leaf ops.
 
-    python bench/profile_step.py --shapes qwen2.5-1.5b qwen2.5-3b --out bench/results/profile
+    python -m bench.profile_step --shapes qwen2.5-1.5b qwen2.5-3b --out bench/results/profile
 
 writes ``<out>/profile_<shape>[_<tag>].json`` and ``.md``, and ``<out>/summary.md``.
 """
@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, untiny_overrides  # noqa: E402
+from bench.common import env_info, untiny_overrides
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 PHASES = ("generate", "update")
@@ -479,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
     # One process per shape: each starts with an empty GPU and its own compile caches.
     tables = []
     for shape in args.shapes:
-        cmd = [sys.executable, __file__, "--child", "--shapes", shape, *_passthrough(args)]
+        cmd = [sys.executable, "-m", "bench.profile_step", "--child", "--shapes", shape]
+        cmd += _passthrough(args)
         proc = subprocess.run(cmd)
         stem = f"profile_{shape}{'_' + args.tag if args.tag else ''}.md"
         if proc.returncode == 0:

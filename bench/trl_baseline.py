@@ -8,7 +8,7 @@ optimizer step in micro-batches of ``--micro`` completions. Steps are timed with
 callback (optimizer step to optimizer step, first step dropped as warm-up). grpo_hpc
 runs through ``bench/grpo_step.py`` (``torchrun -m grpo_hpc.train``) with the same shape.
 
-    python bench/trl_baseline.py --shape qwen2.5-0.5b --engine native --out bench/results/x.json
+    python -m bench.trl_baseline --shape qwen2.5-0.5b --engine native --out bench/results/x.json
 
 TRL runs once; grpo_hpc runs once per ``--variants`` entry (the project defaults first),
 each against that same TRL run.
@@ -20,7 +20,7 @@ order (grpo_hpc's loader, system prompt and seeded sampler; TRL reads them unshu
 and a real model in ``--model-dir`` ends its completions at EOS. Each side reports its
 mean completion length and the share cut at the cap (``lengths``)::
 
-    python bench/trl_baseline.py --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
+    python -m bench.trl_baseline --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
         --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
         --variants default= --out bench/results/x.json
 """
@@ -37,8 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, length_summary, write_result  # noqa: E402
+from bench.common import SHAPES, build_model, env_info, length_summary, write_result
 
 
 def digit_fraction(completions: list, **kwargs: object) -> list[float]:
@@ -237,7 +236,8 @@ def run_ours(
     out = work / f"ours-{name}.json"
     cmd = [
         sys.executable,
-        str(Path(__file__).with_name("grpo_step.py")),
+        "-m",
+        "bench.grpo_step",
         f"--shape={args.shape}",
         f"--model-dir={model}",
         f"--precision={args.precision}",

@@ -17,7 +17,7 @@ What each side returns (:class:`Side`): the loss, the gradient after the clip (T
 its optimizer sees it; grpo_hpc's clipped with the same rule), the gradient norm before
 the clip, and the parameters after the step. :func:`compare` reduces two sides to
 relative errors and cosines. The CPU test (tests/e2e/test_trl_parity.py) holds them in
-fp32; on a GPU ``python bench/trl_parity.py --out DIR`` compares both sides' bf16 paths
+fp32; on a GPU ``python -m bench.trl_parity --out DIR`` compares both sides' bf16 paths
 against the fp32 reference of the same batch.
 """
 
@@ -27,14 +27,11 @@ import argparse
 import copy
 import json
 import random
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train import dist
@@ -324,8 +321,7 @@ def main() -> None:
     p.add_argument("--max-new", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.9)
     args = p.parse_args()
-    from common import env_info, write_result
-
+    from bench.common import env_info, write_result
     from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.train import models
 

@@ -7,38 +7,32 @@ MFU = 6 * N * tokens / time / peak, with N the parameter count (embedding includ
 tied head counted once), tokens the padded training tokens, and peak the dense bf16
 rate of the GPU (989 TFLOP/s for an H100 SXM; also the measured 8k matmul rate).
 
-    python bench/update_speed.py --shape qwen2.5-0.5b --out bench/results/update_speed.json
+    python -m bench.update_speed --shape qwen2.5-0.5b --out bench/results/update_speed.json
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, build_model, env_info, write_result  # noqa: E402
-
-from grpo_hpc.config.schema import AlgoConfig  # noqa: E402
-from grpo_hpc.train.algo import (
-    logp_head,
-    update,  # noqa: E402
-)
-from grpo_hpc.train.algo.loss import selective_log_softmax, token_entropy  # noqa: E402
-from grpo_hpc.train.algo.optimization import autocast_factory  # noqa: E402
-from grpo_hpc.train.algo.packing import use_packed_attention, varlen_kernel  # noqa: E402
-from grpo_hpc.train.dist import DistInfo  # noqa: E402
-from grpo_hpc.train.models import (  # noqa: E402
+from bench.common import SHAPES, build_model, env_info, write_result
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo import logp_head, update
+from grpo_hpc.train.algo.loss import selective_log_softmax, token_entropy
+from grpo_hpc.train.algo.optimization import autocast_factory
+from grpo_hpc.train.algo.packing import use_packed_attention, varlen_kernel
+from grpo_hpc.train.dist import DistInfo
+from grpo_hpc.train.models import (
     compile_layers,
     enable_checkpointing,
     load_model_and_tokenizer,
 )
-from grpo_hpc.train.rollout.engines import RolloutBatch  # noqa: E402
+from grpo_hpc.train.rollout.engines import RolloutBatch
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
 

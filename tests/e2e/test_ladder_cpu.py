@@ -1,5 +1,6 @@
-"""bench/ladder.py end to end on CPU with the tiny shape: a row runs the real trainer in its
-own process, lands in the JSON with its figures and the estimator's, and is not rerun."""
+"""bench/ladder.py (``python -m bench.ladder``) end to end on CPU with the tiny shape: a row
+runs the real trainer in its own process, lands in the JSON with its figures and the
+estimator's, and is not rerun."""
 
 from __future__ import annotations
 
@@ -13,27 +14,28 @@ import pytest
 from tests.e2e.helpers import env
 
 pytestmark = pytest.mark.slow
-LADDER = Path(__file__).resolve().parents[2] / "bench" / "ladder.py"
+REPO = Path(__file__).resolve().parents[2]
+LADDER = [sys.executable, "-m", "bench.ladder"]  # run from REPO
 
 
 def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "ladder.json"
-    cmd = [sys.executable, str(LADDER), "--device", "cpu", "--shapes", "tiny", "--budgets",
+    cmd = [*LADDER, "--device", "cpu", "--shapes", "tiny", "--budgets",
            "supercloud", "--modes", "full", "--steps", "2", "--max-new", "8", "--prompts", "2",
            "--G", "4", "--out", str(out)]  # fmt: skip
-    first = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
     assert first.returncode == 0, first.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["status"] == "fits" and row["measured"] and row["exit_code"] == 0
     assert row["s_per_step"] > 0 and row["generate_s"] > 0 and row["update_s"] > 0
     assert row["run_settings"]["precision"] == "fp32" and row["prompt_tokens"] > 100
     assert row["estimate_2gpu"]["settings"].startswith("ddp")  # supercloud's strategy
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
     assert again.returncode == 0 and again.stdout == ""  # the measured row is kept, not rerun
     result = json.loads(out.read_text())
     result["rows"][0]["stale"] = "measured before a change"
     out.write_text(json.dumps(result))
-    third = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    third = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
     assert third.returncode == 0 and '"status": "fits"' in third.stdout  # a stale row reruns
     (rerun,) = json.loads(out.read_text())["rows"]
     assert "stale" not in rerun and rerun["measured"]
@@ -41,10 +43,10 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
 
 def test_ladder_runs_a_two_rank_row_as_the_2gpu_profile_would(tmp_path: Path) -> None:
     out = tmp_path / "ladder.json"
-    cmd = [sys.executable, str(LADDER), "--device", "cpu", "--nproc", "2", "--shapes", "tiny",
+    cmd = [*LADDER, "--device", "cpu", "--nproc", "2", "--shapes", "tiny",
            "--budgets", "h100", "--modes", "lora", "--steps", "2", "--max-new", "8",
            "--prompts", "2", "--G", "4", "--out", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["status"] == "fits", row.get("error")

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,8 +20,7 @@ PROMPTS = [f"Question {i}: what is {7 * i} plus {3 * i + 1}?" for i in range(8)]
 
 @pytest.fixture(scope="module")
 def qwen_shaped(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from common import build_model
+    from bench.common import build_model
 
     out = tmp_path_factory.mktemp("qwen") / "m"
     build_model(out, "qwen2.5-0.5b")

@@ -5,7 +5,6 @@ training forward within the tolerance of full fine-tuning (tests/e2e/test_native
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from common import build_model
+    from bench.common import build_model
 
     out = tmp_path_factory.mktemp("qwen") / "m"
     build_model(out, "qwen2.5-0.5b")

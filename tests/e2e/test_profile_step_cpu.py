@@ -13,15 +13,16 @@ import pytest
 from tests.e2e.helpers import env
 
 pytestmark = pytest.mark.slow
-PROFILE = Path(__file__).resolve().parents[2] / "bench" / "profile_step.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_profile_step_splits_a_tiny_step_by_phase_and_category(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(PROFILE), "--shapes", "tiny", "--warmup", "1", "--prompts", "2",
-           "--G", "4", "--max-new", "8", "--top", "500", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [sys.executable, "-m", "bench.profile_step", "--shapes", "tiny", "--warmup", "1",
+           "--prompts", "2", "--G", "4", "--max-new", "8", "--top", "500",
+           "--out", str(tmp_path)]  # fmt: skip
     # --top 500: every op listed. In the default top 15 the small silu_backward ranked
     # 8th in one run and fell out in another (CI, a loaded CPU), failing the test by chance.
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "profile_tiny.json").read_text())
     gen, upd = result["phases"]["generate"], result["phases"]["update"]

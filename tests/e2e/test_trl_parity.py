@@ -11,15 +11,13 @@ update) is pinned as its own test.
 from __future__ import annotations
 
 import copy
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import trl_parity as tp  # noqa: E402
+from bench import trl_parity as tp
 
 pytestmark = pytest.mark.slow
 

@@ -25,10 +25,10 @@ already have finished on a fast machine, and then the test proved nothing)."""
 @pytest.mark.timeout(240)
 def test_short_fault_campaign(slurm_cluster, tmp_path: Path) -> None:
     out = tmp_path / "campaign.json"
-    cmd = [sys.executable, str(REPO / "bench" / "faults.py"), "--seed", "1", "--only", CI_TRIALS]
+    cmd = [sys.executable, "-m", "bench.faults", "--seed", "1", "--only", CI_TRIALS]
     cmd += ["--max-steps", "3", "--parallel", "4"]
     cmd += ["--out", str(out), "--work", str(tmp_path / "work")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=230)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=230, cwd=REPO)
     doc = json.loads(out.read_text()) if out.exists() else {}
     detail = proc.stdout[-3000:] + proc.stderr[-3000:] + json.dumps(doc.get("trials"), indent=1)
     assert proc.returncode == 0, detail

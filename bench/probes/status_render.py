@@ -1,6 +1,6 @@
 """Time grpo-status for many runs: collect rows from synthetic run directories + render.
 
-    python bench/status_render.py [--runs 100] [--metrics 2000]
+    python -m bench.probes.status_render [--runs 100] [--metrics 2000]
 
 Slurm is faked (one in-process answer for all jobs), so this measures the file reading
 (progress.json, jobs.jsonl, events.jsonl, the metrics.jsonl tail) and the rich rendering.
@@ -22,7 +22,8 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
 from grpo_hpc.core.runs import SlurmView
 from grpo_hpc.core.slurm import JobRecord
-from grpo_hpc.status.report import build_table, collect_rows
+from grpo_hpc.status.report import collect_rows
+from grpo_hpc.status.view import build_table
 
 
 def make_runs(root: Path, n: int, metrics_lines: int) -> None:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from learning_task import REWARD, SYSTEM, data_config, reward_config  # noqa: E402
+from bench.learning_task import REWARD, SYSTEM, data_config, reward_config
 
 
 def test_overlong_mask_zeroes_only_the_length_penalty() -> None:

@@ -4,17 +4,11 @@ trainer draws, in its order, and both sides' length logs summarise alike."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
+from bench import common, grpo_step, trl_baseline
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.rewards.functions import ANSWER_INSTRUCTION
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import common  # noqa: E402
-import grpo_step  # noqa: E402
-import trl_baseline  # noqa: E402
 
 
 def trainer_questions(num_train: int, seed: int, prompts: int, steps: int) -> list[str]:

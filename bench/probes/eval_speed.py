@@ -6,8 +6,8 @@ length, the completion lengths, and what the engine had to (re)build so far: KV 
 allocated, CUDA graphs captured, and dynamo graphs compiled. Variants show what each
 engine setting costs:
 
-    python bench/eval_speed.py --model DIR --num 512 --chunk 128 --variant reserve
-    python bench/eval_speed.py --model DIR --variant grow      # cache sized per chunk
+    python -m bench.probes.eval_speed --model DIR --num 512 --chunk 128 --variant reserve
+    python -m bench.probes.eval_speed --model DIR --variant grow      # cache sized per chunk
 
 ``reserve``: the cache is sized once for the longest prompt (what the trainer does);
 ``grow``: no reservation (the cache regrows when a chunk's prompts are longer);
@@ -19,19 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, write_result  # noqa: E402
-
-from grpo_hpc.config.schema import DataConfig  # noqa: E402
-from grpo_hpc.tasks.problems import load_problems, longest_prompt_tokens, prompt_text  # noqa: E402
-from grpo_hpc.train.models import load_model_and_tokenizer  # noqa: E402
-from grpo_hpc.train.rollout.native.engine import NativeEngine  # noqa: E402
+from bench.common import env_info, write_result
+from grpo_hpc.config.schema import DataConfig
+from grpo_hpc.tasks.problems import load_problems, longest_prompt_tokens, prompt_text
+from grpo_hpc.train.models import load_model_and_tokenizer
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 
 VARIANTS = {
     "reserve": {},

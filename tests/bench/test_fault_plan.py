@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fault_plan import (  # noqa: E402
+from bench.fault_plan import (
     COMBINABLE,
     KINDS,
     SINGLE_NODE,

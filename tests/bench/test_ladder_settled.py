@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
+from bench import ladder
 from grpo_hpc.memory import estimate as memory
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import ladder  # noqa: E402
 
 SETTINGS = memory.Settings(ranks=2, strategy="ddp", precision="fp16", rows=64, lora_rank=16)
 PLAN = memory.Plan(SETTINGS, memory.estimate(ladder.load_shape("qwen2.5-0.5b"), SETTINGS), 32.0)

@@ -15,7 +15,7 @@ choices (``learning.py``'s system ``grpo_hpc_timed``) and then in the determinis
 (``grpo_hpc``, the default), and reports how many distinct trajectories (the reward
 and gradient norm of every step, to the last bit) each mode gave.
 
-    python bench/compile_repro.py --runs 4 --seed 5 --steps 3 \
+    python -m bench.probes.compile_repro --runs 4 --seed 5 --steps 3 \
         --out bench/results/h100_compile_repro.json
 """
 
@@ -30,10 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, write_result  # noqa: E402
-
-LEARNING = Path(__file__).resolve().parent / "learning.py"
+from bench.common import env_info, write_result
 
 
 def launch(work: Path, i: int, deterministic: bool, args: argparse.Namespace) -> subprocess.Popen:
@@ -41,7 +38,7 @@ def launch(work: Path, i: int, deterministic: bool, args: argparse.Namespace) ->
     out = work / f"run{i}"
     out.mkdir()
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(out / "inductor"))
-    cmd = [sys.executable, str(LEARNING), "--out", str(out), "--name", "run"]
+    cmd = [sys.executable, "-m", "bench.learning", "--out", str(out), "--name", "run"]
     cmd += ["--systems", system(deterministic), "--seeds", str(args.seed)]
     cmd += ["--steps", str(args.steps)]
     cmd += ["--eval-every", str(args.steps), "--num-eval", str(args.num_eval)]

@@ -22,7 +22,7 @@ call per layer (each on its own layer of the cache) captured in a CUDA graph and
 - ``triton``: the engine's own kernel (``grpo_hpc.train.rollout.native.attention``): a program per
   (row, KV head) streams the keys and values once with an online softmax.
 
-    python bench/decode_attention.py --shapes qwen2.5-1.5b qwen2.5-3b --batch 64 256 \
+    python -m bench.probes.decode_attention --shapes qwen2.5-1.5b qwen2.5-3b --batch 64 256 \
         --out bench/results/h100_decode_attention.json
 """
 
@@ -38,10 +38,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_info, write_result  # noqa: E402
+from bench.common import env_info, write_result
 
-SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
+SHAPES_DIR = Path(__file__).resolve().parents[1] / "shapes"
 Attn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]

@@ -4,13 +4,10 @@ runs that shared the machine (``--jobs``) count in the summary."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from learning import pending_runs, summarize  # noqa: E402
+from bench.learning import pending_runs, summarize
 
 
 def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from learning import curve_from_metrics, time_to  # noqa: E402
+from bench.learning import curve_from_metrics, time_to
 
 
 def _eval(step: int, t: float, acc: float) -> dict:

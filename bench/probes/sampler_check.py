@@ -23,8 +23,8 @@ The stop token gets its own check: the number of rows that stopped against the s
 ``p_T(stop)`` over every position the rows reached (its expectation for a correct
 sampler), as a z-score. ``native_fp32`` is the native engine with fp32 weights and cache.
 
-    python bench/sampler_check.py --out bench/results/h100_sampler_check.json   # GPU
-    python bench/sampler_check.py --rows 8 --prompts 2 --engines native_eager hf  # CPU
+    python -m bench.probes.sampler_check --out bench/results/h100_sampler_check.json   # GPU
+    python -m bench.probes.sampler_check --rows 8 --prompts 2 --engines native_eager hf  # CPU
 """
 
 from __future__ import annotations
@@ -33,12 +33,9 @@ import argparse
 import copy
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo_hpc.config.schema import DataConfig, ModelConfig
 from grpo_hpc.tasks import problems as data

@@ -6,7 +6,7 @@ greedy; its rollouts are sampled. This samples 8 demo problems x 4 completions p
 share with a correct strict answer (answer line required), a correct lenient one (last
 number), the format reward, and the share cut off at the cap.
 
-    python bench/answer_line_probe.py --model ~/.cache/grpo_hpc/models/smollm2-135m-instruct
+    python -m bench.probes.answer_line_probe --model ~/.cache/grpo_hpc/models/smollm2-135m-instruct
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ sampled tokens must be i.i.d. uniform: consecutive tokens of a row agree with pr
 calls (a CUDA graph replaying the same random numbers) shows as runs of one token and as
 identical calls, while every per-token marginal stays right.
 
-    python bench/noise_probe.py [--out FILE]
+    python -m bench.probes.noise_probe [--out FILE]
 """
 
 from __future__ import annotations
