@@ -23,6 +23,9 @@ EXAMPLES = """examples:
 
 The result loads with AutoModelForCausalLM.from_pretrained(OUT) and
 AutoTokenizer.from_pretrained(OUT) (chat template included); grpo-eval OUT scores it.
+An --adapter export names its base in adapter_config.json as from_pretrained loads it:
+a hub model's id, else the absolute directory the run's weights came from (tiny: the
+run's tiny_model/; smollm2-135m: the converted GGUF), for PeftModel.from_pretrained.
 A checkpoint that fails grpo-ckpt verify, an existing OUT (without --force), or a run
 with no complete checkpoint is refused with one line and exit 2; nothing is written.
 """

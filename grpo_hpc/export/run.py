@@ -65,7 +65,7 @@ def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, 
             )
     if opts.adapter and not cfg.model.lora_rank:
         raise ConfigError(f"--adapter: run {paths.name} trained all weights, not a LoRA adapter")
-    base = base_model_dir(cfg, paths)
+    base, hub_id = base_model_dir(cfg, paths)
     tokenizer = load_tokenizer(base)
     from transformers import AutoConfig
 
@@ -80,7 +80,7 @@ def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, 
             f"cannot read checkpoint step-{step} of {paths.name}: {type(e).__name__}: "
             f"{(str(e).splitlines() or [''])[0]} (grpo-ckpt verify {paths.name})"
         ) from None
-    return step, ExportSources(cfg, tensors, base, tokenizer, hf_config)
+    return step, ExportSources(cfg, tensors, base, hub_id, tokenizer, hf_config)
 
 
 def _tie(hf_config: Any) -> bool:

@@ -121,14 +121,17 @@ class ExportSources:
     """The checkpoint's model tensors."""
     base: Path
     """The model directory the run started from."""
+    base_hub_id: str | None
+    """The hub id ``base`` is the cached snapshot of; None for a local or built-in model."""
     tokenizer: Any
     """The run's tokenizer (with its chat template)."""
     hf_config: Any
     """The base model's transformers config."""
 
 
-def base_model_dir(cfg: Config, paths: RunPaths) -> Path:
-    """The model directory the run was built from (a ConfigError when it is gone)."""
+def base_model_dir(cfg: Config, paths: RunPaths) -> tuple[Path, str | None]:
+    """The model directory the run was built from, and the hub id when that directory is a
+    hub model's snapshot in the local cache (a ConfigError when it is gone)."""
     from grpo_hpc.train import models
 
     name = cfg.model.name_or_path
@@ -139,18 +142,18 @@ def base_model_dir(cfg: Config, paths: RunPaths) -> Path:
                 f"the run's tiny model directory {d} is missing: the run never started, "
                 "or its directory was cleaned"
             )
-        return d
+        return d, None
     if name.startswith(models.RANDOM):
         raise ConfigError(
             f"model {name!r} is a random benchmark shape with no tokenizer: nothing to export"
         )
     d = models.materialize(cfg.model, paths.root, cfg.training.seed)
     if d.is_dir():
-        return d
+        return d, None
     try:  # a hub id: the snapshot in the local Hugging Face cache (or fetched, when online)
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(d)))
+        return Path(snapshot_download(str(d))), name
     except Exception as e:  # noqa: BLE001 - any hub/cache failure is one line here
         raise ConfigError(
             f"cannot find the run's base model {name!r}: {str(e).splitlines()[0]} "

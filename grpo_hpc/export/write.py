@@ -83,7 +83,7 @@ def _write_metadata(plan: ExportPlan, src: ExportSources, tmp: Path) -> None:
             lora_alpha=cfg.model.lora_alpha,
             target_modules=list(cfg.model.lora_target_modules),
             task_type="CAUSAL_LM",
-            base_model_name_or_path=cfg.model.name_or_path,
+            base_model_name_or_path=export_plan.adapter_base(src.base, src.base_hub_id),
         ).save_pretrained(str(tmp))
     else:
         from transformers import GenerationConfig

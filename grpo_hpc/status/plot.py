@@ -31,6 +31,10 @@ CODE_HELD_OUT_TITLE = "held-out pass@1 (code, sandboxed)"
 """Title of the held-out panel in a run that logs pass@k instead of eval/accuracy."""
 CODE_REWARD = ("reward/code", "code reward (every test passes)")
 """Drawn in the correctness panel of a run that logs the code reward and no correctness."""
+KL = "kl"
+"""The KL-to-reference panel's key: drawn only for a run that has a reference policy."""
+NO_REFERENCE = "no KL panel: algo.beta = 0,\nthe run has no reference policy"
+"""Written where the KL panel would be in a run without a reference."""
 
 
 @dataclass
@@ -43,11 +47,31 @@ class PlotData:
     """(step, reward/std) for the spread band (runs logged before it existed have none)."""
     attempts: list[tuple[int, float]] = field(default_factory=list)
     """(attempt number, step position) of every attempt after the first."""
+    reference: bool = True
+    """Whether the run trains against a reference policy (``algo.beta`` > 0): without one
+    its logged KL is 0 by construction, and the KL panel is left out."""
+
+    def panels(self) -> list[tuple[str, str]]:
+        """(metrics key, title) of the panels drawn, in order (pure)."""
+        return [(k, t) for k, t in PANELS if k != KL or self.reference]
 
 
-def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> PlotData:
-    """The series of every panel (pure). An attempt's line sits just before the first step
-    logged after its submission (or after the last step when it has logged none yet)."""
+def has_reference(beta: float | None) -> bool:
+    """Whether a run has a reference policy to show a KL to (pure). ``beta``: the run's
+    ``algo.beta`` from its config.yaml, the trainer's own switch (it loads a reference only
+    when beta > 0, and the config is fixed for the run's life: --resume refuses overrides).
+    The metrics cannot tell: with beta 0 the trainer logs kl 0.0, and so does a run with a
+    reference at its first steps, while the policy still is the reference. None (no
+    readable config.yaml): drawn, as it always was; nothing logged is hidden."""
+    return beta is None or beta > 0
+
+
+def plot_data(
+    metrics: list[dict[str, Any]], jobs: list[dict[str, Any]], beta: float | None = None
+) -> PlotData:
+    """The series of every panel (pure); ``beta`` is the run's ``algo.beta`` (None: unknown,
+    see :func:`has_reference`). An attempt's line sits just before the first step logged
+    after its submission (or after the last step when it has logged none yet)."""
     data = PlotData()
     pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
     for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
@@ -61,6 +85,7 @@ def plot_data(metrics: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Plot
             continue
         after = [s for t, s in timed if t >= submitted]
         data.attempts.append((int(job.get("attempt", 0)), (after[0] if after else last + 1) - 0.5))
+    data.reference = has_reference(beta)
     return data
 
 
@@ -86,10 +111,16 @@ def _series(metrics: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def build_figure(data: PlotData, title: str) -> Any:
-    """The matplotlib Figure: one panel per entry of PANELS, step on every x axis."""
+    """The matplotlib Figure: one panel per entry of ``data.panels()``, step on every x
+    axis; a run without a reference gets, in the grid's spare cell, a note saying why its
+    KL panel is missing."""
     plt = _pyplot()
     fig, grid = plt.subplots(3, 3, figsize=(15, 9))
-    for ax, (key, panel_title) in zip(grid.flat, PANELS, strict=True):
+    shown = data.panels()
+    for ax in grid.flat[len(shown) :]:  # the cell the KL panel left
+        ax.axis("off")
+        ax.text(0.5, 0.5, NO_REFERENCE, ha="center", va="center", color="grey", fontsize=9)
+    for ax, (key, panel_title) in zip(grid.flat, shown, strict=False):
         shown, label, overlay = panel(data, key, panel_title)
         points = data.series.get(shown, [])
         if points:

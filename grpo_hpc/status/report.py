@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo_hpc.core.errors import SlurmUnavailableError
+from grpo_hpc.config.load import load_resolved
+from grpo_hpc.core.errors import ConfigError, SlurmUnavailableError
 from grpo_hpc.core.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
@@ -28,6 +29,7 @@ from grpo_hpc.status.view import (
     RunDetail,
     RunRow,
     held_out_figure,
+    last_measured,
 )
 
 TREND_POINTS = 16
@@ -66,6 +68,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     if prov is not None:
         row.final_model, row.final_step = str(paths.final), prov.get("step")
     tail = tail_jsonl(paths.metrics)
+    fill_entropy(row, tail)
     metrics = tail[-TREND_POINTS:]
     row.reward_trend = [float(m["reward/mean"]) for m in metrics if "reward/mean" in m]
     held_out = held_out_figure(tail)  # evaluations are sparser than steps: the whole tail
@@ -74,6 +77,16 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     times = [float(m["time/step"]) for m in metrics if "time/step" in m]
     row.sec_per_step = sum(times) / len(times) if times else None
     return row
+
+
+def fill_entropy(row: RunRow, metrics: list[dict]) -> None:
+    """A last step that measured no entropy (every group flat: no forward pass) gets the
+    newest entropy in ``metrics`` up to that step, and its step."""
+    if row.entropy is not None or not row.step:
+        return
+    measured = last_measured(metrics, "entropy", up_to=row.step)
+    if measured is not None:
+        row.entropy_step, row.entropy = measured
 
 
 def collect_rows(
@@ -108,11 +121,22 @@ def collect_detail(
         for m in metrics
         if "step" in m and "reward/mean" in m
     ]
+    row = rows_for([paths], query)[0]
+    fill_entropy(row, metrics)  # the tail held none: the whole history
     return RunDetail(
-        rows_for([paths], query)[0],
+        row,
         read_jsonl(paths.jobs),
         read_jsonl(paths.events)[-10:],
         rewards,
         paths.checkpoint_steps(),
         next(iter(tail_jsonl(paths.samples)[-1:]), None),
     )
+
+
+def run_beta(paths: RunPaths) -> float | None:
+    """The run's ``algo.beta`` from its config.yaml (whether it has a reference policy,
+    for the plot's KL panel); None when there is no readable config."""
+    try:
+        return float(load_resolved(paths.config).algo.beta) if paths.config.is_file() else None
+    except ConfigError:
+        return None

@@ -3,6 +3,7 @@ one-run view built from them and a clock."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,11 @@ class RunRow:
     kl: float | None = None
     """KL of the last step."""
     entropy: float | None = None
-    """Policy entropy (nats/token) of the last step."""
+    """Policy entropy (nats/token) of the last step; when the last step measured none (its
+    groups all had equal rewards, so the update skipped the forward pass), the newest one
+    measured, at ``entropy_step``."""
+    entropy_step: int | None = None
+    """The step ``entropy`` was measured at when that is not the last step (None: it is)."""
     engine_kl: float | None = None
     """Engine-vs-trainer KL (k3, per token) of the last step."""
     clip_frac: float | None = None
@@ -129,6 +134,23 @@ def held_out_figure(metrics: list[dict[str, Any]]) -> tuple[str, float] | None:
             value = m.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return key, float(value)
+    return None
+
+
+def last_measured(
+    metrics: list[dict[str, Any]], key: str, up_to: int | None = None
+) -> tuple[int, float] | None:
+    """(step, value) of the newest metrics line with a number for ``key`` at a step no
+    later than ``up_to`` (pure): lines an earlier attempt logged past the step a run resumed
+    from are not its history. A step that measured nothing logs null."""
+    for m in reversed(metrics):
+        value, step = m.get(key), m.get("step")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if not math.isfinite(value):
+            continue
+        if isinstance(step, int) and (up_to is None or step <= up_to):
+            return step, float(value)
     return None
 
 
@@ -229,9 +251,11 @@ def health_line(row: RunRow) -> str:
     """The policy's health in the last step (pure): entropy falling to ~0 is a collapse to
     fixed answers; an engine-trainer KL far above its usual ~1e-3 is the engine sampling
     from another policy than the one trained; a large clipped share is an update too big
-    for its batch."""
+    for its batch. A last step that measured no entropy shows the newest one measured, with
+    its step."""
+    at = "" if row.entropy_step is None else f" (step {row.entropy_step})"
     return (
-        f"last step: entropy {_num(row.entropy, '.3f')} nats/token, "
+        f"last step: entropy {_num(row.entropy, '.3f')} nats/token{at}, "
         f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"
     )
 

@@ -4,6 +4,7 @@ LoRA keys, pass@k."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,18 @@ def test_summarize() -> None:
     sampled = summarize([[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]])
     assert sampled["accuracy"] == 0.25
     assert sampled["pass@k"] == {"1": 0.25, "2": 0.5}
+
+
+def test_adapter_base_names_what_from_pretrained_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adapter_config.json's base_model_name_or_path: a hub model's id; otherwise the
+    absolute directory the run's weights came from, never the built-in alias."""
+    run_tiny = tmp_path / "logs" / "run" / "tiny_model"
+    assert ep.adapter_base(run_tiny, None) == str(run_tiny)
+    converted = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    assert ep.adapter_base(converted, None) == str(converted)
+    monkeypatch.chdir(tmp_path)  # a config's relative path, made absolute
+    assert ep.adapter_base(Path("models/mine"), None) == str(tmp_path / "models" / "mine")
+    snapshot = tmp_path / "hub" / "models--org--m" / "snapshots" / "abc123"
+    assert ep.adapter_base(snapshot, "org/m") == "org/m"

@@ -11,6 +11,7 @@ import pytest
 
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.status.plot import OVERLAYS, PANELS, build_figure, plot_data, write_png
 from tests.conftest import REPO, run_cli
 
@@ -126,3 +127,103 @@ def test_step_metrics_reports_reward_spread() -> None:
     # length is over the 8 the 40 tokens came from.
     two_rounds = step_metrics(3, build_config("tiny", []), sums, ["correctness"], 1, 8.0)
     assert two_rounds["gen_len/mean"] == 5.0 and two_rounds["reward/mean"] == 0.5
+
+
+BETA_METRICS = Path(__file__).with_name("data") / "tiny_beta_metrics.jsonl"
+"""metrics.jsonl of a real 6-step tiny run with algo.beta=0.04 (CPU): its KL is 0.0 at
+step 1, while the policy still is the reference, and above 0 after."""
+
+
+def _run_dir(root: Path, name: str, metrics: Path, beta: float) -> RunPaths:
+    """A run directory of real files: the run's metrics, and its config.yaml as grpo-submit
+    writes it (the config writer, ``algo.beta`` set)."""
+    from grpo_hpc.config.load import build_config, to_yaml
+
+    paths = RunPaths(root / name)
+    paths.root.mkdir(parents=True)
+    paths.config.write_text(to_yaml(build_config("tiny", [f"algo.beta={beta}"])))
+    paths.metrics.write_text(metrics.read_text())
+    append_jsonl(paths.jobs, {"job_id": "11", "attempt": 0, "submitted_at": 1.0})
+    return paths
+
+
+def _figure_of(paths: RunPaths) -> tuple[list[str], list[str], dict]:
+    """(panel titles, the spare cells' notes, KL series) of the figure grpo-status draws."""
+    from grpo_hpc.core.fsutil import read_jsonl
+    from grpo_hpc.status.report import run_beta
+
+    data = plot_data(read_jsonl(paths.metrics), read_jsonl(paths.jobs), run_beta(paths))
+    fig = build_figure(data, paths.name)
+    try:
+        axes = fig.get_axes()
+        titles = [ax.get_title() for ax in axes if ax.axison]
+        notes = [t.get_text() for ax in axes if not ax.axison for t in ax.texts]
+        kl = {
+            ax.get_title(): list(ax.get_lines()[0].get_ydata())
+            for ax in axes
+            if ax.get_title() == "KL to reference"
+        }
+        return titles, notes, kl
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_kl_panel_only_for_a_run_with_a_reference(tmp_path: Path) -> None:
+    """algo.beta 0 (the demo run: its KL is 0.0 at every step) draws no KL panel and says
+    why in the spare cell; beta > 0 draws it, from step 1's 0.0 on."""
+    from grpo_hpc.status.plot import NO_REFERENCE
+    from grpo_hpc.status.report import run_beta
+
+    no_ref = _run_dir(tmp_path, "demo", DEMO_METRICS, 0.0)
+    ref = _run_dir(tmp_path, "beta", BETA_METRICS, 0.04)
+    assert (run_beta(no_ref), run_beta(ref)) == (0.0, 0.04)
+
+    titles, notes, kl = _figure_of(no_ref)
+    assert titles == [t for k, t in PANELS if k != "kl"] and kl == {}
+    assert notes == [NO_REFERENCE]
+
+    titles, notes, kl = _figure_of(ref)
+    assert titles == [t for _, t in PANELS] and notes == []
+    logged = [m["kl"] for m in map(json.loads, BETA_METRICS.read_text().splitlines()) if "kl" in m]
+    assert kl["KL to reference"] == logged and logged[0] == 0.0 and max(logged) > 0
+
+
+def test_kl_panel_decision() -> None:
+    """The config decides, not the metrics (a reference run's first KL is 0.0 too); a run
+    with no readable config.yaml keeps the panel, as before."""
+    from grpo_hpc.status.plot import has_reference
+
+    assert has_reference(0.0) is False
+    assert has_reference(0.04) is True
+    assert has_reference(None) is True
+
+
+def test_run_without_readable_config_keeps_the_kl_panel(tmp_path: Path) -> None:
+    from grpo_hpc.status.report import run_beta
+
+    paths = RunPaths(tmp_path / "r")
+    paths.root.mkdir()
+    assert run_beta(paths) is None  # no config.yaml
+    paths.config.write_text("algo: [not, a, mapping\n")
+    assert run_beta(paths) is None  # broken YAML: a plot all the same
+
+
+def test_grpo_status_plot_reads_beta_from_the_run(tmp_path: Path) -> None:
+    """The command line reads the run's config.yaml: the same metrics plot without the KL
+    panel under beta 0 and with it under beta > 0, in a PNG of the same size."""
+    import matplotlib.image
+
+    pixels = {}
+    for beta in (0.0, 0.04):
+        logs = tmp_path / f"logs-{beta}"
+        _run_dir(logs, "demo", DEMO_METRICS, beta)
+        out = tmp_path / f"curves-{beta}.png"
+        result = run_cli(
+            "grpo_hpc.cli.status:main", "demo", "--plot", str(out), "--logs", str(logs)
+        )
+        assert result.returncode == 0, result.stderr
+        assert _png_size(out) == (1500, 900)
+        pixels[beta] = matplotlib.image.imread(out)
+    assert (pixels[0.0] != pixels[0.04]).any()

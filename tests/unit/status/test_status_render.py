@@ -24,7 +24,7 @@ from grpo_hpc.status import view as status_view
 from grpo_hpc.status.report import collect_detail, collect_rows
 from grpo_hpc.status.termviz import fmt_age, sparkline, step_bar, text_plot
 from grpo_hpc.status.view import RunRow, _eta, build_details, build_table, row_flags
-from tests.conftest import make_checkpoint
+from tests.conftest import REPO, make_checkpoint
 
 NOW = 1_700_000_000.0
 
@@ -321,3 +321,58 @@ def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
     assert health_line(row) == (
         "last step: entropy 0.421 nats/token, engine-trainer KL 1.23e-03, clipped 5.0%"
     )
+
+
+def test_health_line_shows_the_last_measured_entropy_and_its_step() -> None:
+    """A last step whose groups all had equal rewards measures no entropy (the update skips
+    the forward pass): the line shows the newest measured value with its step, not "-"."""
+    from grpo_hpc.status.view import RunRow, health_line, last_measured
+
+    row = RunRow(run="r", step=30, entropy=0.2468, entropy_step=29, clip_frac=0.0)
+    assert health_line(row) == (
+        "last step: entropy 0.247 nats/token (step 29), engine-trainer KL -, clipped 0.0%"
+    )
+    metrics = [
+        {"step": 11, "entropy": 0.5},
+        {"step": 12, "entropy": 0.41},
+        {"step": 0, "eval/accuracy": 0.2},  # an evaluation line
+        {"step": 13, "entropy": None},  # flat steps log null
+        {"step": 14, "entropy": None},
+    ]
+    assert last_measured(metrics, "entropy") == (12, 0.41)
+    # A line an earlier attempt logged past the step the run resumed from is not history.
+    assert last_measured([*metrics, {"step": 40, "entropy": 0.9}], "entropy", 14) == (12, 0.41)
+    assert last_measured([{"step": 3, "entropy": None}], "entropy") is None
+
+
+def test_one_run_view_of_a_run_whose_last_step_was_flat(tmp_path: Path) -> None:
+    """The demo run (a real CPU run, bench/results/demo_cpu_metrics.jsonl) ended on a step
+    with no reward variance: progress.json has no entropy for step 30, metrics.jsonl a
+    null. grpo-status RUN shows step 29's entropy with its step, as do --json and a run
+    whose metrics tail holds no measurement at all."""
+    DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_metrics.jsonl"
+    paths = make_run(tmp_path, "demo", "999999999", executor="local")
+    done = {"state": TrainState.FINISHED, "step": 30, "max_steps": 30, "entropy": None}
+    write_progress(paths.progress, ProgressRecord(**{**_progress("demo"), **done}))
+    paths.metrics.write_text(DEMO_METRICS.read_text())
+    lines = [json.loads(line) for line in DEMO_METRICS.read_text().splitlines()]
+    last = [m for m in lines if "reward/mean" in m][-1]
+    assert last["step"] == 30 and last["entropy"] is None and last["grad_norm"] == 0.0
+
+    text = render(build_details(collect_detail(paths), NOW))
+    assert "last step: entropy 0.247 nats/token (step 29), engine-trainer KL -" in text
+    rows = collect_rows(tmp_path, ["demo"])
+    assert (rows[0].entropy_step, round(rows[0].entropy, 4)) == (29, 0.2468)
+
+    # Thirty flat steps after the last measurement: past the 32 kB tail the row reads.
+    flat = [{"time": NOW, "step": s, "entropy": None, "pad": "x" * 2000} for s in range(31, 61)]
+    for m in flat:
+        append_jsonl(paths.metrics, m)
+    write_progress(paths.progress, ProgressRecord(**{**_progress("demo"), **done, "step": 60}))
+    assert collect_rows(tmp_path, ["demo"])[0].entropy is None  # not in the tail
+    text = render(build_details(collect_detail(paths), NOW))
+    assert "entropy 0.247 nats/token (step 29)" in text
+
+
+def _progress(run: str) -> dict:
+    return dict(run=run, job_id="999999999", state=TrainState.TRAINING, heartbeat=NOW - 5)
