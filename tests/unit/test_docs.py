@@ -97,6 +97,30 @@ def test_every_relative_link_points_at_a_file() -> None:
     assert not broken, "links to missing files:\n" + "\n".join(broken)
 
 
+def anchors(md: Path) -> set[str]:
+    """The anchors GitHub gives a markdown file's headings (lowercase, punctuation dropped,
+    spaces to hyphens)."""
+    found, fenced = set(), False
+    for line in md.read_text(encoding="utf-8").splitlines():
+        if FENCE_RE.match(line.strip()):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"^#{1,6}\s+(.*?)\s*$", line)):
+            found.add(re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-"))
+    return found
+
+
+def test_every_anchor_into_the_docs_exists() -> None:
+    """A link to a section of README.md or docs/*.md names a heading that is there."""
+    broken = []
+    for md in [README, *DOCS]:
+        for target in relative_links(md):
+            path, _, anchor = target.partition("#")
+            dest = (md.parent / path).resolve() if path else md
+            if anchor and dest in {README, *DOCS} and anchor not in anchors(dest):
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing sections:\n" + "\n".join(broken)
+
+
 def test_links_are_found() -> None:
     """The link finder sees the README's links (a finder that sees none passes anything)."""
     links = relative_links(README)
