@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.export import run as export
+from grpo_hpc.cli import export
 from grpo_hpc.export.plan import PROVENANCE
 from tests.conftest import run_cli
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
@@ -214,7 +214,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from grpo_hpc.config.load import load_resolved
-    from grpo_hpc.evaluate import local as evaluate
+    from grpo_hpc.cli import eval as evaluate
     from grpo_hpc.tasks import problems as data
     from grpo_hpc.train import evaluation
     from grpo_hpc.train.rollout import engines as rollout
@@ -274,7 +274,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
 def test_grpo_eval_pass_at_k_and_refusals(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from grpo_hpc.evaluate import local as evaluate
+    from grpo_hpc.cli import eval as evaluate
 
     out = tmp_path / "s.json"
     code = evaluate.main([str(run.final), "--data", "arithmetic", "--num", "3", "--samples", "4",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.evaluate import local as evaluate
-from grpo_hpc.export import run as export
+from grpo_hpc.cli import eval as evaluate
+from grpo_hpc.cli import export
 from grpo_hpc.train.checkpoint import SHARDED, format_of
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
 from tests.e2e.helpers import make_run, train

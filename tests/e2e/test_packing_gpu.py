@@ -18,7 +18,7 @@ from grpo_hpc.train.algo import packing
 from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.models import load_model_and_tokenizer
-from tests.unit.test_packing import NEW, ROWS, _batch, _model_dir
+from tests.unit.train.test_packing import NEW, ROWS, _batch, _model_dir
 
 from .helpers import make_run, train
 
