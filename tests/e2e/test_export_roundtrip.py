@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.cli import export
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.export.plan import PROVENANCE
 from tests.conftest import run_cli
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
@@ -213,8 +213,8 @@ def test_replace_with_force(run: RunPaths, tmp_path: Path, capsys: pytest.Captur
 def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
     run: RunPaths, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from grpo_hpc.config.load import load_resolved
     from grpo_hpc.cli import eval as evaluate
+    from grpo_hpc.config.load import load_resolved
     from grpo_hpc.tasks import problems as data
     from grpo_hpc.train import evaluation
     from grpo_hpc.train.rollout import engines as rollout
