@@ -198,7 +198,7 @@ def summarize(results: list[TrialResult]) -> dict[str, Any]:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """The per-kind table of bench/results/README.md from a campaign's ``summary``."""
+    """The per-kind table of bench/results/LOG.md from a campaign's ``summary``."""
     head = (
         "| kind | trials | passed | finished | weights identical | jobs | duplicate-job "
         "trials | bad checkpoints | recover median / max s | trial mean s |\n"

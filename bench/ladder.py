@@ -57,7 +57,7 @@ MODES = ("full", "lora")
 LORA_RANK = 16
 PEAK_FLOPS = 989e12
 """H100/H200 SXM dense bf16/fp16 tensor-core peak (the fp16 rows run on the same chips)."""
-DECODE_BW = {"H100": (2.99e12, "measured copy bandwidth, bench/results/README.md"),
+DECODE_BW = {"H100": (2.99e12, "measured copy bandwidth, bench/results/LOG.md"),
              "H200": (4.8e12, "nominal HBM3e bandwidth, not measured here")}  # fmt: skip
 """Memory bandwidth behind the decode roofline, by chip (the row's device name)."""
 

@@ -1,4 +1,4 @@
-"""The ladder's markdown table (bench/results/README.md) from ladder.json: measured figures
+"""The ladder's markdown table (bench/results/LOG.md) from ladder.json: measured figures
 beside what the memory estimator says now for the same settings.
 
     python -m bench.ladder_table bench/results/ladder.json
