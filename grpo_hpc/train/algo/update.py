@@ -18,7 +18,7 @@ from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head
 from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.algo.packing import pack, packed_forward
-from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum, fsdp_root
+from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.rollout.types import RolloutBatch
 
 
@@ -181,23 +181,15 @@ def fill_fixed_logp(
 
 
 def _no_sync(model: torch.nn.Module, last: bool):  # noqa: ANN202
-    if last:
+    """DDP: all-reduce once, after the last micro-batch (the gradients are full-size either
+    way). FSDP2: reduce-scatter after every micro-batch. Skipping FSDP2's gradient sync
+    would keep each rank's gradient of the whole model unsharded in fp32 until the last
+    micro-batch: measured at 7B on 2 GPUs, 28.4 GiB where the sharded gradient is 14.2,
+    and the h100x2 plan ran out of memory at step 2 (bench/results/h200x2_issue38_probe.md).
+    FSDP is chosen for memory, so it pays a reduce-scatter per micro-batch instead."""
+    if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
-    if hasattr(model, "no_sync"):  # DDP
-        return model.no_sync()
-    root = fsdp_root(model)
-    if root is not None:  # FSDP2
-        root.set_requires_gradient_sync(False)
-        return _restore_sync(root)
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _restore_sync(model: torch.nn.Module):  # noqa: ANN202
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
+    return model.no_sync()
 
 
 def pad_microbatches(mbs: list[MicroBatch], info: DistInfo) -> list[MicroBatch]:
