@@ -23,7 +23,7 @@ class ModelConfig:
     """Recompute activations in backward to save memory. On by default: it keeps only each
     layer's input, which lets a micro-batch hold 32 rows, and fewer, larger micro-batches
     pay back the recompute in an update that is bound by kernel launches at these sizes
-    (bench/results/README.md, "Native engine vs TRL": 1.37 s/step at 13.8 GiB against
+    (bench/results/LOG.md, "Native engine vs TRL": 1.37 s/step at 13.8 GiB against
     1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
     with compiled, packed layers the recompute is a quarter of the update's matrix work
     (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
@@ -178,7 +178,7 @@ class AlgoConfig:
     activation memory whatever the completion lengths (0 = rows only). The update of a
     small model is launch-bound, so each extra micro-batch costs nearly a full pass:
     18432 lets 32 rows of ~570 tokens (a 300-token prompt + 256 new) share one pass where
-    16384 split 64 such rows 28+28+8 (bench/results/README.md, "Native engine vs TRL":
+    16384 split 64 such rows 28+28+8 (bench/results/LOG.md, "Native engine vs TRL":
     both budgets measured in one run on an H100)."""
     packing: bool | str = "auto"
     """Train each micro-batch as one packed sequence: its rows concatenated, positions
@@ -274,7 +274,7 @@ class DistConfig:
     them on the device. Timed, a near-tie is decided by noise and then cached on that
     node, so a run resumed on another node of the same GPU model could sum in another
     order. Measured free on one H100 (the default step at 0.5B-3B within 1 %;
-    bench/results/README.md, "Inductor's deterministic mode"). False: Inductor's timed
+    bench/results/LOG.md, "Inductor's deterministic mode"). False: Inductor's timed
     choices."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory

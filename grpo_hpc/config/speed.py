@@ -7,7 +7,7 @@ measured to pay, and leaves it off where it was not measured or cannot pay:
 
 - on a CUDA GPU of compute capability 8.0 or newer (A100, H100; Triton's fused kernels and
   the varlen flash kernel need it), one node, data-parallel (DDP) or one GPU, full
-  parameters. On one H100 (bench/results/README.md, issue 24) compile + packing made the
+  parameters. On one H100 (bench/results/LOG.md, issue 24) compile + packing made the
   default step 1.32x (0.5B), 1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K
   lengths) faster, and lowered its peak memory in every case;
 - packing also needs half precision (the varlen kernel takes bf16/fp16 only; elsewhere a

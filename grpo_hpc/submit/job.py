@@ -12,6 +12,7 @@ import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import submitit
 import yaml
@@ -34,10 +35,10 @@ from grpo_hpc.submit.plan import (
 )
 
 
-def make_executor(profile: Profile, paths: RunPaths, setup: list[str]) -> submitit.Executor:
+def make_executor(profile: Profile, paths: RunPaths, params: dict[str, Any]) -> submitit.Executor:
     cluster = "local" if profile.executor == "local" else "slurm"
     executor = submitit.AutoExecutor(folder=paths.submitit_dir / "%j", cluster=cluster)
-    executor.update_parameters(**executor_parameters(profile, paths.name, setup))
+    executor.update_parameters(**params)
     return executor
 
 
@@ -55,12 +56,11 @@ def next_attempt(paths: RunPaths) -> int:
 
 
 def submit_attempt(
-    paths: RunPaths, profile: Profile, cfg: Config, setup: list[str], reason: str
+    paths: RunPaths, profile: Profile, cfg: Config, params: dict[str, Any], reason: str
 ) -> SubmitResult:
-    """Submit one attempt of an existing run directory and record it in jobs.jsonl."""
-    if profile.executor == "slurm":
-        slurm_query.check_available()
-    executor = make_executor(profile, paths, setup)
+    """Submit one attempt of an existing run directory with these executor parameters and
+    record it in jobs.jsonl (the caller has checked that Slurm answers)."""
+    executor = make_executor(profile, paths, params)
     launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node)
     try:
         job = executor.submit(launcher)
@@ -118,7 +118,7 @@ def carry_out(plan: SubmitPlan) -> SubmitResult:
     write_run(plan)
     try:
         result = submit_attempt(
-            plan.paths, plan.profile, plan.config, list(plan.setup), "initial submission"
+            plan.paths, plan.profile, plan.config, plan.executor_params, "initial submission"
         )
         return dataclasses.replace(result, memory_line=plan.memory.line)
     except BaseException:
@@ -149,8 +149,11 @@ def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     profile = load_run_profile(paths)
+    if profile.executor == "slurm":
+        slurm_query.check_available()
     setup = render_setup(profile, template_context(paths))
-    return submit_attempt(paths, profile, load_resolved(paths.config), setup, reason)
+    params = executor_parameters(profile, paths.name, setup)
+    return submit_attempt(paths, profile, load_resolved(paths.config), params, reason)
 
 
 def rewind(paths: RunPaths, step: int) -> list[int]:

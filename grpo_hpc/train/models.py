@@ -125,7 +125,7 @@ SMOLLM2_TURN_END = "<|im_end|>"
 Hugging Face ships with it. transformers 5.17 reads the GGUF's EOS as ``<|im_start|>``
 (and no pad token); 5.24 reads ``<|im_end|>``. With the former a model stops at the next
 turn's start, and any code that judges "finished" by the tokenizer's EOS calls every
-completion that ends at ``<|im_end|>`` cut off (bench/results/README.md, "Learning")."""
+completion that ends at ``<|im_end|>`` cut off (bench/results/LOG.md, "Learning")."""
 
 
 def smollm2_tokenizer_ok(model_dir: Path) -> bool:
