@@ -18,7 +18,7 @@ Two implementations of the same function ``attend(q, keys, vals, bias, left_pad,
 Why a kernel of our own: at 64 rows the plain path is three kernels per layer (scores,
 softmax, values) and took ~17 us of a 3B model's ~125 us layer while moving ~10 MB, about
 a quarter of the memory bandwidth; PyTorch's SDPA kernels and FlexAttention's decoding
-kernel were no faster at this shape (``bench/decode_attention.py``).
+kernel were no faster at this shape (``bench/probes/decode_attention.py``).
 """
 
 from __future__ import annotations
