@@ -31,7 +31,7 @@ def test_eval_job_matches_local_eval(tmp_path: Path) -> None:
     here, there = tmp_path / "here.json", tmp_path / "there.json"
     with ThreadPoolExecutor(max_workers=1) as pool:  # the job and the local eval side by side
         submitted = pool.submit(
-            cli, "evaluate", *common, "--profile", "slurm-local", "--out", str(there), timeout=300
+            cli, "cli.eval", *common, "--profile", "slurm-local", "--out", str(there), timeout=300
         )
         local = cli("cli.eval", *common, "--out", str(here), timeout=300)
         job = submitted.result()
