@@ -88,11 +88,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "torch.distributed.run",
         f"--nproc-per-node={args.nproc}",
         "--standalone",
-        *(  # the ladder's child caps each rank's memory at the budget first
-            ["-m", "bench.ladder", "--child"] if args.cap_gib else ["-m", "grpo_hpc.train"]
-        ),
-        str(paths.root),
-        *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []),
+        *child_command(args, paths.root),
     ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -120,6 +116,17 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "lengths": length_summary(logged, "gen_len/mean", "rollout/truncated"),
         "wall_s": wall,
     }
+
+
+def child_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """What torchrun runs on each rank: the trainer; under bench/mem_probe.py's instruments
+    with ``--probe``; behind the ladder's memory cap with ``--cap-gib``."""
+    cap = ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
+    if args.probe:
+        return ["-m", "bench.mem_probe", "child", str(run_dir), *cap]
+    if args.cap_gib:  # the ladder's child caps each rank's memory at the budget first
+        return ["-m", "bench.ladder", "--child", str(run_dir), *cap]
+    return ["-m", "grpo_hpc.train", str(run_dir)]
 
 
 def data_overrides(args: argparse.Namespace) -> list[str]:
@@ -210,6 +217,11 @@ def main() -> None:
     )
     p.add_argument("--cap-gib", type=float, default=0.0, help="cap each GPU's memory at this")
     p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="run the trainer under bench/mem_probe.py (its files go to $PROBE_OUT)",
+    )
     p.add_argument(
         "--override", action="append", default=[], help="another config key=value (repeatable)"
     )

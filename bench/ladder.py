@@ -146,27 +146,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
     prof = {"executor": "local", "precision": s.precision, "strategy": s.strategy}
     profile = profile_from_dict({**prof, "attn_implementation": "sdpa"}, name="ladder")
     paths = RunPaths(work / f"{name}-{budget}-{mode}")
-    overrides = [
-        f"model.name_or_path=random:{SHAPES_DIR / name}",
-        f"model.lora_rank={s.lora_rank}",
-        f"model.gradient_checkpointing={s.gradient_checkpointing}",
-        f"rollout.prompts_per_step={args.prompts * args.nproc}",
-        f"rollout.num_generations={args.G}",
-        f"rollout.max_new_tokens={args.max_new}",
-        "rollout.generation_timeout_s=3600",
-        f"rollout.engine={'hf' if s.engine == 'hf' else 'auto'}",
-        f"algo.micro_batch_size={s.micro_batch_size}",
-        f"algo.micro_batch_tokens={s.micro_batch_tokens}",
-        f"dist.cpu_offload={s.cpu_offload}",
-        f"rollout.release_engine_memory={s.release_engine}",
-        f"dist.nproc_per_node={args.nproc}",
-        f"training.max_steps={args.steps}",
-        "training.save_every_steps=0",
-        "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
-        "data.num_eval=0",
-        "wandb.mode=disabled",
-        "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}",
-    ]
+    overrides = row_overrides(args, name, s)
     create_run(paths, profile, "tiny", overrides, force=True)
     cap = BUDGETS[budget][1] if args.device == "cuda" else 0
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -200,6 +180,32 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
         out["status"] = "timeout" if code is None else "error"
         out["error"] = (reason or tail).strip()[-600:]
     return out
+
+
+def row_overrides(args: argparse.Namespace, name: str, s) -> list[str]:  # noqa: ANN001
+    """The run's config overrides for one row: ``s`` (memory.Settings) on ``args.nproc``
+    ranks (also bench/mem_probe.py, which runs a row's plan under its instruments)."""
+    return [
+        f"model.name_or_path=random:{SHAPES_DIR / name}",
+        f"model.lora_rank={s.lora_rank}",
+        f"model.gradient_checkpointing={s.gradient_checkpointing}",
+        f"rollout.prompts_per_step={args.prompts * args.nproc}",
+        f"rollout.num_generations={args.G}",
+        f"rollout.max_new_tokens={args.max_new}",
+        "rollout.generation_timeout_s=3600",
+        f"rollout.engine={'hf' if s.engine == 'hf' else 'auto'}",
+        f"algo.micro_batch_size={s.micro_batch_size}",
+        f"algo.micro_batch_tokens={s.micro_batch_tokens}",
+        f"dist.cpu_offload={s.cpu_offload}",
+        f"rollout.release_engine_memory={s.release_engine}",
+        f"dist.nproc_per_node={args.nproc}",
+        f"training.max_steps={args.steps}",
+        "training.save_every_steps=0",
+        "training.save_final=false",  # steps are timed; a 7B checkpoint would not fit the disk
+        "data.num_eval=0",
+        "wandb.mode=disabled",
+        "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}",
+    ]
 
 
 def _run_group(cmd: list[str], timeout: float) -> tuple[int | None, str]:

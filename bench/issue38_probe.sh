@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 38 measurements on a lent 2-GPU machine (nvidia-h100-x2), in one call:
+#   7b        the 2-GPU ladder's 7B full-parameter plan (h100x2: FSDP2, checkpointing, engine
+#             released) under bench/mem_probe.py, 2 steps, the allocator's history over
+#             step 2's update (7b_plan.json)
+#   7b_sync   the same plan reduce-scattering after every micro-batch, 3 steps
+#             (PROBE_FSDP_SYNC_EACH=1; 7b_sync_each.json)
+#   small     0.5B weak-scaling shape of gpu_session.sh's `multi` stage on 2 GPUs: DDP auto,
+#             FSDP2 auto, FSDP2 with compiled layers + packing forced, and that with
+#             reshard_after_forward=False; 5 steps, step 5 under torch.profiler (rank 0),
+#             medians of steps 2-4 (small_05b.json)
+# Usage: bash bench/issue38_probe.sh OUTDIR [STAGE...] (default: 7b 7b_sync small)
+# PROBE_DEADLINE (s, default 480): start no run after this many seconds.
+set -uo pipefail
+out=${1:?usage: issue38_probe.sh OUTDIR [STAGE...]}
+shift
+stages=${*:-7b 7b_sync small}
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+start=$SECONDS
+deadline=${PROBE_DEADLINE:-480}
+late() {
+    if ((SECONDS - start > deadline)); then
+        echo "skip $1: past the ${deadline}s deadline"
+        return 0
+    fi
+    return 1
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.device_count())"
+small() { # name strategy extra-args... (each run's probe files in /tmp/probe-$name)
+    local name=$1 strategy=$2
+    shift 2
+    late "$name" && return
+    rm -rf "/tmp/probe-$name"
+    echo "== $name $(date +%T)"
+    PROBE_OUT=/tmp/probe-$name PROBE_PROFILE_STEP=5 timeout 150 python3 -m bench.grpo_step \
+        --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 16 --G 8 --max-new 256 \
+        --micro 64 --no-grad-ckpt --nproc 2 --strategy "$strategy" --engine native --probe "$@" \
+        --out "/tmp/probe-$name/step.json" >/dev/null 2>"/tmp/probe-$name.err" ||
+        echo "$name failed: $(grep -E 'Error|error' "/tmp/probe-$name.err" | tail -3)"
+    python3 -m bench.mem_probe merge --name "$name" --step-json "/tmp/probe-$name/step.json" \
+        --probe-dir "/tmp/probe-$name" --into "$out/small_05b.json"
+}
+for stage in $stages; do
+    case $stage in
+    7b)
+        late 7b && continue
+        echo "== 7b $(date +%T)"
+        PROBE_HISTORY_STEP=2 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+            --steps 2 --timeout 210 --out /tmp/probe-7b --summary "$out/7b_plan.json" 2>&1 |
+            tail -3 ;;
+    7b_sync)
+        late 7b_sync && continue
+        echo "== 7b_sync $(date +%T)"
+        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+            --steps 3 --timeout 200 --out /tmp/probe-7b-sync --summary "$out/7b_sync_each.json" \
+            2>&1 | tail -3 ;;
+    small)
+        small ddp_auto ddp
+        small fsdp_auto fsdp
+        small fsdp_compile_pack fsdp --compile --packing
+        PROBE_RESHARD_AFTER_FORWARD=0 small fsdp_compile_pack_noreshard fsdp --compile --packing ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+done
+echo "done in $((SECONDS - start)) s"
