@@ -5,10 +5,15 @@
 #             step 2's update (7b_plan.json)
 #   7b_sync   the same plan reduce-scattering after every micro-batch, 3 steps
 #             (PROBE_FSDP_SYNC_EACH=1; 7b_sync_each.json)
-#   small     0.5B weak-scaling shape of gpu_session.sh's `multi` stage on 2 GPUs: DDP auto,
-#             FSDP2 auto, FSDP2 with compiled layers + packing forced, and that with
+#   7b_offload  the plan with FSDP2 CPU offload (dist.cpu_offload) and the per-micro-batch
+#             reduce-scatter, 2 steps (7b_offload.json; not run yet)
+#   small     the weak-scaling shape of gpu_session.sh's `multi` stage (SMALL_SHAPE, default
+#             qwen2.5-0.5b; 8 prompts x G=8 per GPU, 256 new tokens) on 2 GPUs, the runs named
+#             in SMALL_RUNS (default: ddp_auto fsdp_auto fsdp_compile_pack
+#             fsdp_compile_pack_noreshard; also one_gpu, fsdp_noreshard): DDP auto, FSDP2
+#             auto, FSDP2 with compiled layers + packing forced, that with
 #             reshard_after_forward=False; 5 steps, step 5 under torch.profiler (rank 0),
-#             medians of steps 2-4 (small_05b.json)
+#             medians of steps 2-4 (small_<shape>.json)
 # Usage: bash bench/issue38_probe.sh OUTDIR [STAGE...] (default: 7b 7b_sync small)
 # PROBE_DEADLINE (s, default 480): start no run after this many seconds.
 set -uo pipefail
@@ -36,19 +41,21 @@ late() {
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.device_count())"
-small() { # name strategy extra-args... (each run's probe files in /tmp/probe-$name)
-    local name=$1 strategy=$2
-    shift 2
+shape=${SMALL_SHAPE:-qwen2.5-0.5b}
+small() { # name nproc strategy extra-args... (each run's probe files in /tmp/probe-$name)
+    local name=$1 nproc=$2 strategy=$3
+    shift 3
     late "$name" && return
     rm -rf "/tmp/probe-$name"
     echo "== $name $(date +%T)"
-    PROBE_OUT=/tmp/probe-$name PROBE_PROFILE_STEP=5 timeout 150 python3 -m bench.grpo_step \
-        --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 16 --G 8 --max-new 256 \
-        --micro 64 --no-grad-ckpt --nproc 2 --strategy "$strategy" --engine native --probe "$@" \
+    PROBE_OUT=/tmp/probe-$name PROBE_PROFILE_STEP=5 timeout "${SMALL_TIMEOUT:-150}" \
+        python3 -m bench.grpo_step --shape "$shape" --precision bf16 --steps 5 \
+        --prompts $((8 * nproc)) --G 8 --max-new 256 --micro 64 --no-grad-ckpt --nproc "$nproc" \
+        --strategy "$strategy" --engine native --probe "$@" \
         --out "/tmp/probe-$name/step.json" >/dev/null 2>"/tmp/probe-$name.err" ||
         echo "$name failed: $(grep -E 'Error|error' "/tmp/probe-$name.err" | tail -3)"
     python3 -m bench.mem_probe merge --name "$name" --step-json "/tmp/probe-$name/step.json" \
-        --probe-dir "/tmp/probe-$name" --into "$out/small_05b.json"
+        --probe-dir "/tmp/probe-$name" --into "$out/small_${shape#qwen2.5-}.json"
 }
 for stage in $stages; do
     case $stage in
@@ -64,11 +71,26 @@ for stage in $stages; do
         PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
             --steps 3 --timeout 200 --out /tmp/probe-7b-sync --summary "$out/7b_sync_each.json" \
             2>&1 | tail -3 ;;
+    7b_offload)
+        late 7b_offload && continue
+        echo "== 7b_offload $(date +%T)"
+        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+            --steps 2 --cpu-offload --timeout "${OFFLOAD_TIMEOUT:-300}" --out /tmp/probe-7b-off \
+            --summary "$out/7b_offload.json" 2>&1 | tail -3 ;;
     small)
-        small ddp_auto ddp
-        small fsdp_auto fsdp
-        small fsdp_compile_pack fsdp --compile --packing
-        PROBE_RESHARD_AFTER_FORWARD=0 small fsdp_compile_pack_noreshard fsdp --compile --packing ;;
+        for run in ${SMALL_RUNS:-ddp_auto fsdp_auto fsdp_compile_pack fsdp_compile_pack_noreshard}; do
+            case $run in
+            one_gpu) small one_gpu 1 ddp ;;
+            ddp_auto) small ddp_auto 2 ddp ;;
+            fsdp_auto) small fsdp_auto 2 fsdp ;;
+            fsdp_noreshard) PROBE_RESHARD_AFTER_FORWARD=0 small fsdp_noreshard 2 fsdp ;;
+            fsdp_compile_pack) small fsdp_compile_pack 2 fsdp --compile --packing ;;
+            fsdp_compile_pack_noreshard)
+                PROBE_RESHARD_AFTER_FORWARD=0 small fsdp_compile_pack_noreshard 2 fsdp \
+                    --compile --packing ;;
+            *) echo "unknown small run $run" ;;
+            esac
+        done ;;
     *) echo "unknown stage $stage" ;;
     esac
 done
