@@ -8,6 +8,11 @@
 #   bash slurm/up.sh --nodes 2    plus nodes grpo-n1, grpo-n2 (partition "multi"), each slurmd
 #                                 in its own network namespace on the bridge grpo-br0
 #   (--nodes 1 after --nodes 2 removes the extra nodes again)
+#   bash slurm/up.sh --real-gpus  declare this host's NVIDIA GPUs (nvidia-smi) instead of the
+#                                 fake ones: gres.conf File=/dev/nvidiaN, Gres=gpu:<count>
+#   bash slurm/up.sh [--real-gpus] --print-config
+#                                 print the slurm.conf and gres.conf it would write; no root
+#                                 needed, changes nothing
 #
 # Environment (all optional):
 #   GRPO_SLURM_STATE    state dir (default /var/lib/grpo-slurm: DB, spool, logs, pids)
@@ -17,18 +22,36 @@
 #   GRPO_SLURM_WAIT     seconds to wait for the node to be idle (default 60)
 #   GRPO_SLURM_NODES    default for --nodes (1)
 #   GRPO_SLURM_SUBNET   first three octets of the multi-node /24 (default 10.213.7)
+#   GRPO_SLURM_REAL_GPUS=1  the same as --real-gpus
+#   GRPO_SLURM_LO_ADDR  address given to lo on a host with no IPv4 address but 127.0.0.1
+#                       (default 10.213.6.1)
+#   GRPO_SLURM_CGROUP   auto (default): with --real-gpus, on cgroup v2 and no systemd (a VM or
+#                       container without dbus: slurmd 22.05 asks systemd for its stepd
+#                       scope and dies without it) `hide`; elsewhere, and always without
+#                       --real-gpus (the CPU test cluster), `none` (as before).
+#                       hide: slurmd in a mount namespace that sees only a named cgroup v1
+#                       hierarchy (what the CI containers have; ran on the lent GPU VM);
+#                       nosystemd: cgroup.conf IgnoreSystemd=yes (not yet seen working)
+#   GRPO_SLURM_DEBS     a folder of .debs (slurm/offline-debs.sh) to install from when the
+#                       packages are missing, on a machine without a package registry
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/lib.sh
 source "$HERE/lib.sh"
+# shellcheck source=slurm/gpus.sh
+source "$HERE/gpus.sh"
 
 NODES=${GRPO_SLURM_NODES:-1}
+REAL_GPUS=${GRPO_SLURM_REAL_GPUS:-0}
+PRINT_CONFIG=0
 while (($#)); do
     case "$1" in
     --nodes) NODES=${2:-} && shift 2 || { echo "slurm/up.sh: --nodes needs a number" >&2; exit 2; } ;;
     --nodes=*) NODES=${1#--nodes=} && shift ;;
-    -h | --help) sed -n '2,19s/^# \{0,1\}//p' "$0" && exit 0 ;;
+    --real-gpus) REAL_GPUS=1 && shift ;;
+    --print-config) PRINT_CONFIG=1 && shift ;;
+    -h | --help) sed -n '2,28s/^# \{0,1\}//p' "$0" && exit 0 ;;
     *) echo "slurm/up.sh: unknown argument '$1' (see --help)" >&2 && exit 2 ;;
     esac
 done
@@ -36,6 +59,9 @@ done
 WAIT=${GRPO_SLURM_WAIT:-60}
 LOG="$STATE/log"
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+# what the offline install (GRPO_SLURM_DEBS) must provide; dpkg does not know those files
+COMMANDS=(slurmctld slurmd slurmstepd sbatch srun sacct slurmdbd munged mungekey mariadbd
+    mariadb-install-db mariadb-admin ip)
 
 die() {
     # die WHAT... [LOGFILE]: one line saying what failed and where its log is (last argument
@@ -54,8 +80,6 @@ die() {
     exit 1
 }
 trap 'die "command failed at line $LINENO: $BASH_COMMAND"' ERR
-
-[[ $EUID -eq 0 ]] || die "must run as root (it starts munged, MariaDB and the Slurm daemons)"
 
 # ---------------------------------------------------------------- config rendering
 node_cpus() {
@@ -77,6 +101,15 @@ node_mem() {
 gpu_files() {
     if ((NGPU == 1)); then echo /dev/fakegpu0; else echo "/dev/fakegpu[0-$((NGPU - 1))]"; fi
 }
+gpu_devices() {
+    # the device files of the GPUs slurmd hands out: /dev/nvidiaN (--real-gpus) or fake ones
+    if ((REAL_GPUS)); then
+        printf '%s\n' "$GRES_CONF" | sed -n 's|^NodeName=.* File=||p'
+    else
+        local i
+        for ((i = 0; i < NGPU; i++)); do echo "/dev/fakegpu$i"; done
+    fi
+}
 db_pass() {
     local f="$STATE/db.pass"
     if [[ ! -s $f ]]; then
@@ -89,8 +122,11 @@ db_pass() {
     cat "$f"
 }
 render() {
-    # render TEMPLATE -> stdout (slurm.conf gets the multi-node changes when NODES > 1)
-    if [[ $1 == slurm.conf.in ]] && ((NODES > 1)); then
+    # render TEMPLATE -> stdout (slurm.conf gets the multi-node changes when NODES > 1;
+    # gres.conf lists the real GPUs with --real-gpus)
+    if [[ $1 == gres.conf.in ]] && ((REAL_GPUS)); then
+        printf '%s\n' "$GRES_CONF"
+    elif [[ $1 == slurm.conf.in ]] && ((NODES > 1)); then
         render_plain "$1" | multi_node_conf
     else
         render_plain "$1"
@@ -125,10 +161,26 @@ render_plain() {
         "$HERE/$1"
 }
 
+if ((REAL_GPUS)); then
+    command -v nvidia-smi >/dev/null || die "--real-gpus: nvidia-smi not found"
+    smi=$(nvidia-smi -q 2>&1) || die "--real-gpus: nvidia-smi -q failed: ${smi##*$'\n'}"
+    GRES_CONF=$(render_gres_conf_real localhost <<<"$smi")
+    NGPU=$(grep -c '^NodeName=' <<<"$GRES_CONF" || true)
+    ((NGPU > 0)) || die "--real-gpus: nvidia-smi -q lists no GPU"
+fi
 [[ $NGPU =~ ^[1-9][0-9]*$ ]] || die "GRPO_SLURM_GPUS must be a number >= 1 (got '$NGPU')"
 CPUS=$(node_cpus)
 MEM=$(node_mem)
 GPU_FILES=$(gpu_files)
+if ((PRINT_CONFIG)); then
+    DB_PASS='<db.pass>'
+    for f in slurm.conf gres.conf; do
+        echo "==> $CONF_DIR/$f <=="
+        render "$f.in"
+    done
+    exit 0
+fi
+[[ $EUID -eq 0 ]] || die "must run as root (it starts munged, MariaDB and the Slurm daemons)"
 
 configs_current() {
     [[ -r $STATE/db.pass ]] || return 1
@@ -137,7 +189,39 @@ configs_current() {
     for f in slurm.conf gres.conf slurmdbd.conf; do
         [[ $(render "$f.in") == "$(cat "$CONF_DIR/$f" 2>/dev/null)" ]] || return 1
     done
+    if [[ $CGROUP == nosystemd ]]; then
+        [[ $(cgroup_conf) == "$(cat "$CONF_DIR/cgroup.conf" 2>/dev/null)" ]] || return 1
+    else
+        ! grep -qs "$MARKER" "$CONF_DIR/cgroup.conf" || return 1
+    fi
 }
+
+# ---------------------------------------------------------------- cgroups
+cgroup_mode() {
+    local mode=${GRPO_SLURM_CGROUP:-auto}
+    if [[ $mode == auto ]]; then
+        # Only for the real-GPU node (the lent GPU VM, where slurmd otherwise dies): the CPU
+        # test cluster of CI keeps running exactly as before, whatever its cgroups are.
+        mode=none
+        if ((REAL_GPUS)) && [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]] &&
+            [[ ! -d /run/systemd/system ]]; then
+            mode=hide
+        fi
+    fi
+    case $mode in
+    none | nosystemd | hide) echo "$mode" ;;
+    *) die "GRPO_SLURM_CGROUP must be auto, none, nosystemd or hide (got '$mode')" ;;
+    esac
+}
+cgroup_conf() {
+    echo "# $MARKER (GRPO_SLURM_CGROUP=nosystemd) -- do not edit here."
+    echo "# cgroup v2 without systemd: slurmd 22.05 asks systemd (dbus) for the scope of its"
+    echo "# slurmstepds and fails to start without it; IgnoreSystemd makes the scope itself."
+    echo "# Nothing is constrained (TaskPlugin=task/none, ProctrackType=proctrack/linuxproc)."
+    echo "CgroupPlugin=cgroup/v2"
+    echo "IgnoreSystemd=yes"
+}
+CGROUP=$(cgroup_mode)
 
 # ---------------------------------------------------------------- fast path
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -160,8 +244,7 @@ healthy() {
     local d
     for d in mariadbd slurmdbd slurmctld $(slurmd_names); do alive "$d" || return 1; done
     munge_ok || return 1
-    local i
-    for ((i = 0; i < NGPU; i++)); do [[ -e /dev/fakegpu$i ]] || return 1; done
+    for d in $(gpu_devices); do [[ -e $d ]] || return 1; done
     configs_current || return 1
     for d in $(all_nodes); do node_up "$d" || return 1; done
     sacct -n -X -o JobID >/dev/null 2>&1 || return 1
@@ -179,7 +262,19 @@ T0=$SECONDS
 
 # ---------------------------------------------------------------- packages
 missing=()
+if [[ -n ${GRPO_SLURM_DEBS:-} ]]; then
+    for c in "${COMMANDS[@]}"; do command -v "$c" >/dev/null || missing+=("$c"); done
+    if ((${#missing[@]})); then
+        echo "slurm: installing from $GRPO_SLURM_DEBS (missing: ${missing[*]})"
+        mkdir -p "$LOG"
+        bash "$HERE/offline-install.sh" "$GRPO_SLURM_DEBS" >"$LOG/offline-install.log" 2>&1 ||
+            die "offline install from $GRPO_SLURM_DEBS" "$LOG/offline-install.log"
+        tail -n 1 "$LOG/offline-install.log"
+        missing=()
+    fi
+fi
 for p in "${PACKAGES[@]}"; do
+    [[ -z ${GRPO_SLURM_DEBS:-} ]] || break
     [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true) == "install ok installed" ]] ||
         missing+=("$p")
 done
@@ -193,14 +288,37 @@ if ((${#missing[@]})); then
     fi
 fi
 
+getent hosts localhost >/dev/null ||
+    die "the name localhost does not resolve: add '127.0.0.1 localhost' to /etc/hosts"
+
+# Slurm 22.05 binds its ports through getaddrinfo(AF_INET, AI_ADDRCONFIG), which finds nothing
+# on a host whose only IPv4 address is 127.0.0.1 (an offline VM, a bare network namespace):
+# every daemon then dies with 'Unable to resolve "(null)"'. Such a host gets one private
+# address on lo ($LO_ADDR/32, GRPO_SLURM_LO_ADDR), which reaches nothing outside it.
+LO_ADDR=${GRPO_SLURM_LO_ADDR:-10.213.6.1}
+ipv4_addrs() {
+    { ip -4 -o addr show 2>/dev/null | awk '{ sub(/\/.*/, "", $4); print $4 }'
+        hostname -I 2>/dev/null | tr ' ' '\n'; } | grep -E '^[0-9]+\.' | grep -v '^127\.' || true
+}
+if [[ -z $(ipv4_addrs) ]]; then
+    command -v ip >/dev/null ||
+        die "this host has no IPv4 address besides 127.0.0.1 (Slurm's daemons need one) and" \
+            "no 'ip' command to add one"
+    ip addr add "$LO_ADDR/32" dev lo || die "ip addr add $LO_ADDR/32 dev lo (needs CAP_NET_ADMIN)"
+    echo "slurm: no IPv4 address besides 127.0.0.1: added $LO_ADDR/32 to lo (Slurm needs one)"
+fi
+
 # ---------------------------------------------------------------- dirs, fake GPUs, configs
 mkdir -p "$STATE"/{run,log,spool/slurmctld,spool/slurmd} "$CONF_DIR"
 chmod 755 "$STATE"
 DB_PASS=$(db_pass)
 [[ -n $DB_PASS ]] || die "could not create $STATE/db.pass"
 
-for ((i = 0; i < NGPU; i++)); do
-    dev=/dev/fakegpu$i
+for dev in $(gpu_devices); do
+    if ((REAL_GPUS)); then
+        [[ -c $dev ]] || die "--real-gpus: $dev (from nvidia-smi -q) is not a character device"
+        continue
+    fi
     [[ -c $dev ]] && continue
     rm -f "$dev"
     # Same device numbers as /dev/null: harmless to open, but a distinct file per GPU.
@@ -233,6 +351,21 @@ write_conf() {
 write_conf slurm.conf 644 changed_slurm
 write_conf gres.conf 644 changed_slurm
 write_conf slurmdbd.conf 600 changed_dbd
+if [[ $CGROUP == nosystemd ]]; then
+    if [[ $(cgroup_conf) != "$(cat "$CONF_DIR/cgroup.conf" 2>/dev/null)" ]]; then
+        if [[ -f $CONF_DIR/cgroup.conf ]] && ! grep -q "$MARKER" "$CONF_DIR/cgroup.conf"; then
+            cp -p "$CONF_DIR/cgroup.conf" "$CONF_DIR/cgroup.conf.orig.$(date +%Y%m%d%H%M%S)"
+        fi
+        cgroup_conf >"$CONF_DIR/cgroup.conf"
+        changed_slurm=1
+    fi
+    # slurmd makes its scope with mkdir, not mkdir -p: on the GPU VM it failed on the missing
+    # parent ("Could not create scope directory .../system.slice/localhost_slurmstepd.scope")
+    mkdir -p /sys/fs/cgroup/system.slice
+elif grep -qs "$MARKER" "$CONF_DIR/cgroup.conf"; then
+    rm -f "$CONF_DIR/cgroup.conf" # ours, from a run in another mode
+    changed_slurm=1
+fi
 
 log_of() {
     case "$1" in
@@ -411,7 +544,15 @@ for d in $(slurmd_names); do
     alive "$d" && continue
     node=${d#slurmd@}
     if [[ $d == slurmd || $node == localhost ]]; then
-        launch "$d" slurmd -N localhost
+        if [[ $CGROUP == hide ]]; then
+            # slurmd sees a tmpfs with one named cgroup v1 hierarchy (no controllers), as in
+            # the CI containers; its jobs inherit that view
+            launch "$d" unshare --mount --propagation slave sh -c "mount -t tmpfs grpo-nocg \
+                /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd && mount -t cgroup \
+                -o none,name=systemd grpo-nocg /sys/fs/cgroup/systemd && exec slurmd -N localhost"
+        else
+            launch "$d" slurmd -N localhost
+        fi
     else
         # Its own network namespace, a mount namespace that only swaps in its /etc/hosts, and
         # a UTS namespace so that `hostname` in a job prints the node's name, as on a real
@@ -453,8 +594,10 @@ while ((SECONDS < deadline)); do
     if all_ready && sacct -n -X -o JobID >/dev/null 2>&1; then
         extra=""
         ((NODES == 1)) || extra="; partition multi: $(all_nodes | tail -n +2 | paste -sd, -)"
+        gpus="gpu:$NGPU"
+        ((REAL_GPUS)) && gpus+=" ($(gpu_devices | paste -sd, -))"
         echo "slurm: cluster up in $((SECONDS - T0))s (node localhost idle," \
-            "CPUs=$CPUS RealMemory=$MEM gpu:$NGPU, partition debug$extra; logs in $LOG)"
+            "CPUs=$CPUS RealMemory=$MEM $gpus, partition debug$extra; logs in $LOG)"
         exit 0
     fi
     sleep 0.2
