@@ -48,7 +48,7 @@ def tmp_venv():
 
 
 RUN_FROM_VENV = """
-from grpo_hpc.train import sandbox
+from grpo_hpc.train.rewards import sandbox
 good = sandbox.run_python("x = 2", checks=["assert x == 2"], isolation="bwrap")
 bad = sandbox.run_python("x = 2", checks=["assert x == 3"], isolation="bwrap")
 print(good.ok, bad.ok, repr(good.stderr.strip()[-200:]))
