@@ -3,8 +3,12 @@ in parallel, about 5 s on two cores), and a wrong solution to each problem score
 
 from __future__ import annotations
 
+import pytest
+
 from grpo_hpc.tasks import code as code_data
 from grpo_hpc.train.rewards import functions as rewards
+
+pytestmark = pytest.mark.slow
 
 
 def _completion(prompt: str, body: str) -> str:
