@@ -1,9 +1,10 @@
 """What ``auto`` means for the two speed switches of the update, ``dist.compile`` (each
 decoder layer compiled) and ``algo.packing`` (a micro-batch's rows as one sequence). Pure.
 
-Both change no math (their gradients equal the plain path's in fp32: tests/unit/
-test_compile_layers.py, test_packing.py), so ``auto`` turns each on exactly where it was
-measured to pay, and leaves it off where it was not measured or cannot pay:
+Both change no math (their gradients equal the plain path's in fp32:
+tests/e2e/test_compile_layers.py, tests/unit/train/test_packing.py), so ``auto`` turns
+each on exactly where it was measured to pay, and leaves it off where it was not measured
+or cannot pay:
 
 - on a CUDA GPU of compute capability 8.0 or newer (A100, H100; Triton's fused kernels and
   the varlen flash kernel need it), one node, data-parallel (DDP) or one GPU, full
