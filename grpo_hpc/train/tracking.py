@@ -182,6 +182,30 @@ def step_metrics(
     return m
 
 
+WARMUP_STEPS = 2
+"""Steps in which torch.compile is expected to build its graphs (the first rollout's shapes
+and the first update's)."""
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far (Dynamo's own counter; 0 when
+    nothing is compiled). A count that still grows after warm-up is recompilation: each
+    costs seconds, and a step that recompiles is not a step like its neighbours."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def recompile_line(step: int, before: int, after: int) -> str | None:
+    """The training log's line when a step after warm-up built new graphs (pure)."""
+    if step <= WARMUP_STEPS or after <= before:
+        return None
+    return (
+        f"[Compile] step {step}: torch.compile built {after - before} new graph(s) "
+        f"({after} in all): a recompilation; this step's time is not the steady one"
+    )
+
+
 def console_line(m: dict[str, float]) -> str:
     """``[Step 3/20] [Generate] 4x8=32 (3.1s) [Reward] mean=0.41 ...`` (pure)."""
 

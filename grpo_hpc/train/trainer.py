@@ -42,7 +42,13 @@ from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
-from grpo_hpc.train.tracking import Tracker, step_metrics, step_samples
+from grpo_hpc.train.tracking import (
+    Tracker,
+    compiled_graphs,
+    recompile_line,
+    step_metrics,
+    step_samples,
+)
 
 
 def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
@@ -71,6 +77,7 @@ class Trainer:
         self.tracker = Tracker(paths, cfg, info.is_main)
         self.step = 0
         self.streaks = breakers.Streaks()
+        self.graphs_seen = 0  # torch.compile graphs built so far (compile/graphs)
         self.last_save = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -424,6 +431,12 @@ class Trainer:
         m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
         m.update(times, **stats, lr=self.opt.sched.get_last_lr()[0])
         m["time/step"] = time.monotonic() - t0
+        graphs = compiled_graphs()
+        m["compile/graphs"] = graphs
+        line = recompile_line(self.step, self.graphs_seen, graphs)
+        if line and info.is_main:
+            print(line, flush=True)
+        self.graphs_seen = graphs
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             # Times the caching allocator had to free its cache and retry a cudaMalloc:

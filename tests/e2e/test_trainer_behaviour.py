@@ -47,6 +47,10 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert [m["step"] for m in steps] == [1, 2, 3, 4]
     assert all(m["completions"] == 8 for m in steps)  # 2 prompts x G=4, across both ranks
     assert any(m["grad_norm"] > 0 for m in steps)  # real gradients, not a no-op
+    # each step's size and torch.compile's graph count (eager on a CPU: none built)
+    trained = [m for m in steps if m["grad_norm"] > 0]
+    assert all(0 < m["train/tokens"] and m["train/sequences"] <= 8 for m in trained)
+    assert all(m["compile/graphs"] == 0 for m in steps)
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.

@@ -95,6 +95,10 @@ def test_gradient_does_not_depend_on_the_micro_batch_split() -> None:
         grads.append([p.grad.clone() for p in model.parameters()])
         model.zero_grad(set_to_none=True)
         assert stats["clip_frac"] == 0.0 and "rollout/logp_diff" not in stats
+        # the step's size: the same tokens and rows however they are split
+        completion_tokens = float(batch.completion_mask.sum())
+        assert stats["train/tokens"] == completion_tokens and stats["train/sequences"] == 6
+        assert stats["train/micro_batches"] == len(mbs)
     for other in grads[1:]:
         for a, b in zip(grads[0], other, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)

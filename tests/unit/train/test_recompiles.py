@@ -1,0 +1,28 @@
+"""The trainer's record of torch.compile's graphs (issue 38: a steady step): the counter it
+reads, and the training-log line a recompilation after warm-up gets."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_hpc.train.tracking import WARMUP_STEPS, compiled_graphs, recompile_line
+
+
+def test_the_counter_grows_when_a_new_shape_recompiles() -> None:
+    before = compiled_graphs()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    f(torch.ones(3))
+    once = compiled_graphs()
+    f(torch.ones(3))  # same shape: no new graph
+    assert compiled_graphs() == once > before
+    f(torch.ones(5))  # a new static shape: a recompilation
+    assert compiled_graphs() == once + 1
+
+
+def test_a_line_only_for_new_graphs_after_warm_up() -> None:
+    assert recompile_line(WARMUP_STEPS, 3, 9) is None  # warm-up builds its graphs
+    assert recompile_line(WARMUP_STEPS + 1, 9, 9) is None  # steady
+    line = recompile_line(WARMUP_STEPS + 3, 9, 11)
+    assert line is not None and "step 5" in line and "2 new graph(s)" in line
+    assert "(11 in all)" in line
