@@ -276,6 +276,12 @@ class DistConfig:
     order. Measured free on one H100 (the default step at 0.5B-3B within 1 %;
     bench/results/LOG.md, "Inductor's deterministic mode"). False: Inductor's timed
     choices."""
+    peer_timeout_s: float = 60.0
+    """Seconds a rank may go without a pulse before its peers end the job (exit 4, resubmit):
+    a hung or lost rank (SIGSTOP, a dead node) would otherwise leave the others waiting in a
+    collective for the process group's 30 minutes. Every rank pulses from a thread, so a
+    long rollout or a wait in a collective is not silence (grpo_hpc.train.liveness). 0: off;
+    one process: nothing to watch."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
@@ -371,6 +377,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={value!r} is not one of true, false, auto")
     if cfg.algo.micro_batch_tokens < 0:
         raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
+    if cfg.dist.peer_timeout_s != 0 and cfg.dist.peer_timeout_s < 10:
+        raise ConfigError(
+            f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "
+            "(ranks pulse every 2 s)"
+        )
     for key in ("zero_reward_patience", "cut_off_patience"):
         if getattr(cfg.training, key) < 0:
             raise ConfigError(f"training.{key} must be >= 0 (0 = no breaker)")

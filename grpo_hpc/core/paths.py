@@ -13,6 +13,7 @@ Layout of ``logs/<run>/``::
     job_summary.txt        human summary written when an attempt ends
     monitor.lock           per-run lock held by a monitor pass (and by a resubmission)
     trainer.lock           held by the running trainer's rank 0: one trainer per run directory
+    alive/<launch>/        each rank's pulse while it trains (grpo_hpc.train.liveness)
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
@@ -120,6 +121,10 @@ class RunPaths:
     @property
     def trainer_lock(self) -> Path:
         return self.root / "trainer.lock"
+
+    @property
+    def alive_dir(self) -> Path:
+        return self.root / "alive"
 
     @property
     def submitit_dir(self) -> Path:

@@ -10,10 +10,13 @@ from grpo_hpc.train import signals
 
 signals.install_early()  # first: Slurm's warning may arrive while torch loads
 
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from grpo_hpc.config.load import load_resolved  # noqa: E402
@@ -24,7 +27,12 @@ from grpo_hpc.core.errors import (  # noqa: E402
     StoppedBeforeTrainingError,
 )
 from grpo_hpc.core.paths import RunPaths  # noqa: E402
-from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress  # noqa: E402
+from grpo_hpc.core.progress import (  # noqa: E402
+    ProgressRecord,
+    TrainState,
+    read_progress,
+    write_progress,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.CONFIG_ERROR
     paths = RunPaths(Path(argv[0]).resolve())
     trainer = None
+    pulse = None
     try:
         cfg = load_resolved(paths.config)
         _stop_if_signalled()
         from grpo_hpc.train import dist
 
         info = dist.init(cfg.dist)
+        pulse = _watch_peers(cfg, paths, info, lambda: trainer)
         from grpo_hpc.train.trainer import Trainer
 
         _stop_if_signalled()
@@ -67,7 +77,48 @@ def main(argv: list[str] | None = None) -> int:
         code = ExitCode.CRASH
         _record_failure(trainer, code, f"{type(e).__name__}: {e}", paths)
         traceback.print_exc()
+    finally:
+        if pulse is not None:  # ending on our own: peers must not take it for a hang
+            pulse.stop()
     return _finish(code)
+
+
+def _watch_peers(cfg: object, paths: RunPaths, info: object, trainer: Callable[[], object]):  # noqa: ANN202
+    """Start this rank's pulse and its watch on the others (grpo_hpc.train.liveness); None
+    for one process or ``dist.peer_timeout_s=0``."""
+    from grpo_hpc.train import dist, liveness
+
+    timeout = cfg.dist.peer_timeout_s
+    if info.world_size < 2 or timeout <= 0:
+        return None
+    launch = dist.launch_token(info)
+    if info.is_main:
+        liveness.clear_other_launches(paths.alive_dir, launch)
+
+    def lost(ranks: list[int]) -> None:
+        t = trainer()
+        reason = liveness.lost_reason(ranks, timeout, t.step if t is not None else 0)
+        code = ExitCode.STALLED
+        if t is not None and info.is_main:  # the tracker's record: a heartbeat keeps it
+            t.tracker.update(TrainState.FAILED, exit_code=int(code), reason=reason)
+        else:  # rank 0 is the lost one (or not started): its record, marked failed
+            rec = read_progress(paths.progress) or ProgressRecord(run=paths.name)
+            rec = dataclasses.replace(
+                rec, state=TrainState.FAILED, exit_code=int(code), reason=reason
+            )
+            write_progress(paths.progress, rec)
+        sys.stderr.write(f"grpo_hpc.train: error: rank {info.rank}: {reason}\n")
+        sys.stderr.flush()
+        for rank in ranks:  # a stopped peer here would hold torchrun 30 s more: end it now
+            pid = pulse.local_pid(rank)
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        os._exit(int(code))  # the main thread is blocked in a collective: leave now
+
+    pulse = liveness.Liveness(paths.alive_dir / launch, info.rank, info.world_size, timeout, lost)
+    pulse.start()
+    return pulse
 
 
 def _finish(code: int) -> int:

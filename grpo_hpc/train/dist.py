@@ -8,6 +8,8 @@ that the others have abandoned.
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -65,6 +67,15 @@ def _backend(cfg: DistConfig, cuda: bool) -> str:
     if not cuda:
         return "gloo"
     return "cpu:gloo,cuda:nccl" if cfg.cpu_offload else "nccl"
+
+
+def launch_token(info: DistInfo) -> str:
+    """A name all ranks of this launch share and no earlier launch had (rank 0's, broadcast):
+    a requeued Slurm job keeps its job id, so the id cannot tell two launches apart."""
+    token = [f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}" if info.is_main else ""]
+    if info.enabled:
+        dist.broadcast_object_list(token, src=0)
+    return token[0]
 
 
 def shutdown() -> None:

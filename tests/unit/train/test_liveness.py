@@ -1,0 +1,62 @@
+"""Each rank's pulse and its watch on its peers (grpo_hpc.train.liveness): the pure decision,
+then two real pulse threads on real files, one of which goes silent."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from grpo_hpc.train.liveness import Liveness, PeerSeen, lost_peers, lost_reason
+
+
+def test_only_a_silent_peer_that_pulsed_and_did_not_end_is_lost() -> None:
+    seen = {
+        1: PeerSeen("10 5", changed_at=100.0),  # silent for 30 s
+        2: PeerSeen("11 9", changed_at=125.0),  # pulsed 5 s ago
+        3: PeerSeen(None),  # never pulsed: still starting
+        4: PeerSeen("13 2", changed_at=50.0, done=True),  # ended normally
+    }
+    assert lost_peers(seen, now=130.0, timeout_s=20.0) == [1]
+    assert lost_peers(seen, now=130.0, timeout_s=60.0) == []
+    line = lost_reason([1, 3], 60.0, 12)
+    assert line.startswith("rank 1, rank 3 stopped answering (no pulse for 60 s) at step 12")
+
+
+def _pair(tmp_path: Path, timeout_s: float) -> tuple[Liveness, Liveness, list, threading.Event]:
+    lost: list[list[int]] = []
+    called = threading.Event()
+
+    def on_lost(ranks: list[int]) -> None:
+        lost.append(ranks)
+        called.set()
+
+    a = Liveness(tmp_path, 0, 2, timeout_s, on_lost, pulse_s=0.05)
+    b = Liveness(tmp_path, 1, 2, timeout_s, lambda r: None, pulse_s=0.05)
+    return a, b, lost, called
+
+
+def test_a_peer_that_goes_silent_is_reported(tmp_path: Path) -> None:
+    a, b, lost, called = _pair(tmp_path, timeout_s=0.5)
+    a.start()
+    b.start()
+    time.sleep(0.3)
+    assert not called.is_set()  # both pulsing
+    b._stop.set()  # rank 1 freezes (as under SIGSTOP): no pulse, no "done"
+    t0 = time.monotonic()
+    assert called.wait(5.0), "the silent peer was never reported"
+    assert lost == [[1]] and 0.4 < time.monotonic() - t0 < 2.0
+    pid, count, host = (tmp_path / "rank1").read_text().split()  # "<pid> <counter> <host>"
+    assert count.isdigit() and a.local_pid(1) == int(pid) == os.getpid()
+
+
+def test_a_peer_that_ends_normally_is_not_reported(tmp_path: Path) -> None:
+    a, b, _, called = _pair(tmp_path, timeout_s=0.3)
+    a.start()
+    b.start()
+    time.sleep(0.2)
+    b.stop()  # writes rank1.done, then stops pulsing
+    assert not called.wait(1.0)
+    a.stop()
+    assert (tmp_path / "rank0.done").exists()
