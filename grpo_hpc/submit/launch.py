@@ -159,6 +159,25 @@ class _AttemptEnded(Exception):  # noqa: N818 - control flow, never escapes the 
     with submitit's "checkpoint function returned None"."""
 
 
+FLIGHT_RECORDER = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+"""PyTorch's NCCL flight recorder: the last collectives of each rank, dumped when NCCL's own
+watchdog times a collective out, so the run directory says which collective hung."""
+
+
+def trainer_env(base: dict[str, str], paths: RunPaths, job_id: str) -> dict[str, str]:
+    """The environment torchrun and the trainer get (pure): the job's, plus the job id and
+    the flight recorder writing into ``<run>/nccl_trace/rank_<R>``. A setting the profile's
+    ``env:`` (or the user) already made is kept."""
+    env = {**base, "GRPO_HPC_JOB_ID": job_id, "PYTHONUNBUFFERED": "1"}
+    for key, value in FLIGHT_RECORDER.items():
+        env.setdefault(key, value)
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(paths.nccl_trace / "rank_"))
+    return env
+
+
 @dataclass
 class NodeLauncher:
     """The callable submitit pickles and runs once per node."""
@@ -176,9 +195,10 @@ class NodeLauncher:
 
     def __call__(self) -> int:
         paths = RunPaths(Path(self.run_dir))
+        paths.nccl_trace.mkdir(exist_ok=True)  # the flight recorder does not create it
         ctx = node_context()
         cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)
-        env = {**os.environ, "GRPO_HPC_JOB_ID": ctx.job_id, "PYTHONUNBUFFERED": "1"}
+        env = trainer_env(dict(os.environ), paths, ctx.job_id)
         self._started = time.time()
         proc = subprocess.Popen(
             cmd,

@@ -104,3 +104,16 @@ def test_signal_during_an_interrupted_attempt_asks_for_a_requeue(
     assert isinstance(delayed, submitit.helpers.DelayedSubmission)
     assert delayed.function == NodeLauncher(str(tmp_path / "r"))
     assert isinstance(result, launch.TrainingExit) and result.code == 5
+
+
+def test_the_trainer_gets_the_flight_recorder_and_the_profiles_env_wins(tmp_path: Path) -> None:
+    """NCCL's flight recorder is on in every job, dumping into the run directory; a value
+    the profile's env: set (the job's environment) is not overridden."""
+    from grpo_hpc.submit.launch import trainer_env
+
+    paths = RunPaths(tmp_path / "r")
+    env = trainer_env({"PATH": "/bin", "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, paths, "77")
+    assert env["GRPO_HPC_JOB_ID"] == "77" and env["PATH"] == "/bin"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "r" / "nccl_trace" / "rank_")
