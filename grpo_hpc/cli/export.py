@@ -16,9 +16,9 @@ from grpo_hpc.export.run import check_out, export_run, final_step, link_final, p
 
 EXAMPLES = """examples:
   grpo-export demo-a                      # where the finished run's final/ is (written if missing)
-  grpo-export demo-a exported/demo-a      # newest complete checkpoint -> a HF directory
+  grpo-export demo-a demo-a-hf            # newest complete checkpoint -> a HF directory
   grpo-export gsm8k-a out/ --step 200 --dtype bf16 --max-shard-size 2GB
-  grpo-export lora-a out/adapter --adapter   # a LoRA run's PEFT adapter alone
+  grpo-export lora-a lora-a-adapter --adapter   # a LoRA run's PEFT adapter alone
   grpo-export gsm8k-a out/ --dry-run      # what would be written, and how big
 
 The result loads with AutoModelForCausalLM.from_pretrained(OUT) and
