@@ -71,7 +71,7 @@ def max_abs_diff(a: dict, b: dict) -> float:
 
 
 def ckpt_facts(ckpt: Path) -> dict:
-    from grpo_hpc.export.checkpoints import verify_checkpoint
+    from grpo_hpc.core.manifest import verify_checkpoint
 
     manifest = json.loads((ckpt / "manifest.json").read_text())
     shards = sorted((ckpt / "dcp").glob("*.distcp")) if (ckpt / "dcp").is_dir() else []

@@ -13,15 +13,7 @@ from rich.console import Console
 
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.core.errors import ConfigError, ExitCode
-from grpo_hpc.core.manifest import (  # noqa: F401 - re-exported: the names grpo_hpc.export.checkpoints had
-    COMPLETE_MARKER,
-    MANIFEST,
-    file_digest,
-    format_problems,
-    required_files,
-    verify_checkpoint,
-    write_manifest,
-)
+from grpo_hpc.core.manifest import COMPLETE_MARKER, verify_checkpoint
 from grpo_hpc.core.paths import RunPaths, default_logs_root
 from grpo_hpc.core.runs import resolve_run
 from grpo_hpc.export.checkpoints import build_list_table, fmt_bytes, list_checkpoints

@@ -13,15 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from grpo_hpc.core.manifest import (  # noqa: F401 - re-exported: the names grpo_hpc.export.checkpoints had
-    COMPLETE_MARKER,
-    MANIFEST,
-    file_digest,
-    format_problems,
-    required_files,
-    verify_checkpoint,
-    write_manifest,
-)
+from grpo_hpc.core.manifest import COMPLETE_MARKER, MANIFEST
 from grpo_hpc.core.paths import RunPaths
 
 

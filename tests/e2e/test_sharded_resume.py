@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_hpc.core.manifest import verify_checkpoint
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.export.checkpoints import verify_checkpoint
 from grpo_hpc.train.checkpoint import GATHERED, SHARDED, format_of
 
 from .helpers import make_run, train
