@@ -13,7 +13,7 @@ from grpo_hpc.core.errors import ConfigError, ExitCode, GrpoError
 from grpo_hpc.core.fsutil import atomic_write_json
 from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.evaluate.local import RUN_DATA, EvalOptions, data_slug, evaluate, summary_line
-from grpo_hpc.evaluate.target import resolve_target
+from grpo_hpc.evaluate.target import refuse_missing_model_dir, resolve_target
 
 EXAMPLES = """examples:
   grpo-eval demo-a                         # the run's newest checkpoint on its held-out problems
@@ -80,6 +80,7 @@ def _model_for_job(name: str, logs: Path | None) -> str:
         return str(path.resolve())
     from grpo_hpc.core.runs import resolve_run
 
+    refuse_missing_model_dir(name)
     paths: RunPaths = resolve_run(name, logs_root(logs))
     if not paths.config.is_file():
         raise ConfigError(f"{name!r} is neither a model directory (config.json) nor a run")

@@ -36,6 +36,19 @@ class Target:
     the held-out problems over them (its batches are replayed, see evaluate)."""
 
 
+def refuse_missing_model_dir(name: str) -> None:
+    """A MODEL_OR_RUN with a slash is a path, not a run name: say what is missing there
+    (rather than that it is no valid run name)."""
+    if "/" not in name:
+        return
+    path = Path(name).expanduser()
+    where = "does not exist" if not path.exists() else "has no config.json"
+    raise ConfigError(
+        f"{name!r} {where}: give a Hugging Face model directory (with config.json, e.g. "
+        "what grpo-export wrote) or the name of a run (grpo-status lists them)"
+    )
+
+
 def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path) -> Target:
     """A model directory, or a run whose checkpoint is exported into ``scratch`` (its
     final/ is used when it holds the step asked for)."""
@@ -52,6 +65,7 @@ def resolve_target(name: str, step: int | None, logs: Path | None, scratch: Path
     from grpo_hpc.core.runs import resolve_run
     from grpo_hpc.export import run as export
 
+    refuse_missing_model_dir(name)
     paths: RunPaths = resolve_run(name, logs_root(logs))
     if not paths.config.is_file():
         raise ConfigError(f"{name!r} is neither a model directory (config.json) nor a run")
