@@ -37,15 +37,13 @@ class Target:
 
 
 def refuse_missing_model_dir(name: str) -> None:
-    """A MODEL_OR_RUN with a slash is a path, not a run name: say what is missing there
-    (rather than that it is no valid run name)."""
-    if "/" not in name:
+    """A MODEL_OR_RUN with a slash is a path (a model directory, or a run's directory): one
+    that does not exist is said to be missing, rather than refused as no valid run name."""
+    if "/" not in name or Path(name).expanduser().exists():
         return
-    path = Path(name).expanduser()
-    where = "does not exist" if not path.exists() else "has no config.json"
     raise ConfigError(
-        f"{name!r} {where}: give a Hugging Face model directory (with config.json, e.g. "
-        "what grpo-export wrote) or the name of a run (grpo-status lists them)"
+        f"{name!r} does not exist: give a Hugging Face model directory (with config.json, "
+        "e.g. what grpo-export wrote), a run's directory, or a run's name (grpo-status lists them)"
     )
 
 

@@ -119,12 +119,13 @@ def test_cancel_local_never_signals_init_or_itself(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("profile", ["local", "slurm-local"])
 def test_eval_of_a_path_that_is_no_model_says_what_is_missing(tmp_path: Path, profile: str):
-    """A MODEL_OR_RUN with a slash is a path: a missing one, or a folder without config.json,
-    is named as such (it used to be refused as an invalid run name), here or before a job."""
+    """A MODEL_OR_RUN with a slash is a path: a missing one is named as such (it used to be
+    refused as an invalid run name), here or before a job; a folder that is neither a model
+    nor a run says so."""
     missing = run_cli("grpo_hpc.cli.eval:main", "exported/none", "--profile", profile)
     assert "Traceback" not in missing.stderr
     _one_line_error(missing, "grpo-eval", ExitCode.CONFIG_ERROR, "'exported/none' does not exist")
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = run_cli("grpo_hpc.cli.eval:main", str(empty), "--profile", profile)
-    _one_line_error(nothing, "grpo-eval", ExitCode.CONFIG_ERROR, "has no config.json")
+    _one_line_error(nothing, "grpo-eval", ExitCode.CONFIG_ERROR, "is neither a model directory")
