@@ -21,15 +21,8 @@ out=${1:?usage: issue38_probe.sh OUTDIR [STAGE...]}
 shift
 stages=${*:-7b 7b_sync small}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
 start=$SECONDS
 deadline=${PROBE_DEADLINE:-480}
 late() {
