@@ -18,6 +18,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from grpo_hpc.config.load import load_resolved  # noqa: E402
 from grpo_hpc.core.errors import (  # noqa: E402
@@ -33,6 +34,12 @@ from grpo_hpc.core.progress import (  # noqa: E402
     read_progress,
     write_progress,
 )
+
+if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
+    from grpo_hpc.config.schema import Config
+    from grpo_hpc.train.dist import DistInfo
+    from grpo_hpc.train.liveness import Liveness
+    from grpo_hpc.train.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(code)
 
 
-def _watch_peers(cfg: object, paths: RunPaths, info: object, trainer: Callable[[], object]):  # noqa: ANN202
+def _watch_peers(
+    cfg: Config, paths: RunPaths, info: DistInfo, trainer: Callable[[], Trainer | None]
+) -> Liveness | None:
     """Start this rank's pulse and its watch on the others (grpo_hpc.train.liveness); None
     for one process or ``dist.peer_timeout_s=0``."""
     from grpo_hpc.train import dist, liveness
