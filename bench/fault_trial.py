@@ -24,7 +24,6 @@ from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.core.slurm import job_name
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 STATE = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
 MAX_STEPS = 6
 """Default steps per run (--max-steps)."""
@@ -60,6 +59,12 @@ def cli_env() -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "disabled",
     }
+
+
+def cli(name: str) -> list[str]:
+    """A grpo_hpc command (``grpo-<name>``) by its module: works where the package is only
+    on PYTHONPATH, as on the lent GPU machines (bench/gpu_faults.py)."""
+    return [sys.executable, "-m", f"grpo_hpc.cli.{name}"]
 
 
 def sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -145,6 +150,10 @@ class Trial:
         self.mounted = False
         self.filler = root / ".filler"
 
+    def repair_cluster(self) -> str:
+        """Bring the cluster back to health as its admin would ("" when it is)."""
+        return restore_cluster()
+
     def log(self, what: str) -> None:
         self.result.injected.append(f"{time.time() - self.t0:6.1f}s {what}")
 
@@ -181,7 +190,7 @@ class Trial:
         args += ["--logs", str(self.root), "--no-wait", f"training.seed={self.seed}"]
         args += [f"training.max_steps={self.max_steps}"]
         r = subprocess.run(
-            [str(BIN / "grpo-submit"), *args, *RUN_OVERRIDES],
+            [*cli("submit"), *args, *RUN_OVERRIDES],
             capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO,
         )  # fmt: skip
         if r.returncode:
@@ -189,7 +198,7 @@ class Trial:
 
     def _start_monitor(self) -> None:
         log = open(self.root / "monitor.out", "ab")  # noqa: SIM115 - owned by the process
-        cmd = [str(BIN / "grpo-monitor"), self.paths.name, "--logs", str(self.root)]
+        cmd = [*cli("monitor"), self.paths.name, "--logs", str(self.root)]
         self.monitor = subprocess.Popen(
             [*cmd, *MONITOR_FLAGS], stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO
         )
@@ -202,7 +211,7 @@ class Trial:
                 next_check = time.time() + REPAIR_EVERY_S
                 bad = unhealthy_nodes()
                 if bad:
-                    why = restore_cluster()
+                    why = self.repair_cluster()
                     self.result.notes.append(
                         f"cluster repaired: {bad}" + (f"; {why}" if why else "")
                     )
@@ -379,7 +388,7 @@ class Trial:
             except Exception as e:  # noqa: BLE001 - unreadable weights: recorded
                 r.notes.append(f"final weights unreadable: {e}")
         v = subprocess.run(
-            [str(BIN / "grpo-ckpt"), "verify", p.name, "--logs", str(self.root)],
+            [*cli("ckpt"), "verify", p.name, "--logs", str(self.root)],
             capture_output=True, text=True, env=cli_env(), timeout=120,
         )  # fmt: skip
         r.bad_checkpoints = sum(": BAD" in line for line in v.stdout.splitlines())

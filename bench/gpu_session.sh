@@ -31,7 +31,10 @@ for stage in "$@"; do
         --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --compile --out "$out/step_compiled.json" \
         | tail -22 ;;
     multi) # weak scaling: 8 prompts x G=8 per GPU; DDP and FSDP2 on 2 GPUs against 1 GPU
-        for run in "1 ddp 8" "2 ddp 16" "2 fsdp 16"; do
+        # (MULTI_RUNS: "nproc strategy prompts" separated by ";", e.g. with 4 GPUs
+        # "1 ddp 8;2 ddp 16;4 ddp 32;4 fsdp 32")
+        IFS=';' read -ra runs <<<"${MULTI_RUNS:-1 ddp 8;2 ddp 16;2 fsdp 16}"
+        for run in "${runs[@]}"; do
             set -- $run
             python3 -m bench.grpo_step --shape qwen2.5-0.5b --precision bf16 --steps 4 \
                 --prompts "$3" --G 8 --max-new 256 --micro 64 --no-grad-ckpt --nproc "$1" --strategy "$2" \

@@ -313,10 +313,15 @@ class FaultsConfig:
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
     oom_at_step: int = -1
-    """Raise torch.cuda.OutOfMemoryError at this step, as a GPU of ``oom_gpu_gb`` would
-    (-1 = off); the trainer handles it like a real one."""
+    """Run out of GPU memory in this step's update, as a GPU of ``oom_gpu_gb`` would (-1 =
+    off): on CUDA the process is capped at that much memory and the real allocator raises
+    torch.cuda.OutOfMemoryError; without CUDA the error is raised. Handled like any OOM."""
     oom_gpu_gb: float = 16.0
-    """GPU memory (GiB) the injected out-of-memory error pretends to have exhausted."""
+    """GPU memory (GiB) the out-of-memory fault leaves the process (its pretended card)."""
+    state_digest: bool = False
+    """Write a digest of each rank's model, optimizer, RNG and data position at every save
+    and after every resume, to ``<run>/state_digest/`` (bench/gpu_faults.py compares a
+    resumed attempt's with its checkpoint's)."""
 
 
 @dataclass

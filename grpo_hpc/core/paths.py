@@ -14,7 +14,9 @@ Layout of ``logs/<run>/``::
     monitor.lock           per-run lock held by a monitor pass (and by a resubmission)
     trainer.lock           held by the running trainer's rank 0: one trainer per run directory
     alive/<launch>/        each rank's pulse while it trains (grpo_hpc.train.liveness)
-    nccl_trace/rank_<R>    NCCL's flight recorder, dumped when a collective times out
+    nccl_trace/rank_<R>    NCCL's flight recorder, dumped when a collective times out or a
+                           peer stops answering
+    state_digest/          per-rank state digests at saves and resumes (faults.state_digest)
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
@@ -126,6 +128,10 @@ class RunPaths:
     @property
     def nccl_trace(self) -> Path:
         return self.root / "nccl_trace"
+
+    @property
+    def state_digest(self) -> Path:
+        return self.root / "state_digest"
 
     @property
     def alive_dir(self) -> Path:

@@ -13,6 +13,7 @@ signals.install_early()  # first: Slurm's warning may arrive while torch loads
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import os  # noqa: E402
+import pickle  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -106,7 +107,10 @@ def _watch_peers(
 
     def lost(ranks: list[int]) -> None:
         t = trainer()
-        reason = liveness.lost_reason(ranks, timeout, t.step if t is not None else 0)
+        # the flight recorder first: which collective this rank waits in, kept in the run
+        trace = dist.dump_flight_recorder(paths.nccl_trace, info.rank)
+        waiting = liveness.waiting_in(_trace_entries(trace)) if trace is not None else None
+        reason = liveness.lost_reason(ranks, timeout, t.step if t is not None else 0, waiting)
         code = ExitCode.STALLED
         if t is not None and info.is_main:  # the tracker's record: a heartbeat keeps it
             t.tracker.update(TrainState.FAILED, exit_code=int(code), reason=reason)
@@ -116,7 +120,8 @@ def _watch_peers(
                 rec, state=TrainState.FAILED, exit_code=int(code), reason=reason
             )
             write_progress(paths.progress, rec)
-        sys.stderr.write(f"grpo_hpc.train: error: rank {info.rank}: {reason}\n")
+        where = f" (flight recorder: {trace})" if trace is not None else ""
+        sys.stderr.write(f"grpo_hpc.train: error: rank {info.rank}: {reason}{where}\n")
         sys.stderr.flush()
         for rank in ranks:  # a stopped peer here would hold torchrun 30 s more: end it now
             pid = pulse.local_pid(rank)
@@ -128,6 +133,14 @@ def _watch_peers(
     pulse = liveness.Liveness(paths.alive_dir / launch, info.rank, info.world_size, timeout, lost)
     pulse.start()
     return pulse
+
+
+def _trace_entries(trace: Path) -> list[dict]:
+    """The entries of a flight-recorder dump (a pickle this rank just wrote itself)."""
+    try:
+        return list(pickle.loads(trace.read_bytes()).get("entries", []))
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
+        return []
 
 
 def _finish(code: int) -> int:
@@ -157,11 +170,14 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
 
     cfg = trainer.cfg
     phase = trainer.tracker.record.state.value
+    injected = cfg.faults.enabled and cfg.faults.oom_at_step == trainer.step
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / memory_plan.GIB
         capacity = torch.cuda.get_device_properties(trainer.info.device).total_memory
         capacity /= memory_plan.GIB
-        seen = f"peak {peak:.1f} GiB allocated of {capacity:.0f} GiB"
+        if injected:  # the card the fault made of this one (trainer.shrink_gpu)
+            capacity = min(capacity, cfg.faults.oom_gpu_gb)
+        seen = f"peak {peak:.1f} GiB allocated of {capacity:.3g} GiB"
     else:  # only an injected fault gets here (faults.oom_at_step)
         peak, capacity = None, cfg.faults.oom_gpu_gb
         seen = f"peak unknown (no CUDA device; injected on a {capacity:g} GiB GPU)"

@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -91,6 +92,15 @@ def all_reduce_max(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
+def spread(value: float, info: DistInfo) -> float:
+    """Largest minus smallest ``value`` over the ranks (one all-reduce of two numbers)."""
+    if not info.enabled:
+        return 0.0
+    t = torch.tensor([value, -value], dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0] + t[1])
+
+
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     if not info.enabled:
         return list(values)
@@ -102,6 +112,29 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def dump_flight_recorder(folder: Path, rank: int) -> Path | None:
+    """Write PyTorch's flight recorder (the last collectives this rank issued, with their
+    state and stacks) to ``folder/rank_<R>``, as ``TORCH_NCCL_DUMP_ON_TIMEOUT`` would on a
+    timeout; None when this torch has none (read it with ``torchfrtrace`` or
+    ``python -m torch.distributed.flight_recorder.fr_trace``). Called when a peer stops
+    answering, before the process group's own timeout could dump it."""
+    import torch._C._distributed_c10d as c10d
+
+    # torch < 2.8 names it after NCCL; later versions record every backend
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return None
+    try:
+        data = dump()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp, path = folder / f".rank_{rank}.tmp", folder / f"rank_{rank}"
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError):  # no recorder in this build, or nowhere to write
+        return None
+    return path
 
 
 def _comm_device(info: DistInfo) -> torch.device:

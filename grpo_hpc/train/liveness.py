@@ -57,13 +57,35 @@ def lost_peers(seen: dict[int, PeerSeen], now: float, timeout_s: float) -> list[
     )
 
 
-def lost_reason(ranks: list[int], timeout_s: float, step: int) -> str:
-    """The one line progress.json gets (pure)."""
+def lost_reason(ranks: list[int], timeout_s: float, step: int, waiting: str | None = None) -> str:
+    """The one line progress.json gets (pure); ``waiting``: where the watching rank was
+    blocked (:func:`waiting_in`)."""
     who = ", ".join(f"rank {r}" for r in ranks)
+    where = f"; the others waited in {waiting}" if waiting else ""
     return (
-        f"{who} stopped answering (no pulse for {timeout_s:g} s) at step {step}: a hung or "
-        "lost process; the job ends so that it can be resubmitted from the last checkpoint"
+        f"{who} stopped answering (no pulse for {timeout_s:g} s) at step {step}{where}: a "
+        "hung or lost process; the job ends so that it can be resubmitted from the last "
+        "checkpoint"
     )
+
+
+def waiting_in(entries: list[dict]) -> str | None:
+    """Where this rank waits, from its flight recorder's entries (pure): the oldest
+    collective not completed, by name and the two innermost lines of ours that issued it,
+    e.g. ``nccl:all_reduce from train/dist.py:91 (all_reduce_max) < train/rollout/collect.py:94
+    (collect)``; None if none is open."""
+    open_ = [e for e in entries if e.get("state") != "completed" and not e.get("retired")]
+    if not open_:
+        return None
+    e = open_[0]
+    what = str(e.get("profiling_name") or "a collective")
+    ours = [f for f in e.get("frames", []) if "grpo_hpc" in str(f.get("filename", ""))]
+    if not ours:
+        return what
+    # the innermost two of our frames: a helper (dist.barrier) and what called it
+    where = [f"{str(f['filename']).split('grpo_hpc/')[-1]}:{f.get('line')} ({f.get('name')})"
+             for f in ours[:2]]  # fmt: skip
+    return f"{what} from " + " < ".join(where)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import breakers, checkpoint, dist, models
+from grpo_hpc.train import breakers, checkpoint, dist, models, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.held_out import HeldOutEval
@@ -227,6 +227,9 @@ class Trainer:
         self.streaks = breakers.Streaks(state["zero_streak"], state.get("cut_streak", 0))
         if rng is not None:
             checkpoint.set_rng_state(rng)
+        self._write_digest(
+            f"resume-a{self.tracker.record.attempt}-step{self.step}", checkpoint.rng_state()
+        )
         self.tracker.update(
             restarts=self.tracker.record.restarts + 1,
             step=self.step,
@@ -234,6 +237,23 @@ class Trainer:
             epoch=self.sampler.epoch,
             last_checkpoint=step,
         )
+
+    def _trainer_state(self) -> dict:
+        """What a checkpoint keeps besides weights, optimizer and RNG."""
+        return {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "scheduler": self.opt.sched.state_dict(),
+            "zero_streak": self.streaks.zero_reward,
+            "cut_streak": self.streaks.all_cut,
+        }
+
+    def _write_digest(self, name: str, rng: dict) -> None:
+        """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state_digest)."""
+        if not (self.cfg.faults.enabled and self.cfg.faults.state_digest):
+            return
+        parts = state_digest.digest(self.model, self.opt.optim, rng, self._trainer_state())
+        state_digest.write(self.paths.state_digest, f"{name}-rank{self.info.rank}", parts)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.stop_signal is None:
@@ -346,25 +366,20 @@ class Trainer:
         if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)
-        state = {
-            "step": self.step,
-            "sampler": self.sampler.state_dict(),
-            "scheduler": self.opt.sched.state_dict(),
-            "zero_streak": self.streaks.zero_reward,
-            "cut_streak": self.streaks.all_cut,
-        }
+        state, rng = self._trainer_state(), checkpoint.rng_state()
         checkpoint.save(
             self.paths,
             self.step,
             self.model,
             self.opt.optim,
             state,
-            checkpoint.rng_state(),
+            rng,
             self.info,
             trainable_only=bool(self.cfg.model.lora_rank),
             keep_last=self.cfg.training.keep_last,
             slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
         )
+        self._write_digest(f"save-step{self.step}", rng)
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
 
@@ -374,11 +389,6 @@ class Trainer:
         t0 = time.monotonic()
         self._inject_faults()
         self.tracker.update(TrainState.GENERATING)
-        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
-            raise torch.cuda.OutOfMemoryError(
-                "fault injection: CUDA out of memory (a GPU of "
-                f"{cfg.faults.oom_gpu_gb:g} GiB is full)"
-            )
         got = self.collector.collect()
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
         if cfg.rollout.release_engine_memory:  # the update needs the engine's memory
@@ -386,6 +396,8 @@ class Trainer:
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
+        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
+            shrink_gpu(info.device, cfg.faults.oom_gpu_gb)
         t1 = time.monotonic()
         stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
         if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
@@ -430,6 +442,9 @@ class Trainer:
         )
         m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
         m.update(times, **stats, lr=self.opt.sched.get_last_lr()[0])
+        # How far apart the ranks finished generating: the wait of the earliest at the next
+        # collective, which no short process-group timeout may span (liveness.py)
+        m["time/generate_skew"] = dist.spread(times["time/generate"], info)
         m["time/step"] = time.monotonic() - t0
         graphs = compiled_graphs()
         m["compile/graphs"] = graphs
@@ -470,6 +485,19 @@ class Trainer:
             return self.held_out.run(self.step)
         finally:
             self.evaluating = False
+
+
+def shrink_gpu(device: torch.device, gib: float) -> None:
+    """Fault injection (``faults.oom_at_step``): from here on this process may use only
+    ``gib`` GiB of its GPU, so the update that follows runs out of memory in the real
+    caching allocator, as on a smaller card. Without CUDA the error is raised here."""
+    if device.type != "cuda":
+        raise torch.cuda.OutOfMemoryError(
+            f"fault injection: CUDA out of memory (a GPU of {gib:g} GiB is full)"
+        )
+    torch.cuda.empty_cache()  # cached blocks would otherwise serve the update
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
 
 
 def _finite(x: float | None) -> float | None:

@@ -40,14 +40,14 @@ def test_oom_stops_the_run_with_what_would_fit(logs_dir: Path) -> None:
     paths = RunPaths(logs_dir.resolve() / "oom")
     rec = read_progress(paths.progress)
     assert rec.state is TrainState.FAILED and rec.exit_code == 6 and rec.step == 1
-    assert rec.reason.startswith("CUDA out of memory while generating at step 1")
+    assert rec.reason.startswith("CUDA out of memory while training at step 1")
     assert "would fit: algo.micro_batch_tokens=2048" in rec.reason
     assert "exit code:  6 (OUT_OF_MEMORY)" in paths.job_summary.read_text()
 
     mon = run_cli("grpo_hpc.cli.monitor:main", "oom", "--interval", "1", "--logs", str(logs_dir))
     assert mon.returncode == 1, mon.stdout + mon.stderr  # the loop ends: a run was stopped
     (line,) = [x for x in mon.stdout.splitlines() if "STOP out_of_memory" in x]
-    assert "CUDA out of memory while generating at step 1" in line
+    assert "CUDA out of memory while training at step 1" in line
     assert "would fit: algo.micro_batch_tokens=2048" in line
     assert "never resubmitted unchanged" in line
     again = run_cli("grpo_hpc.cli.monitor:main", "oom", "--once", "--logs", str(logs_dir))

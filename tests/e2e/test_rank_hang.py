@@ -6,6 +6,7 @@ minutes. The job must end by itself, recording who stopped and exit 4 (resubmit)
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -69,8 +70,16 @@ def test_a_stopped_rank_ends_the_job_within_the_peer_timeout(tmp_path: Path) -> 
     rec = read_progress(paths.progress)
     assert rec.state == TrainState.FAILED and rec.exit_code == ExitCode.STALLED
     assert rec.reason.startswith(f"rank 1 stopped answering (no pulse for {TIMEOUT_S} s)")
+    # where rank 0 was blocked, from its flight recorder (gloo here, NCCL on GPUs)
+    assert "; the others waited in gloo:" in rec.reason and ".py:" in rec.reason, rec.reason
     assert rec.step < 40
     # the pulse's timeout (counted from the last pulse seen, up to a pulse or two before the
     # stop), then the watcher kills the stopped rank (same host): no 30 s SIGTERM grace
     assert TIMEOUT_S - 2 * PULSE_S <= ended_after < TIMEOUT_S + 20, ended_after
     assert "rank 0: rank 1 stopped answering" in done.stderr
+    # the watcher dumped the flight recorder: which collectives rank 0 was waiting in
+    trace = paths.nccl_trace / "rank_0"
+    assert trace.is_file(), sorted(paths.root.iterdir())
+    entries = pickle.loads(trace.read_bytes()).get("entries", [])
+    print(f"flight recorder: {len(entries)} entries, last {entries[-1] if entries else None}")
+    assert f"(flight recorder: {trace})" in done.stderr

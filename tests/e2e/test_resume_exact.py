@@ -13,6 +13,7 @@ import torch
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.train import state_digest
 
 from .helpers import descendants, make_run, signal_job, start, train, training
 
@@ -73,7 +74,10 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     rng = random.Random(seed)
     steps = [*STEPS, f"rollout.engine={engine}"]
     ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
-    run = make_run(tmp_path, "killed", *steps, nproc=nproc)
+    # the killed run also writes state digests (bench/gpu_faults.py judges GPU resumes by
+    # them): here they must agree with the bit-exact comparison below, and change nothing
+    digests = ["faults.enabled=true", "faults.state_digest=true"]
+    run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)
     if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
         assert train(ref, nproc).returncode == 0
         _kill_and_resume(run, nproc, rng, seed)
@@ -84,6 +88,8 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
     _assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
+    resumed, differ = state_digest.compare_folder(run.state_digest)
+    assert resumed == nproc and differ == [], differ  # every rank resumed what was saved
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from grpo_hpc.train.liveness import Liveness, PeerSeen, lost_peers, lost_reason
+from grpo_hpc.train.liveness import Liveness, PeerSeen, lost_peers, lost_reason, waiting_in
 
 
 def test_only_a_silent_peer_that_pulsed_and_did_not_end_is_lost() -> None:
@@ -22,6 +22,33 @@ def test_only_a_silent_peer_that_pulsed_and_did_not_end_is_lost() -> None:
     assert lost_peers(seen, now=130.0, timeout_s=60.0) == []
     line = lost_reason([1, 3], 60.0, 12)
     assert line.startswith("rank 1, rank 3 stopped answering (no pulse for 60 s) at step 12")
+
+
+def _entry(state: str, name: str, *files: tuple[str, int, str]) -> dict:
+    frames = [{"filename": f, "line": line, "name": fn} for f, line, fn in files]
+    return {"state": state, "profiling_name": name, "frames": frames, "retired": False}
+
+
+TORCH = ("/venv/torch/distributed/distributed_c10d.py", 3245, "all_reduce")
+
+
+def test_waiting_in_names_the_oldest_open_collective_and_who_issued_it() -> None:
+    done = _entry("completed", "nccl:all_gather", TORCH)
+    stuck = _entry(
+        "started", "nccl:all_reduce", TORCH,
+        ("/x/grpo_hpc/train/dist.py", 91, "all_reduce_max"),
+        ("/x/grpo_hpc/train/rollout/collect.py", 94, "collect"),
+        ("/x/grpo_hpc/train/trainer.py", 392, "train_step"),
+    )  # fmt: skip
+    later = _entry("scheduled", "nccl:barrier", TORCH)
+    assert waiting_in([done, stuck, later]) == (
+        "nccl:all_reduce from train/dist.py:91 (all_reduce_max)"
+        " < train/rollout/collect.py:94 (collect)"
+    )
+    assert waiting_in([done]) is None
+    assert waiting_in([_entry("scheduled", "gloo:barrier", TORCH)]) == "gloo:barrier"
+    line = lost_reason([1], 60.0, 4, "gloo:barrier")
+    assert "at step 4; the others waited in gloo:barrier: a hung or lost process" in line
 
 
 def _pair(tmp_path: Path, timeout_s: float) -> tuple[Liveness, Liveness, list, threading.Event]:
