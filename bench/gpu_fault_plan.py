@@ -74,11 +74,13 @@ class GpuTrialResult:
     fault_step: int | None = None
     """The last step logged when the fault struck."""
     ended_s: float | None = None
-    """Fault (or, for the built-in faults, the job's start) -> the job left RUNNING."""
+    """Fault -> the job left RUNNING. The fault's moment: the strike; for the faults a run
+    carries in its config or profile (time limit, step-0 stall, OOM) the job's start."""
     act_s: float | None = None
-    """Job left RUNNING -> the monitor's decision on it (or, requeued, RUNNING again)."""
+    """Fault -> the monitor's first decision on it (cancel, resubmit, stop); for a job
+    requeued in place by its time-limit signal (no decision needed), -> RUNNING again."""
     recover_s: float | None = None
-    """Job left RUNNING -> the next training step logged (the new attempt trains)."""
+    """Fault -> the first training step logged after the job ended (the next attempt)."""
     steps_repeated: list[int] = field(default_factory=list)
     """Steps logged more than once (work lost to the fault)."""
     resumes: int = 0

@@ -5,10 +5,12 @@
 #
 #   bash bench/gpu_faults.sh OUT [gpu_faults.py arguments]
 #
-# Results accumulate in bench/results/gpu_faults.json (a copy of the file from an earlier
-# call travels with the tree; trials run again replace their rows), copied to
-# OUT/gpu_faults.json; each trial's small files go to OUT/gpu_faults_evidence.tgz.
-# Stops starting trials 60 s before GPU_FAULTS_DEADLINE (default 540 s) from its start.
+# Results accumulate in OUT/gpu_faults.json, starting from bench/results/gpu_faults.json
+# when an earlier call's file was copied there (it travels with the tree; trials run again
+# replace their rows); written after every trial, so a call cut at its limit keeps them.
+# Each trial's small files go to OUT/gpu_faults_evidence.tgz. No trial starts that would
+# end (by its kind's usual length) later than GPU_FAULTS_DEADLINE s (default 570) after
+# this script's start.
 set -uo pipefail
 OUT=${1:?usage: gpu_faults.sh OUT [gpu_faults.py arguments]}
 shift
@@ -22,10 +24,10 @@ echo "cluster up in $((SECONDS - t0)) s: $(sinfo -h -N -o '%N %t %G')"
 export GRPO_HPC_CACHE=/tmp/grpo_cache_faults
 EV=/tmp/gpu_faults_evidence
 rm -rf "$EV"
-deadline=$((${GPU_FAULTS_DEADLINE:-540} - 60 - (SECONDS - t0)))
-python3 -m bench.gpu_faults --out bench/results/gpu_faults.json --evidence "$EV" \
+cp bench/results/gpu_faults.json "$OUT/" 2>/dev/null
+deadline=$((${GPU_FAULTS_DEADLINE:-570} - (SECONDS - t0)))
+python3 -m bench.gpu_faults --out "$OUT/gpu_faults.json" --evidence "$EV" \
     --deadline "$deadline" "$@"
 rc=$?
-cp bench/results/gpu_faults.json "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu_faults_evidence.tgz" -C "$EV" . 2>/dev/null
 exit $rc

@@ -185,8 +185,7 @@ def render_setup(profile: Profile, context: dict[str, Any]) -> list[str]:
     Undefined variables are errors (StrictUndefined): a typo in a template fails at
     submission, not as an empty string on the compute node.
     """
-    base = Path(profile.path).parent if profile.path else _data_dir("templates")
-    search = [str(base), str(_data_dir("templates"))]
+    search = [str(d) for d in _template_dirs(profile)]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(search),
         undefined=jinja2.StrictUndefined,
@@ -206,12 +205,26 @@ def render_setup(profile: Profile, context: dict[str, Any]) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def _template_dirs(profile: Profile) -> list[Path]:
+    """Where a profile's template is looked up: next to the profile (for a run's stored
+    profile: the run directory), then the built-in templates/."""
+    base = Path(profile.path).parent if profile.path else _data_dir("templates")
+    return [base, _data_dir("templates")]
+
+
+def template_file(profile: Profile) -> Path | None:
+    """The file the profile's template is read from (None when there is none)."""
+    return next((d / profile.template for d in _template_dirs(profile)
+                 if (d / profile.template).is_file()), None)  # fmt: skip
+
+
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """What a run directory's ``profile.yaml`` holds (the profile, less where it came from)."""
     return {k: v for k, v in dataclasses.asdict(profile).items() if k != "path"}
 
 
 def load_run_profile(paths: RunPaths) -> Profile:
-    """The profile stored in the run directory (what every resubmission uses)."""
+    """The profile stored in the run directory (what every resubmission uses); its template
+    is the copy kept beside it (runs made before that copy: the built-in templates/)."""
     data = load_yaml_mapping(paths.profile, what="run profile")
-    return profile_from_dict(data, name=str(data.pop("name", "run")), path=None)
+    return profile_from_dict(data, name=str(data.pop("name", "run")), path=str(paths.profile))

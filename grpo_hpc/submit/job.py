@@ -18,7 +18,13 @@ import submitit
 import yaml
 
 from grpo_hpc.config.load import load_resolved, to_yaml
-from grpo_hpc.config.profiles import Profile, load_run_profile, profile_to_dict, render_setup
+from grpo_hpc.config.profiles import (
+    Profile,
+    load_run_profile,
+    profile_to_dict,
+    render_setup,
+    template_file,
+)
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.errors import ConfigError, GrpoError
@@ -105,6 +111,12 @@ def write_run(plan: SubmitPlan) -> None:
     tmp.mkdir(parents=True)
     atomic_write_text(tmp / paths.config.name, to_yaml(plan.config))
     atomic_write_text(tmp / paths.profile.name, yaml.safe_dump(profile_to_dict(plan.profile)))
+    # the setup template beside the stored profile: a resubmission renders the same setup
+    # wherever the profile came from (a user's folder, a copy since deleted or edited)
+    source = template_file(plan.profile)
+    if source is not None:
+        (tmp / plan.profile.template).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tmp / plan.profile.template)
     tmp.rename(paths.root)
 
 
