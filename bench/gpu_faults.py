@@ -211,11 +211,12 @@ def gpu_result(t: GpuTrial) -> GpuTrialResult:
     end = next((s for s in left if run_at is not None and s > run_at), None)
     if t_fault is not None and end is not None:
         r.ended_s = round(end - t_fault, 1)
-        # the monitor's first decision after the fault; a job requeued in place (the time
-        # limit) needs none: then the moment it runs again
-        acted = [float(e["time"]) for e in decisions if float(e["time"]) > t_fault]
+        # the monitor's first decision after the fault, or the job running again when Slurm
+        # requeued it in place (the time limit: submitit requeues up to 3 times)
+        acted = [float(e["time"]) for e in decisions
+                 if float(e["time"]) > t_fault and e.get("action") != "DONE"]  # fmt: skip
         again = [s for s, j, st in t.states if j == first_job and st == "RUNNING" and s > end]
-        nxt = min(acted or again, default=None)
+        nxt = min(acted + again, default=None)
         r.act_s = round(nxt - t_fault, 1) if nxt is not None else None
         later = [m["time"] - t_fault for m in metrics if m["time"] > end]
         r.recover_s = round(min(later), 1) if later else None

@@ -4,6 +4,7 @@ Layout of ``logs/<run>/``::
 
     config.yaml            resolved config, written once at submission, read by every attempt
     profile.yaml           resolved cluster profile used for the run
+    <template>.sh.j2       the profile's setup template, kept for resubmissions
     jobs.jsonl             job history: one line per submission (job id, attempt, time, reason)
     progress.json          trainer's progress record (see grpo_hpc.core.progress)
     metrics.jsonl          one line per training step

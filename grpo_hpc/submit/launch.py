@@ -160,7 +160,8 @@ class _AttemptEnded(Exception):  # noqa: N818 - control flow, never escapes the 
 
 
 FLIGHT_RECORDER = {
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_FR_BUFFER_SIZE": "2000",  # torch >= 2.7's name
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # older torch (newer warns it is deprecated)
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
 """PyTorch's NCCL flight recorder: the last collectives of each rank, dumped when NCCL's own

@@ -122,8 +122,12 @@ def dump_flight_recorder(folder: Path, rank: int) -> Path | None:
     answering, before the process group's own timeout could dump it."""
     import torch._C._distributed_c10d as c10d
 
-    # torch < 2.8 names it after NCCL; later versions record every backend
-    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    # NCCL's collectives are in NCCL's own recorder (_dump_nccl_trace); the generic one
+    # (_dump_fr_trace, gloo's) is empty under NCCL: on 2x H100 it held 0 entries
+    names = ["_dump_fr_trace"]
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        names.insert(0, "_dump_nccl_trace")
+    dump = next((getattr(c10d, n) for n in names if hasattr(c10d, n)), None)
     if dump is None:
         return None
     try:

@@ -3,8 +3,8 @@ what its checkpoint saved (issue 37: GPU kernels are not bit-deterministic, so a
 GPU run cannot be judged by its final weights; its resume can).
 
 With ``faults.state_digest`` the trainer writes, per rank, one JSON file at every save
-(``save-step<S>-rank<R>.json``: the state as it was written) and one after every resume
-(``resume-a<A>-step<S>-rank<R>.json``: the state as it was loaded, RNG restored). Each
+(``save-step<S>-rank<R>.json``: the state about to be written) and one after every resume
+(``resume-<launch>-step<S>-rank<R>.json``: the state as it was loaded, RNG restored). Each
 holds a sha256 per part: ``model`` (this rank's parameters and buffers; its FSDP2 shards),
 ``optim`` (its optimizer state), ``rng`` (Python, NumPy, torch CPU and CUDA generators),
 ``data`` (step, sampler position, scheduler, breaker streaks). Equal digests mean equal
@@ -84,11 +84,11 @@ def mismatches(saved: dict[str, str], resumed: dict[str, str]) -> list[str]:
 
 
 def compare_folder(folder: Path) -> tuple[int, list[str]]:
-    """Every ``resume-a<A>-step<S>-rank<R>`` digest in ``folder`` against the
+    """Every ``resume-<launch>-step<S>-rank<R>`` digest in ``folder`` against the
     ``save-step<S>-rank<R>`` one: (resumes compared, ``file: parts`` that differ)."""
     n, bad = 0, []
     for f in sorted(folder.glob("resume-*.json")):
-        _, _, step, rank = f.stem.split("-")
+        _, step, rank = f.stem.rsplit("-", 2)
         saved = folder / f"save-{step}-{rank}.json"
         n += 1
         if not saved.exists():

@@ -227,9 +227,11 @@ class Trainer:
         self.streaks = breakers.Streaks(state["zero_streak"], state.get("cut_streak", 0))
         if rng is not None:
             checkpoint.set_rng_state(rng)
-        self._write_digest(
-            f"resume-a{self.tracker.record.attempt}-step{self.step}", checkpoint.rng_state()
-        )
+        if self.cfg.faults.enabled and self.cfg.faults.state_digest:
+            # named by this launch (rank 0's token: a rank's own attempt count is read from
+            # progress.json, which rank 0 may already have rewritten)
+            launch = dist.launch_token(self.info)
+            self._write_digest(f"resume-{launch}-step{self.step}", checkpoint.rng_state())
         self.tracker.update(
             restarts=self.tracker.record.restarts + 1,
             step=self.step,
@@ -367,6 +369,9 @@ class Trainer:
             return
         self.tracker.update(TrainState.CHECKPOINTING)
         state, rng = self._trainer_state(), checkpoint.rng_state()
+        # before the save: a rank killed once its checkpoint is complete (its peer finished
+        # it) has written its digest already (a save that never completes is never loaded)
+        self._write_digest(f"save-step{self.step}", rng)
         checkpoint.save(
             self.paths,
             self.step,
@@ -379,7 +384,6 @@ class Trainer:
             keep_last=self.cfg.training.keep_last,
             slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
         )
-        self._write_digest(f"save-step{self.step}", rng)
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
 

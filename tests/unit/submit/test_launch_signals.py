@@ -116,4 +116,5 @@ def test_the_trainer_gets_the_flight_recorder_and_the_profiles_env_wins(tmp_path
     assert env["GRPO_HPC_JOB_ID"] == "77" and env["PATH"] == "/bin"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"  # the newer torch's name, set as well
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "r" / "nccl_trace" / "rank_")

@@ -55,13 +55,17 @@ def test_one_changed_bit_in_any_part_is_named(tmp_path: Path) -> None:
 
 def test_compare_folder_pairs_each_resume_with_its_save(tmp_path: Path) -> None:
     same = {"model": "a", "optim": "b", "rng": "c", "data": "d"}
+    a, b = "resume-20261126-101500-ab12cd34", "resume-20261126-102000-ef56ab78"
     for name, parts in [
-        ("save-step4-rank0", same), ("resume-a1-step4-rank0", same),
-        ("save-step4-rank1", same), ("resume-a1-step4-rank1", {**same, "rng": "x"}),
-        ("resume-a2-step6-rank0", same),  # its save was pruned or never written
+        ("save-step4-rank0", same), (f"{a}-step4-rank0", same),
+        ("save-step4-rank1", same), (f"{a}-step4-rank1", {**same, "rng": "x"}),
+        (f"{b}-step6-rank0", same),  # its save was pruned or never written
     ]:  # fmt: skip
         state_digest.write(tmp_path, name, parts)
     n, bad = state_digest.compare_folder(tmp_path)
     assert n == 3
-    assert bad == ["resume-a1-step4-rank1.json: rng", "resume-a2-step6-rank0.json: no save digest"]
+    assert bad == [
+        "resume-20261126-101500-ab12cd34-step4-rank1.json: rng",
+        "resume-20261126-102000-ef56ab78-step6-rank0.json: no save digest",
+    ]
     assert json.loads((tmp_path / "save-step4-rank0.json").read_text()) == same
