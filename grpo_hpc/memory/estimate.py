@@ -41,7 +41,11 @@ instruction is 250-320 tokens for Qwen's tokenizer."""
 CUDA_CONTEXT_GIB = 0.6
 """CUDA context, cuBLAS workspaces and NCCL buffers: outside torch's allocator."""
 FRAGMENTATION = 1.05
-"""The caching allocator holds a little more than it hands out."""
+"""The headroom: a plan fits when its peak x FRAGMENTATION + the CUDA context is within the
+GPU's memory, so the peak estimate may use at most 1/1.05 (95 %) of what the allocator can
+get. It covers the caching allocator holding more than it hands out (3.0 GiB, 4 %, unusable
+at the 7B OOM of issue 38) and the estimate's own misses: every measured ladder row peaked
+below this line (tests/unit/memory/test_memory_ladder.py holds it)."""
 HEAD_CHUNK_TOKENS = 1024
 """grpo_hpc.train.algo.logp_head.DEFAULT_CHUNK_TOKENS."""
 ROW_BUCKET, SPAN_BUCKET = 8, 64

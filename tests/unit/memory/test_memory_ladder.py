@@ -1,6 +1,7 @@
 """The memory estimator against the model-size ladder measured on a GPU
 (bench/results/ladder.json, written by bench/ladder.py): within 15 % of every measured peak,
-and no row the estimator let run ran out of memory."""
+no measured peak above the line a plan must fit under (the stated headroom), and no row
+the estimator let run ran out of memory."""
 
 from __future__ import annotations
 
@@ -50,3 +51,18 @@ def test_estimate_within_15_percent_of_every_measured_row() -> None:
         if abs(est / got - 1) > TOLERANCE:
             bad.append(f"{name}: estimated {est:.1f} GiB, measured {got:.1f} GiB")
     assert not bad, "; ".join(bad)
+
+
+def test_no_measured_peak_passes_the_line_a_plan_must_fit_under() -> None:
+    """A plan is accepted when ``total_gib`` (peak x FRAGMENTATION + the CUDA context) fits
+    the GPU; a run whose real peak went above its own ``total_gib`` could die in a plan
+    accepted at the budget's edge. The headroom holds for every measured row."""
+    over = []
+    for row in _gpu_rows():
+        if row["status"] != "fits" or row.get("peak_gib") is None:
+            continue
+        est = _estimate(row)
+        if row["peak_gib"] > est.total_gib:
+            name = f"{row['shape']} {row['budget']} {row['mode']} {row.get('gpus', 1)} GPU"
+            over.append(f"{name}: measured {row['peak_gib']:.2f} GiB > {est.total_gib:.2f}")
+    assert not over, "; ".join(over)
