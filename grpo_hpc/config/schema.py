@@ -282,6 +282,13 @@ class DistConfig:
     collective for the process group's 30 minutes. Every rank pulses from a thread, so a
     long rollout or a wait in a collective is not silence (grpo_hpc.train.liveness). 0: off;
     one process: nothing to watch."""
+    reshard_after_forward: bool = True
+    """FSDP2 only: free each decoder layer's gathered weights after its forward (true: the
+    least memory), or keep them until its backward (false: one all-gather fewer per layer
+    and micro-batch, for the whole model's weights in the compute dtype on every rank; the
+    memory estimate counts them). The root (embedding, head) keeps FSDP2's default. The
+    math is the same either way. Probed at 0.5B on 2x H200, compiled + packed: update
+    0.479 -> 0.338 s (bench/results/h200x2_issue38_probe.md)."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run

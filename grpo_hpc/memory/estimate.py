@@ -151,6 +151,9 @@ class Settings:
     compiled_layers: bool = False
     """Decoder layers compiled (``dist.compile`` resolved on): a compiled layer keeps fewer
     activations for backward (COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED)."""
+    reshard_after_forward: bool = True
+    """FSDP2 frees a layer's gathered weights after its forward (``dist.reshard_after_forward``);
+    false keeps every layer gathered from its forward to its backward."""
 
     @property
     def compute_bytes(self) -> int:
@@ -298,9 +301,11 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     optimizer = on_gpu * 8 * trainable // shard
     ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
     head_w = shape.vocab * shape.hidden
-    if s.fsdp:  # two gathered decoder layers in flight, the gathered root (embedding,
-        # head), and one layer's unsharded fp32 gradient before its reduce-scatter
-        compute = c * (2 * shape.layer_params + shape.embed_params) + 4 * shape.layer_params
+    if s.fsdp:  # two gathered decoder layers in flight (every layer when none is resharded
+        # after its forward), the gathered root (embedding, head), and one layer's unsharded
+        # fp32 gradient before its reduce-scatter
+        gathered = 2 if s.reshard_after_forward else shape.layers
+        compute = c * (gathered * shape.layer_params + shape.embed_params) + 4 * shape.layer_params
     elif lora or s.precision == "fp32":
         compute = 0  # weights are already in the compute dtype: autocast caches nothing
     else:

@@ -89,6 +89,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         beta=cfg.algo.beta,
         engine=engine,
         cpu_offload=cfg.dist.cpu_offload,
+        reshard_after_forward=cfg.dist.reshard_after_forward,
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(
             cfg.dist.compile, auto_speed.where_submitted(cfg, capability)

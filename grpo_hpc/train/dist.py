@@ -162,7 +162,9 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
         if cfg.cpu_offload:  # sharded weights, gradients and AdamW state in host memory
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
         for layer in _decoder_layers(model):
-            fully_shard(layer, **kwargs)
+            # the layers only: the root (embedding, head) keeps FSDP2's default, which the
+            # fused log-prob head's backward relies on (it re-gathers the head's weight)
+            fully_shard(layer, reshard_after_forward=cfg.reshard_after_forward, **kwargs)
         # PeftModel.generate calls the HF model's generate, which never enters the
         # PeftModel's forward: under peft the HF model inside is FSDP's root, so that both
         # paths unshard the embedding and the head (fsdp_root finds it).

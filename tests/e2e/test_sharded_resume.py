@@ -41,3 +41,48 @@ def test_two_process_sharded_checkpoint_resumes_in_one_process(tmp_path: Path) -
     ckpt = paths.checkpoint(4)
     assert format_of(ckpt) == GATHERED and verify_checkpoint(ckpt) == []
     assert json.loads((ckpt / "manifest.json").read_text())["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_keeping_layers_gathered_changes_no_bit_of_the_training(tmp_path: Path) -> None:
+    """dist.reshard_after_forward=false only keeps FSDP2's gathered layers from forward to
+    backward (one all-gather fewer): two real 2-process runs, with and without it, end
+    with the same weights and optimizer state, bit for bit."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    steps = ["dist.strategy=fsdp", "training.max_steps=2", "training.save_every_steps=2"]
+    runs = {
+        flag: make_run(
+            tmp_path, f"reshard-{flag}", *steps, f"dist.reshard_after_forward={flag}", nproc=2
+        )  # fmt: skip
+        for flag in ("true", "false")
+    }
+    states = {}
+    for flag, paths in runs.items():
+        result = train(paths, nproc=2)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "reshard_after_forward: " + flag in paths.config.read_text()
+        out = tmp_path / f"{flag}.pt"  # the sharded checkpoint gathered into one file
+        dcp_to_torch_save(paths.checkpoint(2) / "dcp", out)
+        states[flag] = torch.load(out, weights_only=False)
+    a, b = states["true"], states["false"]
+    assert a.keys() == b.keys()
+    _assert_equal(a, b)
+
+
+def _assert_equal(a, b) -> None:  # noqa: ANN001
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_equal(x, y)
+    else:
+        assert a == b

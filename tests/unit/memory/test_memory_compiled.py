@@ -151,3 +151,21 @@ def test_checkpointed_layers_hold_no_low_precision_copy() -> None:
     assert eager.compute_weights == layer
     none = memory.estimate(shape, _step_settings(gradient_checkpointing=False))
     assert none.compute_weights == (shape.layers + 1) * layer
+
+
+def test_fsdp_without_reshard_after_forward_counts_every_gathered_layer() -> None:
+    """dist.reshard_after_forward=false keeps every decoder layer gathered from its forward
+    to its backward: the estimate adds the layers beyond the two in flight, in the compute
+    dtype, and nothing else."""
+    config = json.loads((SHAPES / "qwen2.5-0.5b/config.json").read_text())
+    shape = memory.ModelShape.from_config(config)
+    base = memory.Settings(ranks=2, strategy="fsdp", precision="bf16", rows=64, prompt_tokens=279,
+                    max_new_tokens=256, micro_batch_size=64, micro_batch_tokens=4096)  # fmt: skip
+    kept = memory.estimate(shape, replace(base, reshard_after_forward=False))
+    resharded = memory.estimate(shape, base)
+    extra = kept.compute_weights - resharded.compute_weights
+    assert extra == 2 * (shape.layers - 2) * shape.layer_params
+    assert kept.peak_bytes - resharded.peak_bytes == extra  # the update is the peak phase
+    ddp = replace(base, strategy="ddp")
+    no_fsdp = memory.estimate(shape, replace(ddp, reshard_after_forward=False))
+    assert no_fsdp == memory.estimate(shape, ddp)  # nothing to reshard without FSDP2
