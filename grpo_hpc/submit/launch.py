@@ -15,13 +15,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.core.progress import TrainState, read_progress, write_progress
+from grpo_hpc.submit import root_cause
 
 PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 CHECKPOINT_WAIT_S = 300.0
@@ -103,6 +105,10 @@ def exit_code_from_progress(paths: RunPaths, returncode: int) -> int:
     return ExitCode.CRASH
 
 
+TAIL_LINES = 200
+"""Lines of torchrun's output kept for its root-cause report (about 20 per failed rank)."""
+
+
 def ignore_preempt_signals() -> None:
     # Slurm signals every process of the step. torchrun's agent does not handle
     # USR1/USR2 and would die on them, orphaning the workers mid-checkpoint; an
@@ -111,13 +117,27 @@ def ignore_preempt_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _pump(stream, log_path: Path) -> None:
+def _pump(stream, log_path: Path, tail: deque[bytes]) -> None:
+    """torchrun's output into the run's log and the job's stdout; the last lines kept in
+    ``tail`` (torchrun's report of which process failed first is at the end)."""
     with open(log_path, "ab") as log:
         for line in iter(stream.readline, b""):
             log.write(line)
             log.flush()
+            tail.append(line)
             sys.stdout.buffer.write(line)
             sys.stdout.flush()
+
+
+def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float) -> None:
+    """A worker killed by a signal recorded nothing: name it in progress.json's reason
+    from torchrun's root-cause report (grpo_hpc.submit.root_cause)."""
+    cause = root_cause.parse(b"".join(tail).decode("utf-8", "replace"))
+    if cause is None:
+        return
+    rec = root_cause.explained(read_progress(paths.progress), cause, started)
+    if rec is not None:
+        write_progress(paths.progress, rec)
 
 
 def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) -> None:
@@ -209,10 +229,15 @@ class NodeLauncher:
             preexec_fn=ignore_preempt_signals,
         )
         self._proc = proc
-        pump = threading.Thread(target=_pump, args=(proc.stdout, paths.training_log), daemon=True)
+        tail: deque[bytes] = deque(maxlen=TAIL_LINES)
+        pump = threading.Thread(
+            target=_pump, args=(proc.stdout, paths.training_log, tail), daemon=True
+        )
         pump.start()
         returncode = self._wait(proc)
         pump.join(timeout=10)
+        if returncode != 0:
+            record_root_cause(paths, tail, self._started)
         code = exit_code_from_progress(paths, returncode)
         if ctx.node_rank == 0:
             write_summary(paths, ctx, code, self._started)
