@@ -135,3 +135,21 @@ def signal_job(pid: int, sig: int) -> None:
             os.kill(p, sig)
         except ProcessLookupError:
             pass
+
+
+def assert_same(a: object, b: object) -> None:
+    """Equal to the bit: tensors by torch.equal, containers element by element."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b

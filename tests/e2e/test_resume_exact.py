@@ -15,7 +15,7 @@ from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train import state_digest
 
-from .helpers import descendants, make_run, signal_job, start, train, training
+from .helpers import assert_same, descendants, make_run, signal_job, start, train, training
 
 # Enough steps that a kill within 1.5 s of the first checkpoint lands mid-run even on a
 # fast, idle machine (a tiny step takes ~0.05-0.1 s).
@@ -29,21 +29,6 @@ def _final_state(paths, step: int) -> tuple[dict, dict]:
         torch.load(ckpt / "model.pt", weights_only=False),
         torch.load(ckpt / "optim.pt", weights_only=False),
     )
-
-
-def _assert_same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _assert_same(x, y)
-    else:
-        assert a == b
 
 
 def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
@@ -87,7 +72,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
             assert ref_result().returncode == 0
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
-    _assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
+    assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
     resumed, differ = state_digest.compare_folder(run.state_digest)
     assert resumed == nproc and differ == [], differ  # every rank resumed what was saved
 
@@ -118,7 +103,7 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
         assert ref_result().returncode == 0
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.attempt == 1 and rec.step == 4
-    _assert_same(_final_state(ref, 4), _final_state(run, 4))
+    assert_same(_final_state(ref, 4), _final_state(run, 4))
 
 
 @pytest.mark.slow
@@ -151,7 +136,7 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
         result = train(run)
         assert result.returncode == 0, result.stderr[-2000:]
         assert ref_result().returncode == 0
-    _assert_same(_final_state(ref, 3), _final_state(run, 3))
+    assert_same(_final_state(ref, 3), _final_state(run, 3))
 
 
 def _rank0_worker(torchrun_pid: int) -> int:
@@ -193,4 +178,4 @@ def test_stop_reaching_one_rank_mid_generation_is_agreed(tmp_path: Path) -> None
     assert rec.state == TrainState.INTERRUPTED and rec.step == 1
     result = train(run, 2)
     assert result.returncode == 0, result.stderr[-2000:]
-    _assert_same(_final_state(ref, 4), _final_state(run, 4))
+    assert_same(_final_state(ref, 4), _final_state(run, 4))

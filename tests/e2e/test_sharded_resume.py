@@ -12,7 +12,7 @@ from grpo_hpc.core.manifest import verify_checkpoint
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.checkpoint import GATHERED, SHARDED, format_of
 
-from .helpers import make_run, train
+from .helpers import assert_same, make_run, train
 
 STEPS = ["dist.strategy=fsdp", "training.max_steps=4", "training.save_every_steps=2"]
 
@@ -68,21 +68,4 @@ def test_keeping_layers_gathered_changes_no_bit_of_the_training(tmp_path: Path) 
         states[flag] = torch.load(out, weights_only=False)
     a, b = states["true"], states["false"]
     assert a.keys() == b.keys()
-    _assert_equal(a, b)
-
-
-def _assert_equal(a, b) -> None:  # noqa: ANN001
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _assert_equal(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _assert_equal(x, y)
-    else:
-        assert a == b
+    assert_same(a, b)
