@@ -134,6 +134,9 @@ def restore_cluster() -> str:
 class Trial:
     """One run under one fault plan: submit, monitor, inject, observe, clean up."""
 
+    monitor_flags: list[str] = MONITOR_FLAGS
+    """grpo-monitor's flags for the trial's run (the GPU campaign sets its own)."""
+
     def __init__(self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS) -> None:
         self.plan, self.root, self.seed, self.max_steps = plan, root, seed, max_steps
         # The harness's pid in the name: job names (what squeue is asked about) never
@@ -200,8 +203,9 @@ class Trial:
         log = open(self.root / "monitor.out", "ab")  # noqa: SIM115 - owned by the process
         cmd = [*cli("monitor"), self.paths.name, "--logs", str(self.root)]
         self.monitor = subprocess.Popen(
-            [*cmd, *MONITOR_FLAGS], stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO
-        )
+            [*cmd, *self.monitor_flags],
+            stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO,
+        )  # fmt: skip
 
     def _wait_monitor(self) -> None:
         deadline, next_check = self.t0 + TRIAL_TIMEOUT_S, time.time() + REPAIR_EVERY_S

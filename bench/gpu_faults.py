@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from bench.fault_plan import Fault, TrialPlan
-from bench.fault_trial import REPO, Trial, cli, cli_env, kill, sh, trainer_pids
+from bench.fault_trial import REPO, Trial, cli, kill, sh, trainer_pids
 from bench.gpu_fault_plan import (
     STRUCK,
     GpuTrialPlan,
@@ -42,6 +42,7 @@ from bench.gpu_fault_plan import (
 )
 from grpo_hpc.core.fsutil import atomic_write_text, read_jsonl
 from grpo_hpc.core.progress import read_progress
+from grpo_hpc.core.slurm import job_name
 from grpo_hpc.train import state_digest
 
 NO_MULTICAST = {
@@ -105,6 +106,8 @@ def write_profile(folder: Path, base: Path, node_mem_gb: int, parallel: int, kin
 class GpuTrial(Trial):
     """One GPU trial: Trial's submission, monitor and squeue watch, with its own faults."""
 
+    monitor_flags = MONITOR_FLAGS
+
     def __init__(self, plan: GpuTrialPlan, root: Path, seed: int, profile: Path) -> None:
         fault = Fault(plan.kind, plan.delay_s, target=plan.target)
         faults = (fault,) if plan.kind in STRUCK else ()
@@ -126,15 +129,8 @@ class GpuTrial(Trial):
         if r.returncode:
             raise RuntimeError(f"grpo-submit failed ({r.returncode}): {r.stderr.strip()[-500:]}")
 
-    def _start_monitor(self) -> None:
-        log = open(self.root / "monitor.out", "ab")  # noqa: SIM115 - owned by the process
-        cmd = [*cli("monitor"), self.paths.name, "--logs", str(self.root), *MONITOR_FLAGS]
-        self.monitor = _popen(cmd, log)
-
     def _live_jobs(self) -> list[str]:
         """Trial's squeue poll, also keeping each job's state changes (ended, requeued)."""
-        from grpo_hpc.core.slurm import job_name
-
         r = sh("squeue", "-h", f"--name={job_name(self.paths.name)}", "-o", "%i|%T")
         if r.returncode:
             return []
@@ -178,12 +174,6 @@ class GpuTrial(Trial):
     def _measure(self) -> None:
         super()._measure()  # finished, jobs, grpo-ckpt verify, recover_s
         self.gpu = gpu_result(self)
-
-
-def _popen(cmd: list[str], log) -> object:  # noqa: ANN001
-    import subprocess
-
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO)
 
 
 def gpu_result(t: GpuTrial) -> GpuTrialResult:
