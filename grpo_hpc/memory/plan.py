@@ -74,6 +74,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
     (the profile's; None: unknown, see ``auto_speed.where_submitted``)."""
     ranks = cfg.dist.nproc_per_node * nodes
     engine = "hf" if cfg.rollout.engine == "hf" else "native"
+    where = auto_speed.where_submitted(cfg, capability)
     return Settings(
         ranks=ranks,
         strategy=cfg.dist.strategy,
@@ -91,8 +92,9 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         cpu_offload=cfg.dist.cpu_offload,
         reshard_after_forward=cfg.dist.reshard_after_forward,
         release_engine=cfg.rollout.release_engine_memory,
-        compiled_layers=auto_speed.compile_on(
-            cfg.dist.compile, auto_speed.where_submitted(cfg, capability)
+        compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
+        fsdp_compiled_layers=auto_speed.compile_on(
+            cfg.dist.compile, replace(where, strategy="fsdp")
         ),
     )
 

@@ -169,3 +169,19 @@ def test_fsdp_without_reshard_after_forward_counts_every_gathered_layer() -> Non
     ddp = replace(base, strategy="ddp")
     no_fsdp = memory.estimate(shape, replace(ddp, reshard_after_forward=False))
     assert no_fsdp == memory.estimate(shape, ddp)  # nothing to reshard without FSDP2
+
+
+def test_a_plan_that_switches_to_fsdp2_estimates_the_layers_the_trainer_will_run() -> None:
+    """dist.compile=auto compiles DDP layers on an H100 but not FSDP2 ones: when a DDP
+    profile's run only fits with FSDP2, the plan must estimate eager layers (which keep
+    more for backward), as the trainer will run them; it estimated compiled ones before."""
+    from grpo_hpc.config.profiles import load_profile
+
+    profile = replace(load_profile("h100x2"), strategy="ddp")
+    model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
+    cfg = build_config("gsm8k", [model, "dist.strategy=ddp", "dist.nproc_per_node=2"])
+    s = memory_plan.settings_of(cfg, 1, profile.capability)
+    assert s.compiled_layers and s.fsdp_compiled_layers is False
+    plan = memory_plan.check(cfg, profile).plan
+    assert plan.settings.strategy == "fsdp" and "FSDP2" in plan.changed
+    assert plan.settings.compiled_layers is False
