@@ -108,12 +108,14 @@ class GpuTrial(Trial):
 
     monitor_flags = MONITOR_FLAGS
 
-    def __init__(self, plan: GpuTrialPlan, root: Path, seed: int, profile: Path) -> None:
+    def __init__(
+        self, plan: GpuTrialPlan, root: Path, seed: int, profile: Path, steps: int = MAX_STEPS
+    ) -> None:
         fault = Fault(plan.kind, plan.delay_s, target=plan.target)
         faults = (fault,) if plan.kind in STRUCK else ()
         super().__init__(TrialPlan(plan.index, plan.kind, str(profile), faults), root, seed)
         self.gplan, self.profile = plan, profile
-        self.max_steps = 30 if plan.kind == "time_limit" else MAX_STEPS
+        self.max_steps = 30 if plan.kind == "time_limit" else steps
         self.states: list[tuple[float, str, str]] = []  # (time, job id, state) on change
 
     def repair_cluster(self) -> str:
@@ -279,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=18, help="trials 0..N-1 (default 18)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", help="comma-separated trial indices")
+    ap.add_argument(
+        "--max-steps", type=int, default=MAX_STEPS,
+        help=f"steps per run but the time limit's 30 (default {MAX_STEPS}; at least "
+        f"{3 * SAVE_EVERY}: faults strike after the first checkpoint)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/gpu_faults.json")
     ap.add_argument("--evidence", type=Path, help="folder for each trial's small files")
     ap.add_argument("--work", type=Path, default=Path("/tmp/grpo-gpu-faults"))
@@ -323,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.work / f"trial-{plan.index:03d}"
         shutil.rmtree(root, ignore_errors=True)
         profile = write_profile(args.work / "profiles", args.profile, mem, parallel, plan.kind)
-        trial = GpuTrial(plan, root, args.seed, profile)
+        trial = GpuTrial(plan, root, args.seed, profile, args.max_steps)
         trial.run()
         r = trial.gpu
         r.wall_s = trial.result.wall_s

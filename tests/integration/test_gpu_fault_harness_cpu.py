@@ -1,7 +1,9 @@
 """The GPU fault campaign's harness (bench/gpu_faults.py) on the CPU test cluster, as CI can
-run it: the same 2-rank FSDP2 runs through grpo-submit and grpo-monitor on CPU ranks (gloo),
-a rank SIGKILLed inside a DCP save and an out-of-memory stop. On a GPU node the harness
-ran 18 trials (bench/results/gpu_faults_h100x4.md); here CI keeps the harness honest."""
+run it: the same 2-rank FSDP2 run through grpo-submit and grpo-monitor on CPU ranks (gloo),
+a rank SIGKILLed inside a DCP save, resumed from the checkpoint before it with every rank's
+state equal to its digest. On a GPU node the harness ran 18 trials of six kinds
+(bench/results/gpu_faults_h100x4.md); here CI keeps the harness honest. (The OOM stop has
+its own end-to-end test: tests/e2e/test_oom_monitor.py.)"""
 
 from __future__ import annotations
 
@@ -16,14 +18,14 @@ from .slurm_helpers import REPO, cli_env
 
 pytestmark = pytest.mark.slurm
 
-CI_TRIALS = "3,5"
-"""kill_rank_in_save and cuda_oom of seed 1 (KINDS[i % 6])."""
+CI_TRIAL = "3"
+"""kill_rank_in_save of seed 1 (KINDS[i % 6])."""
 
 
 @pytest.mark.timeout(300)
 def test_gpu_fault_harness_on_cpu_ranks(slurm_cluster, tmp_path: Path) -> None:
     out = tmp_path / "gpu_faults.json"
-    cmd = [sys.executable, "-m", "bench.gpu_faults", "--only", CI_TRIALS]
+    cmd = [sys.executable, "-m", "bench.gpu_faults", "--only", CI_TRIAL, "--max-steps", "6"]
     cmd += ["--profile", str(REPO / "templates/slurm-local.yaml"), "--out", str(out)]
     cmd += ["--work", str(tmp_path / "work"), "--evidence", str(tmp_path / "evidence")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=290, cwd=REPO)
@@ -34,5 +36,4 @@ def test_gpu_fault_harness_on_cpu_ranks(slurm_cluster, tmp_path: Path) -> None:
     assert all(t["passed"] for t in trials.values()), detail
     save = trials["kill_rank_in_save"]
     assert save["injected"] and save["resumes"] == 2 and not save["resume_mismatch"], detail
-    assert trials["cuda_oom"]["stopped"] == "out_of_memory", detail
     assert (tmp_path / "evidence" / "trial-003-kill_rank_in_save" / "state_digest").is_dir()
