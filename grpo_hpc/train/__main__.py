@@ -175,7 +175,7 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
         peak = torch.cuda.max_memory_allocated() / memory_plan.GIB
         capacity = torch.cuda.get_device_properties(trainer.info.device).total_memory
         capacity /= memory_plan.GIB
-        if injected:  # the card the fault made of this one (trainer.shrink_gpu)
+        if injected:  # the card the fault made of this one (faults.before_update)
             capacity = min(capacity, cfg.faults.oom_gpu_gb)
         seen = f"peak {peak:.1f} GiB allocated of {capacity:.3g} GiB"
     else:  # only an injected fault gets here (faults.oom_at_step)

@@ -33,7 +33,7 @@ from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import breakers, checkpoint, dist, models, state_digest
+from grpo_hpc.train import breakers, checkpoint, dist, faults, models, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.held_out import HeldOutEval
@@ -227,7 +227,7 @@ class Trainer:
         self.streaks = breakers.Streaks(state["zero_streak"], state.get("cut_streak", 0))
         if rng is not None:
             checkpoint.set_rng_state(rng)
-        if self.cfg.faults.enabled and self.cfg.faults.state_digest:
+        if faults.digests_on(self.cfg.faults):
             # named by this launch (rank 0's token: a rank's own attempt count is read from
             # progress.json, which rank 0 may already have rewritten)
             launch = dist.launch_token(self.info)
@@ -252,7 +252,7 @@ class Trainer:
 
     def _write_digest(self, name: str, rng: dict) -> None:
         """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state_digest)."""
-        if not (self.cfg.faults.enabled and self.cfg.faults.state_digest):
+        if not faults.digests_on(self.cfg.faults):
             return
         parts = state_digest.digest(self.model, self.opt.optim, rng, self._trainer_state())
         state_digest.write(self.paths.state_digest, f"{name}-rank{self.info.rank}", parts)
@@ -391,7 +391,9 @@ class Trainer:
     def train_step(self) -> None:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
-        self._inject_faults()
+        faults.before_step(
+            cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
+        )
         self.tracker.update(TrainState.GENERATING)
         got = self.collector.collect()
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
@@ -400,8 +402,7 @@ class Trainer:
         groups_per_rank = cfg.rollout.prompts_per_step // info.world_size
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
-        if cfg.faults.enabled and cfg.faults.oom_at_step == self.step:
-            shrink_gpu(info.device, cfg.faults.oom_gpu_gb)
+        faults.before_update(cfg.faults, self.step, info.device)
         t1 = time.monotonic()
         stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
         if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
@@ -410,23 +411,6 @@ class Trainer:
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
         self._report(stats, sel, scored, times, t0)
-
-    def _inject_faults(self) -> None:
-        f = self.cfg.faults
-        if not f.enabled:
-            return
-        if f.crash_at_step == self.step:
-            raise RuntimeError(f"fault injection: crash at step {self.step}")
-        if f.step_sleep:
-            time.sleep(f.step_sleep)
-        if f.hang_at_step == self.step and self.tracker.record.attempt == 0:
-            # Simulates generation futures that never resolve: the process is alive and
-            # heartbeats, but the step never advances (the 22-hours-at-step-0 failure).
-            self.tracker.update(TrainState.GENERATING)
-            while self.stop_signal is None:
-                time.sleep(1)
-                self.tracker.heartbeat()
-            raise GenerationAborted()
 
     def _report(
         self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
@@ -489,19 +473,6 @@ class Trainer:
             return self.held_out.run(self.step)
         finally:
             self.evaluating = False
-
-
-def shrink_gpu(device: torch.device, gib: float) -> None:
-    """Fault injection (``faults.oom_at_step``): from here on this process may use only
-    ``gib`` GiB of its GPU, so the update that follows runs out of memory in the real
-    caching allocator, as on a smaller card. Without CUDA the error is raised here."""
-    if device.type != "cuda":
-        raise torch.cuda.OutOfMemoryError(
-            f"fault injection: CUDA out of memory (a GPU of {gib:g} GiB is full)"
-        )
-    torch.cuda.empty_cache()  # cached blocks would otherwise serve the update
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
 
 
 def _finite(x: float | None) -> float | None:
