@@ -12,8 +12,11 @@
 #             in SMALL_RUNS (default: ddp_auto fsdp_auto fsdp_compile_pack
 #             fsdp_compile_pack_noreshard; also one_gpu, fsdp_noreshard): DDP auto, FSDP2
 #             auto, FSDP2 with compiled layers + packing forced, that with
-#             reshard_after_forward=False; 5 steps, step 5 under torch.profiler (rank 0),
-#             medians of steps 2-4 (small_<shape>.json)
+#             reshard_after_forward=False (on every fully_shard, through the probe), and
+#             fsdp_cp_cfg: compiled + packed with the config key dist.reshard_after_forward=false
+#             (decoder layers only); 5 steps, step 5 under torch.profiler (rank 0), medians of
+#             steps 2-4 (small_<shape>.json). SMALL_FLAGS replaces the memory flags
+#             (default "--micro 64 --no-grad-ckpt"; "" runs the project's defaults).
 # Usage: bash bench/issue38_probe.sh OUTDIR [STAGE...] (default: 7b 7b_sync small)
 # PROBE_DEADLINE (s, default 480): start no run after this many seconds.
 set -uo pipefail
@@ -43,7 +46,8 @@ small() { # name nproc strategy extra-args... (each run's probe files in /tmp/pr
     echo "== $name $(date +%T)"
     PROBE_OUT=/tmp/probe-$name PROBE_PROFILE_STEP=5 timeout "${SMALL_TIMEOUT:-150}" \
         python3 -m bench.grpo_step --shape "$shape" --precision bf16 --steps 5 \
-        --prompts $((8 * nproc)) --G 8 --max-new 256 --micro 64 --no-grad-ckpt --nproc "$nproc" \
+        --prompts $((8 * nproc)) --G 8 --max-new 256 ${SMALL_FLAGS---micro 64 --no-grad-ckpt} \
+        --nproc "$nproc" \
         --strategy "$strategy" --engine native --probe "$@" \
         --out "/tmp/probe-$name/step.json" >/dev/null 2>"/tmp/probe-$name.err" ||
         echo "$name failed: $(grep -E 'Error|error' "/tmp/probe-$name.err" | tail -3)"
@@ -81,6 +85,8 @@ for stage in $stages; do
             fsdp_compile_pack_noreshard)
                 PROBE_RESHARD_AFTER_FORWARD=0 small fsdp_compile_pack_noreshard 2 fsdp \
                     --compile --packing ;;
+            fsdp_cp_cfg) small fsdp_cp_cfg 2 fsdp --compile --packing \
+                --override dist.reshard_after_forward=false ;;
             *) echo "unknown small run $run" ;;
             esac
         done ;;
