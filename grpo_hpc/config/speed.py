@@ -7,13 +7,16 @@ each on exactly where it was measured to pay, and leaves it off where it was not
 or cannot pay:
 
 - on a CUDA GPU of compute capability 8.0 or newer (A100, H100; Triton's fused kernels and
-  the varlen flash kernel need it), one node, data-parallel (DDP) or one GPU, full
-  parameters. On one H100 (bench/results/LOG.md, issue 24) compile + packing made the
-  default step 1.32x (0.5B), 1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K
-  lengths) faster, and lowered its peak memory in every case;
+  the varlen flash kernel need it), full parameters, one GPU, DDP or FSDP2. On one H100
+  (bench/results/LOG.md, issue 24) compile + packing made the default step 1.32x (0.5B),
+  1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K lengths) faster, and lowered
+  its peak memory in every case. Under FSDP2 on 2x H100 (issue 38,
+  bench/results/h100x2_fsdp2_speed.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
+  faster than FSDP2's eager layers and lowered the peak (24.2 against 32.4 GiB at 0.5B);
+  the 7B FSDP2 plan was measured eager only;
 - packing also needs half precision (the varlen kernel takes bf16/fp16 only; elsewhere a
   packed forward runs attention row by row, which is slower than padding);
-- off with LoRA and with FSDP: neither was measured compiled or packed on a GPU;
+- off with LoRA: not measured compiled or packed on a GPU;
 - off on a CPU (compilation costs more than it saves on small CPU runs; no varlen kernel).
 
 ``true`` and ``false`` are taken as given.
@@ -39,8 +42,6 @@ class Where:
     """The device's compute capability; (0, 0) off CUDA."""
     precision: str
     """dist.precision: fp32, bf16 or fp16."""
-    strategy: str
-    """dist.strategy: ddp or fsdp."""
     lora: bool
     """A LoRA policy (model.lora_rank > 0)."""
     varlen: bool
@@ -49,7 +50,7 @@ class Where:
 
 def _measured(where: Where) -> bool:
     """Where compile and packing were measured to pay: see the module docstring."""
-    return where.cuda and where.capability >= (8, 0) and where.strategy == "ddp" and not where.lora
+    return where.cuda and where.capability >= (8, 0) and not where.lora
 
 
 def compile_on(setting: bool | str, where: Where) -> bool:
@@ -106,7 +107,6 @@ def where_submitted(cfg: Config, capability: tuple[int, int] | None = None) -> W
         cuda=True,
         capability=capability,
         precision=cfg.dist.precision,
-        strategy=cfg.dist.strategy,
         lora=cfg.model.lora_rank > 0,
         varlen=bf16,
     )

@@ -154,9 +154,6 @@ class Settings:
     reshard_after_forward: bool = True
     """FSDP2 frees a layer's gathered weights after its forward (``dist.reshard_after_forward``);
     false keeps every layer gathered from its forward to its backward."""
-    fsdp_compiled_layers: bool | None = None
-    """``compiled_layers`` once the plan switches FSDP2 on (``dist.compile=auto`` resolves
-    off under FSDP2: grpo_hpc.config.speed); None: unchanged."""
 
     @property
     def compute_bytes(self) -> int:
@@ -395,10 +392,8 @@ native engine drops the engine's packed copy of the weights, at ~10x slower deco
 
 def _apply(s: Settings, mean: str) -> Settings | None:
     """``s`` with one mean applied; None when it does not apply (already on, one GPU)."""
-    if mean == "fsdp":  # the layers compile as the trainer will decide under FSDP2
-        compiled = s.compiled_layers if s.fsdp_compiled_layers is None else s.fsdp_compiled_layers
-        ok = s.ranks > 1 and not s.fsdp
-        return replace(s, strategy="fsdp", compiled_layers=compiled) if ok else None
+    if mean == "fsdp":  # dist.compile's auto compiles under FSDP2 as under DDP
+        return replace(s, strategy="fsdp") if s.ranks > 1 and not s.fsdp else None
     if mean == "gradient_checkpointing":
         return None if s.gradient_checkpointing else replace(s, gradient_checkpointing=True)
     if mean == "micro_batch_tokens":

@@ -93,9 +93,6 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         reshard_after_forward=cfg.dist.reshard_after_forward,
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
-        fsdp_compiled_layers=auto_speed.compile_on(
-            cfg.dist.compile, replace(where, strategy="fsdp")
-        ),
     )
 
 

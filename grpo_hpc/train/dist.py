@@ -92,6 +92,15 @@ def all_reduce_max(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
+def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
+    """Each of ``values``' largest over the ranks (one all-reduce)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def spread(value: float, info: DistInfo) -> float:
     """Largest minus smallest ``value`` over the ranks (one all-reduce of two numbers)."""
     if not info.enabled:

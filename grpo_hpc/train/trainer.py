@@ -58,7 +58,6 @@ def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
         cuda=cuda,
         capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
         precision=cfg.dist.precision,
-        strategy=cfg.dist.strategy,
         lora=cfg.model.lora_rank > 0,
         varlen=packing.varlen_kernel() is not None,
     )
@@ -434,8 +433,13 @@ class Trainer:
         # collective, which no short process-group timeout may span (liveness.py)
         m["time/generate_skew"] = dist.spread(times["time/generate"], info)
         m["time/step"] = time.monotonic() - t0
-        graphs = compiled_graphs()
+        # Counted on every rank: one rank's first meeting with a new shape (a compilation, a
+        # CUDA graph capture) makes its peers wait at the next collective.
+        totals = getattr(self.engine, "totals", None)  # native engine: caches, captures so far
+        counts = [compiled_graphs(), (totals or {}).get("captures", 0)]
+        graphs, captures = (int(v) for v in dist.max_over_ranks(counts, info))
         m["compile/graphs"] = graphs
+        m["engine/captures"] = captures
         line = recompile_line(self.step, self.graphs_seen, graphs)
         if line and info.is_main:
             print(line, flush=True)
@@ -446,7 +450,6 @@ class Trainer:
             # each is a device-wide sync, so a count that grows step by step means memory
             # is nearly full and the step runs slower than its kernels (no GPU sync here).
             m["gpu_alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-        totals = getattr(self.engine, "totals", None)  # native engine: caches built so far
         if totals is not None:
             m["engine/caches"] = totals["caches"]
         self.streaks = self.streaks.after(

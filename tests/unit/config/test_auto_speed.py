@@ -1,6 +1,6 @@
 """``auto`` for dist.compile and algo.packing: on exactly where they were measured to pay
-(full-parameter DDP on a GPU of capability 8.0+; packing also in half precision with the
-varlen kernel), as given when set, and validated at load."""
+(full parameters, one GPU, DDP or FSDP2, on a GPU of capability 8.0+; packing also in half
+precision with the varlen kernel), as given when set, and validated at load."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from grpo_hpc.config.load import build_config
 from grpo_hpc.config.speed import Where, compile_on, packing_on
 from grpo_hpc.core.errors import ConfigError
 
-H100 = Where(
-    cuda=True, capability=(9, 0), precision="bf16", strategy="ddp", lora=False, varlen=True
-)
+H100 = Where(cuda=True, capability=(9, 0), precision="bf16", lora=False, varlen=True)
 
 
 @pytest.mark.parametrize(
@@ -26,7 +24,6 @@ H100 = Where(
         ({"capability": (7, 0), "precision": "fp16"}, False, False),  # V100 (Supercloud)
         ({"precision": "fp32"}, True, False),  # the varlen kernel takes half precision only
         ({"varlen": False}, True, False),  # a torch without varlen attention
-        ({"strategy": "fsdp"}, False, False),  # not measured on GPUs
         ({"lora": True}, False, False),
         ({"cuda": False, "capability": (0, 0), "precision": "fp32"}, False, False),  # CPU
     ],
