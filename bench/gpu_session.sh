@@ -8,7 +8,7 @@
 #           update24 (issue 24: the update alone, padded vs packed, full and ragged lengths)
 #           packdiag (issue 24: the packed update's profile) compile24 (compiled layers)
 #           ckpt24 (issue 24: the default step with less gradient checkpointing)
-#           multi dcp ladder2 (2 GPUs)
+#           multi dcp ladder2 trl2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
@@ -30,6 +30,14 @@ for stage in "$@"; do
     stepc) python3 -m bench.grpo_step --shape qwen2.5-0.5b --precision bf16 --steps 7 --prompts 8 \
         --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --compile --out "$out/step_compiled.json" \
         | tail -22 ;;
+    trl2) # issue 38 point 4: TRL under accelerate launch with FSDP2 (bench/trl_multi.py) on 2
+        # GPUs beside grpo_hpc's step with FSDP2 and with DDP; 8 prompts x G=8 per GPU, 256
+        # tokens (TRL2_SHAPE, default qwen2.5-1.5b; TRL2_MODE fsdp2, fsdp1 or ddp)
+        shape=${TRL2_SHAPE:-qwen2.5-1.5b}
+        python3 -m bench.trl_baseline --shape "$shape" --nproc 2 --trl-mode "${TRL2_MODE:-fsdp2}" \
+            --prompts 16 --micro 16 --engine native --variant-timeout "${TRL2_TIMEOUT:-400}" \
+            --variants "fsdp=--strategy fsdp" "ddp=--strategy ddp" \
+            --out "$out/trl2_${TRL2_MODE:-fsdp2}_$shape.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
     multi) # weak scaling: 8 prompts x G=8 per GPU; DDP and FSDP2 on 2 GPUs against 1 GPU
         # (MULTI_RUNS: "nproc strategy prompts" separated by ";", e.g. with 4 GPUs
         # "1 ddp 8;2 ddp 16;4 ddp 32;4 fsdp 32")

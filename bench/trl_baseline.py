@@ -11,7 +11,13 @@ runs through ``bench/grpo_step.py`` (``torchrun -m grpo_hpc.train``) with the sa
     python -m bench.trl_baseline --shape qwen2.5-0.5b --engine native --out bench/results/x.json
 
 TRL runs once; grpo_hpc runs once per ``--variants`` entry (the project defaults first),
-each against that same TRL run.
+each against that same TRL run. ``--nproc N``: TRL as a TRL user runs several GPUs,
+``accelerate launch`` with FSDP2 (``--trl-mode``; bench/trl_multi.py), and grpo_hpc under
+torchrun with N ranks (a variant's ``--strategy`` picks DDP or FSDP2); ``--prompts`` stays
+the global count per step::
+
+    python -m bench.trl_baseline --shape qwen2.5-1.5b --nproc 2 --prompts 16 --micro 16 \
+        --engine native --variants "fsdp=--strategy fsdp" "ddp=--strategy ddp" --out F
 
 The default prompts are grpo_hpc's synthetic arithmetic questions, and a random model
 never emits EOS: every completion runs to ``--max-new``, the worst case. Real lengths:
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import trl_multi
 from bench.common import SHAPES, build_model, env_info, length_summary, write_result
 
 
@@ -132,12 +140,18 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
             sync()
             self.times.append(time.perf_counter() - self.t0)
 
+    # Under accelerate launch (--nproc, bench/trl_multi.py) this is one rank of several
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if args.cap_gib:  # the budget's memory, as bench/ladder.py caps grpo_hpc's ranks
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total))
+        total = torch.cuda.get_device_properties(local).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total), local)
     cuda = torch.cuda.is_available()
     data = Dataset.from_dict({"prompt": bench_prompts(args)})
     completions = args.prompts * args.G
+    if completions % (args.micro * world):
+        raise SystemExit(f"{completions} completions do not split into {world} x {args.micro}")
     peft_config, init_kwargs = None, None
     if args.lora_rank:  # as grpo_hpc's LoRA: the frozen base in the compute dtype
         from peft import LoraConfig
@@ -151,14 +165,15 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         per_device_train_batch_size=args.micro,
-        gradient_accumulation_steps=completions // args.micro,
+        gradient_accumulation_steps=completions // (args.micro * world),
         num_generations=args.G,
         max_completion_length=args.max_new,
         beta=args.beta,
         learning_rate=1e-6,
         bf16=args.precision == "bf16",
         fp16=args.precision == "fp16",  # autocast + grad scaler, as a V100 forces
-        gradient_checkpointing=True,
+        # under FSDP the accelerate config checkpoints the layers (bench/trl_multi.py)
+        gradient_checkpointing=not fsdp,
         max_steps=args.steps,
         logging_steps=1,
         report_to="none",
@@ -184,6 +199,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
     trainer.train()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     lengths = trl_lengths(trainer.state.log_history)
+    wrapping = how_wrapped(trainer.model_wrapped)
     # grpo_hpc's variants run next, in child processes on the same GPU: give TRL's memory
     # back to the driver, or this process's allocator keeps it reserved (54 GiB at 3B).
     del trainer
@@ -199,7 +215,22 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         "completion_tok_per_s": real_tok_per_s(completions, lengths, statistics.median(steps)),
         "lengths": lengths,
         "peak_gib": peak,
+        "wrapping": wrapping,
         "reserved_gib_after_release": torch.cuda.memory_reserved() / 2**30 if cuda else 0.0,
+    }
+
+
+def how_wrapped(model: object) -> dict:
+    """What the Trainer trained: the wrapper's class (FSDP1's ``FullyShardedDataParallel``,
+    DDP's ``DistributedDataParallel``) and how many weights are FSDP2's sharded DTensors, so
+    a multi-GPU figure says what ran (bench/trl_multi.py checks it)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())  # type: ignore[attr-defined]
+    return {
+        "class": type(model).__name__,
+        "dtensor_params": sum(isinstance(p, DTensor) for p in params),
+        "params": len(params),
     }
 
 
@@ -248,6 +279,7 @@ def run_ours(
         f"--engine={args.engine}",
         f"--cap-gib={args.cap_gib}",
         f"--seed={SEED}",
+        f"--nproc={args.nproc}",
         *ours_data_flags(args),
         f"--out={out}",
         *flags,
@@ -271,7 +303,7 @@ def ours_data_flags(args: argparse.Namespace) -> list[str]:
 def compare(ours: dict, trl: dict | None) -> dict:
     """Speed-up and memory ratio of one grpo_hpc variant against TRL's run."""
     med = ours.get("median")
-    if not trl or not med:
+    if not trl or "error" in trl or not med:  # no TRL run, or it failed: no ratio
         return {"speedup_vs_trl": None, "memory_ratio_vs_trl": None}
     return {
         "speedup_vs_trl": trl["s_per_step_median"] / med["time/step"],
@@ -314,15 +346,36 @@ def main() -> None:
     p.add_argument("--cap-gib", type=float, default=0.0, help="cap GPU memory (both sides) at this")
     p.add_argument("--lora-rank", type=int, default=0, help="TRL with peft LoRA on q/k/v/o")
     p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="GPUs: TRL under accelerate launch (--trl-mode), grpo_hpc under torchrun",
+    )
+    p.add_argument(
+        "--trl-mode", choices=trl_multi.MODES, default="fsdp2", help="TRL's launch with --nproc > 1"
+    )
+    p.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)  # one accelerate rank
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.trl_worker:  # one rank of bench/trl_multi.py's launch: its own result only
+        rank = os.environ.get("RANK", "0")
+        with tempfile.TemporaryDirectory() as d:
+            result = run_trl(args, args.model_dir, Path(d))
+        Path(f"{args.trl_worker}.rank{rank}").write_text(json.dumps(result))
+        return
     variants = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         model = args.model_dir or work / "model"
         if not args.model_dir:
             build_model(model, args.shape)
-        trl = None if args.skip_trl else run_trl(args, model, work)
+        if args.skip_trl:
+            trl = None
+        elif args.nproc > 1:
+            trl = trl_multi.run(args, model, work)
+        else:
+            trl = run_trl(args, model, work)
         for spec in args.variants:
             name, _, flags = spec.partition("=")
             variants[name] = run_ours(args, work, name, flags.split(), model)
@@ -340,7 +393,9 @@ def main() -> None:
         "env": env_info(),
     }
     write_result(result, args.out)
-    if trl:
+    if trl and "error" in trl:
+        print(f"TRL      failed: {trl['error'].strip().splitlines()[-1:]}")
+    elif trl:
         print(
             f"TRL      {trl['s_per_step_median']:.2f} s/step  peak {trl['peak_gib']:.1f} GiB"
             f"  {render_lengths(trl['lengths'])}"
