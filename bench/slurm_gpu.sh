@@ -15,6 +15,7 @@
 # it in /tmp/grpo_cache (bench/gpu_real.sh setup + model), else the random `tiny` model on the
 # same GSM8K prompts (GPU_MODEL=tiny|smollm2 forces one). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
 # GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster).
+# The submit stage ends with python -m bench.step_spread over the run's metrics (issue 38).
 # Every process started here and every Slurm job gets NVLink multicast off. All output files
 # end up in OUT/slurm_gpu.tgz (the device tool returns only a few files per call).
 set -uo pipefail
@@ -196,6 +197,9 @@ submit() {
     cp "$run/progress.json" "$run/metrics.jsonl" "$run/config.yaml" "$run/jobs.jsonl" "$OUT/" 2>/dev/null
     tail -c 30000 "$run/training_output.log" >"$OUT/training_output_tail.log" 2>/dev/null
     ls -R "$run" | head -n 80 >"$OUT/run_tree.txt"
+    # issue 38 point 5: how steady the steps were (size groups after warm-up, compilations)
+    python3 -m bench.step_spread "$run/metrics.jsonl" --json "$OUT/step_spread.json" 2>&1 |
+        tee "$OUT/step_spread.txt"
     cat "$OUT/nccl_lines.txt" | head -n 30
     cat "$OUT/rank_env.txt"
 }

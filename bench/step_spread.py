@@ -1,0 +1,177 @@
+"""How steady a real run's steps are: its ``metrics.jsonl`` read back, steps after warm-up
+grouped by size, and the spread of their times within each group (issue 38, point 5).
+
+A benchmark times fixed shapes; a user's run does not have them: completion lengths vary,
+groups with no reward variance train nothing, a new shape compiles or captures a graph.
+This report separates those. After ``--warmup`` steps, each step is put in a size group by
+its trained tokens (``train/tokens``, within ``--tolerance`` of the group's first step; a
+step that trained nothing is its own group "no update"); for each group it gives the
+steps, their times (``time/step``, split into generate and train), and the slowest over
+the fastest. Steps whose ``compile/graphs`` or ``engine/captures`` grew are marked: their
+time includes a compilation or a CUDA graph capture on some rank.
+
+    python -m bench.step_spread logs/RUN/metrics.jsonl
+    python -m bench.step_spread bench/results/slurm_gpu_h100x2/metrics.jsonl --warmup 1
+
+The issue's target: after warm-up, steps of similar token counts within 20 % of each other
+(``--target 1.2``: exit 1 when a group's slowest step is further than that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COUNTERS = ("compile/graphs", "engine/captures")
+"""Cumulative counters whose growth in a step explains a slow one."""
+
+
+@dataclass
+class Group:
+    """Steps of about one size (trained tokens), after warm-up."""
+
+    tokens: float
+    """The first step's trained tokens (0: steps that trained nothing)."""
+    steps: list[dict] = field(default_factory=list)
+
+    def times(self, key: str = "time/step") -> list[float]:
+        return [s.get(key, 0.0) for s in self.steps]
+
+    @property
+    def spread(self) -> float:
+        """Slowest over fastest step time (1.0 for one step)."""
+        t = self.times()
+        return max(t) / min(t) if min(t) > 0 else float("inf")
+
+
+def training_steps(lines: list[dict]) -> list[dict]:
+    """The logged steps (lines with a loss), last record per step number: a resumed run
+    logs again the steps after its checkpoint, and the later attempt is the one that
+    counted."""
+    by_step = {m["step"]: m for m in lines if "loss" in m and "step" in m}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def grown(prev: dict | None, step: dict) -> list[str]:
+    """The counters that grew in ``step`` since ``prev`` (pure)."""
+    if prev is None:
+        return []
+    return [c for c in COUNTERS if c in step and step[c] > prev.get(c, step[c])]
+
+
+def size(step: dict) -> float:
+    """A step's size (pure): the completion tokens it trained (``train/tokens``; 0 when no
+    group had reward variance). Logs from before that metric: completions x mean length,
+    and 0 when the update took under 0.1 s (nothing trained)."""
+    if "train/tokens" in step:
+        return float(step["train/tokens"])
+    if step.get("time/train", 0.0) < 0.1:
+        return 0.0
+    return float(step.get("completions", 0)) * float(step.get("gen_len/mean", 0.0))
+
+
+def group_steps(steps: list[dict], warmup: int, tolerance: float) -> list[Group]:
+    """Steps after ``warmup`` in size groups (pure): a step joins the first group whose
+    tokens are within ``tolerance`` (a share) of its own; one that trained nothing joins
+    the group of 0."""
+    groups: list[Group] = []
+    for s in steps:
+        if s["step"] <= warmup:
+            continue
+        tokens = size(s)
+        home = next(
+            (
+                g
+                for g in groups
+                if (g.tokens == 0) == (tokens == 0)
+                and abs(tokens - g.tokens) <= tolerance * max(g.tokens, 1.0)
+            ),
+            None,
+        )
+        if home is None:
+            home = Group(tokens)
+            groups.append(home)
+        home.steps.append(s)
+    return groups
+
+
+def report(steps: list[dict], warmup: int, tolerance: float) -> dict:
+    """The spread report (pure): per group, its steps, times and spread; the marked steps;
+    the worst spread among groups of two or more trained steps."""
+    marks = {}
+    prev = None
+    for s in steps:
+        g = grown(prev, s)
+        if g and s["step"] > warmup:
+            marks[s["step"]] = g
+        prev = s
+    groups = group_steps(steps, warmup, tolerance)
+    rows = [
+        {
+            "tokens": g.tokens,
+            "steps": [s["step"] for s in g.steps],
+            "time_step": g.times(),
+            "time_generate": g.times("time/generate"),
+            "time_train": g.times("time/train"),
+            "median_s": statistics.median(g.times()),
+            "spread": g.spread,
+        }
+        for g in groups
+    ]
+    trained = [r["spread"] for r in rows if r["tokens"] > 0 and len(r["steps"]) > 1]
+    return {
+        "size": "train/tokens" if all("train/tokens" in s for s in steps) else "proxy",
+        "warmup": warmup,
+        "tolerance": tolerance,
+        "groups": rows,
+        "marked_steps": marks,
+        "worst_spread": max(trained) if trained else None,
+    }
+
+
+def render(rep: dict) -> str:
+    """The report as lines for a terminal."""
+    out = [f"after {rep['warmup']} warm-up step(s); size groups within {rep['tolerance']:.0%}:"]
+    if rep["size"] == "proxy":
+        out.append("  (no train/tokens in this log: size = completions x mean length)")
+    for r in rep["groups"]:
+        name = "no update" if r["tokens"] == 0 else f"~{r['tokens']:.0f} tokens"
+        times = " ".join(f"{t:.2f}" for t in r["time_step"])
+        out.append(
+            f"  {name:>16}: steps {r['steps']} s/step {times}  median {r['median_s']:.2f}"
+            f"  slowest/fastest {r['spread']:.2f}"
+        )
+    for step, what in rep["marked_steps"].items():
+        out.append(f"  step {step}: {' and '.join(what)} grew (a compilation or a capture)")
+    worst = rep["worst_spread"]
+    out.append("worst spread of trained steps: " + ("n/a" if worst is None else f"{worst:.2f}"))
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("metrics", type=Path, help="a run's metrics.jsonl")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out at the start")
+    p.add_argument("--tolerance", type=float, default=0.1, help="token share of a size group")
+    p.add_argument("--target", type=float, default=0.0, help="exit 1 above this spread")
+    p.add_argument("--json", type=Path, help="also write the report here")
+    args = p.parse_args()
+    if not args.metrics.is_file():
+        raise SystemExit(f"no metrics file at {args.metrics}: give a run's metrics.jsonl")
+    lines = [json.loads(x) for x in args.metrics.read_text().splitlines() if x.strip()]
+    rep = report(training_steps(lines), args.warmup, args.tolerance)
+    print(render(rep))
+    if args.json:
+        args.json.write_text(json.dumps(rep, indent=1))
+    if args.target and rep["worst_spread"] is not None and rep["worst_spread"] > args.target:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""bench/step_spread.py: a real run's steps grouped by size, the spread within each group,
+and the steps whose compile or capture counters grew."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import step_spread
+
+REPO = Path(__file__).resolve().parents[2]
+H100X2 = REPO / "bench/results/slurm_gpu_h100x2/metrics.jsonl"
+
+
+def _step(n: int, t: float, tokens: float, **more: float) -> dict:
+    base = {"step": n, "loss": 0.0, "time/step": t, "time/train": 1.0, "train/tokens": tokens}
+    return base | more
+
+
+def test_groups_by_trained_tokens_and_marks_compilations() -> None:
+    steps = [
+        _step(1, 9.0, 1000, **{"compile/graphs": 3}),
+        _step(2, 2.0, 1000, **{"compile/graphs": 3}),
+        _step(3, 2.2, 1050, **{"compile/graphs": 3, "engine/captures": 4}),
+        _step(4, 3.1, 1020, **{"compile/graphs": 5, "engine/captures": 4}),  # recompiled
+        _step(5, 0.5, 0, **{"compile/graphs": 5, "engine/captures": 6}),  # nothing trained
+        _step(6, 4.0, 2000, **{"compile/graphs": 5, "engine/captures": 6}),
+    ]
+    rep = step_spread.report(steps, warmup=1, tolerance=0.1)
+    by_tokens = {g["tokens"]: g for g in rep["groups"]}
+    assert by_tokens[1000]["steps"] == [2, 3, 4]
+    assert by_tokens[0]["steps"] == [5] and by_tokens[2000]["steps"] == [6]
+    assert rep["worst_spread"] == 3.1 / 2.0
+    assert rep["marked_steps"] == {4: ["compile/graphs"], 5: ["engine/captures"]}
+    assert rep["size"] == "train/tokens"
+
+
+def test_a_resumed_run_counts_each_step_once_the_last_attempts() -> None:
+    lines = [_step(1, 1.0, 10), _step(2, 9.0, 10), _step(2, 1.1, 10), {"step": 2, "eval": 1}]
+    assert [s["time/step"] for s in step_spread.training_steps(lines)] == [1.0, 1.1]
+
+
+def test_the_real_two_gpu_run_under_slurm(tmp_path: Path) -> None:
+    """The recorded 2x H100 Slurm run (SmolLM2, GSM8K, FSDP2; logged before train/tokens):
+    steps 2-4 trained ~26k tokens each in 4.2-4.8 s, steps 5-6 trained nothing in 0.6 s."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "bench.step_spread", str(H100X2), "--warmup", "1",
+           "--json", str(out), "--target", "1.1"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr  # 1.16 > the 1.1 asked
+    rep = json.loads(out.read_text())
+    assert rep["size"] == "proxy" and "completions x mean length" in proc.stdout
+    trained, idle = rep["groups"]
+    assert trained["steps"] == [2, 3, 4] and idle["steps"] == [5, 6] and idle["tokens"] == 0
+    assert 1.15 < rep["worst_spread"] < 1.17
