@@ -154,6 +154,8 @@ class Settings:
     reshard_after_forward: bool = True
     """FSDP2 frees a layer's gathered weights after its forward (``dist.reshard_after_forward``);
     false keeps every layer gathered from its forward to its backward."""
+    optim_state: str = "fp32"
+    """AdamW's moments (``optim.state``): fp32, or int8 (torchao's AdamW8bit)."""
 
     @property
     def compute_bytes(self) -> int:
@@ -172,6 +174,8 @@ class Settings:
             parts.append("gradient checkpointing" + (f" (1 layer in {every})" if every > 1 else ""))
         if self.compiled_layers:
             parts.append("compiled layers")
+        if self.optim_state == "int8":
+            parts.append("8-bit AdamW state")
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
         if self.release_engine and self.engine == "native":
@@ -201,6 +205,9 @@ class Estimate:
     reference: int
     generation_transient: int
     micro_batch_tokens: int
+    optimizer_step: int = 0
+    """Transient of the optimizer step beyond the resident state (torchao's int8 step:
+    one parameter's moments dequantized to fp32, and its update)."""
     engine_released: bool = False
     """The engine's weights and cache are freed while the update runs."""
     """Padded tokens in the largest micro-batch."""
@@ -228,13 +235,25 @@ class Estimate:
         )
 
     @property
+    def step_bytes(self) -> int:
+        """The optimizer step: the update's state without its activations, plus the step's
+        own transient."""
+        released = self.engine_weights + self.kv_cache if self.engine_released else 0
+        return self.resident - released + self.grads + self.ddp_buckets + self.optimizer_step
+
+    @property
     def peak_phase(self) -> str:
-        return "update" if self.update_bytes >= self.generate_bytes else "generate"
+        phases = {
+            "update": self.update_bytes,
+            "generate": self.generate_bytes,
+            "optimizer step": self.step_bytes,
+        }
+        return max(phases, key=lambda k: phases[k])  # ties: the first (update)
 
     @property
     def peak_bytes(self) -> int:
         """What ``torch.cuda.max_memory_allocated`` should report."""
-        return max(self.generate_bytes, self.update_bytes)
+        return max(self.generate_bytes, self.update_bytes, self.step_bytes)
 
     @property
     def peak_gib(self) -> float:
@@ -250,6 +269,10 @@ class Estimate:
         keys.remove("micro_batch_tokens")
         return {k: round(getattr(self, k) / GIB, 3) for k in keys}
 
+
+INT8_STATE_BYTES = 2 + 2 * 4 / 256
+"""Bytes a parameter of torchao's AdamW8bit moments: two int8 codes, and for each moment one
+fp32 scale per block of 256 values (its default block size). Not yet measured on a GPU."""
 
 LORA_HIDDEN_SAVED = 10
 """Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
@@ -296,9 +319,15 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     on_gpu = 0 if (s.cpu_offload and s.fsdp) else 1
     weights = on_gpu * weight_bytes // shard
     grads = on_gpu * 4 * trainable // shard
-    # No optimizer-step phase: the trainer's AdamW is fused on the GPU (FSDP2 included) and
-    # updates in place; torch's foreach default would add a 4 * trainable / shard temporary.
-    optimizer = on_gpu * 8 * trainable // shard
+    # fp32 moments: the trainer's AdamW is fused on the GPU (FSDP2 included) and updates in
+    # place, with no temporary (torch's foreach default would add 4 * trainable / shard).
+    # int8 moments: a quarter of that, and torchao's step dequantizes one parameter's two
+    # moments to fp32 beside its update: the largest trained tensor (the embedding or the
+    # head) x 12 bytes, per shard.
+    int8 = s.optim_state == "int8"
+    optimizer = int(on_gpu * (INT8_STATE_BYTES if int8 else 8) * trainable) // shard
+    largest = 0 if lora else shape.vocab * shape.hidden
+    optimizer_step = on_gpu * 12 * largest // shard if int8 else 0
     ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
     head_w = shape.vocab * shape.hidden
     if s.fsdp:  # two gathered decoder layers in flight (every layer when none is resharded
@@ -370,6 +399,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         reference=reference,
         generation_transient=transient + kv_transient,
         micro_batch_tokens=tokens,
+        optimizer_step=optimizer_step,
         engine_released=native and s.release_engine,
     )
 

@@ -91,6 +91,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         engine=engine,
         cpu_offload=cfg.dist.cpu_offload,
         reshard_after_forward=cfg.dist.reshard_after_forward,
+        optim_state=cfg.optim.state,
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
     )

@@ -30,6 +30,11 @@ def _feed(h: Any, obj: Any) -> None:  # noqa: ANN401 - any nest of state
     shard), containers in a fixed order, everything else by its repr."""
     if isinstance(obj, torch.Tensor):
         t = obj.to_local() if hasattr(obj, "to_local") else obj
+        if hasattr(t, "__tensor_flatten__"):  # a tensor subclass (torchao's int8 moments)
+            names, meta = t.__tensor_flatten__()
+            h.update(f"S{type(t).__name__}{meta!r}".encode())
+            _feed(h, {name: getattr(t, name) for name in names})
+            return
         t = t.detach().contiguous().cpu()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

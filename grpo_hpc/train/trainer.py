@@ -176,6 +176,9 @@ class Trainer:
         self.autocast = autocast_factory("cuda", dtype if gpu else None)
         update_autocast = autocast_factory("cuda", dtype if gpu else None, cache=False)
         self.opt = StepOptimizer(self.model, cfg, self.info, update_autocast)
+        if self.info.is_main and cfg.optim.state != "fp32":
+            kind = type(self.opt.optim)
+            print(f"[Optim] optim.state={cfg.optim.state}: {kind.__module__}.{kind.__name__}")
         self.engine = rollout.build_engine(
             cfg.rollout.engine,
             dist.unwrap(self.model),
@@ -428,7 +431,8 @@ class Trainer:
             self.step, self.cfg, sums, list(sel.components), info.world_size, generated
         )
         m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
-        m.update(times, **stats, lr=self.opt.sched.get_last_lr()[0])
+        # float(): torchao keeps its learning rate as a tensor (no recompile when it changes)
+        m.update(times, **stats, lr=float(self.opt.sched.get_last_lr()[0]))
         # How far apart the ranks finished generating: the wait of the earliest at the next
         # collective, which no short process-group timeout may span (liveness.py)
         m["time/generate_skew"] = dist.spread(times["time/generate"], info)

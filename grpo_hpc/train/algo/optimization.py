@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from grpo_hpc.config.schema import Config
-from grpo_hpc.core.errors import CircuitBreakerError
+from grpo_hpc.core.errors import CircuitBreakerError, ConfigError
 from grpo_hpc.train import dist
 from grpo_hpc.train.algo import update
 from grpo_hpc.train.algo.logp_head import Scoring
@@ -44,6 +44,45 @@ def _fused(info: dist.DistInfo, cfg: Config) -> bool:
     return on_gpu and not (cfg.dist.strategy == "fsdp" and cfg.dist.cpu_offload)
 
 
+def uneven_shards(shapes: dict[str, tuple[int, ...]], ranks: int) -> list[str]:
+    """The parameters whose first dimension does not split evenly over ``ranks`` (pure).
+    FSDP2 shards dim 0 and gives the last ranks fewer rows; torchao's compiled 8-bit step
+    assumes every rank's shard is the same size and fails on such a parameter."""
+    return [n for n, s in shapes.items() if ranks > 1 and s and s[0] % ranks]
+
+
+def adamw(
+    named: list[tuple[str, torch.nn.Parameter]], cfg: Config, info: dist.DistInfo
+) -> torch.optim.Optimizer:
+    """AdamW with the moments ``optim.state`` asks for: torch's (fp32, fused where
+    :func:`_fused` says) or torchao's ``AdamW8bit`` (int8 moments; torchao steps each
+    parameter in one compiled function, FSDP2's DTensors included, if evenly sharded)."""
+    o = cfg.optim
+    params = [p for _, p in named]
+    if o.state == "int8":
+        sharded = cfg.dist.strategy == "fsdp" and info.world_size > 1
+        shapes = {n: tuple(p.shape) for n, p in named}  # a DTensor's shape is the global one
+        uneven = uneven_shards(shapes, info.world_size)
+        if sharded and uneven:
+            raise ConfigError(
+                f"optim.state=int8 under FSDP2 needs every weight's first dimension divisible "
+                f"by the {info.world_size} ranks (torchao's 8-bit step takes even shards): "
+                f"{uneven[0]} has {shapes[uneven[0]][0]} rows; use optim.state=fp32, "
+                "dist.strategy=ddp or another rank count"
+            )
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError as e:
+            raise ConfigError(
+                f"optim.state=int8 needs torchao where the job runs ({e}): pip install "
+                "'grpo-hpc[lowmem]', or set optim.state=fp32"
+            ) from None
+        return AdamW8bit(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=_fused(info, cfg)
+    )
+
+
 class StepOptimizer:
     """AdamW over the trainable parameters of ``model``, its warmup schedule and, for fp16
     on CUDA, a gradient scaler; :meth:`update` trains on one step's micro-batches."""
@@ -56,14 +95,8 @@ class StepOptimizer:
         autocast: Callable[[], contextlib.AbstractContextManager],
     ) -> None:
         self.model, self.cfg, self.info, self.autocast = model, cfg, info, autocast
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optim = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            betas=tuple(cfg.optim.betas),
-            weight_decay=cfg.optim.weight_decay,
-            fused=_fused(info, cfg),
-        )
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.optim = adamw(trained, cfg, info)
         warm = max(cfg.optim.warmup_steps, 0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0

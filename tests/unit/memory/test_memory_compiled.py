@@ -186,3 +186,22 @@ def test_a_plan_that_switches_to_fsdp2_estimates_the_layers_the_trainer_will_run
     assert plan.settings.compiled_layers is True
     fsdp_cfg = build_config("gsm8k", [model, "dist.strategy=fsdp", "dist.nproc_per_node=2"])
     assert memory_plan.settings_of(fsdp_cfg, 1, profile.capability).compiled_layers
+
+
+def test_int8_moments_take_a_quarter_and_add_an_optimizer_step_phase() -> None:
+    """optim.state=int8: AdamW's state at ~2 bytes a parameter instead of 8 (codes and
+    per-block scales), and the step's transient (one tensor's moments in fp32) as a phase
+    of its own, which is the peak when the update holds few activations."""
+    shape = _shape("qwen2.5-7b")
+    base = memory.Settings(ranks=2, strategy="fsdp", precision="bf16", rows=64,
+                           max_new_tokens=512, micro_batch_tokens=4096)  # fmt: skip
+    fp32 = memory.estimate(shape, base)
+    int8 = memory.estimate(shape, replace(base, optim_state="int8"))
+    assert fp32.optimizer == 8 * shape.params // 2 and fp32.optimizer_step == 0
+    assert int8.optimizer == int(memory.INT8_STATE_BYTES * shape.params) // 2
+    assert int8.optimizer_step == 12 * shape.vocab * shape.hidden // 2
+    assert int8.peak_bytes < fp32.peak_bytes
+    tiny_batch = memory.estimate(shape, replace(base, optim_state="int8", micro_batch_tokens=8))
+    assert tiny_batch.peak_phase in ("update", "optimizer step")
+    assert tiny_batch.peak_bytes >= tiny_batch.step_bytes
+    assert "8-bit AdamW state" in replace(base, optim_state="int8").describe()
