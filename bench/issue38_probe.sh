@@ -7,6 +7,10 @@
 #             (PROBE_FSDP_SYNC_EACH=1; 7b_sync_each.json)
 #   7b_offload  the plan with FSDP2 CPU offload (dist.cpu_offload) and the per-micro-batch
 #             reduce-scatter, 2 steps (7b_offload.json; not run yet)
+#   7b_int8   7B full-parameter on 2 GPUs with 8-bit AdamW moments (optim.state=int8, torchao
+#             from .whl) and the engine kept: FSDP2, checkpointing, compiled, 4096-token
+#             micro-batches, 8 prompts x G=8 per GPU, 512 tokens, capped at 80 GiB, 3 steps
+#             under the probe (7b_int8.json; not run yet)
 #   small     the weak-scaling shape of gpu_session.sh's `multi` stage (SMALL_SHAPE, default
 #             qwen2.5-0.5b; 8 prompts x G=8 per GPU, 256 new tokens) on 2 GPUs, the runs named
 #             in SMALL_RUNS (default: ddp_auto fsdp_auto fsdp_compile_pack
@@ -74,6 +78,18 @@ for stage in $stages; do
         PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
             --steps 2 --cpu-offload --timeout "${OFFLOAD_TIMEOUT:-300}" --out /tmp/probe-7b-off \
             --summary "$out/7b_offload.json" 2>&1 | tail -3 ;;
+    7b_int8)
+        late 7b_int8 && continue
+        echo "== 7b_int8 $(date +%T)"
+        rm -rf /tmp/probe-7b-int8
+        PROBE_OUT=/tmp/probe-7b-int8 timeout "${INT8_TIMEOUT:-300}" python3 -m bench.grpo_step \
+            --shape qwen2.5-7b --precision bf16 --steps 3 --prompts 16 --G 8 --max-new 512 \
+            --nproc 2 --strategy fsdp --engine native --grad-ckpt --micro-tokens 4096 \
+            --cap-gib 80 --probe --override optim.state=int8 \
+            --out /tmp/probe-7b-int8/step.json >/dev/null 2>/tmp/probe-7b-int8.err ||
+            echo "7b_int8 failed: $(grep -E 'Error|error' /tmp/probe-7b-int8.err | tail -3)"
+        python3 -m bench.mem_probe merge --name 7b_int8 --step-json /tmp/probe-7b-int8/step.json \
+            --probe-dir /tmp/probe-7b-int8 --into "$out/7b_int8.json" ;;
     small)
         for run in ${SMALL_RUNS:-ddp_auto fsdp_auto fsdp_compile_pack fsdp_compile_pack_noreshard}; do
             case $run in

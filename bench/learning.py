@@ -33,10 +33,11 @@ one change: ``grpo_hpc_tempered``
 (``algo.tempered_logp=true``), ``grpo_hpc_hf`` (HF ``generate`` instead of the native
 engine), ``grpo_hpc_tis`` (``algo.tis_cap=2``), ``grpo_hpc_fp32head``
 (``algo.fp32_lm_head=true``), ``grpo_hpc_eager`` (the native engine without CUDA graphs
-or torch.compile: ``rollout.enforce_eager``), ``trl`` (bf16 autocast on a GPU, as a TRL
-user runs it), ``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run
-per seed, and is extended, not overwritten, by a later call with other seeds or systems
-(a GPU call is limited to 10 minutes): runs already there are kept.
+or torch.compile: ``rollout.enforce_eager``); ``grpo_hpc_int8`` is the defaults with one
+change, AdamW's moments in 8 bits (``optim.state=int8``, torchao); ``trl`` (bf16 autocast
+on a GPU, as a TRL user runs it), ``trl_fp32`` (TRL without autocast). The JSON keeps, per
+system, one run per seed, and is extended, not overwritten, by a later call with other
+seeds or systems (a GPU call is limited to 10 minutes): runs already there are kept.
 
 ``--jobs N`` runs N seeds/systems at once, each in its own process (a 135M model leaves
 an H100 mostly idle, so seeds come several times faster). Their accuracy per step is what
@@ -110,6 +111,7 @@ SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
     "grpo_hpc_timed": ("grpo_hpc", ["dist.deterministic_kernels=false"]),  # Inductor's timing
+    "grpo_hpc_int8": ("grpo_hpc", ["optim.state=int8"]),  # the defaults, 8-bit AdamW moments
     "grpo_hpc_plain": ("grpo_hpc", PLAIN),
     "grpo_hpc_tempered": ("grpo_hpc", [*PLAIN, "algo.tempered_logp=true"]),
     "grpo_hpc_hf": ("grpo_hpc", [*PLAIN, "rollout.engine=hf"]),
@@ -253,6 +255,7 @@ COLORS = {
     "grpo_hpc_tis": "tab:cyan",
     "grpo_hpc_fp32head": "tab:olive",
     "grpo_hpc_eager": "tab:brown",
+    "grpo_hpc_int8": "tab:pink",
 }
 
 
