@@ -1,18 +1,18 @@
 """``optim.state=int8`` (torchao's AdamW8bit) through the real trainer: two FSDP2 processes
 train with int8 moments, save sharded checkpoints, and a run resumed from one continues
-exactly: every rank's state after the load equals its digest at the save, and the final
-weights equal an uninterrupted run's, bit for bit (CPU, deterministic). A model that does
-not shard evenly is refused with one line."""
+exactly: every rank's state after the load equals its digest at the save, and the step-4
+weights equal those the run had before it was rewound, bit for bit (CPU, deterministic).
+A model that does not shard evenly is refused with one line."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.common import build_model
 from grpo_hpc.core.errors import ExitCode
-from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.train import state_digest
 
@@ -30,12 +30,11 @@ STEPS = [
 ]
 
 
-def _final(paths: RunPaths) -> dict:
+def _gathered(dcp_dir: Path, out: Path) -> dict:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    out = paths.root / "final-state.pt"
-    dcp_to_torch_save(paths.checkpoint(4) / "dcp", out)
+    dcp_to_torch_save(dcp_dir, out)
     return torch.load(out, weights_only=False)
 
 
@@ -45,23 +44,22 @@ def test_int8_moments_train_save_and_resume_exactly(tmp_path: Path) -> None:
 
     model = tmp_path / "model"  # a Llama whose every dimension splits over two ranks
     build_model(model, "tiny")
-    steps = [*STEPS, f"model.name_or_path={model}"]
-    whole = make_run(tmp_path, "whole", *steps, nproc=2)
-    resumed = make_run(tmp_path, "resumed", *steps, nproc=2)
-    for paths in (whole, resumed):
-        result = train(paths, nproc=2, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "[Optim] optim.state=int8: torchao.optim" in result.stdout  # AdamW8bit ran
+    paths = make_run(tmp_path, "run", *STEPS, f"model.name_or_path={model}", nproc=2)
+    first = train(paths, nproc=2, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[Optim] optim.state=int8: torchao.optim" in first.stdout  # AdamW8bit ran
+    shutil.copytree(paths.checkpoint(4) / "dcp", tmp_path / "uninterrupted-step4")
     from grpo_hpc.submit.job import rewind
 
-    rewind(resumed, 2)  # drop step 4, resume from the sharded step-2 checkpoint
-    again = train(resumed, nproc=2, timeout=600)
+    rewind(paths, 2)  # drop step 4, resume from the sharded step-2 checkpoint
+    again = train(paths, nproc=2, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    n, bad = state_digest.compare_folder(resumed.root / "state_digest")
+    n, bad = state_digest.compare_folder(paths.root / "state_digest")
     assert n == 2 and bad == [], bad  # both ranks loaded exactly what they saved
     # DCP writes the int8 moments dequantized (fp32: a checkpoint as large as fp32 moments');
     # the load quantizes them again, exactly (the digests above)
-    a, b = _final(whole), _final(resumed)
+    a = _gathered(tmp_path / "uninterrupted-step4", tmp_path / "a.pt")
+    b = _gathered(paths.checkpoint(4) / "dcp", tmp_path / "b.pt")
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
