@@ -326,10 +326,10 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     # head) x 12 bytes, per shard.
     int8 = s.optim_state == "int8"
     optimizer = int(on_gpu * (INT8_STATE_BYTES if int8 else 8) * trainable) // shard
-    largest = 0 if lora else shape.vocab * shape.hidden
+    head_w = shape.vocab * shape.hidden
+    largest = 0 if lora else head_w
     optimizer_step = on_gpu * 12 * largest // shard if int8 else 0
     ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
-    head_w = shape.vocab * shape.hidden
     if s.fsdp:  # two gathered decoder layers in flight (every layer when none is resharded
         # after its forward), the gathered root (embedding, head), and one layer's unsharded
         # fp32 gradient before its reduce-scatter

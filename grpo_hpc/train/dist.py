@@ -84,21 +84,18 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_max(value: float, info: DistInfo) -> float:
-    if not info.enabled:
-        return value
-    t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(info))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
     """Each of ``values``' largest over the ranks (one all-reduce)."""
     if not info.enabled:
-        return list(values)
+        return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def all_reduce_max(value: float, info: DistInfo) -> float:
+    """``value``'s largest over the ranks."""
+    return max_over_ranks([value], info)[0]
 
 
 def spread(value: float, info: DistInfo) -> float:
