@@ -2,13 +2,22 @@
 # the repository root: the wheels the machine lacks (.whl/, see gpu_real_prep.sh) into
 # /tmp/site, the import path, quiet offline libraries, and NVLink multicast off in this
 # process and every one it starts (a program using multicast can take a shared host's GPUs
-# out of service).
+# out of service). GPUS (e.g. 2,3) keeps this script's runs to those GPUs, so that two 2-GPU
+# runs can share a 4-GPU machine side by side.
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+    # once per machine (the marker is gpu_real.sh's too); under a lock, since two scripts
+    # sourcing this side by side would otherwise write /tmp/site at the same time
+    mkdir -p /tmp/site
+    (
+        flock 9
+        [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps \
+            --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+            touch /tmp/site/.installed; }
+    ) 9>/tmp/site.lock || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -n "${GPUS:-}" ]; then export CUDA_VISIBLE_DEVICES=$GPUS; fi

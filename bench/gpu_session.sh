@@ -32,9 +32,11 @@ for stage in "$@"; do
         | tail -22 ;;
     trl2) # issue 38 point 4: TRL under accelerate launch with FSDP2 (bench/trl_multi.py) on 2
         # GPUs beside grpo_hpc's step with FSDP2 and with DDP; 8 prompts x G=8 per GPU, 256
-        # tokens (TRL2_SHAPE, default qwen2.5-1.5b; TRL2_MODE fsdp2, fsdp1 or ddp)
+        # tokens (TRL2_SHAPE, default qwen2.5-1.5b; TRL2_MODE fsdp2, fsdp1 or ddp; a failed
+        # launch is tried once more as TRL2_FALLBACK, default fsdp1)
         shape=${TRL2_SHAPE:-qwen2.5-1.5b}
         python3 -m bench.trl_baseline --shape "$shape" --nproc 2 --trl-mode "${TRL2_MODE:-fsdp2}" \
+            --trl-fallback "${TRL2_FALLBACK:-fsdp1}" \
             --prompts 16 --micro 16 --engine native --variant-timeout "${TRL2_TIMEOUT:-400}" \
             --variants "fsdp=--strategy fsdp" "ddp=--strategy ddp" \
             --out "$out/trl2_${TRL2_MODE:-fsdp2}_$shape.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
@@ -63,10 +65,13 @@ for stage in "$@"; do
     ladder2) # the ladder on 2 GPUs per row, as the h100x2 / supercloud profiles run;
         # resumable like ladder. LADDER_SHAPES picks shapes (default all); a call of 10 min
         # starts no row after LADDER_TIME_BUDGET s (default 300), each row at most 240 s.
+        # LADDER_OUT writes elsewhere (two ladders side by side on a 4-GPU machine, GPUS=0,1
+        # and GPUS=2,3, each on a copy; python -m bench.ladder --merge folds one into another).
+        lout=${LADDER_OUT:-bench/results/ladder.json}
         python3 -m bench.ladder --nproc 2 ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} \
             --row-timeout "${LADDER_ROW_TIMEOUT:-240}" --time-budget "${LADDER_TIME_BUDGET:-300}" \
-            --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
-        cp bench/results/ladder.json "$out/ladder.json" ;;
+            --out "$lout" 2>&1 | grep -v "it/s\]" | tail -30
+        cp "$lout" "$out/$(basename "$lout")" ;;
     lean) # issue 12 point 4: peak memory vs step time at the 0.5B shape, grpo_hpc alone
         # (TRL's side of the same config: trl stage; 9.38 GiB, ~11 s/step measured before)
         for v in "8192" "4096" "2048" "8192 --ckpt-every 2" "4096 --ckpt-every 2" "4096 --grad-ckpt"; do

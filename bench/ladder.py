@@ -24,6 +24,7 @@ estimator now resolves differently.
     python -m bench.ladder --nproc 2 --out bench/results/ladder.json   # 2 GPUs, ~15 min
     python -m bench.ladder --out bench/results/ladder.json             # one GPU, ~8 min
     python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+    python -m bench.ladder --out bench/results/ladder.json --merge OUT/ladder_b.json
 """
 
 from __future__ import annotations
@@ -276,6 +277,16 @@ def _key(row: dict) -> tuple[str, str, str, int]:
     return row["shape"], row["budget"], row["mode"], row.get("gpus", 1)
 
 
+def merge_rows(base: list[dict], other: list[dict]) -> list[dict]:
+    """``base``'s rows with those that ``other`` holds differently (pure). ``other`` is a
+    copy of the same file that another ladder ran on (two 2-GPU ladders side by side on one
+    4-GPU machine, each on its own shapes): a row it changed is one it ran or re-decided."""
+    mine = {_key(r): r for r in base}
+    changed = [r for r in other if mine.get(_key(r)) != r]
+    keys = {_key(r) for r in changed}
+    return [r for r in base if _key(r) not in keys] + changed
+
+
 def _phase(reason: str) -> str:
     for phase in ("loading", "generating", "training", "scoring", "checkpointing"):
         if f"while {phase}" in reason:
@@ -372,11 +383,23 @@ def main() -> None:
         help="one GPU: also run TRL 1.16 in each row's budget (shapes of bench/common.py)",
     )
     p.add_argument("--out", type=Path, default=HERE / "results" / "ladder.json")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="fold the rows these copies of --out changed into --out, and run nothing",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         sys.exit(child(args.child, args.cap_gib))
+    if args.merge:
+        result = json.loads(args.out.read_text())
+        for other in args.merge:
+            result["rows"] = merge_rows(result["rows"], json.loads(other.read_text())["rows"])
+        write_result(result, args.out)
+        return
     result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}
     result.setdefault("rows", [])
     # A row that fitted or ran out of memory is settled; a timeout or an error is run again,

@@ -314,6 +314,37 @@ def compare(ours: dict, trl: dict | None) -> dict:
     }
 
 
+def trl_side(args: argparse.Namespace, model: Path, work: Path) -> dict:
+    """TRL's run: one process, or ``accelerate launch`` on ``--nproc`` GPUs; with
+    ``--trl-fallback``, a multi-GPU launch that fails is tried once more in that mode (the
+    first error kept beside the result)."""
+    if args.nproc == 1:
+        return run_trl(args, model, work)
+    trl = trl_multi.run(args, model, work)
+    if "error" in trl and args.trl_fallback and args.trl_fallback != args.trl_mode:
+        print(f"TRL {args.trl_mode} failed: {trl['error'].strip().splitlines()[-1:]}", flush=True)
+        first = {"mode": trl["mode"], "error": trl["error"]}
+        again = argparse.Namespace(**{**vars(args), "trl_mode": args.trl_fallback})
+        trl = trl_multi.run(again, model, work)
+        trl["first_try"] = first
+    return trl
+
+
+def summary(args: argparse.Namespace, trl: dict | None, variants: dict[str, dict]) -> dict:
+    """The result file: TRL's run, grpo_hpc's variants, the default's ratios (pure)."""
+    head = variants.get("default", {})
+    return {
+        "benchmark": "trl_vs_grpo_hpc",
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "project_defaults": project_defaults(),
+        "trl": trl,
+        "grpo_hpc": variants,
+        "speedup_vs_trl": head.get("speedup_vs_trl"),
+        "memory_ratio_vs_trl": head.get("memory_ratio_vs_trl"),
+        "env": env_info(),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,6 +386,11 @@ def main() -> None:
     p.add_argument(
         "--trl-mode", choices=trl_multi.MODES, default="fsdp2", help="TRL's launch with --nproc > 1"
     )
+    p.add_argument(
+        "--trl-fallback",
+        choices=trl_multi.MODES,
+        help="with --nproc > 1: TRL's launch mode to try when --trl-mode's launch fails",
+    )
     p.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)  # one accelerate rank
     p.add_argument("--out", type=Path)
     args = p.parse_args()
@@ -364,35 +400,21 @@ def main() -> None:
             result = run_trl(args, args.model_dir, Path(d))
         Path(f"{args.trl_worker}.rank{rank}").write_text(json.dumps(result))
         return
-    variants = {}
+    variants: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         model = args.model_dir or work / "model"
         if not args.model_dir:
             build_model(model, args.shape)
-        if args.skip_trl:
-            trl = None
-        elif args.nproc > 1:
-            trl = trl_multi.run(args, model, work)
-        else:
-            trl = run_trl(args, model, work)
+        trl = None if args.skip_trl else trl_side(args, model, work)
+        # written after each side, so that a call cut at its time limit keeps what ran
+        write_result(summary(args, trl, variants), args.out)
         for spec in args.variants:
             name, _, flags = spec.partition("=")
             variants[name] = run_ours(args, work, name, flags.split(), model)
             variants[name] |= compare(variants[name], trl)
             print(render_row(name, variants[name]), flush=True)
-    head = variants.get("default", {})
-    result = {
-        "benchmark": "trl_vs_grpo_hpc",
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "project_defaults": project_defaults(),
-        "trl": trl,
-        "grpo_hpc": variants,
-        "speedup_vs_trl": head.get("speedup_vs_trl"),
-        "memory_ratio_vs_trl": head.get("memory_ratio_vs_trl"),
-        "env": env_info(),
-    }
-    write_result(result, args.out)
+            write_result(summary(args, trl, variants), args.out)
     if trl and "error" in trl:
         print(f"TRL      failed: {trl['error'].strip().splitlines()[-1:]}")
     elif trl:

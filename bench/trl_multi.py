@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,13 @@ def layer_class(model_dir: Path) -> str:
     (``LlamaForCausalLM`` -> ``LlamaDecoderLayer``)."""
     arch = json.loads((model_dir / "config.json").read_text())["architectures"][0]
     return arch.removesuffix("ForCausalLM") + "DecoderLayer"
+
+
+def free_port() -> int:
+    """A TCP port no process on this host listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def accelerate_config(mode: str, nproc: int, precision: str, layer: str, cpu: bool) -> dict:
@@ -122,6 +130,8 @@ def run(args: argparse.Namespace, model: Path, work: Path) -> dict:
 
     cpu = not torch.cuda.is_available()
     cfg = accelerate_config(args.trl_mode, args.nproc, args.precision, layer_class(model), cpu)
+    # a port of its own: another run (torchrun --standalone) may share the host
+    cfg["main_process_port"] = free_port()
     cfg_path, out = work / "accelerate.yaml", work / "trl-rank"
     cfg_path.write_text(yaml.safe_dump(cfg))
     cmd = [
