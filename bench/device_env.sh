@@ -5,14 +5,18 @@
 # out of service). GPUS (e.g. 2,3) keeps this script's runs to those GPUs, so that two 2-GPU
 # runs can share a 4-GPU machine side by side.
 if compgen -G ".whl/*.whl" >/dev/null; then
-    # once per machine (the marker is gpu_real.sh's too); under a lock, since two scripts
-    # sourcing this side by side would otherwise write /tmp/site at the same time
-    mkdir -p /tmp/site
+    # each carried wheel installed once per machine (a later call may carry more), under a
+    # lock: two scripts sourcing this side by side must not write /tmp/site at once
+    mkdir -p /tmp/site/.wheels
     (
         flock 9
-        [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps \
-            --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-            touch /tmp/site/.installed; }
+        new=()
+        for w in .whl/*.whl; do [ -f "/tmp/site/.wheels/${w##*/}" ] || new+=("$w"); done
+        if ((${#new[@]})); then
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --upgrade --target /tmp/site "${new[@]}" || exit 1
+            for w in "${new[@]}"; do touch "/tmp/site/.wheels/${w##*/}"; done
+        fi
     ) 9>/tmp/site.lock || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real model (SmolLM2-135M-Instruct) on a lent GPU machine: issue 13's measurements.
 # Usage: bash bench/gpu_real.sh OUTDIR STAGE...   (bench/GPU_REAL.md has the exact calls)
-#   setup   install the wheels carried in .whl/ into /tmp/site (once per machine) and keep
+#   setup   install the wheels carried in .whl/ into /tmp/site (bench/device_env.sh) and keep
 #           the GGUF's first half (.gpu/part1) in /tmp/gguf
 #   model   join the halves (.gpu/part2 carried now), check the checksum, convert once into
 #           /tmp/grpo_cache/models/smollm2-135m-instruct
@@ -40,10 +40,7 @@ for stage in "$@"; do
     t0=$SECONDS
     case $stage in
     setup)
-        if [ ! -f /tmp/site/.installed ] && compgen -G ".whl/*.whl" >/dev/null; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-                --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || exit 1
-        fi
+        source bench/device_env.sh  # the carried wheels, once each per machine
         if [ -f .gpu/part1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .gpu/part1/gguf.part1 /tmp/gguf/; fi
         python3 -c "import pyarrow, datasets, trl, math_verify, submitit, omegaconf, gguf; print('trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" ;;
     model)
