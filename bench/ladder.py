@@ -89,11 +89,35 @@ def prompt_tokens(vocab: int) -> int:
     return max(len(tok(data.prompt_text(tok, p["question"])).input_ids) for p in problems)
 
 
+@functools.cache
+def _capability(device: str) -> tuple[int, int]:
+    """The compute capability of the GPU the rows run on; (0, 0) on a CPU."""
+    if device != "cuda":
+        return (0, 0)
+    import torch
+
+    return torch.cuda.get_device_capability()
+
+
 def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, ranks: int = 1):  # noqa: ANN201
+    """A row's memory settings before the plan: as the trainer will resolve ``dist.compile``
+    (``auto``) on the GPU the ladder runs on. The supercloud budget caps an H100 at a V100's
+    32 GiB but keeps the H100's kernels, so its full-parameter rows run compiled and packed
+    where a V100 would run eager (grpo-submit's estimate for that profile assumes eager
+    layers, which keep more for backward: the safe side)."""
+    from grpo_hpc.config import speed
     from grpo_hpc.memory import estimate as memory
 
     precision = "fp32" if args.device == "cpu" else BUDGETS[budget][0]
+    where = speed.Where(
+        cuda=args.device == "cuda",
+        capability=_capability(args.device),
+        precision=precision,
+        lora=mode == "lora",
+        varlen=True,
+    )
     return memory.Settings(
+        compiled_layers=speed.compile_on(speed.AUTO, where),
         ranks=ranks,
         strategy="ddp",
         precision=precision,
@@ -277,14 +301,15 @@ def _key(row: dict) -> tuple[str, str, str, int]:
     return row["shape"], row["budget"], row["mode"], row.get("gpus", 1)
 
 
-def merge_rows(base: list[dict], other: list[dict]) -> list[dict]:
-    """``base``'s rows with those that ``other`` holds differently (pure). ``other`` is a
-    copy of the same file that another ladder ran on (two 2-GPU ladders side by side on one
-    4-GPU machine, each on its own shapes): a row it changed is one it ran or re-decided."""
+def merge_rows(base: list[dict], others: list[list[dict]]) -> list[dict]:
+    """``base``'s rows with those that each of ``others`` holds differently (pure). Each
+    other is a copy of ``base`` that another ladder ran on (two 2-GPU ladders side by side
+    on one 4-GPU machine, each on its own shapes): a row it changed is one it ran or
+    re-decided. Each is compared with ``base`` itself, so that one copy's untouched rows
+    never undo another's new ones; where two copies changed a row, the later one wins."""
     mine = {_key(r): r for r in base}
-    changed = [r for r in other if mine.get(_key(r)) != r]
-    keys = {_key(r) for r in changed}
-    return [r for r in base if _key(r) not in keys] + changed
+    changed = {_key(r): r for other in others for r in other if mine.get(_key(r)) != r}
+    return [r for r in base if _key(r) not in changed] + list(changed.values())
 
 
 def _phase(reason: str) -> str:
@@ -396,8 +421,8 @@ def main() -> None:
         sys.exit(child(args.child, args.cap_gib))
     if args.merge:
         result = json.loads(args.out.read_text())
-        for other in args.merge:
-            result["rows"] = merge_rows(result["rows"], json.loads(other.read_text())["rows"])
+        others = [json.loads(other.read_text())["rows"] for other in args.merge]
+        result["rows"] = merge_rows(result["rows"], others)
         write_result(result, args.out)
         return
     result = json.loads(args.out.read_text()) if args.out.exists() and not args.redo else {}

@@ -35,14 +35,16 @@ def test_a_new_plan_reruns_the_row() -> None:
     assert not ladder.same_settings({}, PLAN)  # never ran
 
 
-def test_merge_takes_the_rows_the_other_copy_changed() -> None:
+def test_merge_takes_the_rows_each_copy_changed() -> None:
     def row(shape: str, status: str) -> dict:
         return {"shape": shape, "budget": "h100", "mode": "full", "gpus": 2, "status": status}
 
-    base = [row("a", "fits"), row("b", "timeout"), row("c", "fits")]
-    other = [row("a", "fits"), row("b", "fits"), row("c", "fits"), row("d", "oom")]
-    merged = ladder.merge_rows(base, other)
+    base = [row("a", "timeout"), row("b", "timeout"), row("c", "fits")]
+    first = [row("a", "fits"), row("b", "timeout"), row("c", "fits")]  # ran a
+    second = [row("a", "timeout"), row("b", "oom"), row("c", "fits"), row("d", "fits")]
+    merged = ladder.merge_rows(base, [first, second])
+    # the second copy still holds a's old row: it must not undo the first copy's new one
     assert sorted((r["shape"], r["status"]) for r in merged) == [
-        ("a", "fits"), ("b", "fits"), ("c", "fits"), ("d", "oom"),
+        ("a", "fits"), ("b", "oom"), ("c", "fits"), ("d", "fits"),
     ]  # fmt: skip
-    assert ladder.merge_rows(base, base) == base  # an untouched copy changes nothing
+    assert ladder.merge_rows(base, [base]) == base  # an untouched copy changes nothing
