@@ -12,7 +12,9 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo_hpc.config.schema import Config
@@ -196,14 +198,34 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def recompile_line(step: int, before: int, after: int) -> str | None:
-    """The training log's line when a step after warm-up built new graphs (pure)."""
+def recompile_reasons() -> list[str]:
+    """Why Dynamo recompiled in this process so far, oldest first: the function and the
+    guard that failed (``forward (models.py:88): tensor 'x' size mismatch at index 0``).
+    Read from Dynamo's own record of guard failures, so a run's log says which shape or
+    value made it compile again, not only that it did."""
+    from torch._dynamo.utils import guard_failures
+
+    return [
+        f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno}): {reason}"
+        for code, reasons in list(guard_failures.items())
+        for reason in reasons
+    ]
+
+
+def recompile_line(step: int, before: int, after: int, why: Sequence[str] = ()) -> str | None:
+    """The training log's line when a step after warm-up built new graphs (pure); ``why``:
+    this step's new :func:`recompile_reasons` (the first two are named)."""
     if step <= WARMUP_STEPS or after <= before:
         return None
-    return (
+    line = (
         f"[Compile] step {step}: torch.compile built {after - before} new graph(s) "
         f"({after} in all): a recompilation; this step's time is not the steady one"
     )
+    if why:
+        named = "; ".join(r[:240] for r in why[:2])
+        more = f" (+{len(why) - 2} more)" if len(why) > 2 else ""
+        line += f"; why: {named}{more}"
+    return line
 
 
 def console_line(m: dict[str, float]) -> str:

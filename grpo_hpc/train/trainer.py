@@ -46,6 +46,7 @@ from grpo_hpc.train.tracking import (
     Tracker,
     compiled_graphs,
     recompile_line,
+    recompile_reasons,
     step_metrics,
     step_samples,
 )
@@ -77,6 +78,7 @@ class Trainer:
         self.step = 0
         self.streaks = breakers.Streaks()
         self.graphs_seen = 0  # torch.compile graphs built so far (compile/graphs)
+        self.reasons_seen = 0  # Dynamo's guard failures so far (named in the [Compile] line)
         self.last_save = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -444,10 +446,11 @@ class Trainer:
         graphs, captures = (int(v) for v in dist.max_over_ranks(counts, info))
         m["compile/graphs"] = graphs
         m["engine/captures"] = captures
-        line = recompile_line(self.step, self.graphs_seen, graphs)
+        reasons = recompile_reasons()
+        line = recompile_line(self.step, self.graphs_seen, graphs, reasons[self.reasons_seen :])
         if line and info.is_main:
             print(line, flush=True)
-        self.graphs_seen = graphs
+        self.graphs_seen, self.reasons_seen = graphs, len(reasons)
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             # Times the caching allocator had to free its cache and retry a cudaMalloc:

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from grpo_hpc.train.tracking import WARMUP_STEPS, compiled_graphs, recompile_line
+from grpo_hpc.train.tracking import (
+    WARMUP_STEPS,
+    compiled_graphs,
+    recompile_line,
+    recompile_reasons,
+)
 
 
 def test_the_counter_grows_when_a_new_shape_recompiles() -> None:
@@ -16,8 +21,11 @@ def test_the_counter_grows_when_a_new_shape_recompiles() -> None:
     once = compiled_graphs()
     f(torch.ones(3))  # same shape: no new graph
     assert compiled_graphs() == once > before
+    seen = len(recompile_reasons())
     f(torch.ones(5))  # a new static shape: a recompilation
     assert compiled_graphs() == once + 1
+    why = recompile_reasons()[seen:]  # Dynamo's own guard failure names the shape
+    assert len(why) == 1 and "<lambda>" in why[0] and "size mismatch" in why[0], why
 
 
 def test_a_line_only_for_new_graphs_after_warm_up() -> None:
@@ -26,3 +34,10 @@ def test_a_line_only_for_new_graphs_after_warm_up() -> None:
     line = recompile_line(WARMUP_STEPS + 3, 9, 11)
     assert line is not None and "step 5" in line and "2 new graph(s)" in line
     assert "(11 in all)" in line
+
+
+def test_the_line_names_why() -> None:
+    why = [f"forward (models.py:{i}): tensor 'x' size mismatch" for i in range(3)]
+    line = recompile_line(WARMUP_STEPS + 1, 9, 10, why)
+    assert line is not None and "why: forward (models.py:0)" in line
+    assert "models.py:1" in line and "models.py:2" not in line and "(+1 more)" in line
