@@ -13,7 +13,8 @@ or cannot pay:
   its peak memory in every case. Under FSDP2 on 2x H100 (issue 38,
   bench/results/h100x4_fsdp2_vs_ddp.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
   faster than FSDP2's eager layers and lowered the peak (24.2 against 32.4 GiB at 0.5B);
-  the 7B FSDP2 plan was measured eager only;
+  the 7B FSDP2 plan took 11.6 s/step compiled against 14.3 s eager, at the same peak
+  (bench/results/h100x4_issue38.md);
 - packing also needs half precision (the varlen kernel takes bf16/fp16 only; elsewhere a
   packed forward runs attention row by row, which is slower than padding);
 - off with LoRA: not measured compiled or packed on a GPU;
