@@ -56,12 +56,13 @@ for stage in "$@"; do
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
     ladder) # one GPU per row; resumable: rows already in bench/results/ladder.json are kept
         # (copy it back first); LADDER_* as for ladder2; LADDER_TRL=1 runs TRL beside each
-        # row (LADDER_BUDGETS picks budgets)
+        # row (LADDER_BUDGETS picks budgets); LADDER_OUT as for ladder2
+        lout=${LADDER_OUT:-bench/results/ladder.json}
         python3 -m bench.ladder ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} ${LADDER_TRL:+--trl} \
             ${LADDER_BUDGETS:+--budgets $LADDER_BUDGETS} \
             --row-timeout "${LADDER_ROW_TIMEOUT:-150}" --time-budget "${LADDER_TIME_BUDGET:-420}" \
-            --out bench/results/ladder.json 2>&1 | grep -v "it/s\]" | tail -30
-        cp bench/results/ladder.json "$out/ladder.json" ;;
+            --out "$lout" 2>&1 | grep -v "it/s\]" | tail -30
+        cp "$lout" "$out/$(basename "$lout")" ;;
     ladder2) # the ladder on 2 GPUs per row, as the h100x2 / supercloud profiles run;
         # resumable like ladder. LADDER_SHAPES picks shapes (default all); a call of 10 min
         # starts no row after LADDER_TIME_BUDGET s (default 300), each row at most 240 s.
