@@ -8,7 +8,8 @@ its trained tokens (``train/tokens``, within ``--tolerance`` of the group's firs
 step that trained nothing is its own group "no update"); for each group it gives the
 steps, their times (``time/step``, split into generate and train), and the slowest over
 the fastest. Steps whose ``compile/graphs`` or ``engine/captures`` grew are marked: their
-time includes a compilation or a CUDA graph capture on some rank.
+time includes a compilation or a CUDA graph capture on some rank; the spread without them
+(``worst_steady_spread``) is the steps' own variation.
 
     python -m bench.step_spread logs/RUN/metrics.jsonl
     python -m bench.step_spread bench/results/slurm_gpu_h100x2/metrics.jsonl --warmup 1
@@ -123,14 +124,28 @@ def report(steps: list[dict], warmup: int, tolerance: float) -> dict:
         for g in groups
     ]
     trained = [r["spread"] for r in rows if r["tokens"] > 0 and len(r["steps"]) > 1]
+    steady = [steady_spread(g, marks) for g in groups if g.tokens > 0]
+    steady = [x for x in steady if x is not None]
     return {
-        "size": "train/tokens" if all("train/tokens" in s for s in steps) else "proxy",
+        # a step that trained nothing logs no train/tokens: the trained steps say
+        "size": "train/tokens" if any("train/tokens" in s for s in steps) else "proxy",
         "warmup": warmup,
         "tolerance": tolerance,
         "groups": rows,
         "marked_steps": marks,
         "worst_spread": max(trained) if trained else None,
+        "worst_steady_spread": max(steady) if steady else None,
     }
+
+
+def steady_spread(group: Group, marks: dict[int, list[str]]) -> float | None:
+    """A group's spread over its steps that neither compiled nor captured (pure); None
+    with fewer than two such steps. What is left once first meetings with a shape are
+    set aside: the step's own variation."""
+    t = [s.get("time/step", 0.0) for s in group.steps if s["step"] not in marks]
+    if len(t) < 2:
+        return None
+    return max(t) / min(t) if min(t) > 0 else float("inf")
 
 
 def render(rep: dict) -> str:
@@ -147,8 +162,10 @@ def render(rep: dict) -> str:
         )
     for step, what in rep["marked_steps"].items():
         out.append(f"  step {step}: {' and '.join(what)} grew (a compilation or a capture)")
-    worst = rep["worst_spread"]
-    out.append("worst spread of trained steps: " + ("n/a" if worst is None else f"{worst:.2f}"))
+    for label, key in (("", "worst_spread"), (" without those steps", "worst_steady_spread")):
+        worst = rep[key]
+        shown = "n/a" if worst is None else f"{worst:.2f}"
+        out.append(f"worst spread of trained steps{label}: {shown}")
     return "\n".join(out)
 
 

@@ -34,7 +34,13 @@ def test_groups_by_trained_tokens_and_marks_compilations() -> None:
     assert by_tokens[0]["steps"] == [5] and by_tokens[2000]["steps"] == [6]
     assert rep["worst_spread"] == 3.1 / 2.0
     assert rep["marked_steps"] == {4: ["compile/graphs"], 5: ["engine/captures"]}
+    assert rep["worst_steady_spread"] == 2.2 / 2.0  # step 4 recompiled: set aside
     assert rep["size"] == "train/tokens"
+
+
+def test_steps_that_trained_nothing_log_no_tokens_and_change_no_label() -> None:
+    steps = [_step(1, 2.0, 1000), _step(2, 2.1, 1000), {"step": 3, "loss": 0.0, "time/step": 0.5}]
+    assert step_spread.report(steps, warmup=0, tolerance=0.1)["size"] == "train/tokens"
 
 
 def test_a_resumed_run_counts_each_step_once_the_last_attempts() -> None:
