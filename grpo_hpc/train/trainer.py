@@ -199,6 +199,7 @@ class Trainer:
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
                 ),
+                capture_ahead=not cfg.rollout.release_engine_memory,
             ),
             tick=self.tracker.heartbeat,
             # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.

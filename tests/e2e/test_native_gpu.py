@@ -77,6 +77,34 @@ def test_graphs_are_captured_once_and_reused(qwen_shaped) -> None:  # noqa: ANN0
     assert {rows: dict(ws.graphs) for rows, ws in native.spaces.items()} == graphs
 
 
+def test_capture_ahead_leaves_nothing_to_capture_mid_run(qwen_shaped) -> None:  # noqa: ANN001
+    """capture_ahead (the default): the first rollout of a batch shape captures every graph
+    that rollouts of that shape can meet, so later ones, with other prompt lengths, capture
+    none (a graph met mid-run made one rank late and its peers wait); and the tokens equal
+    an engine that captures as it goes, from the same seeds."""
+    model, tok = qwen_shaped
+    long = [p + " Show the work." * 4 for p in PROMPTS]
+    longest = max(len(x) for x in tok(long).input_ids)
+    engines = [
+        NativeEngine(
+            model, tok, 64, 1.0, 1.0, 600, dtype=torch.bfloat16, max_prompt_tokens=longest,
+            capture_ahead=ahead,
+        )
+        for ahead in (True, False)
+    ]  # fmt: skip
+    first = 0
+    for i, prompts in enumerate([PROMPTS, long, PROMPTS]):
+        out = []
+        for engine in engines:
+            torch.manual_seed(i)
+            out.append(engine.generate(prompts, 8))
+        assert torch.equal(out[0].input_ids, out[1].input_ids)
+        first = first or engines[0].totals["captures"]
+    ahead, lazy = (e.totals["captures"] for e in engines)
+    assert ahead == first  # nothing after the first rollout
+    assert lazy <= ahead  # captured as met: a subset of what was captured ahead
+
+
 def test_cache_regrowth_keeps_graphs_working(qwen_shaped) -> None:  # noqa: ANN001
     """A prompt longer than the cache was sized for makes the engine regrow it: every graph
     is dropped and recaptured into a fresh pool (dropping one workspace's graphs alone

@@ -173,6 +173,7 @@ def build_engine(
         opts.timeout_s,
         dtype=opts.dtype,
         max_prompt_tokens=opts.max_prompt_tokens,
+        capture_ahead=opts.capture_ahead,
         logp_temperature=opts.logp_temperature,
         fp32_head=opts.fp32_lm_head,
         use_graphs=not opts.eager,

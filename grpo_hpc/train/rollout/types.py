@@ -105,3 +105,6 @@ class EngineOptions:
     max_prompt_tokens: int = 0
     """Longest prompt of the run's data in tokens (0: unknown); the native engine sizes its
     KV cache for it once instead of regrowing it."""
+    capture_ahead: bool = True
+    """Native engine: capture every decode graph of a batch shape at its first rollout
+    (off when the engine is released before each update: its graphs would not last)."""

@@ -19,7 +19,12 @@ from grpo_hpc.train.rollout.engines import (
     build_engine,
     pick_engine,
 )
-from grpo_hpc.train.rollout.native.engine import NativeEngine, compact_rows
+from grpo_hpc.train.rollout.native.engine import (
+    NativeEngine,
+    compact_rows,
+    compaction_buckets,
+    spans,
+)
 from grpo_hpc.train.rollout.native.sampling import choose, top_p_filter
 
 PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
@@ -228,6 +233,22 @@ def test_compaction_halves_row_buckets() -> None:
     ]
     assert compact_rows(20, 24, 8) == 24  # the next bucket (32) is no smaller: stay
     assert compact_rows(16, 24, 8) == 16
+
+
+@pytest.mark.parametrize("rows", [8, 24, 64, 72, 128])
+def test_capture_ahead_covers_every_batch_compaction_reaches(rows: int) -> None:
+    """The batches captured ahead (capture_ahead) are exactly those compact_rows can pick
+    for some number of running rows, below the batch's own."""
+    reachable = {compact_rows(live, rows, 8) for live in range(1, rows + 1)} - {rows}
+    assert set(compaction_buckets(rows, 8)) == reachable
+
+
+def test_capture_ahead_covers_every_span_a_step_reads() -> None:
+    """A step reads round_up(prompt + t, 64) slots; with the cache sized for the longest
+    prompt plus max_new (its capacity), every span read is one captured ahead."""
+    capacity, max_new = 448, 256  # a 192-token longest prompt
+    read = {-(-(prompt + t) // 64) * 64 for prompt in range(1, 193) for t in range(1, max_new)}
+    assert read <= set(spans(capacity, 64)) and max(spans(capacity, 64)) == capacity
 
 
 def test_cache_sized_once_for_the_longest_prompt(llama) -> None:  # noqa: ANN001

@@ -5,11 +5,12 @@ One ``generate`` call:
 2. prefill each *prompt* once and copy its K/V into the cache rows of its G completions
    (no G-fold prefill);
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
-   (row bucket, attention-span bucket), captured the first time it is needed and
-   replayed for every later step and rollout; attention reads only the span bucket
-   that holds the filled slots. Token choice, EOS tracking and the output write happen
-   inside the graph; the host looks at the device only every ``check_every`` tokens to
-   refresh the heartbeat, enforce the time budget and stop once every row has ended;
+   (row bucket, attention-span bucket), all captured at the first rollout of a batch
+   shape (``capture_ahead``) and replayed for every later step and rollout; attention
+   reads only the span bucket that holds the filled slots. Token choice, EOS tracking
+   and the output write happen inside the graph; the host looks at the device only
+   every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
+   stop once every row has ended;
 4. compact finished rows out (``compact``): at those same checks, once the rows still
    running fit a row bucket at most half the current one, they move (cache, state,
    output so far) into that smaller workspace, whose graphs then run the remaining steps.
@@ -113,6 +114,14 @@ class NativeEngine:
     distribution (see ``sampling.choose``)."""
     fp32_head: bool = False
     """Logits in fp32 (an fp32 LM head; ``algo.fp32_lm_head``), as the update scores them."""
+    capture_ahead: bool = True
+    """With CUDA graphs: at the first rollout of a batch shape, capture every decode graph
+    that rollouts of that shape can meet (each row bucket compaction can move to, times
+    each span bucket up to the cache's capacity), not each one the first time a rollout
+    meets it. A graph first met mid-run made that step slower on the rank that met it,
+    and its peers waited at the next collective (issue 38: 0.15-0.7 s at 3 of 18 trained
+    steps of a 2-GPU GSM8K run). Pointless when the engine is released before each
+    update (its graphs do not outlive the step): ``release()`` turns it off."""
     max_prompt_tokens: int = 0
     """Longest prompt (tokens) the engine will be given, if known: every KV cache is sized
     for it from the start. A cache that has to grow drops its workspace's captured graphs
@@ -145,6 +154,8 @@ class NativeEngine:
         decode cost) and ``compactions``."""
         self.totals = {"captures": 0, "caches": 0}
         """Since construction: CUDA graphs captured and KV caches allocated."""
+        self.prepared: set[tuple[int, bool]] = set()
+        """(rows, greedy) of the batch shapes whose graphs were all captured ahead."""
         self.pad = int(self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ public
@@ -161,6 +172,7 @@ class NativeEngine:
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
+            self._capture_ahead(root, greedy)  # before the prefill: it writes the cache
             self._start(root, ids, pmask, g, n_rows, greedy)
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
@@ -201,6 +213,7 @@ class NativeEngine:
         ``floor``); compiled layers are kept. For an update that does not fit beside the
         engine (``rollout.release_engine_memory``)."""
         self._drop_all_graphs()
+        self.capture_ahead = False  # the graphs would not outlive the next update
         self.packed = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the graphs' private pool goes back with its blocks
@@ -225,6 +238,7 @@ class NativeEngine:
         and new ones are captured into it trips an assert in PyTorch's caching allocator
         ("use_count > 0", seen on an H100 with torch 2.11)."""
         self.spaces.clear()
+        self.prepared.clear()
         if self.graphed:
             torch.cuda.synchronize(self.device)
             gc.collect()
@@ -290,10 +304,7 @@ class NativeEngine:
         The new cache is the first ``rows`` rows of ``root``'s: rows are gathered into a
         temporary one layer at a time, then written over the (earlier) rows they replace."""
         self._write_back(root, ws, real)
-        new = root.compacted.get(rows)
-        if new is None:
-            view = forward.KVCache(root.cache.k[:, :rows], root.cache.v[:, :rows])
-            new = root.compacted[rows] = self._new_workspace(view)
+        new = self._compact_space(root, rows)
         idx = _pad_rows(live, rows)
         for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
             for layer in range(dst.shape[0]):
@@ -304,6 +315,29 @@ class NativeEngine:
         new.pos.copy_(ws.pos)
         new.first_slot.copy_(ws.first_slot)
         return new, live.numel()
+
+    def _compact_space(self, root: Workspace, rows: int) -> Workspace:
+        """The workspace of ``rows`` rows that ``root``'s rollouts compact into (made once;
+        its cache is a view of ``root``'s first rows)."""
+        new = root.compacted.get(rows)
+        if new is None:
+            view = forward.KVCache(root.cache.k[:, :rows], root.cache.v[:, :rows])
+            new = root.compacted[rows] = self._new_workspace(view)
+        return new
+
+    def _capture_ahead(self, root: Workspace, greedy: bool) -> None:
+        """Capture every graph a rollout decoding in ``root`` can meet (``capture_ahead``),
+        once per batch shape. Each capture restores the decode state and the RNG it
+        advanced, so the rollout samples what it would have sampled without it."""
+        if not (self.graphed and self.capture_ahead) or (root.rows, greedy) in self.prepared:
+            return
+        spaces = [root] + [
+            self._compact_space(root, r) for r in compaction_buckets(root.rows, self.row_bucket)
+        ]
+        for ws in spaces:
+            for span in spans(root.cache.capacity, self.span_bucket):
+                self._graph(ws, span, greedy, root.rows)
+        self.prepared.add((root.rows, greedy))
 
     @staticmethod
     def _write_back(root: Workspace, ws: Workspace, real: int) -> None:
@@ -320,12 +354,16 @@ class NativeEngine:
         if not self.graphed:
             self._step_eager(ws, span, greedy, draw)
             return
+        self._graph(ws, span, greedy, draw).replay()
+
+    def _graph(self, ws: Workspace, span: int, greedy: bool, draw: int) -> Any:
+        """The captured decode step of ``ws`` for ``span`` (captured now if it is new)."""
         key = (span, greedy, 0 if greedy else draw)
         graph = ws.graphs.get(key)
         if graph is None:
             graph = ws.graphs[key] = self._capture(ws, span, greedy, draw)
             self.totals["captures"] += 1
-        graph.replay()
+        return graph
 
     def _step_eager(self, ws: Workspace, span: int, greedy: bool, draw: int) -> None:
         """Feed ``ws.tokens`` at slot ``ws.pos``; write the next token of every row."""
@@ -392,6 +430,23 @@ def compact_rows(live: int, rows: int, bucket: int) -> int:
     while target < live:
         target *= 2
     return min(target, rows)
+
+
+def compaction_buckets(rows: int, bucket: int) -> list[int]:
+    """Every smaller batch :func:`compact_rows` can move a batch of ``rows`` rows into
+    (pure): ``bucket * 2^k`` below ``rows``."""
+    out, target = [], bucket
+    while target < rows:
+        out.append(target)
+        target *= 2
+    return out
+
+
+def spans(capacity: int, bucket: int) -> range:
+    """Every attention span a decode step of a cache of ``capacity`` slots can read (pure):
+    the multiples of ``bucket`` up to the capacity (a step reads the span bucket that holds
+    its filled slots: ``round_up(prompt + t, bucket)``, at most the capacity)."""
+    return range(bucket, capacity + 1, bucket)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
