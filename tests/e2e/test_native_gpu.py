@@ -103,6 +103,11 @@ def test_capture_ahead_leaves_nothing_to_capture_mid_run(qwen_shaped) -> None:  
     ahead, lazy = (e.totals["captures"] for e in engines)
     assert ahead == first  # nothing after the first rollout
     assert lazy <= ahead  # captured as met: a subset of what was captured ahead
+    # A new shape of the same rows (greedy, as evaluation decodes) is captured ahead from
+    # workspaces that hold the end of a full-length rollout: the same tokens again.
+    greedy = [e.generate(PROMPTS, 8, greedy=True) for e in engines]
+    assert torch.equal(greedy[0].input_ids, greedy[1].input_ids)
+    assert engines[0].totals["captures"] > ahead
 
 
 def test_cache_regrowth_keeps_graphs_working(qwen_shaped) -> None:  # noqa: ANN001

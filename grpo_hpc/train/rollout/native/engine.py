@@ -335,6 +335,11 @@ class NativeEngine:
             self._compact_space(root, r) for r in compaction_buckets(root.rows, self.row_bucket)
         ]
         for ws in spaces:
+            # A workspace may hold the end of an earlier rollout (its slot past the last
+            # output column): the captures' warm-up steps write at slot 0, column 1, which
+            # the prefill and the decode write again before anything reads them.
+            ws.pos.zero_()
+            ws.first_slot.zero_()
             for span in spans(root.cache.capacity, self.span_bucket):
                 self._graph(ws, span, greedy, root.rows)
         self.prepared.add((root.rows, greedy))
