@@ -206,8 +206,9 @@ class OptimConfig:
     """AdamW's two moments: ``fp32`` (torch's AdamW, 8 bytes a trained parameter) or
     ``int8`` (torchao's ``AdamW8bit``: each moment block-wise quantized, 256 values to one
     fp32 scale, ~2 bytes a parameter in all; the weights stay fp32 masters). A quarter of
-    the optimizer's memory (28 GiB -> 7 GiB a rank for 7B on two GPUs), at a different
-    update: its effect on learning is not measured yet (bench/learning.py), so it is not a
+    the optimizer's memory (28 GiB -> 7 GiB a rank for 7B on two GPUs: 54.9 GiB peak with
+    the engine kept, measured on 2x H100), at a different update: its effect on learning is
+    not measured yet (bench/learning.py), so it is not a
     default and the memory plan never picks it. Needs torchao (``pip install
     'grpo-hpc[lowmem]'``) where the job runs."""
 
