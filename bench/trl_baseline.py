@@ -331,7 +331,8 @@ def trl_side(args: argparse.Namespace, model: Path, work: Path) -> dict:
 
 
 def summary(args: argparse.Namespace, trl: dict | None, variants: dict[str, dict]) -> dict:
-    """The result file: TRL's run, grpo_hpc's variants, the default's ratios (pure)."""
+    """The result file: TRL's run, grpo_hpc's variants, the default's ratios, and the
+    machine's environment."""
     head = variants.get("default", {})
     return {
         "benchmark": "trl_vs_grpo_hpc",
