@@ -110,6 +110,25 @@ class _ChunkFns:
 
 
 _CHUNK = _ChunkFns()
+_EAGER = _ChunkFns()
+
+
+def chunk_slices(n: int, chunk: int) -> list[slice]:
+    """The head's chunks of ``n`` tokens (pure): ``chunk`` tokens each, the last one longer
+    by a 1-token tail. Compiled chunk functions specialise a dimension of size 1 (Dynamo's
+    0/1 specialisation), so a 1-row chunk would compile two more graphs (forward and
+    backward) at whatever step a micro-batch first held ``k * chunk + 1`` completion tokens:
+    the recompilations a real run logged mid-run (bench/results/h100x4_issue38.md)."""
+    starts = list(range(0, n, chunk))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return [slice(s, e) for s, e in zip(starts, [*starts[1:], n], strict=False)]
+
+
+def _fns(rows: int) -> _ChunkFns:
+    """The chunk functions for a chunk of ``rows`` rows: a run of one token in all (a
+    micro-batch with one completion token) stays eager, for the same reason."""
+    return _EAGER if rows == 1 else _CHUNK
 
 
 def compile_chunks() -> None:
@@ -168,10 +187,9 @@ class _LinearLogp(torch.autograd.Function):
         chosen = torch.empty(n, dtype=acc, device=h.device)
         lse = torch.empty_like(chosen)
         entropy = torch.empty_like(chosen)
-        stats = _CHUNK.stats
         with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, n, chunk):
-                sl = slice(s, s + chunk)
+            for sl in chunk_slices(n, chunk):
+                stats = _fns(sl.stop - sl.start).stats
                 lse[sl], chosen[sl], entropy[sl] = stats(hc[sl] @ wc.T, ids[sl], inv_t, acc)
         ctx.save_for_backward(hc, wc, ids, lse)
         ctx.chunk, ctx.h_dtype, ctx.w_dtype, ctx.inv_t = chunk, h.dtype, weight.dtype, inv_t
@@ -187,10 +205,9 @@ class _LinearLogp(torch.autograd.Function):
         # A frozen head (LoRA) needs no [vocab, hidden] fp32 gradient accumulator.
         want_w = ctx.needs_input_grad[1]
         grad_w = torch.zeros(wc.shape, dtype=acc, device=wc.device) if want_w else None
-        grad = _CHUNK.grad
         with torch.autocast(hc.device.type, enabled=False):
-            for s in range(0, hc.shape[0], ctx.chunk):
-                sl = slice(s, s + ctx.chunk)
+            for sl in chunk_slices(hc.shape[0], ctx.chunk):
+                grad = _fns(sl.stop - sl.start).grad
                 g = grad_logp[sl]
                 d = grad(hc[sl] @ wc.T, lse[sl], ids[sl], g, ctx.inv_t, acc, wc.dtype)
                 grad_h[sl] = (d @ wc).to(ctx.h_dtype)

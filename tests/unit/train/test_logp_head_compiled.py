@@ -78,3 +78,38 @@ def test_compiled_chunks_give_the_eager_logp_and_gradients() -> None:
     for name, a, b in zip(("logp", "entropy", "grad h", "grad W"), got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert counters["stats"]["unique_graphs"] > 0  # compiled code is what ran
+
+
+def test_a_one_token_tail_joins_the_chunk_before_it() -> None:
+    def lengths(n: int, chunk: int) -> list[int]:
+        return [sl.stop - sl.start for sl in logp_head.chunk_slices(n, chunk)]
+
+    assert lengths(10, 4) == [4, 4, 2]
+    assert lengths(9, 4) == [4, 5]  # not [4, 4, 1]
+    assert lengths(5, 4) == [5]
+    assert lengths(1, 4) == [1]
+    assert lengths(4, 4) == [4]
+    assert lengths(0, 4) == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("compiled_chunks")
+def test_no_token_count_compiles_again_once_chunks_are_dynamic() -> None:
+    """The mid-run recompilation a real run logged: a 1-row chunk specialises (0/1) and
+    compiled two graphs more. Token counts ending in a 1-token tail, or of one token, now
+    reuse the graphs the first micro-batches built."""
+    from grpo_hpc.train.tracking import compiled_graphs
+
+    def step(n: int) -> None:
+        g = torch.Generator().manual_seed(n)
+        h = torch.randn(n, 16, generator=g, requires_grad=True)
+        w = torch.randn(50, 16, generator=g, requires_grad=True)
+        logp, _ = linear_logp(h, w, torch.randint(0, 50, (n,), generator=g), chunk=4)
+        logp.sum().backward()
+
+    step(10)  # chunks of 4 and 2: static, then dynamic
+    step(7)
+    before = compiled_graphs()
+    for n in (9, 13, 1, 6):  # tails of 1 token, and a single token
+        step(n)
+    assert compiled_graphs() == before
