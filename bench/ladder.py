@@ -4,7 +4,8 @@ and how close the memory estimator (grpo_hpc.memory.estimate) comes to the measu
 For each shape (bench/shapes: 0.5B, 1.5B, 3B, 7B; random weights built on the GPU) x budget
 x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 512 new tokens.
 
-- ``h100``: bf16 autocast, each GPU capped at 80 GiB (the h100x2 profile: FSDP2);
+- ``h100``: bf16 autocast, each GPU capped at 80 GiB (the h100x2 profile: DDP, FSDP2 where
+  the plan needs it);
 - ``supercloud``: fp16 autocast + grad scaler, SDPA, each GPU capped at 32 GiB (a V100's
   memory; the supercloud profile) with ``torch.cuda.set_per_process_memory_fraction``.
 

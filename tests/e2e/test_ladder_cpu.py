@@ -51,6 +51,6 @@ def test_ladder_runs_a_two_rank_row_as_the_2gpu_profile_would(tmp_path: Path) ->
     (row,) = json.loads(out.read_text())["rows"]
     assert row["status"] == "fits", row.get("error")
     assert row["gpus"] == 2 and row["s_per_step"] > 0
-    # h100x2 shards with FSDP2; the row ran that plan, with LoRA, on two ranks.
+    # h100x2 replicates what fits (DDP); the row ran that plan, with LoRA, on two ranks.
     s = row["run_settings"]
-    assert (s["ranks"], s["strategy"], s["lora_rank"]) == (2, "fsdp", 16)
+    assert (s["ranks"], s["strategy"], s["lora_rank"]) == (2, "ddp", 16)

@@ -52,9 +52,11 @@ def test_supercloud_is_v100_fp16_ddp() -> None:
     assert re.search(r"--nproc-per-node=2 .*-m grpo_hpc.train /RUNS/golden-run", text)
 
 
-def test_h100_is_fsdp_bf16() -> None:
+def test_h100_is_bf16_and_ddp_first() -> None:
+    """DDP where the model fits replicated; the memory plan applies FSDP2 where it does not
+    (tests/unit/memory/test_memory.py::test_dry_run_prints_the_memory_line)."""
     p = load_profile("h100x2")
-    assert (p.precision, p.strategy, p.gres_value) == ("bf16", "fsdp", "gpu:2")
+    assert (p.precision, p.strategy, p.gres_value) == ("bf16", "ddp", "gpu:2")
     assert "export NCCL_DEBUG='WARN'" in _normalized_preview("h100x2")
 
 

@@ -189,6 +189,7 @@ def test_dry_run_prints_the_memory_line(logs_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("memory:"))
     assert "of 80 GiB (h100x2): fits" in line and "fsdp, bf16" in line
+    assert "to fit: FSDP2" in line  # the profile's DDP does not hold 7B replicated
 
 
 def test_dry_run_refuses_what_the_submission_refuses(logs_dir: Path) -> None:

@@ -177,7 +177,8 @@ def test_a_plan_that_switches_to_fsdp2_estimates_the_layers_the_trainer_will_run
     the plan estimates compiled layers, as the trainer will run them."""
     from grpo_hpc.config.profiles import load_profile
 
-    profile = replace(load_profile("h100x2"), strategy="ddp")
+    profile = load_profile("h100x2")
+    assert profile.strategy == "ddp"
     model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
     cfg = build_config("gsm8k", [model, "dist.strategy=ddp", "dist.nproc_per_node=2"])
     assert memory_plan.settings_of(cfg, 1, profile.capability).compiled_layers

@@ -152,9 +152,9 @@ def test_list_profiles_puts_every_description_in_one_column() -> None:
 @pytest.mark.parametrize(
     ("overrides", "said"),
     [
-        ((), "fsdp, bf16"),  # the h100x2 profile's
-        (("dist.strategy=ddp",), "ddp, bf16"),
-        (("--dist.precision=fp32",), "fsdp, fp32"),
+        ((), "ddp, bf16"),  # the h100x2 profile's
+        (("dist.strategy=fsdp",), "fsdp, bf16"),
+        (("--dist.precision=fp32",), "ddp, fp32"),
         (("dist.strategy=ddp", "dist.precision=fp32"), "ddp, fp32"),
     ],
 )
