@@ -3,7 +3,7 @@
 # slurm/up.sh brought up from carried Debian packages with the machine's real GPUs as GRES,
 # a --gres=gpu:2 probe job, then a GSM8K run submitted with grpo-submit as a user would
 # (bench/slurm-h100x2.yaml: templates/h100x2.yaml on partition debug; sbatch with the GRES,
-# srun, torchrun 2 ranks, NCCL, FSDP2), watched with squeue and grpo-status.
+# srun, torchrun 2 ranks, NCCL, DDP or FSDP2 as the plan picks), watched with squeue and grpo-status.
 #
 #   bash bench/slurm_gpu.sh OUT [STAGE...]      stages: probe up gres submit (default: all)
 #
@@ -14,7 +14,8 @@
 # Model: the converted SmolLM2-135M-Instruct when a previous call on this held machine left
 # it in /tmp/grpo_cache (bench/gpu_real.sh setup + model), else the random `tiny` model on the
 # same GSM8K prompts (GPU_MODEL=tiny|smollm2 forces one). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
-# GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster).
+# GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster),
+# GPU_OVERRIDES (more grpo-submit overrides, e.g. "dist.strategy=fsdp": the profile is DDP first).
 # The submit stage ends with python -m bench.step_spread over the run's metrics (issue 38).
 # Every process started here and every Slurm job gets NVLink multicast off. All output files
 # end up in OUT/slurm_gpu.tgz (the device tool returns only a few files per call).
@@ -150,6 +151,9 @@ submit() {
         profile=$W/slurm-h100x2.yaml
         echo "node RealMemory=$realmem MB < 200 GB: profile copy asks $((realmem * 9 / 10 / 1024)) GB"
     fi
+    # GPU_OVERRIDES: more key=value words for grpo-submit (e.g. dist.strategy=fsdp)
+    read -ra extra <<<"${GPU_OVERRIDES:-}"
+    ov+=("${extra[@]}")
     local name=slurm-gsm8k-$model
     rm -rf "/tmp/runs37/$name"
     echo "== grpo-submit --profile $profile --config gsm8k --name $name ${ov[*]} ($(ts))"
