@@ -255,6 +255,13 @@ class TrainingConfig:
     a row, and every run with 10 or more ended below it."""
     num_threads: int = 0
     """torch intra-op threads per process on CPU (0 = torch default)."""
+    gc_every_steps: int = 1
+    """Python's garbage collector on a schedule: automatic collection off while training,
+    the young generations collected at the start of every N-th step on every rank, and a
+    full collection after each checkpoint save (grpo_hpc/train/gc_schedule.py). An
+    automatic full collection pauses one rank at a moment no other rank shares, and its
+    peers wait for it at the next collective: an unsteady step. 0: Python's automatic
+    collection. Either way ``time/gc`` logs the slowest rank's seconds in the collector."""
 
 
 @dataclass
@@ -403,6 +410,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "
             "(ranks pulse every 2 s)"
+        )
+    if cfg.training.gc_every_steps < 0:
+        raise ConfigError(
+            f"training.gc_every_steps={cfg.training.gc_every_steps} must be >= 0 "
+            "(0 = Python's automatic garbage collection)"
         )
     for key in ("zero_reward_patience", "cut_off_patience"):
         if getattr(cfg.training, key) < 0:

@@ -36,6 +36,7 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train import breakers, checkpoint, dist, faults, models, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
+from grpo_hpc.train.gc_schedule import GcSchedule
 from grpo_hpc.train.held_out import HeldOutEval
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
@@ -80,6 +81,7 @@ class Trainer:
         self.graphs_seen = 0  # torch.compile graphs built so far (compile/graphs)
         self.reasons_seen = 0  # Dynamo's guard failures so far (named in the [Compile] line)
         self.last_save = time.monotonic()
+        self.gc = GcSchedule(cfg.training.gc_every_steps)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -284,6 +286,7 @@ class Trainer:
                     raise StoppedBeforeTrainingError(
                         "stopped during the step-0 evaluation: nothing to checkpoint; resubmit me"
                     )
+            self.gc.start()
             while self.step < self.cfg.training.max_steps:
                 if self._stop_agreed():
                     return self._interrupt()
@@ -304,6 +307,7 @@ class Trainer:
             self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
             return ExitCode.OK
         finally:
+            self.gc.stop()
             self.tracker.finish()
 
     def _verify_final_weights(self) -> None:
@@ -391,11 +395,13 @@ class Trainer:
         )
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
+        self.gc.after_save()
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> None:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
+        self.gc.before_step(self.step)  # the same point on every rank (train/gc_schedule.py)
         faults.before_step(
             cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
         )
@@ -443,8 +449,9 @@ class Trainer:
         # Counted on every rank: one rank's first meeting with a new shape (a compilation, a
         # CUDA graph capture) makes its peers wait at the next collective.
         totals = getattr(self.engine, "totals", None)  # native engine: caches, captures so far
-        counts = [compiled_graphs(), (totals or {}).get("captures", 0)]
-        graphs, captures = (int(v) for v in dist.max_over_ranks(counts, info))
+        counts = [compiled_graphs(), (totals or {}).get("captures", 0), self.gc.clock.take()]
+        graphs, captures, m["time/gc"] = dist.max_over_ranks(counts, info)
+        graphs, captures = int(graphs), int(captures)
         m["compile/graphs"] = graphs
         m["engine/captures"] = captures
         reasons = recompile_reasons()

@@ -52,6 +52,8 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(0 < m["train/tokens"] and m["train/sequences"] <= 8 for m in trained)
     assert all(m["compile/graphs"] == 0 for m in steps)
     assert all(m["engine/captures"] == 0 for m in steps)  # no CUDA graphs on a CPU
+    # every step starts with the scheduled young collection, timed (train/gc_schedule.py)
+    assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
