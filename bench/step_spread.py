@@ -118,6 +118,9 @@ def report(steps: list[dict], warmup: int, tolerance: float) -> dict:
             "time_step": g.times(),
             "time_generate": g.times("time/generate"),
             "time_train": g.times("time/train"),
+            # what a peer waited for: one rank's later generation, a rank's GC pause
+            "time_generate_skew": g.times("time/generate_skew"),
+            "time_gc": g.times("time/gc"),
             "median_s": statistics.median(g.times()),
             "spread": g.spread,
         }
@@ -160,6 +163,11 @@ def render(rep: dict) -> str:
             f"  {name:>16}: steps {r['steps']} s/step {times}  median {r['median_s']:.2f}"
             f"  slowest/fastest {r['spread']:.2f}"
         )
+        waits = [(k, max(r[f"time_{k}"], default=0.0)) for k in ("generate_skew", "gc")]
+        if any(w > 0 for _, w in waits):
+            out.append(
+                " " * 18 + "  most per step: " + ", ".join(f"{k} {w:.2f} s" for k, w in waits)
+            )
     for step, what in rep["marked_steps"].items():
         out.append(f"  step {step}: {' and '.join(what)} grew (a compilation or a capture)")
     for label, key in (("", "worst_spread"), (" without those steps", "worst_steady_spread")):
