@@ -95,9 +95,11 @@ def test_a_one_token_tail_joins_the_chunk_before_it() -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("compiled_chunks")
 def test_no_token_count_compiles_again_once_chunks_are_dynamic() -> None:
-    """The mid-run recompilation a real run logged: a 1-row chunk specialises (0/1) and
-    compiled two graphs more. Token counts ending in a 1-token tail, or of one token, now
-    reuse the graphs the first micro-batches built."""
+    """The mid-run recompilations: every chunk of the first micro-batches had one size
+    (rows x the longest completion, 8 x 256 = 2 chunks of 1024), Dynamo compiled that size
+    as a constant and compiled again at the first other one, deep into a real run; and a
+    1-row chunk specialises (0/1). After micro-batches of whole chunks only, other sizes,
+    1-token tails and a single token reuse the graphs the first micro-batch built."""
     from grpo_hpc.train.tracking import compiled_graphs
 
     def step(n: int) -> None:
@@ -107,9 +109,9 @@ def test_no_token_count_compiles_again_once_chunks_are_dynamic() -> None:
         logp, _ = linear_logp(h, w, torch.randint(0, 50, (n,), generator=g), chunk=4)
         logp.sum().backward()
 
-    step(10)  # chunks of 4 and 2: static, then dynamic
-    step(7)
+    step(8)  # two chunks of 4: the only size seen so far
+    step(12)
     before = compiled_graphs()
-    for n in (9, 13, 1, 6):  # tails of 1 token, and a single token
+    for n in (7, 9, 13, 1, 6):  # another size, tails of 1 token, a single token
         step(n)
     assert compiled_graphs() == before
