@@ -32,6 +32,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def fsync_file(path: Path) -> None:
+    """Wait until ``path``'s data is on the disk (a file written by a library that does not
+    sync, such as ``torch.save``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make ``path``'s entries (a rename into it, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Text variant of :func:`atomic_write_bytes` (UTF-8)."""
     atomic_write_bytes(path, text.encode("utf-8"))

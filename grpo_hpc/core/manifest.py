@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from grpo_hpc.core.errors import GrpoError
-from grpo_hpc.core.fsutil import atomic_write_json
+from grpo_hpc.core.fsutil import atomic_write_json, fsync_dir
 
 COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -143,6 +144,9 @@ def mark_complete(ckpt_dir: Path, stamp: str) -> None:
     _refuse_incomplete(ckpt_dir, manifest_problems(ckpt_dir, read_manifest(ckpt_dir) or {}))
     with open(ckpt_dir / COMPLETE_MARKER, "x", encoding="utf-8") as f:
         f.write(stamp)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(ckpt_dir)
 
 
 def verify_checkpoint(ckpt_dir: Path) -> list[str]:

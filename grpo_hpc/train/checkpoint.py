@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from grpo_hpc.core.errors import RunDirBusyError
+from grpo_hpc.core.fsutil import fsync_dir, fsync_file
 from grpo_hpc.core.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.train.ckpt_space import abandon, check_space, state_bytes
@@ -150,6 +151,7 @@ def save(
     if info.is_main:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        fsync_dir(final.parent)  # the rename is durable before COMPLETE can be
         mark_complete(final, f"{time.time()}\n")
         prune(paths, keep_last)
     barrier(info)
@@ -182,11 +184,21 @@ def _write(
         need = state_bytes(model_sd) + state_bytes(optim_sd) if info.is_main else 0
         check_space(paths, step, need, info)
         if info.is_main:
-            torch.save(model_sd, tmp / "model.pt")
-            torch.save(optim_sd, tmp / "optim.pt")
-    torch.save(rng, tmp / f"rng-rank{info.rank}.pt")
+            _save_synced(model_sd, tmp / "model.pt")
+            _save_synced(optim_sd, tmp / "optim.pt")
+    _save_synced(rng, tmp / f"rng-rank{info.rank}.pt")
     if info.is_main:
-        torch.save({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
+        _save_synced({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
+
+
+def _save_synced(obj: Any, path: Path) -> None:
+    """``torch.save``, then wait for the data to reach the disk. A checkpoint is marked
+    COMPLETE only after all its files are durable: without the sync, a node that loses
+    power can come back with COMPLETE on disk and weights that never were, and the
+    gigabytes the page cache still held were written back during the next steps, where an
+    fsync of progress.json on the same filesystem could wait behind them."""
+    torch.save(obj, path)
+    fsync_file(path)
 
 
 def lock_run_dir(paths: RunPaths) -> int:

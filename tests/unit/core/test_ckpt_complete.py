@@ -125,3 +125,25 @@ def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
             checkpoint.lock_run_dir(paths)  # a second open file in one process conflicts too
         finally:
             os.close(a)
+
+
+def test_every_file_is_on_disk_before_the_checkpoint_is_marked_complete(
+    paths: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut must not leave COMPLETE beside weights the page cache never wrote: the
+    real save, with os.fsync recorded (what it syncs is invisible without a power cut)."""
+    order: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        order.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ckpt = _save(paths, 3)
+    files = {"model.pt", "optim.pt", "trainer.pt", "rng-rank0.pt"}
+    assert files <= set(order), order
+    manifest_at = next(i for i, name in enumerate(order) if MANIFEST in name)
+    assert all(order.index(f) < manifest_at for f in files), order
+    # then the rename into checkpoints/, the marker, and the directory holding the marker
+    assert order[-3:] == ["checkpoints", COMPLETE_MARKER, ckpt.name], order
