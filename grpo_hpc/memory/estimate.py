@@ -8,7 +8,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 - gradients (fp32, trainable only) and AdamW's two moments (fp32, trainable only); FSDP2
   shards weights, gradients and moments over the ranks; ``dist.cpu_offload`` moves all
   three to host memory (FSDP2 CPUOffloadPolicy);
-- DDP's gradient buckets (one more fp32 copy of the trainable gradients, multi-GPU only);
+- DDP's gradient buckets (one more fp32 copy of the trainable gradients, multi-GPU only)
+  and a fixed DDP_RANKS_FIXED_BYTES measured on two ranks;
 - the low-precision casts of fp32 weights that backward keeps (the layers that are not
   checkpointed, plus one in flight; the update's autocast keeps no cache); under FSDP2
   the all-gathered bf16/fp16 layers instead (two decoder layers in flight, and the
@@ -279,6 +280,11 @@ LORA_HIDDEN_SAVED = 10
 """Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
 2-GPU ladder (bench/results/ladder.json, six LoRA rows 0.5B-7B, bf16 and fp16): fewer than
 full fine-tuning's ~20, since a frozen linear keeps its weight, not its input."""
+DDP_RANKS_FIXED_BYTES = int(0.45 * GIB)
+"""What a DDP step on two ranks held beyond the same step on one GPU, besides the gradient
+buckets: 0.43-0.46 GiB at every LoRA shape of the ladder, 0.5B to 7B, where the buckets
+are a few MB (2x H100, 2026-11-26, bench/results/ladder.json). Where it comes from (the
+reducer's state, collectives' buffers in PyTorch's allocator) is not pinned down."""
 LORA_FIXED_BYTES = 2**30
 """What the LoRA rows of the ladder held beyond the per-layer model, about 1 GiB at every
 size (fitted with LORA_HIDDEN_SAVED; where it comes from is not pinned down)."""
@@ -330,7 +336,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     head_w = shape.vocab * shape.hidden
     largest = 0 if lora else head_w
     optimizer_step = on_gpu * 12 * largest // shard if int8 else 0
-    ddp_buckets = 4 * trainable if (n > 1 and not s.fsdp) else 0
+    ddp = n > 1 and not s.fsdp
+    ddp_buckets = 4 * trainable + DDP_RANKS_FIXED_BYTES if ddp else 0
     if s.fsdp:  # two gathered decoder layers in flight (every layer when none is resharded
         # after its forward), the gathered root (embedding, head), and one layer's unsharded
         # fp32 gradient before its reduce-scatter
