@@ -212,13 +212,17 @@ def recompile_reasons() -> list[str]:
     ]
 
 
-def recompile_line(step: int, before: int, after: int, why: Sequence[str] = ()) -> str | None:
-    """The training log's line when a step after warm-up built new graphs (pure); ``why``:
-    this step's new :func:`recompile_reasons` (the first two are named)."""
+def recompile_line(
+    step: int, before: int, after: int, why: Sequence[str] = (), rank: int | None = None
+) -> str | None:
+    """The training log's line when a step after warm-up built new graphs in this process
+    (pure); ``why``: this step's new :func:`recompile_reasons` (the first two are named);
+    ``rank``: named when the job has several (each prints its own)."""
     if step <= WARMUP_STEPS or after <= before:
         return None
+    who = f" (rank {rank})" if rank is not None else ""
     line = (
-        f"[Compile] step {step}: torch.compile built {after - before} new graph(s) "
+        f"[Compile] step {step}{who}: torch.compile built {after - before} new graph(s) "
         f"({after} in all): a recompilation; this step's time is not the steady one"
     )
     if why:

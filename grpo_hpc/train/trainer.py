@@ -451,14 +451,14 @@ class Trainer:
         totals = getattr(self.engine, "totals", None)  # native engine: caches, captures so far
         counts = [compiled_graphs(), (totals or {}).get("captures", 0), self.gc.clock.take()]
         graphs, captures, m["time/gc"] = dist.max_over_ranks(counts, info)
-        graphs, captures = int(graphs), int(captures)
-        m["compile/graphs"] = graphs
-        m["engine/captures"] = captures
-        reasons = recompile_reasons()
-        line = recompile_line(self.step, self.graphs_seen, graphs, reasons[self.reasons_seen :])
-        if line and info.is_main:
+        m["compile/graphs"], m["engine/captures"] = int(graphs), int(captures)
+        # Each rank names its own recompilations: the guard that failed is in its process.
+        reasons, own = recompile_reasons(), int(counts[0])
+        rank = info.rank if info.enabled else None
+        why = reasons[self.reasons_seen :]
+        if line := recompile_line(self.step, self.graphs_seen, own, why, rank):
             print(line, flush=True)
-        self.graphs_seen, self.reasons_seen = graphs, len(reasons)
+        self.graphs_seen, self.reasons_seen = own, len(reasons)
         if info.device.type == "cuda":
             m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
             # Times the caching allocator had to free its cache and retry a cudaMalloc:

@@ -41,3 +41,12 @@ def test_the_line_names_why() -> None:
     line = recompile_line(WARMUP_STEPS + 1, 9, 10, why)
     assert line is not None and "why: forward (models.py:0)" in line
     assert "models.py:1" in line and "models.py:2" not in line and "(+1 more)" in line
+
+
+def test_in_a_multi_rank_job_the_line_names_the_rank_that_recompiled() -> None:
+    """Only the rank that met the new shape holds Dynamo's reason; it prints its own line
+    (rank 0 alone printed the job's count, without a reason, when rank 1 recompiled)."""
+    line = recompile_line(WARMUP_STEPS + 5, 18, 20, ["chunk_stats (logp_head.py:58): x"], rank=1)
+    assert line is not None and line.startswith(f"[Compile] step {WARMUP_STEPS + 5} (rank 1):")
+    assert "why: chunk_stats" in line
+    assert "(rank" not in (recompile_line(WARMUP_STEPS + 5, 18, 20) or "")
