@@ -201,6 +201,11 @@ submit() {
     cp "$run/progress.json" "$run/metrics.jsonl" "$run/config.yaml" "$run/jobs.jsonl" "$OUT/" 2>/dev/null
     tail -c 30000 "$run/training_output.log" >"$OUT/training_output_tail.log" 2>/dev/null
     ls -R "$run" | head -n 80 >"$OUT/run_tree.txt"
+    # training.profile_steps (GPU_OVERRIDES): each rank's operator table, and its trace
+    if [[ -d $run/torch_profile ]]; then
+        mkdir -p "$OUT/torch_profile" && cp "$run"/torch_profile/*.txt "$OUT/torch_profile/"
+        for t in "$run"/torch_profile/*.json; do gzip -c "$t" >"$OUT/torch_profile/${t##*/}.gz"; done
+    fi
     # issue 38 point 5: how steady the steps were (size groups after warm-up, compilations)
     python3 -m bench.step_spread "$run/metrics.jsonl" --json "$OUT/step_spread.json" 2>&1 |
         tee "$OUT/step_spread.txt"

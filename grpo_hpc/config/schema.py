@@ -255,6 +255,12 @@ class TrainingConfig:
     a row, and every run with 10 or more ended below it."""
     num_threads: int = 0
     """torch intra-op threads per process on CPU (0 = torch default)."""
+    profile_steps: int = 0
+    """Run this many steps under ``torch.profiler`` on every rank, from step
+    ``profile_from``; each rank writes a Chrome trace and its costliest operators to
+    ``torch_profile/`` (grpo_hpc/train/profiling.py). 0: no profiling."""
+    profile_from: int = 3
+    """The first profiled step (1-based; after warm-up, which compiles and captures)."""
     gc_every_steps: int = 1
     """Python's garbage collector on a schedule: automatic collection off while training,
     the young generations collected at the start of every N-th step on every rank, and a
@@ -410,6 +416,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "
             "(ranks pulse every 2 s)"
+        )
+    if cfg.training.profile_steps < 0 or cfg.training.profile_from < 1:
+        raise ConfigError(
+            f"training.profile_steps={cfg.training.profile_steps} must be >= 0 and "
+            f"training.profile_from={cfg.training.profile_from} >= 1 (steps count from 1)"
         )
     if cfg.training.gc_every_steps < 0:
         raise ConfigError(

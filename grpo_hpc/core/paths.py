@@ -18,6 +18,8 @@ Layout of ``logs/<run>/``::
     nccl_trace/rank_<R>    NCCL's flight recorder, dumped when a collective times out or a
                            peer stops answering
     state_digest/          per-rank state digests at saves and resumes (faults.state_digest)
+    torch_profile/         torch.profiler traces and summaries of profiled steps, per rank
+                           (training.profile_steps)
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
@@ -113,6 +115,10 @@ class RunPaths:
     @property
     def training_log(self) -> Path:
         return self.root / "training_output.log"
+
+    @property
+    def torch_profile(self) -> Path:
+        return self.root / "torch_profile"
 
     @property
     def job_summary(self) -> Path:

@@ -15,12 +15,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.fsutil import append_jsonl, atomic_write_text
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -210,6 +213,21 @@ def recompile_reasons() -> list[str]:
         for code, reasons in list(guard_failures.items())
         for reason in reasons
     ]
+
+
+def gpu_memory_metrics(device: torch.device) -> dict[str, float]:
+    """This process's GPU memory figures of the step (none on a CPU): the peak allocated,
+    and the times the caching allocator had to free its cache and retry a cudaMalloc. Each
+    retry is a device-wide sync, so a count that grows step by step means memory is nearly
+    full and the step runs slower than its kernels (reading them does not sync the GPU)."""
+    if device.type != "cuda":
+        return {}
+    import torch
+
+    return {
+        "gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "gpu_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),
+    }
 
 
 def recompile_line(

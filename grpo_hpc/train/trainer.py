@@ -38,6 +38,7 @@ from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.gc_schedule import GcSchedule
 from grpo_hpc.train.held_out import HeldOutEval
+from grpo_hpc.train.profiling import StepProfiler, window
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
@@ -46,6 +47,7 @@ from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.tracking import (
     Tracker,
     compiled_graphs,
+    gpu_memory_metrics,
     recompile_line,
     recompile_reasons,
     step_metrics,
@@ -82,6 +84,9 @@ class Trainer:
         self.reasons_seen = 0  # Dynamo's guard failures so far (named in the [Compile] line)
         self.last_save = time.monotonic()
         self.gc = GcSchedule(cfg.training.gc_every_steps)
+        steps = window(cfg.training.profile_from, cfg.training.profile_steps)
+        cuda = info.device.type == "cuda"
+        self.profiler = StepProfiler(paths.torch_profile, info.rank, steps, cuda)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -307,6 +312,7 @@ class Trainer:
             self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
             return ExitCode.OK
         finally:
+            self.profiler.close()
             self.gc.stop()
             self.tracker.finish()
 
@@ -402,6 +408,7 @@ class Trainer:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
         self.gc.before_step(self.step)  # the same point on every rank (train/gc_schedule.py)
+        self.profiler.before_step(self.step + 1)
         faults.before_step(
             cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
         )
@@ -422,6 +429,7 @@ class Trainer:
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
         self._report(stats, sel, scored, times, t0)
+        self.profiler.after_step(self.step)
 
     def _report(
         self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
@@ -459,12 +467,7 @@ class Trainer:
         if line := recompile_line(self.step, self.graphs_seen, own, why, rank):
             print(line, flush=True)
         self.graphs_seen, self.reasons_seen = own, len(reasons)
-        if info.device.type == "cuda":
-            m["gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            # Times the caching allocator had to free its cache and retry a cudaMalloc:
-            # each is a device-wide sync, so a count that grows step by step means memory
-            # is nearly full and the step runs slower than its kernels (no GPU sync here).
-            m["gpu_alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        m.update(gpu_memory_metrics(info.device))
         if totals is not None:
             m["engine/caches"] = totals["caches"]
         self.streaks = self.streaks.after(

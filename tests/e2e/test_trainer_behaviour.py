@@ -30,12 +30,15 @@ def _metrics(paths) -> list[dict]:
     ("strategy", "engine"), [("ddp", "hf"), ("fsdp", "hf"), ("fsdp", "native")]
 )
 def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engine: str) -> None:
+    # the DDP run also profiles its step 2 on both ranks (training.profile_steps)
+    profile = ["training.profile_steps=1", "training.profile_from=2"] if strategy == "ddp" else []
     paths = make_run(
         tmp_path,
         strategy,
         f"dist.strategy={strategy}",
         f"rollout.engine={engine}",
         "training.eval_every=2",
+        *profile,
         nproc=2,
     )
     result = train(paths, nproc=2)
@@ -56,6 +59,12 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
+    if profile:
+        traces = sorted(p.name for p in paths.torch_profile.iterdir())
+        assert traces == [f"rank{r}-steps2-2.{x}" for r in (0, 1) for x in ("json", "txt")]
+        trace = json.loads((paths.torch_profile / "rank1-steps2-2.json").read_text())
+        assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])  # the update
+        assert "Self CPU time total" in (paths.torch_profile / "rank0-steps2-2.txt").read_text()
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
     samples = [json.loads(line) for line in paths.samples.read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4]

@@ -1,0 +1,87 @@
+"""A few training steps under ``torch.profiler`` (``training.profile_steps``): where a real
+run's step goes, per rank, with the run's own shapes.
+
+A benchmark profiles a fixed step (bench/profile_step.py); a user's run has its own
+lengths, packing, collectives and host. Steps ``profile_from`` .. ``profile_from +
+profile_steps - 1`` run under the profiler on every rank (CPU activity, and CUDA where the
+rank has a GPU); after the last one each rank writes two files to ``torch_profile/``:
+
+- ``rank<R>-steps<A>-<B>.json``: the Chrome trace (open in Perfetto or chrome://tracing);
+- ``rank<R>-steps<A>-<B>.txt``: the operators that took the most time (device time on a
+  GPU, CPU time otherwise), as torch's ``key_averages`` table.
+
+Both are written to a temp file and renamed. The profiled steps run slower than the
+others (the profiler's own overhead), and their ``time/step`` says so only by being there:
+leave them out of a step-time comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_hpc.core.fsutil import atomic_write_text
+
+TABLE_ROWS = 40
+"""Operators listed in the summary."""
+
+
+def window(start: int, count: int) -> range:
+    """The profiled step numbers (pure): ``count`` steps from ``start`` (the step number as
+    logged, 1-based); empty when ``count`` is 0."""
+    return range(start, start + count) if count > 0 else range(0)
+
+
+def names(out: Path, rank: int, steps: range) -> tuple[Path, Path]:
+    """The trace and summary paths of one rank's window (pure)."""
+    stem = f"rank{rank}-steps{steps.start}-{steps.stop - 1}"
+    return out / f"{stem}.json", out / f"{stem}.txt"
+
+
+@dataclass
+class StepProfiler:
+    """Wraps the trainer's steps: :meth:`before_step` and :meth:`after_step` around each."""
+
+    out: Path
+    """``torch_profile/`` of the run directory."""
+    rank: int
+    steps: range
+    """:func:`window` of the config."""
+    cuda: bool
+    _prof: torch.profiler.profile | None = field(default=None, repr=False)
+
+    def before_step(self, step: int) -> None:
+        """``step``: the number the step about to run will log."""
+        if step == self.steps.start and self._prof is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=activities)
+            self._prof.__enter__()
+
+    def after_step(self, step: int) -> None:
+        """``step``: the number the step just finished logged."""
+        if self._prof is not None and step == self.steps.stop - 1:
+            self._finish()
+
+    def close(self) -> None:
+        """The run ended (or stopped) inside the window: what was recorded is written."""
+        if self._prof is not None:
+            with contextlib.suppress(Exception):  # a failed trace must not hide the exit
+                self._finish()
+
+    def _finish(self) -> None:
+        prof, self._prof = self._prof, None
+        assert prof is not None
+        prof.__exit__(None, None, None)
+        self.out.mkdir(parents=True, exist_ok=True)
+        trace, summary = names(self.out, self.rank, self.steps)
+        tmp = trace.with_name(f".{trace.name}.tmp")
+        prof.export_chrome_trace(str(tmp))
+        tmp.replace(trace)
+        key = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=TABLE_ROWS)
+        atomic_write_text(summary, table + "\n")

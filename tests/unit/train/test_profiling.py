@@ -1,0 +1,64 @@
+"""training.profile_steps: which steps run under torch.profiler, and where their files go;
+the real profiler on the CPU (the trainer's own run: tests/e2e/test_trainer_behaviour.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc.train.profiling import StepProfiler, names, window
+
+
+def test_the_window_counts_logged_steps_from_profile_from() -> None:
+    assert list(window(3, 2)) == [3, 4]
+    assert list(window(1, 1)) == [1]
+    assert list(window(5, 0)) == []  # off
+    trace, summary = names(Path("/r/torch_profile"), 1, window(3, 2))
+    assert (trace.name, summary.name) == ("rank1-steps3-4.json", "rank1-steps3-4.txt")
+
+
+def _steps(prof: StepProfiler, first: int, last: int) -> None:
+    w = torch.ones(64, 64)
+    for step in range(first, last + 1):
+        prof.before_step(step)
+        (w @ w).sum()
+        prof.after_step(step)
+
+
+def _matmuls(trace: Path) -> int:
+    return sum(e.get("name") == "aten::mm" for e in json.loads(trace.read_text())["traceEvents"])
+
+
+def test_only_the_window_is_recorded_and_written(tmp_path: Path) -> None:
+    prof = StepProfiler(tmp_path / "torch_profile", 0, window(2, 2), cuda=False)
+    _steps(prof, 1, 1)
+    assert not (tmp_path / "torch_profile").exists()  # step 1 is not profiled
+    _steps(prof, 2, 3)
+    trace, summary = names(tmp_path / "torch_profile", 0, window(2, 2))
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e.get("name") == "aten::mm" for e in events) == 2  # steps 2 and 3
+    assert "aten::mm" in summary.read_text()
+    _steps(prof, 4, 5)  # after the window: nothing more
+    assert (
+        sum(e.get("name") == "aten::mm" for e in json.loads(trace.read_text())["traceEvents"]) == 2
+    )
+
+
+def test_a_run_that_ends_inside_the_window_still_writes_it(tmp_path: Path) -> None:
+    prof = StepProfiler(tmp_path, 3, window(1, 5), cuda=False)
+    _steps(prof, 1, 2)
+    prof.close()
+    trace, _ = names(tmp_path, 3, window(1, 5))
+    assert trace.is_file()
+    prof.close()  # twice: nothing left to write
+
+
+def test_a_bad_window_is_refused_in_one_line() -> None:
+    from grpo_hpc.config.load import build_config
+    from grpo_hpc.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="training.profile_from=0 >= 1"):
+        build_config("tiny", ["training.profile_steps=2", "training.profile_from=0"])
