@@ -147,3 +147,20 @@ def test_every_file_is_on_disk_before_the_checkpoint_is_marked_complete(
     assert all(order.index(f) < manifest_at for f in files), order
     # then the rename into checkpoints/, the marker, and the directory holding the marker
     assert order[-3:] == ["checkpoints", COMPLETE_MARKER, ckpt.name], order
+
+
+def test_a_filesystem_that_refuses_to_sync_a_directory_does_not_fail_the_save(
+    paths: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FUSE mounts and some network filesystems answer EINVAL to fsync on a directory."""
+    import errno
+
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert is_complete(_save(paths, 4))
