@@ -117,8 +117,8 @@ def chunk_slices(n: int, chunk: int) -> list[slice]:
     """The head's chunks of ``n`` tokens (pure): ``chunk`` tokens each, the last one longer
     by a 1-token tail. Compiled chunk functions specialise a dimension of size 1 (Dynamo's
     0/1 specialisation), so a 1-row chunk would compile two more graphs (forward and
-    backward) at whatever step a micro-batch first held ``k * chunk + 1`` completion tokens:
-    the recompilations a real run logged mid-run (bench/results/h100x4_issue38.md)."""
+    backward) at whatever step a micro-batch first held ``k * chunk + 1`` completion tokens
+    (tests/unit/train/test_logp_head_compiled.py)."""
     starts = list(range(0, n, chunk))
     if len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
