@@ -9,8 +9,9 @@ by that much, at no step anyone could predict. The field's answer (torchtitan's
 ``gc_freq``, Megatron-LM's manual GC) is to turn automatic collection off during training
 and collect at a fixed point of the step, the same on every rank. Here:
 
-- at the start of training everything alive is collected once and then frozen
-  (``gc.freeze``: the model, the tokenizer and compiled code are never walked again);
+- at the start of training everything alive is collected once, and automatic collection
+  is turned off (nothing is frozen with ``gc.freeze``: a frozen object is never collected,
+  and the native engine frees the CUDA graphs and caches it drops through the collector);
 - every ``gc_every_steps`` steps, at the start of the step, every rank collects the young
   generations (the objects a step made and dropped in reference cycles: milliseconds);
 - after every checkpoint save, which every rank makes at the same step and which is not
@@ -20,8 +21,9 @@ Every collection, scheduled or automatic, is timed through ``gc.callbacks``: the
 ``time/gc`` metric is the longest any rank spent collecting during it. Measured on 2x H100
 (SmolLM2-135M, 30 GSM8K steps, bench/results/h100x2_issue38_s14.md): with automatic
 collection the longest pause in a step was 4.4 ms, and the schedule cost 0.01-0.16 ms a
-step. There it neither helped nor hurt; it is the default as the field's practice for
-processes whose full collection takes longer.
+step (that run also froze the objects alive at the start, which is no longer done). There
+it neither helped nor hurt; it is the default as the field's practice for processes whose
+full collection takes longer.
 """
 
 from __future__ import annotations
@@ -72,7 +74,6 @@ class GcSchedule:
         gc.callbacks.append(self.clock)
         if self.every > 0:
             gc.collect()
-            gc.freeze()
             gc.disable()
         self.clock.take()  # the start-up collection is not a step's
         self.active = True
@@ -97,5 +98,4 @@ class GcSchedule:
         if self.clock in gc.callbacks:
             gc.callbacks.remove(self.clock)
         if self.every > 0:
-            gc.unfreeze()
             gc.enable()

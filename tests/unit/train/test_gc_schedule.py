@@ -15,7 +15,6 @@ from grpo_hpc.train.gc_schedule import GcSchedule, due
 def restored() -> Iterator[None]:
     """Whatever a test does to the collector, the next test finds Python's defaults."""
     yield
-    gc.unfreeze()
     gc.enable()
 
 
@@ -36,7 +35,7 @@ def test_scheduled_collection_turns_automatic_gc_off_and_back_on() -> None:
     sched = GcSchedule(every=2)
     sched.start()
     try:
-        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        assert not gc.isenabled() and gc.get_freeze_count() == 0  # nothing kept from the GC
         assert sched.clock in gc.callbacks
         _cycles(1000)
         pending = gc.get_count()[0]
@@ -48,8 +47,7 @@ def test_scheduled_collection_turns_automatic_gc_off_and_back_on() -> None:
         assert sched.clock.take() > 0  # the collection was timed
     finally:
         sched.stop()
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    assert sched.clock not in gc.callbacks
+    assert gc.isenabled() and sched.clock not in gc.callbacks
 
 
 @pytest.mark.usefixtures("restored")
@@ -57,7 +55,7 @@ def test_automatic_mode_leaves_gc_on_and_still_times_it() -> None:
     sched = GcSchedule(every=0)
     sched.start()
     try:
-        assert gc.isenabled() and gc.get_freeze_count() == 0
+        assert gc.isenabled()
         sched.before_step(0)  # nothing scheduled
         gc.collect()  # what Python would start by itself
         assert sched.clock.take() > 0
