@@ -15,7 +15,9 @@ and collect at a fixed point of the step, the same on every rank. Here:
 - every ``gc_every_steps`` steps, at the start of the step, every rank collects the young
   generations (the objects a step made and dropped in reference cycles: milliseconds);
 - after every checkpoint save, which every rank makes at the same step and which is not
-  timed as part of a step, a full collection frees what survived into the old generation.
+  timed as part of a step, a full collection frees what survived into the old generation;
+  a run that saves seldom (``save_every_seconds`` alone) also collects fully at the start
+  of every :data:`FULL_EVERY`-th step, on every rank at once.
 
 Every collection, scheduled or automatic, is timed through ``gc.callbacks``: the step's
 ``time/gc`` metric is the longest any rank spent collecting during it. Measured on 2x H100
@@ -32,11 +34,20 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+FULL_EVERY = 100
+"""Steps between full collections at a step's start (besides those after saves)."""
 
-def due(step: int, every: int) -> bool:
-    """Does the step about to run (``step`` done so far) start with a young collection
-    (pure)? ``every`` 0: never (Python's automatic collection instead)."""
-    return every > 0 and step % every == 0
+
+def due(step: int, every: int) -> int | None:
+    """The generation the step about to run (``step`` done so far) starts by collecting
+    (pure): 1 (the young ones) every ``every`` steps, 2 (everything) every
+    :data:`FULL_EVERY` steps; None for no collection. ``every`` 0: never (Python's
+    automatic collection instead)."""
+    if every <= 0:
+        return None
+    if step > 0 and step % FULL_EVERY == 0:
+        return 2
+    return 1 if step % every == 0 else None
 
 
 @dataclass
@@ -84,8 +95,9 @@ class GcSchedule:
         if not self.active:
             return
         self.clock.take()
-        if due(step, self.every):
-            gc.collect(1)
+        generation = due(step, self.every)
+        if generation is not None:
+            gc.collect(generation)
 
     def after_save(self) -> None:
         if self.active and self.every > 0:

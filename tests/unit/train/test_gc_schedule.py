@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from grpo_hpc.train.gc_schedule import GcSchedule, due
+from grpo_hpc.train.gc_schedule import FULL_EVERY, GcSchedule, due
 
 
 @pytest.fixture
@@ -18,10 +18,12 @@ def restored() -> Iterator[None]:
     gc.enable()
 
 
-def test_young_collections_fall_on_every_nth_step() -> None:
+def test_young_collections_fall_on_every_nth_step_and_full_ones_every_hundredth() -> None:
     assert [s for s in range(7) if due(s, 3)] == [0, 3, 6]
-    assert [s for s in range(3) if due(s, 1)] == [0, 1, 2]
-    assert not any(due(s, 0) for s in range(5))  # 0: Python's automatic collection
+    assert [due(s, 1) for s in range(3)] == [1, 1, 1]
+    assert all(due(s, 0) is None for s in (0, 1, 100))  # 0: Python's automatic collection
+    assert [due(s, 1) for s in (99, FULL_EVERY, 101, 2 * FULL_EVERY)] == [1, 2, 1, 2]
+    assert due(FULL_EVERY, 7) == 2  # a full one even where no young one falls
 
 
 def _cycles(n: int) -> None:
