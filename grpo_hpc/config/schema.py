@@ -264,11 +264,10 @@ class TrainingConfig:
     gc_every_steps: int = 1
     """Python's garbage collector on a schedule: automatic collection off while training,
     the young generations collected at the start of every N-th step on every rank, and a
-    full collection after each checkpoint save and every 100 steps
-    (grpo_hpc/train/gc_schedule.py). An automatic full collection pauses one rank at a
-    moment no other rank shares, and its peers wait for it at the next collective: an
-    unsteady step. 0: Python's automatic collection. Either way ``time/gc`` logs the
-    slowest rank's seconds in the collector."""
+    full collection at the start of every 100th step (grpo_hpc/train/gc_schedule.py). An
+    automatic full collection pauses one rank at a moment no other rank shares, and its
+    peers wait for it at the next collective: an unsteady step. 0: Python's automatic
+    collection. Either way ``time/gc`` logs the slowest rank's seconds in the collector."""
 
 
 @dataclass

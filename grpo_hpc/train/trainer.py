@@ -401,7 +401,6 @@ class Trainer:
         )
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
-        self.gc.after_save()
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> None:
