@@ -7,6 +7,7 @@ bench/learning.py), and a cache converted with a misread EOS is converted again.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,11 @@ def _stop_ids(d: Path) -> tuple[int, int, int, int]:
     )
 
 
-def test_turn_end_is_the_eos_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_turn_end_is_the_eos_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_cache: Path
+) -> None:
+    # the session's conversion (materialize from the GGUF), copied: this test rewrites it
+    shutil.copytree(smollm2_cache, tmp_path, dirs_exist_ok=True)
     monkeypatch.setenv("GRPO_HPC_CACHE", str(tmp_path))
     d = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0)
     end = AutoTokenizer.from_pretrained(d).convert_tokens_to_ids(models.SMOLLM2_TURN_END)

