@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 FULL_EVERY = 100
-"""Steps between full collections at a step's start (besides those after saves)."""
+"""Steps between full collections, each at the start of a step on every rank."""
 
 
 def due(step: int, every: int) -> int | None:

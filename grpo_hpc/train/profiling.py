@@ -60,7 +60,7 @@ class StepProfiler:
             if self.cuda:
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._prof = torch.profiler.profile(activities=activities)
-            self._prof.__enter__()
+            self._prof.start()
 
     def after_step(self, step: int) -> None:
         """``step``: the number the step just finished logged."""
@@ -76,7 +76,7 @@ class StepProfiler:
     def _finish(self) -> None:
         prof, self._prof = self._prof, None
         assert prof is not None
-        prof.__exit__(None, None, None)
+        prof.stop()
         self.out.mkdir(parents=True, exist_ok=True)
         trace, summary = names(self.out, self.rank, self.steps)
         tmp = trace.with_name(f".{trace.name}.tmp")
