@@ -1,7 +1,12 @@
 """Atomic file writes: temp file in the same directory, fsync, rename.
 
 A reader (the monitor, grpo-status, a resumed attempt) never sees a half-written
-file: it sees the old content or the new one.
+file: it sees the old content or the new one. The rename alone gives that; the fsync
+before it makes the new content survive a power cut, and is skipped (``sync=False``) only
+for a heartbeat rewritten every step: on ext4 (``data=ordered``) an fsync waits for the
+journal commit, which also writes out whatever the kernel's flusher has just allocated
+(files dirtied ~30 s before): 0.2 s here 37 s after a 1.2 GB write, and the likely cause
+of the 0.5 s a real 2-GPU run lost in one step after its first saves (issue 38).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old or the new file."""
+def atomic_write_bytes(path: Path, data: bytes, sync: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old or the new file;
+    ``sync``: on the disk before the rename (durable), not only in the page cache."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -23,7 +29,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -57,14 +64,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, sync: bool = True) -> None:
     """Text variant of :func:`atomic_write_bytes` (UTF-8)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), sync)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Path, obj: Any, sync: bool = True) -> None:
     """Write ``obj`` as indented JSON, atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", sync)
 
 
 def append_jsonl(path: Path, obj: Any) -> None:

@@ -116,8 +116,11 @@ class ProgressRecord:
 
 
 def write_progress(path: Path, record: ProgressRecord) -> None:
-    """Atomically replace the progress file."""
-    atomic_write_json(path, record.to_dict())
+    """Atomically replace the progress file. Only a terminal record is synced to the disk:
+    the others are a heartbeat rewritten twice a step, which a power cut may set back a
+    few updates at no cost (the durable record of what was trained is a checkpoint's
+    COMPLETE marker), and whose fsync can stall a step (fsutil)."""
+    atomic_write_json(path, record.to_dict(), sync=record.state.terminal)
 
 
 def read_progress(path: Path) -> ProgressRecord | None:

@@ -1,0 +1,57 @@
+"""The progress file: a heartbeat written atomically, synced to the disk only when terminal.
+
+An fsync of a small file waits for the filesystem's journal commit, which also writes out
+whatever the kernel's flusher allocated meanwhile; rewritten twice a step and on every
+generation heartbeat, it stalled a real run's steps (issue 38). The atomic rename alone
+keeps readers from seeing half a record; that is checked here on the real filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.core import fsutil
+from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The file descriptors os.fsync was called with (the call still goes through)."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(fsutil.os, "fsync", counting)
+    return calls
+
+
+@pytest.mark.parametrize("state", [s for s in TrainState if not s.terminal])
+def test_a_running_state_is_written_without_fsync(
+    tmp_path: Path, fsyncs: list[int], state: TrainState
+) -> None:
+    path = tmp_path / "progress.json"
+    record = ProgressRecord(run="r", state=state, step=7, heartbeat=1.5)
+    write_progress(path, record)
+    assert fsyncs == []
+    assert read_progress(path) == record
+
+
+@pytest.mark.parametrize("state", [s for s in TrainState if s.terminal])
+def test_a_terminal_state_is_synced(tmp_path: Path, fsyncs: list[int], state: TrainState) -> None:
+    write_progress(tmp_path / "progress.json", ProgressRecord(run="r", state=state))
+    assert len(fsyncs) == 1
+
+
+def test_unsynced_writes_still_replace_atomically(tmp_path: Path) -> None:
+    """Many unsynced rewrites leave one whole record and no temp file behind."""
+    path = tmp_path / "progress.json"
+    for step in range(50):
+        write_progress(path, ProgressRecord(run="r", state=TrainState.TRAINING, step=step))
+    assert read_progress(path).step == 49
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.json"]
