@@ -13,7 +13,8 @@
 #               latex2sympy2_extended (default ../.whl37, else .whl37)
 # Model: the converted SmolLM2-135M-Instruct when a previous call on this held machine left
 # it in /tmp/grpo_cache (bench/gpu_real.sh setup + model), else the random `tiny` model on the
-# same GSM8K prompts (GPU_MODEL=tiny|smollm2 forces one). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
+# same GSM8K prompts (GPU_MODEL=tiny|smollm2 forces one; GPU_MODEL=random:DIR runs random
+# weights of DIR/config.json with the gsm8k config's own batch and memory plan). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
 # GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster),
 # GPU_OVERRIDES (more grpo-submit overrides, e.g. "dist.strategy=fsdp": the profile is DDP first).
 # The submit stage ends with python -m bench.step_spread over the run's metrics (issue 38).
@@ -133,7 +134,17 @@ submit() {
         training.save_every_seconds=0 training.eval_every="${GPU_STEPS:-6}"
         training.zero_reward_patience=0 rollout.num_generations=8 data.num_eval=64
         wandb.mode=disabled)
-    if [[ $model == smollm2 ]]; then
+    if [[ $model == random:* ]]; then
+        # a larger shape as a user's gsm8k job plans it (issue 38: is the plan's memory
+        # estimate safe?): the config's own batch, lengths and memory settings, random
+        # weights (they run every completion to the length cap: the worst case), no eval
+        export GRPO_HPC_CACHE=/tmp/grpo_cache37
+        ov=(model.name_or_path="$model" training.max_steps="${GPU_STEPS:-3}"
+            training.save_every_steps=0 training.save_every_seconds=0 training.save_final=false
+            training.export_final=false training.eval_every=0
+            training.zero_reward_patience=0 wandb.mode=disabled)
+        model=random
+    elif [[ $model == smollm2 ]]; then
         export GRPO_HPC_CACHE=/tmp/grpo_cache
         ov+=(model.name_or_path=smollm2-135m rollout.engine=native rollout.prompts_per_step=16
             rollout.max_new_tokens=256 optim.lr=5e-6)
