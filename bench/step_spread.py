@@ -121,6 +121,7 @@ def report(steps: list[dict], warmup: int, tolerance: float) -> dict:
             # what a peer waited for: one rank's later generation, a rank's GC pause
             "time_generate_skew": g.times("time/generate_skew"),
             "time_gc": g.times("time/gc"),
+            "time_score_max": g.times("time/score_max"),  # the slowest rank's scoring
             "median_s": statistics.median(g.times()),
             "spread": g.spread,
         }
@@ -163,7 +164,8 @@ def render(rep: dict) -> str:
             f"  {name:>16}: steps {r['steps']} s/step {times}  median {r['median_s']:.2f}"
             f"  slowest/fastest {r['spread']:.2f}"
         )
-        waits = [(k, max(r[f"time_{k}"], default=0.0)) for k in ("generate_skew", "gc")]
+        keys = ("generate_skew", "gc", "score_max")
+        waits = [(k, max(r.get(f"time_{k}", []), default=0.0)) for k in keys]
         if any(w > 0 for _, w in waits):
             out.append(
                 " " * 18 + "  most per step: " + ", ".join(f"{k} {w:.2f} s" for k, w in waits)

@@ -1,7 +1,8 @@
 """What the trainer tells the outside world: progress.json, metrics.jsonl, W&B, console.
 
 Only rank 0 writes. Heartbeats are throttled (a write every ``min_interval_s``)
-because generation calls ``heartbeat()`` once per token.
+because generation calls ``heartbeat()`` once per token, and progress.json is written from
+a thread of its own (:class:`ProgressWriter`): a step never waits on the filesystem for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.fsutil import append_jsonl, atomic_write_text
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
+from grpo_hpc.core.progress import ProgressRecord, ProgressWriter, TrainState, read_progress
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +36,7 @@ class Tracker:
     record: ProgressRecord = field(init=False)
     _last_write: float = 0.0
     _wandb: Any = None
+    _writer: ProgressWriter | None = None
 
     def __post_init__(self) -> None:
         previous = read_progress(self.paths.progress)
@@ -66,8 +68,15 @@ class Tracker:
             return
         now = time.time()
         self.record.heartbeat = now
-        write_progress(self.paths.progress, self.record)
+        if self._writer is None:
+            self._writer = ProgressWriter(self.paths.progress)
+        self._writer.put(self.record)  # returns at once unless the state is terminal
         self._last_write = now
+
+    def flush(self) -> None:
+        """Wait until the progress file holds the last record (rank 0; no-op elsewhere)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     # ---------------------------------------------------------------- metrics
     def log_step(self, metrics: dict[str, float]) -> None:

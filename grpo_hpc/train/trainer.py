@@ -457,7 +457,10 @@ class Trainer:
         # CUDA graph capture) makes its peers wait at the next collective.
         totals = getattr(self.engine, "totals", None)  # native engine: caches, captures so far
         counts = [compiled_graphs(), (totals or {}).get("captures", 0), self.gc.clock.take()]
-        graphs, captures, m["time/gc"] = dist.max_over_ranks(counts, info)
+        # the slowest rank's scoring: math-verify on an odd completion can take a rank
+        # tenths of a second, for which the others wait (rank 0 logs only its own times)
+        counts.append(times["time/score"])
+        graphs, captures, m["time/gc"], m["time/score_max"] = dist.max_over_ranks(counts, info)
         m["compile/graphs"], m["engine/captures"] = int(graphs), int(captures)
         # Each rank names its own recompilations: the guard that failed is in its process.
         reasons, own = recompile_reasons(), int(counts[0])

@@ -55,3 +55,51 @@ def test_unsynced_writes_still_replace_atomically(tmp_path: Path) -> None:
         write_progress(path, ProgressRecord(run="r", state=TrainState.TRAINING, step=step))
     assert read_progress(path).step == 49
     assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.json"]
+
+
+def test_the_writer_never_makes_the_caller_wait_for_a_slow_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write held up (as a rename behind a journal commit is) does not hold up ``put`` of
+    running states; the newest record replaces any that waited; a terminal record is
+    written, after the others, before its ``put`` returns."""
+    import threading
+
+    from grpo_hpc.core import progress
+
+    path = tmp_path / "progress.json"
+    gate, inside, written = threading.Event(), threading.Event(), []
+    real = progress.write_progress
+
+    def slow(p: Path, record: ProgressRecord) -> None:
+        inside.set()
+        gate.wait(10)
+        real(p, record)
+        written.append(record.step)
+
+    monkeypatch.setattr(progress, "write_progress", slow)
+    writer = progress.ProgressWriter(path)
+    writer.put(ProgressRecord(run="r", state=TrainState.GENERATING, step=1))
+    assert inside.wait(10)  # the first write is under way, and held
+    for step in range(2, 6):  # each put returns while that write is still held
+        writer.put(ProgressRecord(run="r", state=TrainState.GENERATING, step=step))
+    assert read_progress(path) is None  # nothing on disk yet: the caller did not wait
+    gate.set()
+    writer.put(ProgressRecord(run="r", state=TrainState.FINISHED, step=6))
+    assert written[0] == 1 and written[-1] == 6 and len(written) <= 3  # 2-4 replaced
+    assert read_progress(path).state is TrainState.FINISHED
+
+
+def test_a_failed_background_write_is_raised_in_the_callers_thread(tmp_path: Path) -> None:
+    """A write that fails (here: the run directory is a file) is not lost in the thread:
+    the next ``put`` raises it, as a synchronous write did."""
+    from grpo_hpc.core.progress import ProgressWriter
+
+    blocker = tmp_path / "run"
+    blocker.write_text("not a directory")
+    writer = ProgressWriter(blocker / "progress.json")
+    writer.put(ProgressRecord(run="r", state=TrainState.TRAINING, step=1))
+    with pytest.raises(OSError):
+        writer.flush()
+    with pytest.raises(OSError):
+        writer.put(ProgressRecord(run="r", state=TrainState.FAILED, step=1))
