@@ -137,9 +137,12 @@ submit() {
     if [[ $model == random:* ]]; then
         # a larger shape as a user's gsm8k job plans it (issue 38: is the plan's memory
         # estimate safe?): the config's own batch, lengths and memory settings, random
-        # weights (they run every completion to the length cap: the worst case), no eval
+        # weights (they run every completion to the length cap: the worst case), no eval;
+        # the toy digit-fraction reward varies between random samples, so every step
+        # updates (GSM8K's correctness is 0 on random text: no group would train)
         export GRPO_HPC_CACHE=/tmp/grpo_cache37
         ov=(model.name_or_path="$model" training.max_steps="${GPU_STEPS:-3}"
+            "reward.custom={grpo_hpc.train.rewards.toy:digit_fraction: 1.0}"
             training.save_every_steps=0 training.save_every_seconds=0 training.save_final=false
             training.export_final=false training.eval_every=0
             training.zero_reward_patience=0 wandb.mode=disabled)
