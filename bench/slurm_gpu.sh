@@ -218,7 +218,15 @@ submit() {
     # training.profile_steps (GPU_OVERRIDES): each rank's operator table, and its trace
     if [[ -d $run/torch_profile ]]; then
         mkdir -p "$OUT/torch_profile" && cp "$run"/torch_profile/*.txt "$OUT/torch_profile/"
-        for t in "$run"/torch_profile/*.json; do gzip -c "$t" >"$OUT/torch_profile/${t##*/}.gz"; done
+        # a trace of two real steps is ~200 MB: gzipped, kept only while the tarball can
+        # still come back from the device (the tables hold each rank's phases anyway)
+        for t in "$run"/torch_profile/*.json; do
+            gzip -c "$t" >"$OUT/torch_profile/${t##*/}.gz"
+            if (($(stat -c %s "$OUT/torch_profile/${t##*/}.gz") > 12000000)); then
+                rm "$OUT/torch_profile/${t##*/}.gz"
+                echo "${t##*/}: $(du -h "$t" | cut -f1), too large to bring back" >>"$OUT/torch_profile/left_out.txt"
+            fi
+        done
     fi
     # issue 38 point 5: how steady the steps were (size groups after warm-up, compilations)
     python3 -m bench.step_spread "$run/metrics.jsonl" --json "$OUT/step_spread.json" 2>&1 |

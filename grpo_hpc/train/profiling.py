@@ -7,8 +7,11 @@ profile_steps - 1`` run under the profiler on every rank (CPU activity, and CUDA
 rank has a GPU); after the last one each rank writes two files to ``torch_profile/``:
 
 - ``rank<R>-steps<A>-<B>.json``: the Chrome trace (open in Perfetto or chrome://tracing);
-- ``rank<R>-steps<A>-<B>.txt``: the operators that took the most time (device time on a
-  GPU, CPU time otherwise), as torch's ``key_averages`` table.
+- ``rank<R>-steps<A>-<B>.txt``: the operators that took the most time as torch's
+  ``key_averages`` tables: by CPU time with children, where the trainer's own phases
+  (``grpo/generate``, ``grpo/score``, ``grpo/vote``: the wait for the other ranks' rollouts,
+  ``grpo/update``, ``grpo/report``, ``grpo/save``; :func:`phase`) give each rank's step in
+  parts, and on a GPU also by device time.
 
 Both are written to a temp file and renamed. The profiled steps run slower than the
 others (the profiler's own overhead), and their ``time/step`` says so only by being there:
@@ -27,6 +30,12 @@ from grpo_hpc.core.fsutil import atomic_write_text
 
 TABLE_ROWS = 40
 """Operators listed in the summary."""
+
+
+def phase(name: str) -> torch.profiler.record_function:
+    """A named range of the step (``grpo/<name>``) in the profiler's trace and tables; a
+    few microseconds when no profiler runs."""
+    return torch.profiler.record_function(f"grpo/{name}")
 
 
 def window(start: int, count: int) -> range:
@@ -82,6 +91,12 @@ class StepProfiler:
         tmp = trace.with_name(f".{trace.name}.tmp")
         prof.export_chrome_trace(str(tmp))
         tmp.replace(trace)
-        key = "self_device_time_total" if self.cuda else "self_cpu_time_total"
-        table = prof.key_averages().table(sort_by=key, row_limit=TABLE_ROWS)
-        atomic_write_text(summary, table + "\n")
+        averages = prof.key_averages()
+        tables = [("CPU time, with children", "cpu_time_total")]
+        if self.cuda:
+            tables.append(("device time", "self_device_time_total"))
+        text = "".join(
+            f"== by {what}\n{averages.table(sort_by=key, row_limit=TABLE_ROWS)}\n"
+            for what, key in tables
+        )
+        atomic_write_text(summary, text)

@@ -38,7 +38,7 @@ from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.gc_schedule import GcSchedule
 from grpo_hpc.train.held_out import HeldOutEval
-from grpo_hpc.train.profiling import StepProfiler, window
+from grpo_hpc.train.profiling import StepProfiler, phase, window
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
@@ -387,18 +387,19 @@ class Trainer:
         # before the save: a rank killed once its checkpoint is complete (its peer finished
         # it) has written its digest already (a save that never completes is never loaded)
         self._write_digest(f"save-step{self.step}", rng)
-        checkpoint.save(
-            self.paths,
-            self.step,
-            self.model,
-            self.opt.optim,
-            state,
-            rng,
-            self.info,
-            trainable_only=bool(self.cfg.model.lora_rank),
-            keep_last=self.cfg.training.keep_last,
-            slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
-        )
+        with phase("save"):
+            checkpoint.save(
+                self.paths,
+                self.step,
+                self.model,
+                self.opt.optim,
+                state,
+                rng,
+                self.info,
+                trainable_only=bool(self.cfg.model.lora_rank),
+                keep_last=self.cfg.training.keep_last,
+                slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
+            )
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
 
@@ -421,13 +422,15 @@ class Trainer:
         self.tracker.update(TrainState.TRAINING)
         faults.before_update(cfg.faults, self.step, info.device)
         t1 = time.monotonic()
-        stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
-        if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
-            torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
+        with phase("update"):
+            stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
+            if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
+                torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
         t_train = time.monotonic() - t1
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
-        self._report(stats, sel, scored, times, t0)
+        with phase("report"):
+            self._report(stats, sel, scored, times, t0)
         self.profiler.after_step(self.step)
 
     def _report(

@@ -64,7 +64,14 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         assert traces == [f"rank{r}-steps2-2.{x}" for r in (0, 1) for x in ("json", "txt")]
         trace = json.loads((paths.torch_profile / "rank1-steps2-2.json").read_text())
         assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])  # the update
-        assert "Self CPU time total" in (paths.torch_profile / "rank0-steps2-2.txt").read_text()
+        table = (paths.torch_profile / "rank0-steps2-2.txt").read_text()
+        assert "Self CPU time total" in table
+        # the step in the trainer's own parts, each rank's (profiling.phase)
+        for part in ("generate", "score", "vote", "update", "report"):
+            assert f"grpo/{part}" in table
+        assert any(e.get("name") == "grpo/vote" for e in trace["traceEvents"])
+    # time/score_max: the slowest rank's scoring, at least rank 0's own
+    assert all(m["time/score_max"] >= m["time/score"] > 0 for m in steps)
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
     samples = [json.loads(line) for line in paths.samples.read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4]

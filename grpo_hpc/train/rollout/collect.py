@@ -24,6 +24,7 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train import dist
 from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
+from grpo_hpc.train.profiling import phase
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
 from grpo_hpc.train.tracking import Tracker
@@ -79,7 +80,8 @@ class Collector:
             mine = self._take()
             t = time.monotonic()
             try:
-                batch = self.engine.generate(self._prompts(mine), cfg.rollout.num_generations)
+                with phase("generate"):
+                    batch = self.engine.generate(self._prompts(mine), cfg.rollout.num_generations)
             except GenerationAborted:
                 batch = None  # a stop reached this rank: the others must hear of it first
             out.generate_s += time.monotonic() - t
@@ -87,11 +89,13 @@ class Collector:
             if batch is not None:
                 self.tracker.update(TrainState.SCORING)
                 t = time.monotonic()
-                out.scored.append(self.score(batch, mine))
+                with phase("score"):
+                    out.scored.append(self.score(batch, mine))
                 out.score_s += time.monotonic() - t
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
-            verdict = dist.all_reduce_max(vote, self.info)
+            with phase("vote"):  # this rank waits here for the others' rollouts
+                verdict = dist.all_reduce_max(vote, self.info)
             if verdict == ABORT:
                 raise GenerationAborted()
             if verdict == DONE:
