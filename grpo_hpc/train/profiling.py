@@ -95,8 +95,20 @@ class StepProfiler:
         tables = [("CPU time, with children", "cpu_time_total")]
         if self.cuda:
             tables.append(("device time", "self_device_time_total"))
-        text = "".join(
+        text = phase_lines(averages) + "".join(
             f"== by {what}\n{averages.table(sort_by=key, row_limit=TABLE_ROWS)}\n"
             for what, key in tables
         )
         atomic_write_text(summary, text)
+
+
+def phase_lines(averages: list) -> str:
+    """The step's phases (:func:`phase`), every one of them, however short: a phase can be
+    too short for the tables' top rows (a rank that reaches ``grpo/vote`` last barely
+    waits), and its absence there would read as "not run"."""
+    rows = sorted((e for e in averages if e.key.startswith("grpo/")), key=lambda e: e.key)
+    lines = [
+        f"  {e.key:<16} {e.count:>4} calls  {e.cpu_time_total / 1e3:10.1f} ms CPU time total"
+        for e in rows
+    ]
+    return "== the step's phases, this rank\n" + "\n".join(lines) + "\n\n"
