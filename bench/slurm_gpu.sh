@@ -229,7 +229,7 @@ submit() {
         done
     fi
     # issue 38 point 5: how steady the steps were (size groups after warm-up, compilations)
-    python3 -m bench.step_spread "$run/metrics.jsonl" --json "$OUT/step_spread.json" 2>&1 |
+    python3 -m bench.step_spread "$run/metrics.jsonl" --steps --json "$OUT/step_spread.json" 2>&1 |
         tee "$OUT/step_spread.txt"
     cat "$OUT/nccl_lines.txt" | head -n 30
     cat "$OUT/rank_env.txt"

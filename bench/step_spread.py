@@ -13,6 +13,7 @@ time includes a compilation or a CUDA graph capture on some rank; the spread wit
 
     python -m bench.step_spread logs/RUN/metrics.jsonl
     python -m bench.step_spread bench/results/slurm_gpu_h100x2/metrics.jsonl --warmup 1
+    python -m bench.step_spread logs/RUN/metrics.jsonl --steps   # and every step's parts
 
 The issue's target: after warm-up, steps of similar token counts within 20 % of each other
 (``--target 1.2``: exit 1 when a group's slowest step is further than that).
@@ -152,6 +153,35 @@ def steady_spread(group: Group, marks: dict[int, list[str]]) -> float | None:
     return max(t) / min(t) if min(t) > 0 else float("inf")
 
 
+STEP_COLUMNS = (
+    ("step", "time/step"),
+    ("gen", "time/generate"),
+    ("score", "time/score"),
+    ("score_max", "time/score_max"),
+    ("train", "time/train"),
+)
+
+
+def step_table(steps: list[dict]) -> list[str]:
+    """Every step in one line (pure): its time and parts; ``rest``, the time outside its
+    own generation, scoring and update (the wait for the other ranks' rollouts, the
+    report, progress writes); ``skew``, how far apart the ranks finished generating;
+    ``gap``, the wall time since the previous step's row (a save or an evaluation
+    between them shows here, not in the step's own time)."""
+    head = (
+        "  step " + " ".join(f"{n:>9}" for n, _ in STEP_COLUMNS) + "      rest      skew       gap"
+    )
+    out, prev = [head], None
+    for s in steps:
+        parts = [s.get(k, 0.0) for _, k in STEP_COLUMNS]
+        rest = parts[0] - parts[1] - parts[2] - parts[4]
+        gap = s["time"] - prev["time"] if prev is not None and "time" in s else 0.0
+        cells = [*parts, rest, s.get("time/generate_skew", 0.0), gap]
+        out.append(f"  {s['step']:>4} " + " ".join(f"{c:>9.2f}" for c in cells))
+        prev = s
+    return out
+
+
 def render(rep: dict) -> str:
     """The report as lines for a terminal."""
     out = [f"after {rep['warmup']} warm-up step(s); size groups within {rep['tolerance']:.0%}:"]
@@ -188,12 +218,15 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=0.1, help="token share of a size group")
     p.add_argument("--target", type=float, default=0.0, help="exit 1 above this spread")
     p.add_argument("--json", type=Path, help="also write the report here")
+    p.add_argument("--steps", action="store_true", help="also every step in one line")
     args = p.parse_args()
     if not args.metrics.is_file():
         raise SystemExit(f"no metrics file at {args.metrics}: give a run's metrics.jsonl")
     lines = [json.loads(x) for x in args.metrics.read_text().splitlines() if x.strip()]
     rep = report(training_steps(lines), args.warmup, args.tolerance)
     print(render(rep))
+    if args.steps:
+        print("\n".join(step_table(training_steps(lines))))
     if args.json:
         args.json.write_text(json.dumps(rep, indent=1))
     if args.target and rep["worst_spread"] is not None and rep["worst_spread"] > args.target:

@@ -77,11 +77,20 @@ def atomic_write_json(path: Path, obj: Any, sync: bool = True) -> None:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one JSON line. A single small ``write`` on an O_APPEND file is atomic
     enough for line-oriented logs read by tools that skip a torn last line."""
+    append_text(path, jsonl_line(obj))
+
+
+def jsonl_line(obj: Any) -> str:
+    """``obj`` as one line of a JSONL file, newline included (keys sorted)."""
+    return json.dumps(obj, sort_keys=True) + "\n"
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` in one ``write``, creating its folder if needed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(obj, sort_keys=True) + "\n"
     with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+        f.write(text)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

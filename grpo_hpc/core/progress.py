@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_hpc.core.fsutil import atomic_write_json
+from grpo_hpc.core.fsutil import append_text, atomic_write_json
 
 SCHEMA_VERSION = 1
 
@@ -125,21 +125,26 @@ def write_progress(path: Path, record: ProgressRecord) -> None:
 
 
 class ProgressWriter:
-    """Writes a run's progress file from a thread of its own, so that the training loop never
-    waits for the filesystem: a rename or a write in a directory whose filesystem is
-    committing its journal (a checkpoint just written, an old one deleted) can block for
-    hundreds of milliseconds (0.23 s measured on this project's CI disk; issue 38's real
-    2-GPU runs lost 0.5-0.8 s in single steps on rank 0, the rank that writes).
+    """Writes what rank 0 reports (the progress file, metrics and samples lines, console
+    lines) from a thread of its own, so that the training loop never waits for the
+    filesystem: a rename or an append in a directory whose filesystem is committing its
+    journal (a checkpoint just written, an old one deleted) can block for hundreds of
+    milliseconds (0.23-0.39 s measured on this project's CI disk by
+    ``bench/probes/write_stall.py``; issue 38's real 2-GPU runs lost 0.5-0.8 s on rank 0,
+    the rank that writes, in the steps right after a checkpoint).
 
-    Only the newest record matters, so a record put while another waits replaces it. A
-    terminal record (:attr:`TrainState.terminal`) is waited for: when ``put`` returns it is
-    on the disk, synced, and no older record can land after it. A write that failed (a full
-    disk) is raised by the next ``put``, in the caller's thread."""
+    Only the newest progress record matters, so a record put while another waits replaces
+    it. Lines are kept, in order, and written before the record taken with them. A terminal
+    record (:attr:`TrainState.terminal`) is waited for: when ``put`` returns, it and every
+    line before it are on the disk, the record synced, and no older record can land after
+    it. A write that failed (a full disk) is raised by the next call, in the caller's
+    thread."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._cv = threading.Condition()
         self._pending: ProgressRecord | None = None
+        self._lines: list[tuple[Path | None, str]] = []
         self._busy = False
         self._error: BaseException | None = None
         threading.Thread(target=self._run, name="grpo-progress", daemon=True).start()
@@ -151,14 +156,24 @@ class ProgressWriter:
             self._pending = dataclasses.replace(record)
             self._cv.notify_all()
             if record.state.terminal:
-                self._cv.wait_for(lambda: self._pending is None and not self._busy)
+                self._cv.wait_for(self._idle)
                 self._raise_error()
 
-    def flush(self) -> None:
-        """Wait until every record put so far is written."""
+    def append(self, path: Path | None, text: str) -> None:
+        """Queue ``text`` for the end of the file ``path`` (None: this process's stdout)."""
         with self._cv:
-            self._cv.wait_for(lambda: self._pending is None and not self._busy)
             self._raise_error()
+            self._lines.append((path, text))
+            self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every record and line queued so far is written."""
+        with self._cv:
+            self._cv.wait_for(self._idle)
+            self._raise_error()
+
+    def _idle(self) -> bool:
+        return self._pending is None and not self._lines and not self._busy
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -168,10 +183,13 @@ class ProgressWriter:
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._pending is not None)
+                self._cv.wait_for(lambda: self._pending is not None or bool(self._lines))
                 record, self._pending, self._busy = self._pending, None, True
+                lines, self._lines = self._lines, []
             try:
-                write_progress(self.path, record)
+                _write_lines(lines)
+                if record is not None:
+                    write_progress(self.path, record)
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 with self._cv:
                     self._error = e
@@ -179,6 +197,19 @@ class ProgressWriter:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+
+def _write_lines(lines: list[tuple[Path | None, str]]) -> None:
+    """Each file's queued text in one append, in the order queued (stdout: ``None``)."""
+    by_file: dict[Path | None, list[str]] = {}
+    for path, text in lines:
+        by_file.setdefault(path, []).append(text)
+    for path, texts in by_file.items():
+        if path is None:
+            sys.stdout.write("".join(texts))
+            sys.stdout.flush()
+        else:
+            append_text(path, "".join(texts))
 
 
 def read_progress(path: Path) -> ProgressRecord | None:

@@ -21,11 +21,13 @@ Resume reads whichever format the checkpoint has, whatever the run uses now.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +127,11 @@ def save(
     trainable_only: bool = False,
     keep_last: int = 2,
     slow_save_s: float = 0.0,
+    seconds: dict[str, float] | None = None,
 ) -> Path:
-    """Collective: every rank calls it. ``rng`` is this rank's RNG state to store."""
+    """Collective: every rank calls it. ``rng`` is this rank's RNG state to store.
+    ``seconds``, when given, receives where this rank's time went (:class:`SaveClock`)."""
+    clock = SaveClock(seconds if seconds is not None else {})
     if not optimizer.state:
         # get_state_dict would initialise the state with a zero-gradient step: the saved
         # (and the live) optimizer would be one step ahead of the weights.
@@ -138,24 +143,48 @@ def save(
         tmp.mkdir(parents=True)
     barrier(info)
     try:
-        _write(paths, step, fmt, model, optimizer, trainer_state, rng, info, trainable_only)
+        _write(paths, step, fmt, model, optimizer, trainer_state, rng, info, trainable_only, clock)
         if info.is_main and slow_save_s:
             time.sleep(slow_save_s)  # fault injection: a save that outlives the signal lead
-        barrier(info)  # every rank's files are written before rank 0 completes the checkpoint
+        with clock("wait"):
+            barrier(info)  # every rank's files are written before rank 0 completes it
         if info.is_main:
             # Refuses (CheckpointIncompleteError) when the weights are not all there: a
             # directory with COMPLETE but no model must never exist.
-            write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
+            with clock("manifest"):
+                write_manifest(tmp, extra={"format": fmt, "world_size": info.world_size})
     except Exception as exc:
         abandon(paths, step, exc, info)
     if info.is_main:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        fsync_dir(final.parent)  # the rename is durable before COMPLETE can be
-        mark_complete(final, f"{time.time()}\n")
-        prune(paths, keep_last)
-    barrier(info)
+        with clock("complete"):
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            fsync_dir(final.parent)  # the rename is durable before COMPLETE can be
+            mark_complete(final, f"{time.time()}\n")
+        with clock("prune"):
+            prune(paths, keep_last)
+    with clock("wait"):
+        barrier(info)
     return final
+
+
+class SaveClock:
+    """Seconds per part of a save, added into a dict: ``state`` (the state dicts gathered
+    to CPU), ``write`` (serialised and written; a sharded save's fsyncs too), ``fsync``
+    (the written files' data waited onto the disk), ``manifest`` (every file's sha256
+    read back), ``complete`` (rename, COMPLETE), ``prune`` (older checkpoints deleted),
+    ``wait`` (this rank in the save's barriers, waiting for the others)."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+
+    @contextlib.contextmanager
+    def __call__(self, part: str) -> Iterator[None]:
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.into[part] = self.into.get(part, 0.0) + time.monotonic() - t
 
 
 def _write(
@@ -168,37 +197,44 @@ def _write(
     rng: dict[str, Any],
     info: DistInfo,
     trainable_only: bool,
+    clock: SaveClock,
 ) -> None:
     """Every file of the checkpoint into its temp directory (collective)."""
     tmp = paths.checkpoint_tmp(step)
     if fmt == SHARDED:
-        model_sd, optim_sd = get_state_dict(
-            model, optimizer, options=_options(trainable_only, False)
-        )
+        with clock("state"):
+            model_sd, optim_sd = get_state_dict(
+                model, optimizer, options=_options(trainable_only, False)
+            )
         check_space(paths, step, state_bytes(model_sd) + state_bytes(optim_sd), info)
         # Each rank writes (and fsyncs) its own shard; rank 0 writes .metadata once all have.
-        writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+        with clock("write"):
+            writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
+            dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+        with clock("state"):
+            model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
         need = state_bytes(model_sd) + state_bytes(optim_sd) if info.is_main else 0
         check_space(paths, step, need, info)
         if info.is_main:
-            _save_synced(model_sd, tmp / "model.pt")
-            _save_synced(optim_sd, tmp / "optim.pt")
-    _save_synced(rng, tmp / f"rng-rank{info.rank}.pt")
+            _save_synced(model_sd, tmp / "model.pt", clock)
+            _save_synced(optim_sd, tmp / "optim.pt", clock)
+    _save_synced(rng, tmp / f"rng-rank{info.rank}.pt", clock)
     if info.is_main:
-        _save_synced({**trainer_state, "world_size": info.world_size}, tmp / "trainer.pt")
+        state = {**trainer_state, "world_size": info.world_size}
+        _save_synced(state, tmp / "trainer.pt", clock)
 
 
-def _save_synced(obj: Any, path: Path) -> None:
+def _save_synced(obj: Any, path: Path, clock: SaveClock) -> None:
     """``torch.save``, then wait for the data to reach the disk. A checkpoint is marked
     COMPLETE only after all its files are durable: without the sync, a node that loses
     power can come back with COMPLETE on disk and weights that never were, and the
     gigabytes the page cache still held were written back during the next steps, where an
     fsync of progress.json on the same filesystem could wait behind them."""
-    torch.save(obj, path)
-    fsync_file(path)
+    with clock("write"):
+        torch.save(obj, path)
+    with clock("fsync"):
+        fsync_file(path)
 
 
 def lock_run_dir(paths: RunPaths) -> int:

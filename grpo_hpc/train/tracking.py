@@ -1,8 +1,9 @@
 """What the trainer tells the outside world: progress.json, metrics.jsonl, W&B, console.
 
 Only rank 0 writes. Heartbeats are throttled (a write every ``min_interval_s``)
-because generation calls ``heartbeat()`` once per token, and progress.json is written from
-a thread of its own (:class:`ProgressWriter`): a step never waits on the filesystem for it.
+because generation calls ``heartbeat()`` once per token. progress.json, the metrics and
+samples lines and the console lines are written from a thread of its own
+(:class:`ProgressWriter`): a step never waits on the filesystem for them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_hpc.config.schema import Config
-from grpo_hpc.core.fsutil import append_jsonl, atomic_write_text
+from grpo_hpc.core.fsutil import atomic_write_text, jsonl_line
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, ProgressWriter, TrainState, read_progress
 
@@ -68,13 +69,22 @@ class Tracker:
             return
         now = time.time()
         self.record.heartbeat = now
-        if self._writer is None:
-            self._writer = ProgressWriter(self.paths.progress)
-        self._writer.put(self.record)  # returns at once unless the state is terminal
+        self._io().put(self.record)  # returns at once unless the state is terminal
         self._last_write = now
 
+    def _io(self) -> ProgressWriter:
+        if self._writer is None:
+            self._writer = ProgressWriter(self.paths.progress)
+        return self._writer
+
+    def _emit(self, path: Path | None, row: dict | None = None, text: str = "") -> None:
+        """Queue a JSONL row for ``path`` (stamped with the time) or a console line
+        (``path`` None), behind everything queued before it."""
+        line = jsonl_line({"time": time.time(), **row}) if row is not None else text + "\n"
+        self._io().append(path, line)
+
     def flush(self) -> None:
-        """Wait until the progress file holds the last record (rank 0; no-op elsewhere)."""
+        """Wait until every record and line is written (rank 0; no-op elsewhere)."""
         if self._writer is not None:
             self._writer.flush()
 
@@ -86,19 +96,19 @@ class Tracker:
             k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None)
             for k, v in metrics.items()
         }
-        append_jsonl(self.paths.metrics, {"time": time.time(), **clean})
+        self._emit(self.paths.metrics, clean)
         if self._wandb is not None:
             self._wandb.log(
                 {k: v for k, v in clean.items() if v is not None}, step=int(metrics["step"])
             )
-        print(console_line(metrics), flush=True)
+        self._emit(None, text=console_line(metrics))
 
     def log_samples(self, rows: list[dict]) -> None:
         """Append a step's sample completions (:func:`step_samples`) to samples.jsonl."""
         if not self.is_main:
             return
         for row in rows:
-            append_jsonl(self.paths.samples, {"time": time.time(), **row})
+            self._emit(self.paths.samples, row)
 
     def log_eval(
         self, step: int, accuracy: float, correct: int, total: int, strict: float, seconds: float
@@ -108,14 +118,27 @@ class Tracker:
         if not self.is_main:
             return
         row = {"eval/accuracy": accuracy, "eval/accuracy_strict": strict, "eval/seconds": seconds}
-        append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
+        self._emit(self.paths.metrics, {"step": step, **row})
         if self._wandb is not None:
             self._wandb.log(row, step=step)
-        print(
-            f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total}), "
+        self._emit(
+            None,
+            text=f"[Eval] step {step}: greedy accuracy {accuracy:.3f} ({correct}/{total}), "
             f"with an answer line {strict:.3f} ({seconds:.0f} s)",
-            flush=True,
         )
+
+    def log_save(self, step: int, seconds: dict[str, float]) -> None:
+        """A checkpoint's time, in parts (:class:`grpo_hpc.train.checkpoint.SaveClock`):
+        one ``ckpt/*`` row in metrics.jsonl and one console line (rank 0's own times)."""
+        if not self.is_main:
+            return
+        total = sum(seconds.values())
+        self._emit(
+            self.paths.metrics,
+            {"step": step, "ckpt/seconds": total, **{f"ckpt/{k}_s": v for k, v in seconds.items()}},
+        )
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items() if v >= 0.05)
+        self._emit(None, text=f"[Checkpoint] step {step} saved in {total:.1f} s ({parts})")
 
     def log_pass_at_k(
         self, step: int, rates: dict[int, float], passed: int, total: int, seconds: float
@@ -126,14 +149,14 @@ class Tracker:
             return
         row: dict[str, float] = {f"eval/pass@{k}": v for k, v in sorted(rates.items())}
         row["eval/seconds"] = seconds
-        append_jsonl(self.paths.metrics, {"time": time.time(), "step": step, **row})
+        self._emit(self.paths.metrics, {"step": step, **row})
         if self._wandb is not None:
             self._wandb.log(row, step=step)
         shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(rates.items()))
-        print(
-            f"[Eval] step {step}: held-out {shown} ({passed}/{total} completions passed "
+        self._emit(
+            None,
+            text=f"[Eval] step {step}: held-out {shown} ({passed}/{total} completions passed "
             f"every test, {seconds:.0f} s)",
-            flush=True,
         )
 
     def start_wandb(self) -> None:
@@ -159,6 +182,8 @@ class Tracker:
         )
 
     def finish(self) -> None:
+        """The end of the run's loop: every queued line written, W&B closed."""
+        self.flush()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

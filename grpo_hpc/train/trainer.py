@@ -387,6 +387,7 @@ class Trainer:
         # before the save: a rank killed once its checkpoint is complete (its peer finished
         # it) has written its digest already (a save that never completes is never loaded)
         self._write_digest(f"save-step{self.step}", rng)
+        seconds: dict[str, float] = {}
         with phase("save"):
             checkpoint.save(
                 self.paths,
@@ -399,9 +400,11 @@ class Trainer:
                 trainable_only=bool(self.cfg.model.lora_rank),
                 keep_last=self.cfg.training.keep_last,
                 slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
+                seconds=seconds,
             )
         self.last_save = time.monotonic()
         self.tracker.update(last_checkpoint=self.step)
+        self.tracker.log_save(self.step, seconds)
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> None:

@@ -103,3 +103,62 @@ def test_a_failed_background_write_is_raised_in_the_callers_thread(tmp_path: Pat
         writer.flush()
     with pytest.raises(OSError):
         writer.put(ProgressRecord(run="r", state=TrainState.FAILED, step=1))
+
+
+def test_lines_wait_neither_and_land_in_order_before_a_terminal_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics lines queued while a write is held do not hold up the caller either; they
+    land in the order queued, each file in one append, all of them before a terminal
+    record's ``put`` returns (the last step's row is on disk when the run says FINISHED)."""
+    import threading
+
+    from grpo_hpc.core import progress
+
+    gate, inside = threading.Event(), threading.Event()
+    real = progress.append_text
+
+    def slow(p: Path, text: str) -> None:
+        inside.set()
+        gate.wait(10)
+        real(p, text)
+
+    monkeypatch.setattr(progress, "append_text", slow)
+    metrics, samples = tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"
+    writer = progress.ProgressWriter(tmp_path / "progress.json")
+    writer.append(metrics, '{"step": 1}\n')
+    assert inside.wait(10)  # the first append is under way, and held
+    for step in range(2, 5):
+        writer.append(metrics, f'{{"step": {step}}}\n')
+        writer.append(samples, f'{{"sample": {step}}}\n')
+    assert not metrics.exists()  # nothing written yet: the caller did not wait
+    gate.set()
+    writer.put(ProgressRecord(run="r", state=TrainState.FINISHED, step=4))
+    assert metrics.read_text().splitlines() == [f'{{"step": {s}}}' for s in range(1, 5)]
+    assert samples.read_text().splitlines() == [f'{{"sample": {s}}}' for s in range(2, 5)]
+    assert read_progress(tmp_path / "progress.json").state is TrainState.FINISHED
+
+
+def test_the_tracker_writes_its_rows_and_console_lines_through_the_thread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0's tracker: a step's metrics row and console line are written by the time
+    ``flush`` returns; another rank writes nothing."""
+    from grpo_hpc.config.schema import Config
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.train.tracking import Tracker, step_metrics
+
+    paths = RunPaths(tmp_path / "run")
+    m = step_metrics(1, Config(), [2.0, 4.0, 100.0, 1.0, 2.0], [], 1) | {"loss": 0.5}
+    rank1 = Tracker(paths, Config(), is_main=False)
+    rank1.log_step(m)
+    rank1.flush()
+    assert not paths.metrics.exists()
+    tracker = Tracker(paths, Config(), is_main=True)
+    tracker.log_step(m)
+    tracker.log_eval(1, 0.25, 1, 4, 0.25, 3.0)
+    tracker.flush()
+    rows = fsutil.read_jsonl(paths.metrics)
+    assert [r["step"] for r in rows] == [1, 1] and rows[0]["loss"] == 0.5
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[Step 1") and out[1].startswith("[Eval] step 1: greedy accuracy")
