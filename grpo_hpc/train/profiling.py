@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,10 +106,16 @@ class StepProfiler:
 def phase_lines(averages: list) -> str:
     """The step's phases (:func:`phase`), every one of them, however short: a phase can be
     too short for the tables' top rows (a rank that reaches ``grpo/vote`` last barely
-    waits), and its absence there would read as "not run"."""
-    rows = sorted((e for e in averages if e.key.startswith("grpo/")), key=lambda e: e.key)
+    waits), and its absence there would read as "not run". On a GPU the profiler lists
+    each range twice, as the CPU range and as its annotation on the device's timeline
+    (no CPU time): one line each, the CPU range's."""
+    best: dict[str, Any] = {}
+    for e in averages:
+        if e.key.startswith("grpo/"):
+            if e.key not in best or e.cpu_time_total > best[e.key].cpu_time_total:
+                best[e.key] = e
     lines = [
-        f"  {e.key:<16} {e.count:>4} calls  {e.cpu_time_total / 1e3:10.1f} ms CPU time total"
-        for e in rows
+        f"  {k:<16} {e.count:>4} calls  {e.cpu_time_total / 1e3:10.1f} ms CPU time total"
+        for k, e in sorted(best.items())
     ]
     return "== the step's phases, this rank\n" + "\n".join(lines) + "\n\n"

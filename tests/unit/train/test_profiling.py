@@ -62,3 +62,24 @@ def test_a_bad_window_is_refused_in_one_line() -> None:
 
     with pytest.raises(ConfigError, match="training.profile_from=0 >= 1"):
         build_config("tiny", ["training.profile_steps=2", "training.profile_from=0"])
+
+
+def test_phase_lines_name_each_phase_once_with_its_cpu_range() -> None:
+    """On a GPU the profiler lists a range twice (the CPU range, and its annotation on the
+    device's timeline with no CPU time): each phase is one line, with the CPU range's time;
+    other operators are left out."""
+    from types import SimpleNamespace as E
+
+    from grpo_hpc.train.profiling import phase_lines
+
+    averages = [
+        E(key="grpo/update", count=1, cpu_time_total=1_433_300.0),
+        E(key="grpo/update", count=1, cpu_time_total=0.0),
+        E(key="grpo/generate", count=1, cpu_time_total=0.0),
+        E(key="grpo/generate", count=1, cpu_time_total=497_800.0),
+        E(key="aten::mm", count=9, cpu_time_total=5.0),
+    ]
+    lines = phase_lines(averages).splitlines()
+    assert lines[0] == "== the step's phases, this rank"
+    assert [ln.split()[0] for ln in lines[1:] if ln] == ["grpo/generate", "grpo/update"]
+    assert "497.8 ms" in lines[1] and "1433.3 ms" in lines[2]
