@@ -44,15 +44,8 @@ from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
-from grpo_hpc.train.tracking import (
-    Tracker,
-    compiled_graphs,
-    gpu_memory_metrics,
-    recompile_line,
-    recompile_reasons,
-    step_metrics,
-    step_samples,
-)
+from grpo_hpc.train.step_report import StepReporter
+from grpo_hpc.train.tracking import Tracker, step_samples
 
 
 def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
@@ -80,8 +73,6 @@ class Trainer:
         self.tracker = Tracker(paths, cfg, info.is_main)
         self.step = 0
         self.streaks = breakers.Streaks()
-        self.graphs_seen = 0  # torch.compile graphs built so far (compile/graphs)
-        self.reasons_seen = 0  # Dynamo's guard failures so far (named in the [Compile] line)
         self.last_save = time.monotonic()
         self.gc = GcSchedule(cfg.training.gc_every_steps)
         steps = window(cfg.training.profile_from, cfg.training.profile_steps)
@@ -220,6 +211,7 @@ class Trainer:
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
         )
+        self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
 
     def _maybe_resume(self) -> None:
         step = self.paths.latest_checkpoint()
@@ -432,52 +424,23 @@ class Trainer:
         t_train = time.monotonic() - t1
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
+        verify = (float(got.verify_items), got.verify_slowest_s)
         with phase("report"):
-            self._report(stats, sel, scored, times, t0)
+            self._report(stats, sel, scored, times, t0, verify)
         self.profiler.after_step(self.step)
 
     def _report(
-        self, stats: dict, sel: batching.Selection, scored: list, times: dict, t0: float
+        self,
+        stats: dict,
+        sel: batching.Selection,
+        scored: list,
+        times: dict,
+        t0: float,
+        verify: tuple[float, float],
     ) -> None:
-        info = self.info
-        n_tok = sum(s.batch.num_tokens for s in scored)
-        sums = dist.all_reduce_sum(
-            [sum(sel.rewards), len(sel.rewards), float(n_tok), times["time/generate"]]
-            + [sum(r * r for r in sel.rewards)]
-            + [sum(v) for v in sel.components.values()]
-            + [float(sel.truncated), float(sum(s.batch.input_ids.shape[0] for s in scored))],
-            info,
-        )
-        *sums, truncated, generated = sums
-        m = step_metrics(
-            self.step, self.cfg, sums, list(sel.components), info.world_size, generated
-        )
-        m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
         # float(): torchao keeps its learning rate as a tensor (no recompile when it changes)
-        m.update(times, **stats, lr=float(self.opt.sched.get_last_lr()[0]))
-        # How far apart the ranks finished generating: the wait of the earliest at the next
-        # collective, which no short process-group timeout may span (liveness.py)
-        m["time/generate_skew"] = dist.spread(times["time/generate"], info)
-        m["time/step"] = time.monotonic() - t0
-        # Counted on every rank: one rank's first meeting with a new shape (a compilation, a
-        # CUDA graph capture) makes its peers wait at the next collective.
-        totals = getattr(self.engine, "totals", None)  # native engine: caches, captures so far
-        counts = [compiled_graphs(), (totals or {}).get("captures", 0), self.gc.clock.take()]
-        # the slowest rank's scoring: math-verify on an odd completion can take a rank
-        # tenths of a second, for which the others wait (rank 0 logs only its own times)
-        counts.append(times["time/score"])
-        graphs, captures, m["time/gc"], m["time/score_max"] = dist.max_over_ranks(counts, info)
-        m["compile/graphs"], m["engine/captures"] = int(graphs), int(captures)
-        # Each rank names its own recompilations: the guard that failed is in its process.
-        reasons, own = recompile_reasons(), int(counts[0])
-        rank = info.rank if info.enabled else None
-        why = reasons[self.reasons_seen :]
-        if line := recompile_line(self.step, self.graphs_seen, own, why, rank):
-            print(line, flush=True)
-        self.graphs_seen, self.reasons_seen = own, len(reasons)
-        m.update(gpu_memory_metrics(info.device))
-        if totals is not None:
-            m["engine/caches"] = totals["caches"]
+        lr = float(self.opt.sched.get_last_lr()[0])
+        m = self.reporter.row(self.step, stats, sel, scored, times, t0, lr, verify)
         self.streaks = self.streaks.after(
             m["reward/mean"], m["rollout/truncated"], self.cfg.algo.mask_truncated
         )

@@ -19,6 +19,7 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -84,6 +85,18 @@ class _Verifier:
         self.lock = threading.Lock()
         self.proc: Any = None
         self.conn: Connection | None = None
+        self.items = 0
+        """Items judged since :meth:`take_stats` last ran."""
+        self.slowest_s = 0.0
+        """The longest any one of them took (wall, as the parent waited for it)."""
+
+    def take_stats(self) -> tuple[int, float]:
+        """(items judged, slowest item's seconds) since the last call, then reset: one
+        odd completion can hold a rank's scoring for tenths of a second while its peers
+        wait for it (issue 38), and this says whether it was one item or many."""
+        with self.lock:
+            out, self.items, self.slowest_s = (self.items, self.slowest_s), 0, 0.0
+        return out
 
     def _start(self) -> None:
         import math_verify  # noqa: F401  (imported before forking: each restart is instant)
@@ -112,17 +125,25 @@ class _Verifier:
                 if self.proc is None or not self.proc.is_alive():
                     self._stop()
                     self._start()
+                t = time.monotonic()
                 try:
                     self.conn.send(jobs[i:])
                     while i < len(jobs):
                         if not self.conn.poll(timeout_s):
                             raise TimeoutError
                         scores[i] = float(self.conn.recv())
-                        i += 1
+                        i, t = i + 1, self._count(t)
                 except (TimeoutError, EOFError, OSError):
                     self._stop()  # item i scores 0; a fresh worker takes the rest
                     failures, i = failures + 1, i + 1
+                    self._count(t)
         return scores, failures
+
+    def _count(self, since: float) -> float:
+        now = time.monotonic()
+        self.items += 1
+        self.slowest_s = max(self.slowest_s, now - since)
+        return now
 
 
 VERIFIER = _Verifier()

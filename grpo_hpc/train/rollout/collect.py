@@ -26,6 +26,7 @@ from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.profiling import phase
 from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
 from grpo_hpc.train.tracking import Tracker
 
@@ -43,6 +44,10 @@ class Collected:
     """Seconds spent generating, over all rounds."""
     score_s: float
     """Seconds spent computing rewards, over all rounds."""
+    verify_items: int = 0
+    """Completions math-verify judged (the rest were settled by the pre-judge)."""
+    verify_slowest_s: float = 0.0
+    """The longest math-verify took on any one of them."""
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Collector:
         Raises GenerationAborted on every rank when any rank was stopped mid-generation."""
         cfg = self.cfg
         out = Collected([], 0.0, 0.0)
+        VERIFIER.take_stats()  # from here on: this step's judging (not an evaluation's)
         rounds = 1 + (cfg.rollout.max_resample_rounds if cfg.rollout.dynamic_sampling else 0)
         for r in range(rounds):
             mine = self._take()
@@ -101,6 +107,7 @@ class Collector:
             if verdict == DONE:
                 break
             self.tracker.update(TrainState.GENERATING)
+        out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
         return out
 
     def _take(self) -> list[dict]:
