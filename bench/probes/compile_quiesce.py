@@ -11,8 +11,14 @@ This probe compiles a small function (which starts the pool), then for ``--secon
 launches a burst of small kernels and synchronises, over and over, timing each burst, and
 counts the pool's worker processes. It prints each second's slowest burst where it is over
 3x the median, and when the worker count changes. ``--mode shutdown`` ends the pool
-itself right after compiling (``shutdown_compile_workers``, what the trainer now does after
-a step that compiled), timed; ``--mode default`` leaves it to Inductor's timer.
+itself right after compiling (``shutdown_compile_workers``, what a trainer could do at a
+step boundary), timed; ``--mode default`` leaves it to Inductor's timer.
+
+The answer (one H100, 16 cores, ``TORCHINDUCTOR_COMPILE_THREADS=32``, torch 2.11,
+2026-11-27, ``bench/results/h100x2_issue38_s16/compile_quiesce_*.json``): the 32 workers
+ended at t=65 s; the slowest burst of the 100 s was 10.9 ms at t=70 s against a median of
+2.8 ms. A stall of milliseconds, not the 0.4-0.8 s of step 22: not the cause as far as one
+process shows. Ending the pool ourselves took 8.3 s. The trainer does neither.
 
     python -m bench.probes.compile_quiesce --mode default --seconds 100
     python -m bench.probes.compile_quiesce --mode shutdown --seconds 100 --out F.json

@@ -83,11 +83,6 @@ class Tracker:
         line = jsonl_line({"time": time.time(), **row}) if row is not None else text + "\n"
         self._io().append(path, line)
 
-    def say(self, text: str) -> None:
-        """One console line (rank 0), in order with the step lines queued before it."""
-        if self.is_main:
-            self._emit(None, text=text)
-
     def flush(self) -> None:
         """Wait until every record and line is written (rank 0; no-op elsewhere)."""
         if self._writer is not None:

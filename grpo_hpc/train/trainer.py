@@ -36,7 +36,6 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train import breakers, checkpoint, dist, faults, models, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
-from grpo_hpc.train.compile_pool import end_compile_workers
 from grpo_hpc.train.gc_schedule import GcSchedule
 from grpo_hpc.train.held_out import HeldOutEval
 from grpo_hpc.train.profiling import StepProfiler, phase, window
@@ -428,15 +427,7 @@ class Trainer:
         verify = (float(got.verify_items), got.verify_slowest_s)
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)
-        self._end_compile_workers()
         self.profiler.after_step(self.step)
-
-    def _end_compile_workers(self) -> None:
-        """Inductor's compile pool ended here, not mid-step by its idle timer
-        (:mod:`grpo_hpc.train.compile_pool`)."""
-        took = end_compile_workers()
-        if took is not None:
-            self.tracker.say(f"[Compile] step {self.step}: compile workers ended ({took:.2f} s)")
 
     def _report(
         self,
