@@ -261,6 +261,11 @@ class TrainingConfig:
     ``torch_profile/`` (grpo_hpc/train/profiling.py). 0: no profiling."""
     profile_from: int = 3
     """The first profiled step (1-based; after warm-up, which compiles and captures)."""
+    stall_sample_ms: int = 0
+    """Sample the main thread's stack every N ms while a phase of the step (generate,
+    score, vote, update, report, save) runs 0.15 s past its median over the earlier steps;
+    each rank writes the stacks seen to ``torch_profile/stalls-rank<R>.txt``
+    (grpo_hpc/train/stall_sampler.py). For a slow step the profiler would hide. 0: off."""
     gc_every_steps: int = 1
     """Python's garbage collector on a schedule: automatic collection off while training,
     the young generations collected at the start of every N-th step on every rank, and a
@@ -421,6 +426,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"training.profile_steps={cfg.training.profile_steps} must be >= 0 and "
             f"training.profile_from={cfg.training.profile_from} >= 1 (steps count from 1)"
+        )
+    if cfg.training.stall_sample_ms < 0:
+        raise ConfigError(
+            f"training.stall_sample_ms={cfg.training.stall_sample_ms} must be >= 0 (0: off)"
         )
     if cfg.training.gc_every_steps < 0:
         raise ConfigError(

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,17 @@ def file_digest(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def file_digests(paths: list[Path]) -> dict[Path, tuple[int, str]]:
+    """:func:`file_digest` of each file, several at once: hashlib and file reads release the
+    GIL, so threads hash side by side (a checkpoint's model.pt and optim.pt, or a sharded
+    one's shards, took 1.6-1.9 s one after another on a 2x H100 node: issue 38)."""
+    if len(paths) < 2:
+        return {p: file_digest(p) for p in paths}
+    workers = min(len(paths), os.cpu_count() or 1, 8)
+    with ThreadPoolExecutor(workers, thread_name_prefix="grpo-sha256") as pool:
+        return dict(zip(paths, pool.map(file_digest, paths), strict=True))
+
+
 def _step_of(ckpt_dir: Path) -> int | None:
     m = STEP_RE.search(ckpt_dir.name)  # step-N, also the trainer's .tmp-step-N
     return int(m.group(1)) if m else None
@@ -61,12 +73,15 @@ def write_manifest(
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():  # deleted under us: never write a manifest of nothing
         raise CheckpointIncompleteError(f"{ckpt_dir} vanished before its manifest was written")
-    files: dict[str, dict[str, Any]] = {}
-    for p in sorted(ckpt_dir.rglob("*")):
-        rel = p.relative_to(ckpt_dir).as_posix()
-        if p.is_file() and rel not in NOT_LISTED:
-            size, sha = file_digest(p)
-            files[rel] = {"size": size, "sha256": sha}
+    listed = [
+        p
+        for p in sorted(ckpt_dir.rglob("*"))
+        if p.is_file() and p.relative_to(ckpt_dir).as_posix() not in NOT_LISTED
+    ]
+    files: dict[str, dict[str, Any]] = {
+        p.relative_to(ckpt_dir).as_posix(): {"size": size, "sha256": sha}
+        for p, (size, sha) in file_digests(listed).items()
+    }
     manifest = {"step": _step_of(ckpt_dir) if step is None else step, **(extra or {})}
     manifest["files"] = files
     if manifest.get("format") is not None:  # a trainer checkpoint: its weights must be there
@@ -165,8 +180,12 @@ def verify_checkpoint(ckpt_dir: Path) -> list[str]:
     step = _step_of(ckpt_dir)
     if step is not None and manifest.get("step") != step:
         problems.append(f"{MANIFEST} says step {manifest.get('step')}, directory is step {step}")
-    for rel, meta in sorted(files.items()):
-        problems += _check_file(ckpt_dir, rel, meta)
+    checks = {rel: _check_file(ckpt_dir, rel, meta) for rel, meta in sorted(files.items())}
+    hashed = file_digests([ckpt_dir / rel for rel, found in checks.items() if found is None])
+    for rel, found in checks.items():
+        if found is None:
+            found = _sha_problem(rel, hashed[ckpt_dir / rel][1], files[rel]["sha256"])
+        problems += found
     return problems + format_problems(ckpt_dir, manifest)
 
 
@@ -217,7 +236,8 @@ def dcp_problems(dcp_dir: Path, files: dict[str, Any]) -> list[str]:
     return sorted(problems)
 
 
-def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str]:
+def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str] | None:
+    """A file's problems short of its contents; None when only its sha256 is left to check."""
     if not isinstance(meta, dict) or "size" not in meta or "sha256" not in meta:
         return [f"{rel}: manifest entry lacks size/sha256"]
     if Path(rel).is_absolute() or ".." in Path(rel).parts:
@@ -228,6 +248,8 @@ def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str]:
     actual = path.stat().st_size
     if actual != meta["size"]:
         return [f"{rel}: size {actual} != {meta['size']} in the manifest"]
-    if file_digest(path)[1] != meta["sha256"]:
-        return [f"{rel}: sha256 differs from the manifest"]
-    return []
+    return None
+
+
+def _sha_problem(rel: str, actual: str, listed: str) -> list[str]:
+    return [] if actual == listed else [f"{rel}: sha256 differs from the manifest"]

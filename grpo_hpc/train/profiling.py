@@ -21,6 +21,7 @@ leave them out of a step-time comparison.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +29,27 @@ from typing import Any
 import torch
 
 from grpo_hpc.core.fsutil import atomic_write_text
+from grpo_hpc.train import stall_sampler
 
 TABLE_ROWS = 40
 """Operators listed in the summary."""
 
 
-def phase(name: str) -> torch.profiler.record_function:
-    """A named range of the step (``grpo/<name>``) in the profiler's trace and tables; a
-    few microseconds when no profiler runs."""
-    return torch.profiler.record_function(f"grpo/{name}")
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A named range of the step (``grpo/<name>``) in the profiler's trace and tables, and
+    timed by the stall sampler where one runs (:mod:`grpo_hpc.train.stall_sampler`); a few
+    microseconds when neither does."""
+    sampler = stall_sampler.current()
+    with torch.profiler.record_function(f"grpo/{name}"):
+        if sampler is None:
+            yield
+            return
+        sampler.enter(name)
+        try:
+            yield
+        finally:
+            sampler.leave(name)
 
 
 def window(start: int, count: int) -> range:

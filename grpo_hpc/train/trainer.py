@@ -33,7 +33,7 @@ from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import breakers, checkpoint, dist, faults, models, state_digest
+from grpo_hpc.train import breakers, checkpoint, dist, faults, models, stall_sampler, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.gc_schedule import GcSchedule
@@ -44,6 +44,7 @@ from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.signals import STOP_SIGNALS
+from grpo_hpc.train.stall_sampler import StallSampler
 from grpo_hpc.train.step_report import StepReporter
 from grpo_hpc.train.tracking import Tracker, step_samples
 
@@ -78,6 +79,8 @@ class Trainer:
         steps = window(cfg.training.profile_from, cfg.training.profile_steps)
         cuda = info.device.type == "cuda"
         self.profiler = StepProfiler(paths.torch_profile, info.rank, steps, cuda)
+        every = cfg.training.stall_sample_ms / 1000
+        self.stalls = StallSampler(paths.torch_profile, info.rank, every) if every else None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -284,6 +287,7 @@ class Trainer:
                         "stopped during the step-0 evaluation: nothing to checkpoint; resubmit me"
                     )
             self.gc.start()
+            stall_sampler.install(self.stalls)
             while self.step < self.cfg.training.max_steps:
                 if self._stop_agreed():
                     return self._interrupt()
@@ -305,6 +309,7 @@ class Trainer:
             return ExitCode.OK
         finally:
             self.profiler.close()
+            stall_sampler.install(None)
             self.gc.stop()
             self.tracker.finish()
 
@@ -404,6 +409,8 @@ class Trainer:
         t0 = time.monotonic()
         self.gc.before_step(self.step)  # the same point on every rank (train/gc_schedule.py)
         self.profiler.before_step(self.step + 1)
+        if self.stalls is not None:
+            self.stalls.step = self.step + 1
         faults.before_step(
             cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
         )

@@ -33,6 +33,8 @@ def _metrics(paths) -> list[dict]:
 def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engine: str) -> None:
     # the DDP run also profiles its step 2 on both ranks (training.profile_steps)
     profile = ["training.profile_steps=1", "training.profile_from=2"] if strategy == "ddp" else []
+    # the native FSDP run samples its slow phases' stacks (training.stall_sample_ms)
+    stalls = ["training.stall_sample_ms=5"] if engine == "native" else []
     paths = make_run(
         tmp_path,
         strategy,
@@ -40,6 +42,7 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         f"rollout.engine={engine}",
         "training.eval_every=2",
         *profile,
+        *stalls,
         nproc=2,
     )
     result = train(paths, nproc=2)
@@ -72,8 +75,16 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         for part in ("generate", "score", "vote", "update", "report"):
             assert re.search(rf"grpo/{part} +1 calls +[0-9.]+ ms", phases), phases
         assert any(e.get("name") == "grpo/vote" for e in trace["traceEvents"])
-    # time/score_max: the slowest rank's scoring, at least rank 0's own
+    # time/score_max: the slowest rank's scoring, at least rank 0's own; what math-verify
+    # judged (the pre-judge settles plain numbers) and its slowest item
     assert all(m["time/score_max"] >= m["time/score"] > 0 for m in steps)
+    assert all(m["reward/verify_items"] >= 0 and m["time/verify_slowest"] >= 0 for m in steps)
+    assert all(m["time/verify_slowest"] <= m["time/score_max"] for m in steps)
+    if stalls:  # a phase 0.15 s past its median on a busy CPU: its stacks, in this format
+        for f in (
+            paths.torch_profile.glob("stalls-rank*.txt") if paths.torch_profile.exists() else []
+        ):
+            assert re.match(r"step \d+ rank [01] grpo/\w+: [0-9.]+ s", f.read_text()), f
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
     samples = [json.loads(line) for line in paths.samples.read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4]

@@ -214,3 +214,25 @@ def test_unknown_format_is_reported(run: RunPaths) -> None:
     d = trainer_ckpt(run, "gathered")
     write_manifest(d, extra={"format": "zipped", "world_size": 1})
     assert verify_checkpoint(d) == ["manifest.json: unknown format 'zipped' (gathered or sharded)"]
+
+
+def test_digests_of_many_files_at_once_match_one_by_one(tmp_path: Path) -> None:
+    """file_digests hashes files on threads side by side: the same (size, sha256) per file
+    as hashing each alone, and a damaged file among several intact ones is still named."""
+    from grpo_hpc.core.manifest import file_digest, file_digests
+
+    paths = []
+    for k in range(6):
+        p = tmp_path / f"f{k}.bin"
+        p.write_bytes(bytes([k]) * (3 * (1 << 20) + k))  # over the 1 MiB read chunk
+        paths.append(p)
+    assert file_digests(paths) == {p: file_digest(p) for p in paths}
+    assert file_digests([]) == {}
+    assert file_digests(paths[:1]) == {paths[0]: file_digest(paths[0])}
+    d = tmp_path / "step-9"
+    d.mkdir()
+    for k in range(5):
+        (d / f"shard{k}.bin").write_bytes(bytes([k]) * 4096)
+    write_manifest(d)
+    (d / "shard3.bin").write_bytes(bytes([7]) * 4096)  # same size, other bytes
+    assert verify_checkpoint(d) == ["shard3.bin: sha256 differs from the manifest"]
