@@ -215,12 +215,14 @@ submit() {
     cp "$run/progress.json" "$run/metrics.jsonl" "$run/config.yaml" "$run/jobs.jsonl" "$OUT/" 2>/dev/null
     tail -c 30000 "$run/training_output.log" >"$OUT/training_output_tail.log" 2>/dev/null
     ls -R "$run" | head -n 80 >"$OUT/run_tree.txt"
-    # training.profile_steps (GPU_OVERRIDES): each rank's operator table, and its trace
+    # training.profile_steps (GPU_OVERRIDES): each rank's operator table, and its trace;
+    # training.stall_sample_ms: each rank's stalls-rank<R>.txt
     if [[ -d $run/torch_profile ]]; then
         mkdir -p "$OUT/torch_profile" && cp "$run"/torch_profile/*.txt "$OUT/torch_profile/"
         # a trace of two real steps is ~200 MB: gzipped, kept only while the tarball can
         # still come back from the device (the tables hold each rank's phases anyway)
         for t in "$run"/torch_profile/*.json; do
+            [[ -f $t ]] || continue  # stall samples only: no trace
             gzip -c "$t" >"$OUT/torch_profile/${t##*/}.gz"
             if (($(stat -c %s "$OUT/torch_profile/${t##*/}.gz") > 12000000)); then
                 rm "$OUT/torch_profile/${t##*/}.gz"
