@@ -15,6 +15,7 @@ through the worker, gold parses cached, ~1,100 items/s.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import multiprocessing as mp
 import signal
@@ -63,6 +64,16 @@ def _judge(answer: str, gold: str, symbolic: bool) -> float:
 def _worker_main(conn: Connection, other_end: Connection) -> None:
     """Verification worker: receives lists of _judge arguments, streams back one score each."""
     other_end.close()  # so that we see EOF (and exit) when the trainer goes away
+    # The fork inherits every Python object of the trainer, with automatic collection on
+    # (it is forked at start-up, before the trainer's GC schedule). An occasional full
+    # collection then walks them all: 0.30-0.31 s in one item on the CPU test machine (806k
+    # objects inherited; bench/probes/verifier_gc.py), while the trainer's other ranks
+    # wait at the next collective (issue 38: one rank scoring 0.14-0.45 s in some steps
+    # of real 2-GPU runs). Frozen, they are never collected here; the worker's own
+    # garbage still is, whenever the worker was forked (a restart after a timeout comes
+    # while the trainer's own automatic collection is off).
+    gc.freeze()
+    gc.enable()
     # Inherited trainer handlers (checkpoint on SIGUSR1, ...) must not run here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):

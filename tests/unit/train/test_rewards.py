@@ -317,3 +317,23 @@ def test_the_verifier_counts_its_items_and_times_the_slowest() -> None:
     items, slowest = VERIFIER.take_stats()
     assert items == 2 and 0.9 < slowest < 3.0
     assert VERIFIER.take_stats() == (0, 0.0)  # taken: reset
+
+
+def test_the_worker_freezes_what_it_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real forked worker: the trainer's objects it inherits are frozen (never walked
+    by its collector, whose full pass over them took 0.3 s in bench/probes/verifier_gc.py),
+    while its own garbage is still collected (automatic collection stays on)."""
+    import gc
+
+    from grpo_hpc.train.rewards import verifier
+
+    def report_gc(answer: str, gold: str, symbolic: bool) -> float:
+        return float(gc.get_freeze_count() > 1000 and gc.isenabled())
+
+    monkeypatch.setattr(verifier, "_judge", report_gc)  # inherited by the fork
+    fresh = verifier._Verifier()
+    try:
+        assert fresh.judge([("1", "1", False)], timeout_s=30.0) == ([1.0], 0)
+    finally:
+        fresh._stop()
+    assert gc.get_freeze_count() == 0  # the trainer's own process is untouched
