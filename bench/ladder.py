@@ -134,19 +134,19 @@ def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, rank
 def estimates(args: argparse.Namespace, name: str, budget: str, mode: str) -> dict:
     """The estimator's plan for one GPU under the cap, and for the budget's 2-GPU profile."""
     from grpo_hpc.config.profiles import load_profile
-    from grpo_hpc.memory import estimate as memory
+    from grpo_hpc.memory import fit as memory_fit
 
     shape = load_shape(name)
     prompt = prompt_tokens(shape.vocab)
     cap = BUDGETS[budget][1]
-    one = memory.fit(shape, settings(args, budget, mode, prompt), cap)
+    one = memory_fit.fit(shape, settings(args, budget, mode, prompt), cap)
     prof = load_profile(BUDGETS[budget][2])
     two_s = settings(args, budget, mode, prompt, ranks=2)
-    two = memory.fit(
-        shape, memory.replace(two_s, strategy=prof.strategy), cap, prof.allow_cpu_offload
+    two = memory_fit.fit(
+        shape, dataclasses.replace(two_s, strategy=prof.strategy), cap, prof.allow_cpu_offload
     )
 
-    def view(p: memory.Plan) -> dict:
+    def view(p: memory_fit.Plan) -> dict:
         e = p.estimate
         return {
             "fits": p.fits,

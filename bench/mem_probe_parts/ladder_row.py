@@ -20,7 +20,7 @@ def ladder_run(args: argparse.Namespace) -> dict:
     from bench import ladder
     from grpo_hpc.config.profiles import profile_from_dict
     from grpo_hpc.core.paths import RunPaths
-    from grpo_hpc.memory import estimate as memory
+    from grpo_hpc.memory import fit as memory_fit
     from grpo_hpc.submit.job import create_run
 
     largs = argparse.Namespace(
@@ -30,8 +30,8 @@ def ladder_run(args: argparse.Namespace) -> dict:
     est = ladder.estimates(largs, args.shape, args.budget, args.mode)
     plan = est[args.nproc]
     if args.cpu_offload:  # the same plan with FSDP2's CPU offload (the profile allows it)
-        offload = memory.replace(plan.settings, cpu_offload=True)
-        plan = memory.fit(ladder.load_shape(args.shape), offload, None)
+        offload = dataclasses.replace(plan.settings, cpu_offload=True)
+        plan = memory_fit.fit(ladder.load_shape(args.shape), offload, None)
     s = plan.settings
     with tempfile.TemporaryDirectory() as work:
         paths = RunPaths(Path(work) / "run")

@@ -319,7 +319,7 @@ class DistConfig:
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
-    does not fit the GPUs otherwise (grpo_hpc.memory.estimate)."""
+    does not fit the GPUs otherwise (grpo_hpc.memory.fit)."""
 
 
 @dataclass

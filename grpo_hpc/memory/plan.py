@@ -1,6 +1,7 @@
-"""What grpo-submit and the trainer ask the memory estimator (grpo_hpc.memory.estimate): the shape
-of a configured model, the memory settings of a resolved config, the verdict printed on the
-``memory:`` line (and the refusal), and the advice after an out-of-memory error."""
+"""What grpo-submit and the trainer ask the memory estimator (grpo_hpc.memory.estimate, and
+grpo_hpc.memory.fit for the means that make a plan fit): the shape of a configured model,
+the memory settings of a resolved config, the verdict printed on the ``memory:`` line (and
+the refusal), and the advice after an out-of-memory error."""
 
 from __future__ import annotations
 
@@ -10,16 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_hpc.config import speed as auto_speed
-from grpo_hpc.memory.estimate import (
-    GIB,
-    ModelShape,
-    Plan,
-    Settings,
-    alternatives,
-    estimate,
-    fit,
-    micro_tokens,
-)
+from grpo_hpc.memory.estimate import GIB, ModelShape, Settings, estimate, micro_tokens
+from grpo_hpc.memory.fit import Plan, alternatives, fit
 
 if TYPE_CHECKING:
     from grpo_hpc.config.profiles import Profile

@@ -76,7 +76,7 @@ def resolve(
 ) -> tuple[Config, memory_plan.Check]:
     """The resolved config and its memory verdict: the profile decides how to run, and when
     the run does not fit the profile's GPUs as given, the cheapest memory means that leave
-    the training math unchanged are applied (grpo_hpc.memory.estimate.MEANS)."""
+    the training math unchanged are applied (grpo_hpc.memory.fit.MEANS)."""
     explicit = frozenset(o.partition("=")[0] for o in normalize_overrides(overrides or []))
     cfg = apply_profile(build_config(config_source, overrides), profile, run_name, explicit)
     chk = memory_plan.check(cfg, profile)

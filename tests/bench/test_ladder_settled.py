@@ -9,9 +9,10 @@ import json
 
 from bench import ladder
 from grpo_hpc.memory import estimate as memory
+from grpo_hpc.memory.fit import Plan
 
 SETTINGS = memory.Settings(ranks=2, strategy="ddp", precision="fp16", rows=64, lora_rank=16)
-PLAN = memory.Plan(SETTINGS, memory.estimate(ladder.load_shape("qwen2.5-0.5b"), SETTINGS), 32.0)
+PLAN = Plan(SETTINGS, memory.estimate(ladder.load_shape("qwen2.5-0.5b"), SETTINGS), 32.0)
 
 
 def _row(**changes: object) -> dict:

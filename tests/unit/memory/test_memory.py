@@ -4,6 +4,7 @@ benchmark files, and grpo-submit's refusal/acceptance as a user runs it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from grpo_hpc.config.load import build_config
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.memory import estimate as memory
+from grpo_hpc.memory import fit as memory_fit
 from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.submit.plan import resolve
 from tests.conftest import run_cli
@@ -124,7 +126,7 @@ def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> N
     e = chk.plan.estimate
     kept = memory.estimate(
         memory.ModelShape.from_config(json.loads((SHAPES / "qwen2.5-7b/config.json").read_text())),
-        memory.replace(chk.plan.settings, release_engine=False),
+        replace(chk.plan.settings, release_engine=False),
     )
     freed = kept.update_bytes - e.update_bytes
     assert freed == e.engine_weights + e.kv_cache > 14 * memory.GIB
@@ -142,8 +144,8 @@ def test_under_fsdp2_checkpointing_is_preferred_to_halving_the_token_budget() ->
     # under DDP a smaller budget stays the cheaper mean (no gathers per micro-batch)
     ddp = memory.Settings(ranks=2, strategy="ddp", precision="bf16", rows=64,
                           max_new_tokens=512, micro_batch_tokens=4096)  # fmt: skip
-    assert memory._cost("micro_batch_tokens", 1, ddp) == 1
-    assert memory._cost("micro_batch_tokens", 1, memory.replace(ddp, strategy="fsdp")) == 3
+    assert memory_fit._cost("micro_batch_tokens", 1, ddp) == 1
+    assert memory_fit._cost("micro_batch_tokens", 1, replace(ddp, strategy="fsdp")) == 3
 
 
 def test_means_are_applied_only_when_needed() -> None:

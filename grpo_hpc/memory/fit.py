@@ -1,0 +1,126 @@
+"""Choosing the means that make a plan fit a GPU memory budget: FSDP2, a smaller
+micro-batch token budget, releasing the native engine during the update, gradient
+checkpointing, HF generate instead of the native engine, and (where the profile allows it)
+FSDP2's CPU offload. Each leaves the training math unchanged; the cheapest combination whose
+estimate (grpo_hpc.memory.estimate) fits is applied, and when none does, ``alternatives``
+names what would (LoRA, smaller token budgets). Pure functions: no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from grpo_hpc.memory.estimate import Estimate, ModelShape, Settings, estimate
+
+MEANS = (
+    ("fsdp", "FSDP2", 1),
+    ("micro_batch_tokens", "micro_batch_tokens=2048", 1),
+    ("release_engine", "engine released during the update", 2),
+    ("gradient_checkpointing", "gradient checkpointing", 2),
+    ("engine_hf", "rollout.engine=hf", 10),
+    ("cpu_offload", "optimizer CPU offload", 8),
+)
+"""Memory means that leave the training math unchanged: (name, label, speed cost). When the
+run's own settings do not fit, the cheapest combination that fits is applied. CPU offload
+is only tried where the profile allows it (``allow_cpu_offload``). HF generate instead of the
+native engine drops the engine's packed copy of the weights, at ~10x slower decoding."""
+
+FSDP_MICRO_BATCH_COST = 3
+"""A smaller token budget under FSDP2 (:func:`_cost`): every micro-batch gathers every layer's
+weights for its forward and again for its backward, so twice the micro-batches is twice
+that traffic. Measured at 7B full-parameter on 2x H100 (FSDP2, compiled, engine released):
+``micro_batch_tokens=2048`` 14.3 s/step against gradient checkpointing's 11.6 s
+(bench/results/ladder.json, bench/results/h100x2_issue38_s14.md), so there it costs more
+than checkpointing (2)."""
+
+
+def _cost(mean: str, cost: int, s: Settings) -> int:
+    """A mean's speed cost applied to ``s`` (the settings before it; pure)."""
+    if mean == "micro_batch_tokens" and s.fsdp:
+        return FSDP_MICRO_BATCH_COST
+    return cost
+
+
+def _apply(s: Settings, mean: str) -> Settings | None:
+    """``s`` with one mean applied; None when it does not apply (already on, one GPU)."""
+    if mean == "fsdp":  # dist.compile's auto compiles under FSDP2 as under DDP
+        return replace(s, strategy="fsdp") if s.ranks > 1 and not s.fsdp else None
+    if mean == "gradient_checkpointing":
+        return None if s.gradient_checkpointing else replace(s, gradient_checkpointing=True)
+    if mean == "micro_batch_tokens":
+        ok = s.micro_batch_tokens == 0 or s.micro_batch_tokens > 2048
+        return replace(s, micro_batch_tokens=2048) if ok else None
+    if mean == "release_engine":  # weights and cache rebuilt (graphs recaptured) per rollout
+        ok = s.engine == "native" and not s.release_engine
+        return replace(s, release_engine=True) if ok else None
+    if mean == "engine_hf":  # HF generate: no packed weight copy, a smaller KV cache
+        return replace(s, engine="hf") if s.engine == "native" else None
+    if mean == "cpu_offload":  # FSDP2's offload policy: needs (and implies) FSDP
+        return replace(s, cpu_offload=True) if s.fsdp and not s.cpu_offload else None
+    raise ValueError(mean)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The settings a submission runs with, and what fitting the budget changed."""
+
+    settings: Settings
+    estimate: Estimate
+    budget_gib: float | None
+    changed: tuple[str, ...] = ()
+    """Means applied to fit (labels of MEANS)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.budget_gib is None or self.estimate.total_gib <= self.budget_gib
+
+
+def fit(
+    shape: ModelShape, s: Settings, budget_gib: float | None, allow_offload: bool = False
+) -> Plan:
+    """The run's own settings when they fit; else the cheapest combination of MEANS that
+    fits; else every applicable mean at once (which does not fit either)."""
+    plan = Plan(s, estimate(shape, s), budget_gib)
+    if plan.fits:
+        return plan
+    means = [m for m in MEANS if allow_offload or m[0] != "cpu_offload"]
+    best: Plan | None = None
+    best_cost = 0
+    for subset in itertools.product((False, True), repeat=len(means)):
+        trial, labels, cost = s, [], 0
+        for on, (mean, label, c) in zip(subset, means, strict=True):
+            nxt = _apply(trial, mean) if on else trial
+            if nxt is None:
+                break
+            if on:
+                labels.append(label)
+                cost += _cost(mean, c, trial)
+            trial = nxt
+        else:
+            cand = Plan(trial, estimate(shape, trial), budget_gib, tuple(labels))
+            better = best is None or (cand.fits, -cost) > (best.fits, -best_cost)
+            if not cand.fits and best is not None and not best.fits:
+                better = cand.estimate.total_gib < best.estimate.total_gib
+            if better:
+                best, best_cost = cand, cost
+    return best if best is not None else plan
+
+
+def alternatives(
+    shape: ModelShape, s: Settings, budget_gib: float, allow_offload: bool = False
+) -> list[tuple[str, float]]:
+    """What would fit when nothing automatic does: LoRA (rank 16) with the memory means, and
+    smaller token budgets. (override, total GiB) pairs, the best first."""
+    out: list[tuple[str, float]] = []
+    if not s.lora_rank:
+        plan = fit(shape, replace(s, lora_rank=16), budget_gib, allow_offload)
+        if plan.fits:
+            out.append(("model.lora_rank=16", plan.estimate.total_gib))
+    for tokens in (1024, 512):
+        if s.micro_batch_tokens == 0 or s.micro_batch_tokens > tokens:
+            trial = replace(s, micro_batch_tokens=tokens)
+            plan = Plan(trial, estimate(shape, trial), budget_gib)
+            if plan.fits:
+                out.append((f"algo.micro_batch_tokens={tokens}", plan.estimate.total_gib))
+    return out
