@@ -178,8 +178,26 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    plain_reducer_for_compiled_layers()
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=ids)
+
+
+def plain_reducer_for_compiled_layers() -> None:
+    """Compile each decoder layer under DDP without Dynamo's DDPOptimizer.
+
+    Dynamo splits a graph compiled inside a DDP module at DDP's bucket boundaries so that a
+    bucket's all-reduce can start mid-backward, and compiles each piece by running it once
+    on fake tensors. In a real 2-GPU GSM8K run (torch 2.11, layers compiled with dynamic
+    shapes, micro-batches of up to 18,432 packed tokens) a recompilation at step 12 died in
+    that fake run: Inductor's input-alignment check read a fake tensor's data pointer
+    (``BackendCompilerFailed ... Cannot access data pointer of Tensor``;
+    ``bench/results/h100x2_issue38_s17.md``). Our compiled regions are single decoder
+    layers, so the split buys little: DDP's own reducer still starts each bucket's
+    all-reduce as the layers' backwards hand it their gradients, one layer at a time."""
+    import torch._dynamo
+
+    torch._dynamo.config.optimize_ddp = False
 
 
 def compute_device(model: torch.nn.Module) -> torch.device:

@@ -1,0 +1,59 @@
+"""torchrun worker for ``test_ddp_compile.py``: decoder layers compiled (dynamic shapes)
+inside DDP, as the trainer builds them (``models.compile_layers`` then ``dist.wrap``), give
+each rank the single-process eager gradient of the whole batch after DDP's all-reduce.
+
+Argument: the tiny model's directory. Each rank trains its own half of the rows in
+micro-batches of 2 (widths differ: one compilation serves them); rank 0 then compares the
+all-reduced gradients with an eager copy's gradient over all rows, computed alone."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+from torch._dynamo.utils import counters
+
+from grpo_hpc.config.schema import AlgoConfig, DistConfig
+from grpo_hpc.train import dist
+from grpo_hpc.train.algo.update import accumulate, split
+from grpo_hpc.train.dist import DistInfo
+from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer
+from tests.unit.train.test_packing import NEW, ROWS, _batch
+
+
+def main(model_dir: Path) -> None:
+    torch_dist.init_process_group("gloo")
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
+    info = DistInfo(rank, world, rank, torch.device("cpu"))
+    eager, _ = load_model_and_tokenizer(model_dir, "sdpa", info.device)
+    eager.train()
+    compiled = copy.deepcopy(eager)
+    compile_layers(compiled)
+    model = dist.wrap(compiled, DistConfig(strategy="ddp"), info)
+    batch = _batch(eager.config.vocab_size)
+    adv = torch.linspace(-1.5, 2.0, len(ROWS))
+    algo = AlgoConfig(micro_batch_size=2, packing=False)
+    mine = list(range(rank, len(ROWS), world))
+    counters.clear()
+    accumulate(model, split(batch, mine, adv[mine], 2), algo, info, NEW, None,
+               contextlib.nullcontext)  # fmt: skip
+    assert counters["stats"]["unique_graphs"] > 0, "no compiled code ran"
+    assert torch._dynamo.config.optimize_ddp is False
+    if rank == 0:
+        rows = list(range(len(ROWS)))
+        accumulate(eager, split(batch, rows, adv, 2), algo, DistInfo(), NEW, None,
+                   contextlib.nullcontext)  # fmt: skip
+        got = dict(model.module.named_parameters())
+        for name, p in eager.named_parameters():
+            torch.testing.assert_close(got[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        print(f"compiled layers under DDP: {len(got)} gradients match eager on {world} ranks")
+    torch_dist.barrier()
+    torch_dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
