@@ -198,6 +198,22 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
+def shape_free_attention() -> None:
+    """Keep SDPA off cuDNN's attention in this process (the efficient and flash kernels and
+    the math fallback remain).
+
+    cuDNN's kernel builds a plan for every new shape, on the host, at the call: with a
+    boolean mask at SmolLM2's prefill shape (16 prompts, 9 heads, torch 2.11, H100) the
+    first call at each of 100 prompt lengths took 70 ms (median) against 0.36 ms after,
+    and SDPA picks cuDNN by default there. The memory-efficient kernel took 0.16 ms first
+    and 0.15 ms after (``python -m bench.probes.prefill_shapes``;
+    ``bench/results/h100x2_issue38_s17.md``). A GRPO run meets a new prompt length (the
+    native engine's prefill) or padded width (HF generate, unpacked updates) at nearly
+    every step, so each one stalled the rank that met it while its peers waited: issue
+    38's slow generations of 1.3 s against 0.45."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_model_and_tokenizer(
     path: Path, attn_implementation: str, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.nn.Module, object]:
@@ -206,6 +222,8 @@ def load_model_and_tokenizer(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attn = attn_implementation
+    if device.type == "cuda":
+        shape_free_attention()
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         attn = "sdpa"  # profile asked for FA2 but it is not installed on this node
     if str(path).startswith(RANDOM):
@@ -274,7 +292,27 @@ def compile_layers(model: torch.nn.Module) -> int:
     kernels between the matrix products), and every layer runs the same code, so one
     compilation with dynamic shapes serves all of them and every width. Gradient
     checkpointing wraps the compiled layer (its recompute runs the compiled code too)."""
+    no_size_guards_in_fusion()
     layers = decoder_layers(model)
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
+
+
+def no_size_guards_in_fusion() -> None:
+    """Let Inductor fuse a layer backward's row and column reductions (RMSNorm's weight
+    and input gradients) at every micro-batch width, not only above a size.
+
+    Inductor fuses those two reductions only when rows x columns >= 5 Mi elements, and it
+    decides on the width the layer first compiled at, guarding on it: with 576-wide
+    hidden states (SmolLM2) the first micro-batch under 9,102 packed tokens compiled the
+    layer for widths below that, and the first one above it recompiled every layer,
+    9.2-9.3 s on each rank in turn while the other waited at the next collective (a real
+    2-GPU GSM8K run with micro-batches of up to 18,432 tokens, steps 20 and 25;
+    ``bench/results/h100x2_issue38_s17.md``). Inductor's non-strict mode skips that size
+    check (and the rows >= 2 x columns one), so one compilation serves every width, as
+    :func:`compile_layers` intends. Absent in torches without the fusion."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
+        inductor_config.triton.mix_order_reduction_non_strict_mode = True
