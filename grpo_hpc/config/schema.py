@@ -173,13 +173,16 @@ class AlgoConfig:
     """Optimizer updates per rollout batch (>1 uses stored old log-probs)."""
     micro_batch_size: int = 32
     """Most sequences per forward/backward pass per rank (gradient accumulation)."""
-    micro_batch_tokens: int = 18432
+    micro_batch_tokens: int | str = 18432
     """Most padded tokens (sequences x longest) per forward/backward pass; bounds the
     activation memory whatever the completion lengths (0 = rows only). The update of a
     small model is launch-bound, so each extra micro-batch costs nearly a full pass:
     18432 lets 32 rows of ~570 tokens (a 300-token prompt + 256 new) share one pass where
     16384 split 64 such rows 28+28+8 (bench/results/LOG.md, "Native engine vs TRL":
-    both budgets measured in one run on an H100)."""
+    both budgets measured in one run on an H100). ``auto``: 18432 where the memory
+    estimate at 18432 uses at most half of a GPU, else 4096 (``grpo_hpc.memory.plan``;
+    decided at submission from the profile's ``gpu_mem_gb``, else by the trainer from its
+    GPU; 4096 on a CPU); the ``gsm8k`` config's choice."""
     packing: bool | str = "auto"
     """Train each micro-batch as one packed sequence: its rows concatenated, positions
     restarting per row, attention confined to each row (varlen flash attention on CUDA in
@@ -415,8 +418,12 @@ def validate(cfg: Config) -> None:
     for key, value in (("dist.compile", cfg.dist.compile), ("algo.packing", cfg.algo.packing)):
         if not isinstance(value, bool) and value != "auto":
             raise ConfigError(f"{key}={value!r} is not one of true, false, auto")
-    if cfg.algo.micro_batch_tokens < 0:
-        raise ConfigError("algo.micro_batch_tokens must be >= 0 (0 = no token budget)")
+    tokens = cfg.algo.micro_batch_tokens
+    if tokens != "auto" and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+        raise ConfigError(
+            f"algo.micro_batch_tokens={tokens!r} must be auto or an integer >= 0 "
+            "(0 = no token budget)"
+        )
     if cfg.dist.peer_timeout_s != 0 and cfg.dist.peer_timeout_s < 10:
         raise ConfigError(
             f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "

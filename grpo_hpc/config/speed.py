@@ -121,5 +121,7 @@ def describe(before: Config, after: Config) -> str:
         ("algo.packing", before.algo.packing, after.algo.packing),
     ):
         parts.append(f"{name}={str(new).lower()}" + (" (auto)" if old == AUTO else ""))
+    if before.algo.micro_batch_tokens == AUTO:
+        parts.append(f"algo.micro_batch_tokens={after.algo.micro_batch_tokens} (auto)")
     parts.append(f"dist.deterministic_kernels={str(after.dist.deterministic_kernels).lower()}")
     return "[Speed] " + ", ".join(parts)

@@ -79,6 +79,12 @@ def resolve(
     the training math unchanged are applied (grpo_hpc.memory.fit.MEANS)."""
     explicit = frozenset(o.partition("=")[0] for o in normalize_overrides(overrides or []))
     cfg = apply_profile(build_config(config_source, overrides), profile, run_name, explicit)
+    # algo.micro_batch_tokens=auto, where it can be estimated here; else the trainer
+    # decides it from its own GPU and model
+    if profile.gpu_mem_gb is not None and memory_plan.model_shape(cfg.model) is not None:
+        cfg = memory_plan.resolve_auto_tokens(
+            cfg, profile.gpu_mem_gb, profile.nodes, profile.capability
+        )
     chk = memory_plan.check(cfg, profile)
     if chk.plan is not None and chk.plan.changed:
         cfg = memory_plan.apply_settings(cfg, chk.plan.settings)

@@ -32,6 +32,7 @@ from grpo_hpc.core.errors import (
 from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
+from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train import breakers, checkpoint, dist, faults, models, stall_sampler, state_digest
 from grpo_hpc.train.algo import batching, logp_head, packing
@@ -59,6 +60,14 @@ def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
         lora=cfg.model.lora_rank > 0,
         varlen=packing.varlen_kernel() is not None,
     )
+
+
+def device_gib(device: torch.device) -> float | None:
+    """This rank's GPU memory in GiB (what ``auto`` budgets are decided against); None on
+    a CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
 
 
 class Trainer:
@@ -101,7 +110,12 @@ class Trainer:
         where = where_training(cfg, info.device)
         if why := auto_speed.precision_problem(where):
             raise ConfigError(why)
-        self.cfg = auto_speed.resolve(cfg, where)
+        self.cfg = memory_plan.resolve_auto_tokens(
+            auto_speed.resolve(cfg, where),
+            device_gib(info.device),
+            max(1, info.world_size // cfg.dist.nproc_per_node),
+            where.capability if where.cuda else None,
+        )
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         if info.is_main:
             print(auto_speed.describe(cfg, self.cfg), flush=True)

@@ -19,13 +19,15 @@ def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
         tmp_path, "code", "data.source=humaneval", "data.num_train=8", "data.num_eval=2",
         "reward.correctness=0", "reward.code=1", "rollout.max_new_tokens=16",
         "training.max_steps=2", "training.eval_every=2", "training.eval_samples=2",
-        "training.save_every_steps=0",
+        "training.save_every_steps=0", "algo.micro_batch_tokens=auto",
     )  # fmt: skip
     result = train(paths)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[Sandbox] code reward runs in" in result.stdout
-    # auto's speed switches are off on a CPU (grpo_hpc.config.speed), and logged so
+    # auto's speed switches are off on a CPU (grpo_hpc.config.speed), the token budget
+    # auto is the smaller one there (no GPU to estimate against), and all are logged so
     speed = "[Speed] dist.compile=false (auto), algo.packing=false (auto), "
+    speed += "algo.micro_batch_tokens=4096 (auto), "
     assert speed + "dist.deterministic_kernels=true" in result.stdout
     metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
     steps = [m for m in metrics if "reward/mean" in m]

@@ -181,11 +181,13 @@ def test_a_plan_that_switches_to_fsdp2_estimates_the_layers_the_trainer_will_run
     assert profile.strategy == "ddp"
     model = f"model.name_or_path={SHAPES / 'qwen2.5-7b'}"
     cfg = build_config("gsm8k", [model, "dist.strategy=ddp", "dist.nproc_per_node=2"])
+    cfg = memory_plan.resolve_auto_tokens(cfg, profile.gpu_mem_gb)  # as a submission does
     assert memory_plan.settings_of(cfg, 1, profile.capability).compiled_layers
     plan = memory_plan.check(cfg, profile).plan
     assert plan.settings.strategy == "fsdp" and "FSDP2" in plan.changed
     assert plan.settings.compiled_layers is True
     fsdp_cfg = build_config("gsm8k", [model, "dist.strategy=fsdp", "dist.nproc_per_node=2"])
+    fsdp_cfg = memory_plan.resolve_auto_tokens(fsdp_cfg, profile.gpu_mem_gb)
     assert memory_plan.settings_of(fsdp_cfg, 1, profile.capability).compiled_layers
 
 
