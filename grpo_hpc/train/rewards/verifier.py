@@ -61,6 +61,48 @@ def _judge(answer: str, gold: str, symbolic: bool) -> float:
         return 0.0
 
 
+WARM_UP: tuple[tuple[str, str, bool], ...] = (
+    ("50\\%", "4", False),  # sympy's simplify: imports sympy.physics.units on its first call
+    ("\\sqrt{2}", "4", False),  # imports sympy.sets.setexpr
+    ("x", "4", False),
+    ("$12.50", "4", False),
+    ("12 hours", "4", False),
+    ("3/4", "4", False),
+    ("-3.14", "4", False),
+    ("5 \\times 3", "4", False),  # each LaTeX operator costs tens of ms the first time
+    ("2 \\cdot 6", "4", False),
+    ("12 \\div 4", "4", False),
+    ("\\text{7 cm}", "4", False),
+)
+"""Answers of the kinds a run sends to math-verify, judged once in the trainer before the
+first worker is forked. The first time a process meets a kind of answer, math-verify and
+sympy pay for it once (lazy imports: ``sympy.simplify`` imports the 33 modules of
+``sympy.physics.units`` on its first call; parsers built per LaTeX command): 0.1-0.25 s in
+one item on the CPU test machine, the 0.08-0.45 s single items of issue 38's real runs,
+during which the other ranks waited. Every worker forked after this inherits the warm
+state (a restarted one too) and freezes it with the rest; the slowest item then took
+6-14 ms (``python -m bench.probes.verifier_items --extra``, 2-core CPU machine,
+2026-11-27). Trivial, fixed inputs: safe to judge without a deadline in the trainer."""
+
+_WARM_MODULES = ("sympy.physics.units", "sympy.sets.setexpr")
+_warmed = False
+
+
+def _warm_up() -> None:
+    """Judge :data:`WARM_UP` here, once per process, so that every worker starts warm."""
+    global _warmed
+    if _warmed:
+        return
+    import importlib
+
+    for name in _WARM_MODULES:
+        importlib.import_module(name)
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # no-timeout warnings
+    for job in WARM_UP:
+        _judge(*job)
+    _warmed = True
+
+
 def _worker_main(conn: Connection, other_end: Connection) -> None:
     """Verification worker: receives lists of _judge arguments, streams back one score each."""
     other_end.close()  # so that we see EOF (and exit) when the trainer goes away
@@ -112,6 +154,7 @@ class _Verifier:
     def _start(self) -> None:
         import math_verify  # noqa: F401  (imported before forking: each restart is instant)
 
+        _warm_up()  # and warmed before forking: no first-use costs mid-run
         ctx = mp.get_context(_START_METHOD)
         parent, child = ctx.Pipe()
         proc = ctx.Process(

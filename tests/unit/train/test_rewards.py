@@ -337,3 +337,31 @@ def test_the_worker_freezes_what_it_inherits(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         fresh._stop()
     assert gc.get_freeze_count() == 0  # the trainer's own process is untouched
+
+
+def test_the_worker_is_forked_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer judges WARM_UP itself before the first fork, so the real worker inherits
+    what math-verify and sympy load the first time they meet each kind of answer (0.1-0.25 s
+    in one item otherwise: bench/probes/verifier_items.py)."""
+    import sys
+
+    from grpo_hpc.train.rewards import verifier
+
+    real, seen = verifier._judge, []
+
+    def judge(answer: str, gold: str, symbolic: bool) -> float:
+        if answer == "?":  # asked in the worker: did it inherit the warm-up's imports?
+            return float("sympy.physics.units" in sys.modules)
+        seen.append(answer)
+        return real(answer, gold, symbolic)
+
+    monkeypatch.setattr(verifier, "_judge", judge)  # inherited by the fork
+    monkeypatch.setattr(verifier, "_warmed", False)
+    fresh = verifier._Verifier()
+    try:
+        assert fresh.judge([("?", "1", False)], timeout_s=30.0) == ([1.0], 0)
+        fresh._stop()
+        fresh.judge([("?", "1", False)], timeout_s=30.0)  # a restart does not warm again
+    finally:
+        fresh._stop()
+    assert seen == [answer for answer, _, _ in verifier.WARM_UP]  # in the trainer, once
