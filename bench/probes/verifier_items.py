@@ -56,6 +56,10 @@ ms, then :data:`WARMUP`, 113; 232-350 ms, once in the parent before the fork, in
 every worker, a restarted one too, and frozen by its ``gc.freeze()``) 6 / 4; 12-14 / 8-9 ms.
 :func:`wider_prejudge` gave math-verify's verdict on all 12 jobs it would settle, but those
 were never the slow ones (at most 15.8 ms).
+
+Adopted: the trainer does the ``parent`` pass's warm-up itself before its first fork
+(``verifier._warm_up``, :data:`WARMUP` is its ``WARM_UP``); this probe marks it done so
+that the other passes still start cold. Not yet seen on a GPU node's real run.
 """
 
 from __future__ import annotations
