@@ -32,9 +32,17 @@ from grpo_hpc.core.errors import (
 from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
-from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import breakers, checkpoint, dist, faults, models, stall_sampler, state_digest
+from grpo_hpc.train import (
+    autos,
+    breakers,
+    checkpoint,
+    dist,
+    faults,
+    models,
+    stall_sampler,
+    state_digest,
+)
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.gc_schedule import GcSchedule
@@ -48,26 +56,6 @@ from grpo_hpc.train.signals import STOP_SIGNALS
 from grpo_hpc.train.stall_sampler import StallSampler
 from grpo_hpc.train.step_report import StepReporter
 from grpo_hpc.train.tracking import Tracker, step_samples
-
-
-def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
-    """The facts of this process (the thin I/O shell around the decisions above)."""
-    cuda = device.type == "cuda"
-    return auto_speed.Where(
-        cuda=cuda,
-        capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
-        precision=cfg.dist.precision,
-        lora=cfg.model.lora_rank > 0,
-        varlen=packing.varlen_kernel() is not None,
-    )
-
-
-def device_gib(device: torch.device) -> float | None:
-    """This rank's GPU memory in GiB (what ``auto`` budgets are decided against); None on
-    a CPU."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory / 2**30
 
 
 class Trainer:
@@ -107,15 +95,7 @@ class Trainer:
                 f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
                 "train on the CPU with precision fp32"
             )
-        where = where_training(cfg, info.device)
-        if why := auto_speed.precision_problem(where):
-            raise ConfigError(why)
-        self.cfg = memory_plan.resolve_auto_tokens(
-            auto_speed.resolve(cfg, where),
-            device_gib(info.device),
-            max(1, info.world_size // cfg.dist.nproc_per_node),
-            where.capability if where.cuda else None,
-        )
+        self.cfg = autos.resolve(cfg, info)
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         if info.is_main:
             print(auto_speed.describe(cfg, self.cfg), flush=True)
