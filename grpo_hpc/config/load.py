@@ -1,5 +1,5 @@
 """Loading a run configuration: schema defaults <- a YAML file (a built-in name or a
-path) <- dotted overrides, then :func:`grpo_hpc.config.schema.validate`.
+path) <- dotted overrides, then :func:`grpo_hpc.config.validate.validate`.
 
 Loading and merging use OmegaConf structured configs (what NeMo RL and torchtune
 users know): the dataclasses of :mod:`grpo_hpc.config.schema` are the schema, OmegaConf gives
@@ -19,7 +19,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grpo_hpc.config.schema import Config, validate
+from grpo_hpc.config.schema import Config
+from grpo_hpc.config.validate import validate
 from grpo_hpc.core.errors import ConfigError
 
 

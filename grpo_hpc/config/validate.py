@@ -1,0 +1,106 @@
+"""Checks across the run configuration's fields, and of ranges and choices that
+OmegaConf's types cannot express (the schema is :mod:`grpo_hpc.config.schema`). Each
+failure is one :class:`ConfigError` line that says what is wrong and what to write."""
+
+from __future__ import annotations
+
+from grpo_hpc.config.schema import Config, FaultsConfig
+from grpo_hpc.core.errors import ConfigError
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "rollout.engine": ("auto", "native", "hf"),
+    "algo.advantage": ("group_norm", "mean_only", "loo"),
+    "algo.aggregation": ("token", "sequence", "constant"),
+    "dist.strategy": ("ddp", "fsdp"),
+    "dist.precision": ("fp32", "bf16", "fp16"),
+    "dist.backend": ("auto", "nccl", "gloo"),
+    "optim.state": ("fp32", "int8"),
+    "wandb.mode": ("offline", "online", "disabled"),
+}
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field and range checks OmegaConf's types cannot express."""
+    for dotted, allowed in CHOICES.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(allowed)}")
+    positive = {
+        "training.max_steps": cfg.training.max_steps,
+        "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
+        "rollout.num_generations": cfg.rollout.num_generations,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "algo.updates_per_batch": cfg.algo.updates_per_batch,
+        "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "dist.nproc_per_node": cfg.dist.nproc_per_node,
+        "model.checkpoint_every": cfg.model.checkpoint_every,
+        "training.eval_samples": cfg.training.eval_samples,
+    }
+    for key, value in (("dist.compile", cfg.dist.compile), ("algo.packing", cfg.algo.packing)):
+        if not isinstance(value, bool) and value != "auto":
+            raise ConfigError(f"{key}={value!r} is not one of true, false, auto")
+    tokens = cfg.algo.micro_batch_tokens
+    if tokens != "auto" and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+        raise ConfigError(
+            f"algo.micro_batch_tokens={tokens!r} must be auto or an integer >= 0 "
+            "(0 = no token budget)"
+        )
+    if cfg.dist.peer_timeout_s != 0 and cfg.dist.peer_timeout_s < 10:
+        raise ConfigError(
+            f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "
+            "(ranks pulse every 2 s)"
+        )
+    if cfg.training.profile_steps < 0 or cfg.training.profile_from < 1:
+        raise ConfigError(
+            f"training.profile_steps={cfg.training.profile_steps} must be >= 0 and "
+            f"training.profile_from={cfg.training.profile_from} >= 1 (steps count from 1)"
+        )
+    if cfg.training.stall_sample_ms < 0:
+        raise ConfigError(
+            f"training.stall_sample_ms={cfg.training.stall_sample_ms} must be >= 0 (0: off)"
+        )
+    if cfg.training.gc_every_steps < 0:
+        raise ConfigError(
+            f"training.gc_every_steps={cfg.training.gc_every_steps} must be >= 0 "
+            "(0 = Python's automatic garbage collection)"
+        )
+    for key in ("zero_reward_patience", "cut_off_patience"):
+        if getattr(cfg.training, key) < 0:
+            raise ConfigError(f"training.{key} must be >= 0 (0 = no breaker)")
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.rollout.num_generations < 2:
+        raise ConfigError("rollout.num_generations must be at least 2: GRPO compares a group")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 for sampling")
+    if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
+        raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
+    if not 0 <= cfg.algo.tis_cap or 0 < cfg.algo.tis_cap < 1:
+        raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
+    if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
+        raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
+    if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be >= 0 and below "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
+    _validate_faults(cfg.faults)
+
+
+def _validate_faults(f: FaultsConfig) -> None:
+    active = (
+        f.hang_at_step >= 0
+        or f.crash_at_step >= 0
+        or f.zero_reward
+        or f.slow_save > 0
+        or f.step_sleep > 0
+        or f.oom_at_step >= 0
+    )
+    if active and not f.enabled:
+        raise ConfigError(
+            "fault injection is for tests: set faults.enabled=true to use faults.* settings"
+        )
