@@ -46,20 +46,27 @@ _FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
 def score_correctness(
     completions: Sequence[str], golds: Sequence[str], timeout_s: float, require_marker: bool = True
 ) -> tuple[list[float], int]:
-    """Correctness of each completion (1.0/0.0) and how many items math-verify timed out on.
+    """Correctness of each completion (1.0/0.0) and how many distinct answers math-verify
+    timed out on.
 
     The one judge of answers: the training reward and held-out evaluation both call it, so
     that a held-out figure means what the reward means. ``require_marker=False`` judges a
-    completion without an answer convention by its last number.
+    completion without an answer convention by its last number. Each distinct (answer,
+    gold) goes to math-verify once: a group's samples often repeat an answer line, and a
+    pathological one repeated would otherwise cost its full deadline once per copy.
     """
     golds = [extract_gold(g or "") for g in golds]
     answers = [extract_answer(c, not require_marker) for c in completions]
     scores = [prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
-    todo = [i for i, s in enumerate(scores) if s is None]
-    jobs = [(answers[i], golds[i], gold_value(golds[i]) is None) for i in todo]
-    judged, failures = VERIFIER.judge(jobs, timeout_s)
-    for i, s in zip(todo, judged, strict=True):
-        scores[i] = s
+    rows_of: dict[tuple[str, str, bool], list[int]] = {}
+    for i, s in enumerate(scores):
+        if s is None:
+            job = (answers[i], golds[i], gold_value(golds[i]) is None)
+            rows_of.setdefault(job, []).append(i)
+    judged, failures = VERIFIER.judge(list(rows_of), timeout_s)
+    for rows, s in zip(rows_of.values(), judged, strict=True):
+        for i in rows:
+            scores[i] = s
     return [float(s) for s in scores], failures
 
 

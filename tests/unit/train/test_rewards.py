@@ -22,6 +22,7 @@ from grpo_hpc.train.rewards.functions import (
     extract_gold,
     format_reward,
     load_custom_reward,
+    score_correctness,
     score_correctness_batch,
 )
 
@@ -365,3 +366,16 @@ def test_the_worker_is_forked_warm(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         fresh._stop()
     assert seen == [answer for answer, _, _ in verifier.WARM_UP]  # in the trainer, once
+
+
+def test_a_repeated_answer_is_judged_once() -> None:
+    """The real worker: eight samples of a group writing the same pathological answer cost
+    one deadline, not eight, and all score 0; distinct answers are each judged."""
+    from grpo_hpc.train.rewards.verifier import VERIFIER
+
+    VERIFIER.take_stats()
+    completions = [f"Answer: {TOWER}"] * 8 + ["Answer: \\sqrt{5}", "Answer: \\sqrt{5}"]
+    scores, failures = score_correctness(completions, ["\\sqrt{5}"] * 10, timeout_s=1.0)
+    assert scores == [0.0] * 8 + [1.0, 1.0] and failures == 1
+    items, slowest = VERIFIER.take_stats()
+    assert items == 2 and slowest < 3.0  # one tower (its 1 s deadline), one root
