@@ -106,7 +106,7 @@ EXTRA: tuple[Job, ...] = (
 """Synthetic answer lines of :data:`WARMUP`'s kinds but other strings, appended to the
 run's jobs with ``--extra``: does a warm-up cover a kind, or only its own string?"""
 
-PREIMPORT: tuple[str, ...] = ("sympy.physics.units", "sympy.sets.setexpr")
+PREIMPORT: tuple[str, ...] = verifier._WARM_MODULES
 """Modules math-verify's judging imports lazily (``sympy.simplify`` imports the units
 package on its first call), imported in the parent before the fork in the last pass."""
 

@@ -78,9 +78,10 @@ WARM_UP: tuple[tuple[str, str, bool], ...] = (
 first worker is forked. The first time a process meets a kind of answer, math-verify and
 sympy pay for it once (lazy imports: ``sympy.simplify`` imports the 33 modules of
 ``sympy.physics.units`` on its first call; parsers built per LaTeX command): 0.1-0.25 s in
-one item on the CPU test machine, the 0.08-0.45 s single items of issue 38's real runs,
-during which the other ranks waited. Every worker forked after this inherits the warm
-state (a restarted one too) and freezes it with the rest; the slowest item then took
+one item on the CPU test machine; likely the 0.08-0.45 s single items of issue 38's real
+runs, during which the other ranks waited (not yet confirmed on a GPU node). Every worker
+forked after this inherits the warm state (a restarted one too) and freezes it with the
+rest; the slowest item then took
 6-14 ms (``python -m bench.probes.verifier_items --extra``, 2-core CPU machine,
 2026-11-27). Trivial, fixed inputs: safe to judge without a deadline in the trainer."""
 
