@@ -176,6 +176,10 @@ submit() {
     local run=/tmp/runs37/$name job
     job=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])['job_id'])" "$run/jobs.jsonl") || return 1
     echo "job $job"
+    # the host's core speed and load beside the job (issue 38: a job slower, or its host?)
+    python3 -m bench.probes.host_clock --out "$OUT/host_clock.jsonl" \
+        --seconds "${SUBMIT_TIMEOUT:-300}" &
+    local clock=$!
     status() { python3 -c "import sys; from grpo_hpc.cli.status import main; sys.exit(main(sys.argv[1:]))" "$@"; }
     local t0=$SECONDS last="" q envs=0 shown=0 step
     while ((SECONDS - t0 < ${SUBMIT_TIMEOUT:-300})); do
@@ -202,6 +206,7 @@ submit() {
         fi
         sleep 2
     done
+    kill "$clock" 2>/dev/null
     echo "== after the job ($(ts))"
     sleep 2
     { echo "\$ sacct -j $job"; sacct -j "$job" -o JobID,JobName%20,State,ExitCode,Elapsed,AllocTRES%60

@@ -21,6 +21,8 @@ leave them out of a step-time comparison.
 from __future__ import annotations
 
 import contextlib
+import resource
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,46 @@ def phase(name: str) -> Iterator[None]:
             yield
         finally:
             sampler.leave(name)
+
+
+@dataclass
+class ThreadClock:
+    """Where a block's wall-clock went on the thread that ran it (:func:`thread_clock`).
+
+    The update of a small model is bound by the host: Python and kernel launches, one
+    thread. When its time drifts or jumps between steps of one size, these tell the cases
+    apart: ``cpu_s`` following ``wall_s`` means the thread worked longer (more work, or a
+    slower core); ``wall_s`` alone growing means it waited (the GPU, a lock, the GIL) or
+    was taken off its core (``descheduled``: the kernel's involuntary context switches of
+    the thread, as a busy core set makes them)."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    """CPU seconds of this thread (user and system)."""
+    descheduled: int = 0
+    """Involuntary context switches of this thread."""
+
+
+def _thread_usage() -> tuple[float, int]:
+    # RUSAGE_THREAD is Linux's; elsewhere the process's figures stand in
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    u = resource.getrusage(who)
+    return u.ru_utime + u.ru_stime, u.ru_nivcsw
+
+
+@contextlib.contextmanager
+def thread_clock() -> Iterator[ThreadClock]:
+    """Times the block on the calling thread; the yielded :class:`ThreadClock` is filled
+    in when the block ends."""
+    clock = ThreadClock()
+    cpu0, switches0 = _thread_usage()
+    t0 = time.monotonic()
+    try:
+        yield clock
+    finally:
+        clock.wall_s = time.monotonic() - t0
+        cpu1, switches1 = _thread_usage()
+        clock.cpu_s, clock.descheduled = cpu1 - cpu0, switches1 - switches0
 
 
 def window(start: int, count: int) -> range:

@@ -47,7 +47,7 @@ from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.gc_schedule import GcSchedule
 from grpo_hpc.train.held_out import HeldOutEval
-from grpo_hpc.train.profiling import StepProfiler, phase, window
+from grpo_hpc.train.profiling import StepProfiler, phase, thread_clock, window
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
@@ -417,14 +417,17 @@ class Trainer:
         sel = batching.select_groups(scored, groups_per_rank, cfg.rollout.num_generations, cfg.algo)
         self.tracker.update(TrainState.TRAINING)
         faults.before_update(cfg.faults, self.step, info.device)
-        t1 = time.monotonic()
         with phase("update"):
-            stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
+            with thread_clock() as host:  # the host's part: Python, launches, syncs in it
+                stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
+            t1 = time.monotonic()
             if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
                 torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
-        t_train = time.monotonic() - t1
+            t_sync = time.monotonic() - t1
         self.step += 1
-        times = {"time/generate": t_gen, "time/score": t_score, "time/train": t_train}
+        times = {"time/generate": t_gen, "time/score": t_score}
+        times |= {"time/train": host.wall_s + t_sync, "time/train_sync": t_sync}
+        times |= {"time/train_cpu": host.cpu_s, "train/descheduled": float(host.descheduled)}
         verify = (float(got.verify_items), got.verify_slowest_s)
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)

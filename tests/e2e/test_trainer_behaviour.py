@@ -61,6 +61,10 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(m["engine/captures"] == 0 for m in steps)  # no CUDA graphs on a CPU
     # every step starts with the scheduled young collection, timed (train/gc_schedule.py)
     assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
+    # the update's wall in its parts: the host's CPU seconds and (no GPU) no sync wait
+    for m in trained:
+        assert 0 < m["time/train_cpu"] and m["time/train_sync"] < 1e-3
+        assert m["train/descheduled"] >= 0
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
     if profile:

@@ -4,12 +4,13 @@ the real profiler on the CPU (the trainer's own run: tests/e2e/test_trainer_beha
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_hpc.train.profiling import StepProfiler, names, window
+from grpo_hpc.train.profiling import StepProfiler, names, thread_clock, window
 
 
 def test_the_window_counts_logged_steps_from_profile_from() -> None:
@@ -83,3 +84,15 @@ def test_phase_lines_name_each_phase_once_with_its_cpu_range() -> None:
     assert lines[0] == "== the step's phases, this rank"
     assert [ln.split()[0] for ln in lines[1:] if ln] == ["grpo/generate", "grpo/update"]
     assert "497.8 ms" in lines[1] and "1433.3 ms" in lines[2]
+
+
+def test_the_thread_clock_tells_work_from_waiting() -> None:
+    with thread_clock() as busy:
+        end = time.monotonic() + 0.2
+        while time.monotonic() < end:  # this thread works
+            pass
+    with thread_clock() as idle:
+        time.sleep(0.2)  # this thread waits
+    assert busy.wall_s >= 0.2 and busy.cpu_s > 0.5 * busy.wall_s
+    assert idle.wall_s >= 0.2 and idle.cpu_s < 0.05
+    assert busy.descheduled >= 0 and idle.descheduled >= 0
