@@ -11,7 +11,8 @@
 #   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
 #           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm),
-#           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed)
+#           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed;
+#           LEARN_GPUS: the seeds spread over this many GPUs, LEARN_JOBS on each)
 #   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
@@ -97,11 +98,25 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         n=${stage#learn} name=learning_${stage#learn}term$suffix${LEARN_TAG:-}
         mkdir -p /tmp/learn
         [ -f /tmp/learn/$name.json ] || [ ! -f bench/results/$name.json ] || cp bench/results/$name.json /tmp/learn/
-        # shellcheck disable=SC2086  (lists)
-        timeout "${LEARN_TIMEOUT:-560}" python3 -m bench.learning --out /tmp/learn --terms "$n" \
-            --name "$name" --overlong "$overlong" --seeds ${LEARN_SEEDS:-0 1 2 3 4} --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
-            --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
-            grep -E "seed|final|Error|error" | tail -40
+        # LEARN_GPUS=N: the seeds dealt round-robin to N GPUs, one bench.learning each (its
+        # own --out), merged into /tmp/learn at the end
+        read -ra seeds <<<"${LEARN_SEEDS:-0 1 2 3 4}"
+        gpus=${LEARN_GPUS:-1} parts=()
+        for ((g = 0; g < gpus; g++)); do
+            mine=()
+            for ((i = g; i < ${#seeds[@]}; i += gpus)); do mine+=("${seeds[i]}"); done
+            dir=/tmp/learn; ((gpus > 1)) && dir=/tmp/learn_gpu$g && parts+=("$dir/$name.json")
+            mkdir -p "$dir"
+            # shellcheck disable=SC2086  (lists)
+            CUDA_VISIBLE_DEVICES=$( ((gpus > 1)) && echo $g || echo "${CUDA_VISIBLE_DEVICES:-0}") \
+                timeout "${LEARN_TIMEOUT:-560}" python3 -m bench.learning --out "$dir" --terms "$n" \
+                --name "$name" --overlong "$overlong" --seeds "${mine[@]}" --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
+                --steps "${LEARN_STEPS:-40}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
+                grep -E "seed|final|Error|error" | tail -40 &
+        done
+        wait
+        ((gpus > 1)) && python3 -m bench.learning --out /tmp/learn --name "$name" \
+            --merge "${parts[@]}" 2>&1 | tail -20
         pkill -f -- "--child " || true  # --jobs children the timeout left running
         pkill -f "grpo_hpc.train" || true
         cp /tmp/learn/$name.* "$out/" ;;

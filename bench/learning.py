@@ -346,6 +346,21 @@ def pending_runs(result: dict, seeds: list[int], systems: list[str]) -> list[tup
     return [(s, n) for s in seeds for n in systems if (s, n) not in have]
 
 
+def merge_runs(result: dict, other: dict) -> int:
+    """Adds ``other``'s runs to ``result`` (pure but for mutating ``result``); a run of a
+    (system, seed) already there is replaced: a merge brings runs made since, on several
+    GPUs at once (one ``--out`` each) or again after a change. Returns the runs taken."""
+    taken = 0
+    for name, runs in other["systems"].items():
+        mine = result["systems"].setdefault(name, [])
+        seeds = {r["seed"] for r in runs}
+        mine[:] = sorted(
+            [r for r in mine if r["seed"] not in seeds] + runs, key=lambda r: r["seed"]
+        )
+        taken += len(runs)
+    return taken
+
+
 def run_all(
     todo: list[tuple[int, str]], args: argparse.Namespace, model_dir: Path, cuda: bool
 ) -> Iterator[tuple[str, dict]]:
@@ -397,18 +412,28 @@ def main() -> None:
     )
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # --jobs: one run's JSON
     p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="run nothing: add these JSONs' runs (same settings) to the file, replacing a "
+        "(system, seed) already there, then summarize and plot",
+    )
+    p.add_argument(
         "--name", default="", help="file stem (default learning_<terms>term, + _mask with mask)"
     )
     args = p.parse_args()
-    cuda = torch.cuda.is_available()
-    model_dir = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), Path("."), 0)
     suffix = "_mask" if args.overlong == "mask" else ""
     path = args.out / f"{args.name or f'learning_{args.terms}term{suffix}'}.json"
+    if args.merge:
+        merge_files(path, args.merge, args.target)
+        return
+    cuda = torch.cuda.is_available()
+    model_dir = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), Path("."), 0)
     if args.child:  # one run for a --jobs parent
         run = run_one(args.systems[0], args, model_dir, cuda, args.seeds[0])
         args.child.write_text(json.dumps(run))
         return
-    skip = ("out", "seeds", "systems", "jobs", "child")
+    skip = ("out", "seeds", "systems", "jobs", "child", "merge")
     config = {k: v for k, v in vars(args).items() if k not in skip}
     result = json.loads(path.read_text()) if path.exists() else {"systems": {}}
     # Files from before --overlong existed hold penalty runs.
@@ -425,13 +450,44 @@ def main() -> None:
         result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
         result["env"] = env_info()
         write_result(result, path)  # after every run: a call cut short keeps what ran
+    finish(result, path, args.target)
+
+
+def merge_files(path: Path, others: list[Path], target: float) -> None:
+    """``--merge``: the runs of ``others`` into ``path`` (created from the first when
+    missing); every file must hold the same settings."""
+    result = json.loads(path.read_text()) if path.exists() else None
+    for other_path in others:
+        if not other_path.exists():  # a GPU's part that never wrote a run
+            print(f"{other_path}: missing, skipped", flush=True)
+            continue
+        other = json.loads(other_path.read_text())
+        if result is None:
+            result = other | {"systems": {}}
+        if _settings(other) != _settings(result):
+            raise SystemExit(f"{other_path} holds runs of other settings: {other['config']}")
+        print(f"{other_path}: {merge_runs(result, other)} run(s) merged", flush=True)
+    if result is None:
+        raise SystemExit("--merge: none of the files exists")
+    result["summary"] = {n: summarize(r, target) for n, r in result["systems"].items()}
+    write_result(result, path)
+    finish(result, path, target)
+
+
+def _settings(result: dict) -> dict:
+    """What a file's runs were run with, less the file's own name."""
+    return {k: v for k, v in result["config"].items() if k != "name"}
+
+
+def finish(result: dict, path: Path, target: float) -> None:
+    """The plot beside the JSON, and one line per system."""
     plot(result, path.with_suffix(".png"))
     for name, s in result["summary"].items():
         final = f"{s['final_accuracy_mean']:.3f} ± {s['final_accuracy_se']:.3f}"
         t = s["time_to_target_mean_s"]
         reach = f"{t:.1f} s" if t is not None else "never"
         print(
-            f"{name:18} final {final}  to {args.target}: {reach} "
+            f"{name:18} final {final}  to {target}: {reach} "
             f"({s['seeds_reaching_target']}/{len(s['seeds'])} seeds)"
         )
 

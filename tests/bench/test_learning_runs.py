@@ -3,11 +3,15 @@ runs that shared the machine (``--jobs``) count in the summary."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from bench.learning import pending_runs, summarize
+from bench.learning import merge_runs, pending_runs, summarize
 
 
 def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:
@@ -99,3 +103,41 @@ def test_summarize_clock_missing_where_no_alone_run_evaluated() -> None:
         1,
         2,
     )
+
+
+def test_merge_replaces_a_seed_run_again_and_keeps_the_rest() -> None:
+    result = {
+        "systems": {"grpo_hpc": [_run(0, []), _run(1, [(5, 1.0, 0.1)])], "trl": [_run(0, [])]}
+    }
+    again = {"systems": {"grpo_hpc": [_run(1, [(5, 1.0, 0.9)]), _run(7, [])]}}
+    assert merge_runs(result, again) == 2
+    assert [r["seed"] for r in result["systems"]["grpo_hpc"]] == [0, 1, 7]
+    assert result["systems"]["grpo_hpc"][1]["evals"][0]["accuracy"] == 0.9  # the new run
+    assert [r["seed"] for r in result["systems"]["trl"]] == [0]  # untouched
+
+
+def test_merge_files_from_several_gpus_into_one_summary(tmp_path: Path) -> None:
+    config = {"terms": 2, "steps": 10, "target": 0.8, "overlong": "mask", "prompts": 4}
+    config |= {"G": 8, "num_eval": 4}
+    env = {"device": "test"}
+    for gpu, seeds in enumerate(([0, 2], [1])):
+        runs = [_run(s, [(5, 1.0, 0.5), (10, 2.0, 0.9)], jobs=8) for s in seeds]
+        part = {"systems": {"grpo_hpc": runs}, "config": config | {"name": f"g{gpu}"}}
+        part |= {"target": 0.8, "env": env}
+        (tmp_path / f"g{gpu}.json").write_text(json.dumps(part))
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "bench.learning", "--out", str(out), "--name", "all"]
+    cmd += ["--merge", str(tmp_path / "g0.json"), str(tmp_path / "g1.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    merged = json.loads((out / "all.json").read_text())
+    assert [r["seed"] for r in merged["systems"]["grpo_hpc"]] == [0, 1, 2]
+    assert merged["summary"]["grpo_hpc"]["final_accuracy_mean"] == pytest.approx(0.9)
+    assert (out / "all.png").stat().st_size > 0
+    # a file of other settings is refused, naming it
+    other = json.loads((tmp_path / "g1.json").read_text())
+    other["config"]["lr"] = 1.0
+    (tmp_path / "bad.json").write_text(json.dumps(other))
+    bad = subprocess.run([*cmd[:-2], str(tmp_path / "bad.json")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "bad.json holds runs of other settings" in bad.stderr
