@@ -41,16 +41,17 @@ for stage in "$@"; do
             --variants "fsdp=--strategy fsdp" "ddp=--strategy ddp" \
             --out "$out/trl2_${TRL2_MODE:-fsdp2}_$shape.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
     multi) # weak scaling: 8 prompts x G=8 per GPU; DDP and FSDP2 on 2 GPUs against 1 GPU
-        # (MULTI_RUNS: "nproc strategy prompts" separated by ";", e.g. with 4 GPUs
-        # "1 ddp 8;2 ddp 16;4 ddp 32;4 fsdp 32")
+        # (MULTI_RUNS: "nproc strategy prompts [numa]" separated by ";", e.g. with 4 GPUs
+        # "1 ddp 8;2 ddp 16;4 ddp 32;4 fsdp 32;4 ddp 32 node"; numa: torchrun's --numa-binding)
         IFS=';' read -ra runs <<<"${MULTI_RUNS:-1 ddp 8;2 ddp 16;2 fsdp 16}"
+        nvidia-smi topo -m 2>&1 | tee "$out/topo.txt" | head -n 12
         for run in "${runs[@]}"; do
             set -- $run
             python3 -m bench.grpo_step --shape qwen2.5-0.5b --precision bf16 --steps 4 \
                 --prompts "$3" --G 8 --max-new 256 --micro 64 --no-grad-ckpt --nproc "$1" --strategy "$2" \
-                --engine native --out "$out/step_${1}gpu_$2.json" >/dev/null &&
+                ${4:+--numa-binding "$4"} --engine native --out "$out/step_${1}gpu_$2${4:+_$4}.json" >/dev/null &&
                 python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['median']; print(sys.argv[1], m)" \
-                    "$out/step_${1}gpu_$2.json"
+                    "$out/step_${1}gpu_$2${4:+_$4}.json"
         done ;;
     dcp) python3 -m bench.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "torch.distributed.run",
         f"--nproc-per-node={args.nproc}",
         "--standalone",
+        *([f"--numa-binding={args.numa_binding}"] if args.numa_binding else []),
         *child_command(args, paths.root),
     ]
     t0 = time.time()
@@ -163,6 +164,11 @@ def main() -> None:
     p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--nproc", type=int, default=1)
+    p.add_argument(
+        "--numa-binding",
+        choices=["node", "socket", "exclusive", "core-complex"],
+        help="torchrun's --numa-binding: each rank on the CPUs near its GPU (default: unbound)",
+    )
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
