@@ -116,7 +116,9 @@ class StepOptimizer:
         cfg = self.cfg
         mbs = update.pad_microbatches(mbs, self.info)
         self.model.train()
-        flat = max((float(mb.advantages.abs().max()) for mb in mbs), default=0.0) == 0.0
+        # one host sync for all micro-batches (their advantages are on the device)
+        most = [mb.advantages.abs().max() for mb in mbs if mb.advantages.numel()]
+        flat = not most or float(torch.stack(most).max()) == 0.0
         if cfg.algo.beta == 0 and dist.all_reduce_max(0.0 if flat else 1.0, self.info) == 0:
             # Every group on every rank is flat: the loss and its gradient are exactly 0.
             # Skip the forward/backward (most of a CPU step) but still take the optimizer

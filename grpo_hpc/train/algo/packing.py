@@ -100,18 +100,18 @@ def pack(
     heads_t = torch.tensor(heads, dtype=torch.long).clamp_(max=offset - 1)
     dev = input_ids.device
     # One host tensor, one copy: the layout of every token (row, column, position).
-    layout = _to_device(torch.tensor([rows, cols, pos], dtype=torch.long), dev)
+    layout = host_to_device(torch.tensor([rows, cols, pos], dtype=torch.long), dev)
     cu = torch.tensor([0, *itertools.accumulate(p + c for p, c in lengths)], dtype=torch.int32)
     return Packed(
         input_ids=input_ids[layout[0], layout[1]].unsqueeze(0),
         position_ids=layout[2].unsqueeze(0),
-        cu_seqlens=_to_device(cu, dev),
+        cu_seqlens=host_to_device(cu, dev),
         max_len=max(p + c for p, c in lengths),
-        head_positions=_to_device(heads_t, dev),
+        head_positions=host_to_device(heads_t, dev),
     )
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host to device without waiting: a copy from pageable memory this large blocks the
     host until the GPU has run everything queued before it (the last micro-batch's
     backward), which would drain the launch queue once per micro-batch."""

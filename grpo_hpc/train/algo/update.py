@@ -17,7 +17,7 @@ import torch
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head
 from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
-from grpo_hpc.train.algo.packing import pack, packed_forward
+from grpo_hpc.train.algo.packing import host_to_device, pack, packed_forward
 from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.rollout.types import RolloutBatch
 
@@ -28,9 +28,11 @@ class MicroBatch:
 
     batch: RolloutBatch
     rows: torch.Tensor
-    """Row indices into ``batch``."""
+    """Row indices into ``batch``, on the batch's device: a host index into a device
+    tensor is copied over first, and such a copy waits for the GPU to run everything
+    queued before it (the last micro-batch's backward), once per use."""
     advantages: torch.Tensor
-    """[len(rows)] advantage per sequence."""
+    """[len(rows)] advantage per sequence (on the batch's device, for the same reason)."""
     weight: float = 1.0
     """0.0 for padding micro-batches that only keep collectives in step across ranks."""
     old_logp: torch.Tensor | None = None
@@ -41,6 +43,9 @@ class MicroBatch:
     lengths: tuple[tuple[int, int], ...] | None = None
     """(prompt, completion) real tokens of each row when the micro-batch trains packed
     (``algo.packing``): its rows run as one sequence, see :mod:`packing`."""
+    tokens: int | None = None
+    """Completion tokens of its rows, known on the host when the split was made (None:
+    counted on the device)."""
 
 
 def split(
@@ -86,8 +91,13 @@ def _micro(
     c = max(max(completion[a:b]), 1)
     extent = (c, max(p + c for p in prompt[a:b]))
     lengths = tuple(zip(prompt[a:b], completion[a:b], strict=True)) if packing else None
-    idx = torch.tensor(rows[a:b], dtype=torch.long)
-    return MicroBatch(batch, idx, adv[a:b], extent=extent, lengths=lengths)
+    # Both copied now, without waiting: the update then indexes with no host sync between
+    # micro-batches, and the host queues the next forward while the GPU runs this backward.
+    dev = batch.input_ids.device
+    idx = host_to_device(torch.tensor(rows[a:b], dtype=torch.long), dev)
+    mine = host_to_device(adv[a:b].contiguous(), dev)
+    tokens = sum(completion[a:b])
+    return MicroBatch(batch, idx, mine, extent=extent, lengths=lengths, tokens=tokens)
 
 
 def right_align(
@@ -211,7 +221,7 @@ def accumulate(
 ) -> dict[str, float]:
     """Forward/backward every micro-batch; gradients end up summed for one step. Tokens are
     scored as ``scoring`` says (temperature, precision of the LM head)."""
-    local_tokens = sum(float(mb.batch.completion_mask[mb.rows].sum()) for mb in mbs if mb.weight)
+    local_tokens = sum(_tokens(mb) for mb in mbs if mb.weight)
     local_seqs = sum(len(mb.rows) for mb in mbs if mb.weight)
     total_tokens, num_seqs = all_reduce_sum([local_tokens, float(local_seqs)], info)
     # Statistics stay on the device until the end: a host sync per micro-batch would
@@ -254,6 +264,13 @@ def accumulate(
         out["rollout/logp_diff"] = diff / engine_tokens
         out["rollout/engine_kl"] = engine_kl / engine_tokens
     return out | {k: v / tokens for k, v in reduced.items()}
+
+
+def _tokens(mb: MicroBatch) -> float:
+    """Completion tokens of ``mb``: from the host when the split counted them."""
+    if mb.tokens is not None:
+        return float(mb.tokens)
+    return float(mb.batch.completion_mask[mb.rows].sum())  # a device sync
 
 
 def tis_weight(logp: torch.Tensor, mb: MicroBatch, cap: float) -> torch.Tensor | float:
