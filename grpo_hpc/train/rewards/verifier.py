@@ -18,6 +18,7 @@ import functools
 import gc
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -187,18 +188,32 @@ class _Verifier:
                         if not self.conn.poll(timeout_s):
                             raise TimeoutError
                         scores[i] = float(self.conn.recv())
-                        i, t = i + 1, self._count(t)
+                        i, t = i + 1, self._count(t, jobs[i])
                 except (TimeoutError, EOFError, OSError):
                     self._stop()  # item i scores 0; a fresh worker takes the rest
                     failures, i = failures + 1, i + 1
-                    self._count(t)
+                    self._count(t, jobs[i - 1])
         return scores, failures
 
-    def _count(self, since: float) -> float:
+    def _count(self, since: float, job: tuple[str, str, bool]) -> float:
         now = time.monotonic()
         self.items += 1
         self.slowest_s = max(self.slowest_s, now - since)
+        if now - since >= SLOW_ITEM_S:  # named, so that the next warm-up can cover its kind
+            print(f"[Verify] {slow_item_line(now - since, job)}", flush=True)
         return now
+
+
+SLOW_ITEM_S = 0.1
+"""An item math-verify takes this long on is named in the training log."""
+
+
+def slow_item_line(seconds: float, job: tuple[str, str, bool], width: int = 80) -> str:
+    """The log line of one slow item (pure): its time, the answer and the gold, cut."""
+    answer, gold = (repr(x[:width] + ("..." if len(x) > width else "")) for x in job[:2])
+    return (
+        f"math-verify took {seconds:.2f} s on one answer: {answer} (gold {gold}, pid {os.getpid()})"
+    )
 
 
 VERIFIER = _Verifier()

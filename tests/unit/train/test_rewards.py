@@ -304,10 +304,13 @@ def test_code_reward_says_once_which_sandbox_ran(capsys: pytest.CaptureFixture) 
     assert lines == [f"[Sandbox] code reward runs in {detect().name}: {detect().detail}"]
 
 
-def test_the_verifier_counts_its_items_and_times_the_slowest() -> None:
+def test_the_verifier_counts_its_items_and_times_the_slowest(
+    capsys: pytest.CaptureFixture,
+) -> None:
     """The real math-verify worker: what the step logs as reward/verify_items and
     time/verify_slowest. A plain-number match is settled by the pre-judge (not counted);
-    the tower runs to its 1 s deadline, so the slowest item took about that long."""
+    the tower runs to its 1 s deadline, so the slowest item took about that long, and the
+    log names it."""
     from grpo_hpc.train.rewards.verifier import VERIFIER
 
     VERIFIER.take_stats()
@@ -318,6 +321,8 @@ def test_the_verifier_counts_its_items_and_times_the_slowest() -> None:
     items, slowest = VERIFIER.take_stats()
     assert items == 2 and 0.9 < slowest < 3.0
     assert VERIFIER.take_stats() == (0, 0.0)  # taken: reset
+    named = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[Verify]")]
+    assert len(named) == 1 and "s on one answer: " in named[0] and "10^{10^" in named[0], named
 
 
 def test_the_worker_freezes_what_it_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -379,3 +384,11 @@ def test_a_repeated_answer_is_judged_once() -> None:
     assert scores == [0.0] * 8 + [1.0, 1.0] and failures == 1
     items, slowest = VERIFIER.take_stats()
     assert items == 2 and slowest < 3.0  # one tower (its 1 s deadline), one root
+
+
+def test_a_slow_math_verify_item_is_named_cut_to_a_line() -> None:
+    from grpo_hpc.train.rewards.verifier import slow_item_line
+
+    line = slow_item_line(0.354, ("x" * 200, "42", True))
+    assert line.startswith("math-verify took 0.35 s on one answer: 'xxx")
+    assert "...'" in line and "(gold '42', pid " in line and len(line) < 160
