@@ -21,7 +21,8 @@
 #           the same GSM8K questions, 8 prompts x G 8, 512 new tokens, EOS where the model
 #           puts it; s/step, mean completion length, share cut at the cap (REALLEN_STEPS)
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
-#   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) DECODE_BATCH ("64 256")
+#   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) GSM8K_OVERRIDES (more key=value
+#   words, e.g. "training.save_every_steps=3 training.stall_sample_ms=10") DECODE_BATCH ("64 256")
 #   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
 #   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
 #   "default=" unless given, e.g. "default=;packc=--packing --compile")
@@ -141,13 +142,14 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             rollout.max_new_tokens="${GSM8K_MAX_NEW:-512}" optim.lr="${GSM8K_LR:-5e-6}" \
             optim.warmup_steps=0 training.max_steps="$steps" training.eval_every="$steps" \
             training.save_every_steps="$steps" training.save_every_seconds=0 \
-            training.zero_reward_patience=0 2>&1 | tail -5
+            training.zero_reward_patience=0 ${GSM8K_OVERRIDES:-} 2>&1 | tail -5
         run=/tmp/runs/gsm8k-smollm2
         grep -h "Eval\]" $run/training_output.log
         python3 -c "import sys; from grpo_hpc.cli.status import main; sys.exit(main(sys.argv[1:]))" \
             gsm8k-smollm2 --plot "$out/gsm8k_smollm2_curves.png"
         cp $run/metrics.jsonl "$out/gsm8k_smollm2_metrics.jsonl"
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
+        [ -d $run/torch_profile ] && cp -r $run/torch_profile "$out/gsm8k_smollm2_torch_profile"
         tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
     reallen) need_model  # issue 24 point 4: the TRL side by side at real lengths
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then

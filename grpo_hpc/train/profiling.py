@@ -56,42 +56,49 @@ def phase(name: str) -> Iterator[None]:
 
 @dataclass
 class ThreadClock:
-    """Where a block's wall-clock went on the thread that ran it (:func:`thread_clock`).
+    """Where a block's wall-clock went on the host (:func:`thread_clock`).
 
-    The update of a small model is bound by the host: Python and kernel launches, one
-    thread. When its time drifts or jumps between steps of one size, these tell the cases
-    apart: ``cpu_s`` following ``wall_s`` means the thread worked longer (more work, or a
-    slower core); ``wall_s`` alone growing means it waited (the GPU, a lock, the GIL) or
-    was taken off its core (``descheduled``: the kernel's involuntary context switches of
-    the thread, as a busy core set makes them)."""
+    The update of a small model is bound by the host: Python and kernel launches. On a GPU
+    the forward is launched from the calling thread and the backward from autograd's own
+    thread for the device, while the caller waits in ``backward()``; so the calling
+    thread's CPU seconds (``cpu_s``) leave the backward out, and the process's
+    (``process_cpu_s``: every thread, autograd's, NCCL's and the trainer's own) count it.
+    ``process_cpu_s`` near ``wall_s`` says the host was busy all along; far under it, that
+    it waited (the GPU, a peer rank, the GIL). ``descheduled`` counts the kernel taking the
+    process's threads off their cores (involuntary context switches)."""
 
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    """CPU seconds of this thread (user and system)."""
+    """CPU seconds of the calling thread (user and system)."""
+    process_cpu_s: float = 0.0
+    """CPU seconds of the whole process, all its threads (not its child processes)."""
     descheduled: int = 0
-    """Involuntary context switches of this thread."""
+    """Involuntary context switches of the process's threads."""
 
 
-def _thread_usage() -> tuple[float, int]:
+def _usage() -> tuple[float, float, int]:
+    """(this thread's CPU s, the process's CPU s, the process's involuntary switches)."""
     # RUSAGE_THREAD is Linux's; elsewhere the process's figures stand in
-    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
-    u = resource.getrusage(who)
-    return u.ru_utime + u.ru_stime, u.ru_nivcsw
+    mine = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    every = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = mine.ru_utime + mine.ru_stime
+    return cpu, every.ru_utime + every.ru_stime, every.ru_nivcsw
 
 
 @contextlib.contextmanager
 def thread_clock() -> Iterator[ThreadClock]:
-    """Times the block on the calling thread; the yielded :class:`ThreadClock` is filled
-    in when the block ends."""
+    """Times the block on the host; the yielded :class:`ThreadClock` is filled in when
+    the block ends."""
     clock = ThreadClock()
-    cpu0, switches0 = _thread_usage()
+    before = _usage()
     t0 = time.monotonic()
     try:
         yield clock
     finally:
         clock.wall_s = time.monotonic() - t0
-        cpu1, switches1 = _thread_usage()
-        clock.cpu_s, clock.descheduled = cpu1 - cpu0, switches1 - switches0
+        after = _usage()
+        clock.cpu_s, clock.process_cpu_s = after[0] - before[0], after[1] - before[1]
+        clock.descheduled = after[2] - before[2]
 
 
 def window(start: int, count: int) -> range:

@@ -427,7 +427,8 @@ class Trainer:
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score}
         times |= {"time/train": host.wall_s + t_sync, "time/train_sync": t_sync}
-        times |= {"time/train_cpu": host.cpu_s, "train/descheduled": float(host.descheduled)}
+        times |= {"time/train_cpu": host.process_cpu_s, "time/train_cpu_main": host.cpu_s}
+        times["train/descheduled"] = float(host.descheduled)
         verify = (float(got.verify_items), got.verify_slowest_s)
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)

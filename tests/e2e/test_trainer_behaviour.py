@@ -63,7 +63,8 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
     # the update's wall in its parts: the host's CPU seconds and (no GPU) no sync wait
     for m in trained:
-        assert 0 < m["time/train_cpu"] and m["time/train_sync"] < 1e-3
+        assert 0 < m["time/train_cpu_main"] <= m["time/train_cpu"] + 0.01
+        assert m["time/train_sync"] < 1e-3
         assert m["train/descheduled"] >= 0
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too

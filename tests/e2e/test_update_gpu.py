@@ -67,7 +67,8 @@ def test_host_waits_do_not_grow_with_micro_batches(tmp_path: Path) -> None:
     def update(rows_per_micro: int) -> Callable[[], object]:
         mbs = split(batch, list(range(len(ROWS))), adv, rows_per_micro, 0, packing)
         assert all(mb.rows.is_cuda and mb.advantages.is_cuda for mb in mbs)
-        return lambda: accumulate(model, mbs, algo, DistInfo(), NEW, None, contextlib.nullcontext)
+        info = DistInfo(device=torch.device("cuda"))
+        return lambda: accumulate(model, mbs, algo, info, NEW, None, contextlib.nullcontext)
 
     update(1)()  # warm-up: the caching allocators' first blocks
     one, many = _syncs(update(len(ROWS))), _syncs(update(1))

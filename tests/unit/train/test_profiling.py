@@ -94,5 +94,22 @@ def test_the_thread_clock_tells_work_from_waiting() -> None:
     with thread_clock() as idle:
         time.sleep(0.2)  # this thread waits
     assert busy.wall_s >= 0.2 and busy.cpu_s > 0.5 * busy.wall_s
+    assert busy.process_cpu_s >= busy.cpu_s - 0.01  # the process counts this thread too
     assert idle.wall_s >= 0.2 and idle.cpu_s < 0.05
     assert busy.descheduled >= 0 and idle.descheduled >= 0
+
+
+def test_the_process_clock_counts_the_work_of_other_threads() -> None:
+    """As autograd's device thread runs the backward while the caller waits in it."""
+    import threading
+
+    def spin() -> None:
+        end = time.monotonic() + 0.2
+        while time.monotonic() < end:
+            pass
+
+    with thread_clock() as waiting:
+        worker = threading.Thread(target=spin)
+        worker.start()
+        worker.join()
+    assert waiting.cpu_s < 0.05 and waiting.process_cpu_s > 0.1
