@@ -244,5 +244,25 @@ def use_packed_attention(model: torch.nn.Module) -> str:
         return current
     AttentionInterface.register(ATTN_NAME, packed_attention)
     AttentionMaskInterface.register(ATTN_NAME, _mask)
+    _no_pack_detection_while_packed()
     model.set_attn_implementation(ATTN_NAME)
     return ATTN_NAME
+
+
+def _no_pack_detection_while_packed() -> None:
+    """transformers looks for packed rows in the position ids before building a mask (a
+    device tensor read on the host: one wait for the GPU per forward, found by
+    tests/e2e/test_update_gpu.py). In our packed forward the mask builder returns None and
+    the boundaries travel as ``cu_seq_lens_q``, so that detection is skipped there; every
+    other forward keeps it. Installed once per process."""
+    import transformers.masking_utils as masking
+
+    found = masking.find_packed_sequence_indices
+    if getattr(found, "_grpo_hpc", False):
+        return
+
+    def find(position_ids: torch.Tensor) -> torch.Tensor | None:
+        return None if _PACKED.get() else found(position_ids)
+
+    find._grpo_hpc = True  # type: ignore[attr-defined]
+    masking.find_packed_sequence_indices = find

@@ -137,3 +137,16 @@ def test_no_dense_mask_while_packed_and_sdpa_otherwise() -> None:
     # A forward that says it is packed but loses the row boundaries fails loudly.
     with packing.packed_forward(), pytest.raises(RuntimeError, match="cu_seq_lens_q"):
         model(input_ids=torch.ones(1, 6, dtype=torch.long), position_ids=pos)
+
+
+def test_transformers_pack_detection_is_skipped_only_in_a_packed_forward(tmp_path: Path) -> None:
+    """It reads a device tensor on the host (a wait per forward on a GPU); our packed
+    forward carries the boundaries itself (tests/e2e/test_update_gpu.py counts the waits)."""
+    import transformers.masking_utils as masking
+
+    model, _ = load_model_and_tokenizer(_model_dir(tmp_path, "llama"), "sdpa", torch.device("cpu"))
+    packing.use_packed_attention(model)
+    two_rows = torch.tensor([[0, 1, 2, 0, 1]])
+    assert masking.find_packed_sequence_indices(two_rows).tolist() == [[0, 0, 0, 1, 1]]
+    with packing.packed_forward():
+        assert masking.find_packed_sequence_indices(two_rows) is None
