@@ -4,8 +4,11 @@ queues the next micro-batch's forward while the GPU runs this one's backward.
 Issue 38's 2-GPU run sampled the trainer's stack in its slow updates (bench/results/
 h100x4_issue38_s18.md): rank 0 sat in ``_stat_sums`` indexing a device tensor with a host
 row index, a copy that waits for everything queued before it, once per micro-batch. The
-row indices and advantages now go to the device when the batch is split. Skipped where
-there is no GPU."""
+row indices and advantages now go to the device when the batch is split. Its first run on
+an H100 (same day) failed for a reason of its own: 3 waits with one micro-batch, 8 with
+seven, the extra ones in transformers' packed-row detection, now skipped inside our packed
+forward (grpo_hpc.train.algo.packing); it has not run on a GPU since that fix. Skipped
+where there is no GPU."""
 
 from __future__ import annotations
 
