@@ -1,0 +1,1 @@
+"""The parts of bench/ladder.py: the plan of each row, and a row run for real."""
