@@ -167,17 +167,21 @@ def step_table(steps: list[dict]) -> list[str]:
     own generation, scoring and update (the wait for the other ranks' rollouts, the
     report, progress writes); ``skew``, how far apart the ranks finished generating;
     ``gap``, the wall time since the previous step's row (a save or an evaluation
-    between them shows here, not in the step's own time)."""
-    head = (
-        "  step " + " ".join(f"{n:>9}" for n, _ in STEP_COLUMNS) + "      rest      skew       gap"
-    )
+    between them shows here, not in the step's own time); ``train_cpu``, the CPU seconds
+    of rank 0's process during its update (every thread; logs from before 2026-11-27
+    f630cd0 hold the main thread's there), ``-`` where the log has none: near ``train``
+    means the update was bound by the host."""
+    tail = ("rest", "skew", "gap", "train_cpu")
+    head = "  step " + " ".join(f"{n:>9}" for n in [*(n for n, _ in STEP_COLUMNS), *tail])
     out, prev = [head], None
     for s in steps:
         parts = [s.get(k, 0.0) for _, k in STEP_COLUMNS]
         rest = parts[0] - parts[1] - parts[2] - parts[4]
         gap = s["time"] - prev["time"] if prev is not None and "time" in s else 0.0
-        cells = [*parts, rest, s.get("time/generate_skew", 0.0), gap]
-        out.append(f"  {s['step']:>4} " + " ".join(f"{c:>9.2f}" for c in cells))
+        cells = [f"{c:>9.2f}" for c in (*parts, rest, s.get("time/generate_skew", 0.0), gap)]
+        cpu = s.get("time/train_cpu")
+        cells.append(f"{cpu:>9.2f}" if cpu is not None else f"{'-':>9}")
+        out.append(f"  {s['step']:>4} " + " ".join(cells))
         prev = s
     return out
 

@@ -61,3 +61,26 @@ def test_the_real_two_gpu_run_under_slurm(tmp_path: Path) -> None:
     trained, idle = rep["groups"]
     assert trained["steps"] == [2, 3, 4] and idle["steps"] == [5, 6] and idle["tokens"] == 0
     assert 1.15 < rep["worst_spread"] < 1.17
+
+
+def test_the_step_table_shows_the_update_s_cpu_seconds_where_logged() -> None:
+    from bench.step_spread import step_table
+
+    rows = [
+        {"step": 1, "time": 10.0, "time/step": 1.0, "time/generate": 0.4, "time/train": 0.5},
+        {
+            "step": 2,
+            "time": 11.5,
+            "time/step": 0.9,
+            "time/generate": 0.4,
+            "time/train": 0.3,
+            "time/score": 0.1,
+            "time/train_cpu": 0.25,
+        },  # fmt: skip
+    ]
+    head, first, second = step_table(rows)
+    assert head.split() == ["step", "step", "gen", "score", "score_max", "train", "rest",
+                            "skew", "gap", "train_cpu"]  # fmt: skip
+    assert first.split()[-1] == "-"  # a log from before the column existed
+    assert second.split() == ["2", "0.90", "0.40", "0.10", "0.00", "0.30", "0.10", "0.00",
+                              "1.50", "0.25"]  # fmt: skip
