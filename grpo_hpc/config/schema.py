@@ -321,6 +321,10 @@ class DistConfig:
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
     does not fit the GPUs otherwise (grpo_hpc.memory.fit)."""
+    bind_cpus: bool = False
+    """Each rank of a node on a share of the job's CPUs of its own (whole physical cores),
+    taken before torch loads, so its threads and worker processes stay there. Off by
+    default: an experiment of issue 38, not yet measured on a GPU (grpo_hpc.train.cpu_binding)."""
 
 
 @dataclass

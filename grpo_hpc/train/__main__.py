@@ -35,6 +35,7 @@ from grpo_hpc.core.progress import (  # noqa: E402
     read_progress,
     write_progress,
 )
+from grpo_hpc.train import cpu_binding  # noqa: E402
 
 if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
     from grpo_hpc.config.schema import Config
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_resolved(paths.config)
         _stop_if_signalled()
+        if line := cpu_binding.bind(cfg.dist.bind_cpus):  # before torch starts its threads
+            print(line, flush=True)
         from grpo_hpc.train import dist
 
         info = dist.init(cfg.dist)

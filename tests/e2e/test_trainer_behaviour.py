@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -35,6 +36,8 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     profile = ["training.profile_steps=1", "training.profile_from=2"] if strategy == "ddp" else []
     # the native FSDP run samples its slow phases' stacks (training.stall_sample_ms)
     stalls = ["training.stall_sample_ms=5"] if engine == "native" else []
+    # the other FSDP run binds each rank to its own CPUs (dist.bind_cpus)
+    bind = ["dist.bind_cpus=true"] if (strategy, engine) == ("fsdp", "hf") else []
     paths = make_run(
         tmp_path,
         strategy,
@@ -43,10 +46,17 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         "training.eval_every=2",
         *profile,
         *stalls,
+        *bind,
         nproc=2,
     )
     result = train(paths, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
+    bound = re.findall(r"\[Dist\] local rank (\d) of 2 bound to CPUs (\S+)", result.stdout)
+    if bind:  # one line per rank, and (on 2 or more CPUs) shares apart
+        assert sorted(r for r, _ in bound) == ["0", "1"], result.stdout[-2000:]
+        assert len(os.sched_getaffinity(0)) < 2 or bound[0][1] != bound[1][1]
+    else:
+        assert not bound
     rec = read_progress(paths.progress)
     assert rec.state == TrainState.FINISHED and rec.step == rec.max_steps == 4
     assert paths.latest_checkpoint() == 4
