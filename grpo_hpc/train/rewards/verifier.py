@@ -199,7 +199,7 @@ class _Verifier:
         now = time.monotonic()
         self.items += 1
         self.slowest_s = max(self.slowest_s, now - since)
-        if now - since >= SLOW_ITEM_S:  # named, so that the next warm-up can cover its kind
+        if now - since >= SLOW_ITEM_S:  # named: what held this rank's scoring, and its peers
             print(f"[Verify] {slow_item_line(now - since, job)}", flush=True)
         return now
 
