@@ -270,6 +270,30 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
+def prepare_policy(
+    model: torch.nn.Module, cfg: ModelConfig, device: torch.device, compile_on: bool
+) -> torch.nn.Module:
+    """The policy as the trainer trains it, in this order: LoRA adapters (``model.
+    lora_rank``; a peft model is returned), gradient checkpointing, then each decoder
+    layer compiled in place on a GPU (``dist.compile``, resolved by then), so that the
+    checkpointed recompute runs the compiled code too."""
+    if cfg.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            target_modules=list(cfg.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model, cfg.checkpoint_every)
+    if compile_on and device.type == "cuda":
+        compile_layers(model)  # in place: parameter names are unchanged
+    return model
+
+
 def enable_checkpointing(model: torch.nn.Module, every: int) -> int:
     """Gradient checkpointing on one decoder layer in ``every`` (layers 0, every, 2*every,
     ...); returns how many layers recompute. transformers checkpoints per layer (each

@@ -146,22 +146,8 @@ class Trainer:
             packing.use_packed_attention(model)
         if cfg.algo.beta > 0:  # frozen reference; beta=0 loads none
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        if cfg.model.lora_rank:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=cfg.model.lora_rank,
-                    lora_alpha=cfg.model.lora_alpha,
-                    target_modules=list(cfg.model.lora_target_modules),
-                    task_type="CAUSAL_LM",
-                ),
-            )
-        if cfg.model.gradient_checkpointing:
-            models.enable_checkpointing(model, cfg.model.checkpoint_every)
+        model = models.prepare_policy(model, cfg.model, self.info.device, bool(cfg.dist.compile))
         if cfg.dist.compile and self.info.device.type == "cuda":
-            models.compile_layers(model)  # in place: parameter names are unchanged
             logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
@@ -180,21 +166,13 @@ class Trainer:
             cfg.rollout.engine,
             dist.unwrap(self.model),
             self.tok,
-            rollout.EngineOptions(
-                cfg.rollout.max_new_tokens,
-                cfg.rollout.temperature,
-                cfg.rollout.top_p,
-                cfg.rollout.generation_timeout_s,
-                dtype=dtype if gpu and dtype else torch.float32,
+            rollout.EngineOptions.for_run(
+                cfg,
+                dtype if gpu and dtype else torch.float32,
                 synced=self.info.enabled and cfg.dist.strategy == "fsdp",
-                lora=bool(cfg.model.lora_rank),
-                logp_temperature=cfg.logp_temperature,
-                fp32_lm_head=cfg.algo.fp32_lm_head,
-                eager=cfg.rollout.enforce_eager,
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
                 ),
-                capture_ahead=not cfg.rollout.release_engine_memory,
             ),
             tick=self.tracker.heartbeat,
             # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.

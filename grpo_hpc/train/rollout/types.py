@@ -9,9 +9,12 @@ rollout -> native.engine -> rollout_types.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from grpo_hpc.config.schema import Config
 
 
 @dataclass
@@ -108,3 +111,25 @@ class EngineOptions:
     capture_ahead: bool = True
     """Native engine: capture every decode graph of a batch shape at its first rollout
     (off when the engine is released before each update: its graphs would not last)."""
+
+    @classmethod
+    def for_run(
+        cls, cfg: Config, dtype: torch.dtype, synced: bool, max_prompt_tokens: int
+    ) -> EngineOptions:
+        """The options a run's config gives (``rollout.*``, ``algo.*``, ``model.lora_rank``),
+        with what the trainer knows: the compute ``dtype``, whether FSDP ranks generate in
+        step (``synced``), and the longest prompt of its data."""
+        return cls(
+            cfg.rollout.max_new_tokens,
+            cfg.rollout.temperature,
+            cfg.rollout.top_p,
+            cfg.rollout.generation_timeout_s,
+            dtype=dtype,
+            synced=synced,
+            lora=bool(cfg.model.lora_rank),
+            logp_temperature=cfg.logp_temperature,
+            fp32_lm_head=cfg.algo.fp32_lm_head,
+            eager=cfg.rollout.enforce_eager,
+            max_prompt_tokens=max_prompt_tokens,
+            capture_ahead=not cfg.rollout.release_engine_memory,
+        )
