@@ -45,11 +45,12 @@ class StepReporter:
         times: dict[str, float],
         t0: float,
         lr: float,
-        verify: tuple[float, float],
+        verify: tuple[float, float, float, float],
     ) -> dict[str, Any]:
         """The row of ``step``: ``stats`` from the update, ``times`` this rank's phase
         seconds, ``t0`` the step's start, ``verify`` (items math-verify judged here, its
-        slowest item's seconds)."""
+        slowest item's seconds, how many of them while the rollout still decoded, and the
+        completions handed to scoring before their rollout ended)."""
         m = self._totals(step, sel, scored, times["time/generate"])
         m.update(times, **stats, lr=lr)
         # How far apart the ranks finished generating: the wait of the earliest at the next
@@ -80,7 +81,7 @@ class StepReporter:
         return m
 
     def _slowest_rank(
-        self, step: int, score_s: float, verify: tuple[float, float]
+        self, step: int, score_s: float, verify: tuple[float, float, float, float]
     ) -> dict[str, Any]:
         """What the slowest rank spent, for which its peers waited at the next collective:
         a first meeting with a new shape (a compilation, a CUDA graph capture), a GC pause,
@@ -89,7 +90,7 @@ class StepReporter:
         totals = getattr(self.engine, "totals", None)  # native engine: caches, captures
         own = compiled_graphs()
         counts = [own, (totals or {}).get("captures", 0), self.gc_clock.take(), score_s]
-        graphs, captures, gc_s, score_max, items, slowest = dist.max_over_ranks(
+        graphs, captures, gc_s, score_max, items, slowest, streamed, rows = dist.max_over_ranks(
             [*counts, *verify], self.info
         )
         self._name_recompilations(step, own)
@@ -100,6 +101,8 @@ class StepReporter:
             "time/score_max": score_max,
             "reward/verify_items": int(items),
             "time/verify_slowest": slowest,
+            "reward/verify_streamed": int(streamed),
+            "rollout/streamed": int(rows),
         }
         if totals is not None:
             m["engine/caches"] = totals["caches"]

@@ -407,7 +407,7 @@ class Trainer:
         times |= {"time/train": host.wall_s + t_sync, "time/train_sync": t_sync}
         times |= {"time/train_cpu": host.process_cpu_s, "time/train_cpu_main": host.cpu_s}
         times["train/descheduled"] = float(host.descheduled)
-        verify = (float(got.verify_items), got.verify_slowest_s)
+        verify = (got.verify_items, got.verify_slowest_s, got.verify_streamed, got.streamed_rows)
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)
         self.profiler.after_step(self.step)

@@ -43,8 +43,29 @@ _FORMAT_RE = re.compile(rf"Answer:[ \t]*[-+]?(?:{NUM})(?:/\d+)?")
 _FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
 
 
+Job = tuple[str, str, bool]
+"""What math-verify is asked: (answer, gold, gold is symbolic)."""
+Verdicts = dict[Job, tuple[float, bool]]
+"""math-verify's (score, timed out or crashed) per job, judged ahead (while generating)."""
+
+
+def correctness_job(
+    completion: str, gold: str, require_marker: bool = True
+) -> tuple[float | None, Job]:
+    """The pre-judge's score of one completion (None: undecided) and the math-verify job
+    that decides it otherwise (pure). The one place a completion becomes a job: the
+    scoring after generation and the one during it (:mod:`streaming`) agree by it."""
+    gold = extract_gold(gold or "")
+    answer = extract_answer(completion, not require_marker)
+    return prejudge(answer, gold), (answer, gold, gold_value(gold) is None)
+
+
 def score_correctness(
-    completions: Sequence[str], golds: Sequence[str], timeout_s: float, require_marker: bool = True
+    completions: Sequence[str],
+    golds: Sequence[str],
+    timeout_s: float,
+    require_marker: bool = True,
+    verdicts: Verdicts | None = None,
 ) -> tuple[list[float], int]:
     """Correctness of each completion (1.0/0.0) and how many distinct answers math-verify
     timed out on.
@@ -53,20 +74,18 @@ def score_correctness(
     that a held-out figure means what the reward means. ``require_marker=False`` judges a
     completion without an answer convention by its last number. Each distinct (answer,
     gold) goes to math-verify once: a group's samples often repeat an answer line, and a
-    pathological one repeated would otherwise cost its full deadline once per copy.
+    pathological one repeated would otherwise cost its full deadline once per copy. Jobs
+    in ``verdicts`` (judged while the rollout was still decoding) are not judged again.
     """
-    golds = [extract_gold(g or "") for g in golds]
-    answers = [extract_answer(c, not require_marker) for c in completions]
-    scores = [prejudge(a, g) for a, g in zip(answers, golds, strict=True)]
-    rows_of: dict[tuple[str, str, bool], list[int]] = {}
-    for i, s in enumerate(scores):
-        if s is None:
-            job = (answers[i], golds[i], gold_value(golds[i]) is None)
-            rows_of.setdefault(job, []).append(i)
-    judged, failures = VERIFIER.judge(list(rows_of), timeout_s)
-    for rows, s in zip(rows_of.values(), judged, strict=True):
-        for i in rows:
-            scores[i] = s
+    known = verdicts or {}
+    judged = [
+        correctness_job(c, g, require_marker) for c, g in zip(completions, golds, strict=True)
+    ]
+    todo = list(dict.fromkeys(job for s, job in judged if s is None and job not in known))
+    verdict = dict(zip(todo, VERIFIER.judge_each(todo, timeout_s), strict=True))
+    scores = [s if s is not None else (verdict.get(job) or known[job])[0] for s, job in judged]
+    used = {job for s, job in judged if s is None}
+    failures = sum((verdict.get(job) or known[job])[1] for job in used)
     return [float(s) for s in scores], failures
 
 
@@ -308,6 +327,7 @@ def compute_rewards(
     timeout_s: float = 2.0,
     require_marker: bool = True,
     lengths: Lengths | None = None,
+    verdicts: Verdicts | None = None,
 ) -> RewardBatch:
     """Score a batch. ``samples[i]`` describes ``completions[i]``: ``gold`` (str) and, for
     code tasks, ``tests`` (list of assert lines). ``weights`` maps reward names to weights;
@@ -316,6 +336,7 @@ def compute_rewards(
     ``timeout_s`` bounds math-verify per item; code runs under :func:`code_reward`'s limits.
     Custom rewards are trusted code run in-process: exceptions are caught, hangs are not.
     ``overlong`` needs ``lengths`` (the batch's token counts); without them it is skipped.
+    ``verdicts``: math-verify jobs already judged (:func:`score_correctness`).
     """
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
@@ -327,7 +348,7 @@ def compute_rewards(
     if w["correctness"]:
         golds = [str(s.get("gold") or "") for s in samples]
         comps["correctness"], errors["correctness"] = score_correctness(
-            completions, golds, timeout_s, require_marker
+            completions, golds, timeout_s, require_marker, verdicts
         )
     if w["format"]:
         comps["format"] = [format_reward(c) for c in completions]
@@ -355,6 +376,7 @@ def run_rewards(
     rc: RewardConfig,
     custom: dict[str, Callable] | None = None,
     lengths: Lengths | None = None,
+    verdicts: Verdicts | None = None,
 ) -> RewardBatch:
     """:func:`compute_rewards` with a run's ``reward`` settings: the trainer's scoring."""
     weights = {
@@ -372,4 +394,5 @@ def run_rewards(
         timeout_s=rc.timeout_s,
         require_marker=rc.require_marker,
         lengths=lengths,
+        verdicts=verdicts,
     )

@@ -175,7 +175,15 @@ class _Verifier:
 
     def judge(self, jobs: list[tuple[str, str, bool]], timeout_s: float) -> tuple[list[float], int]:
         """Scores for ``jobs`` and the number of items that timed out or crashed the worker."""
-        scores, failures, i = [0.0] * len(jobs), 0, 0
+        each = self.judge_each(jobs, timeout_s)
+        return [score for score, _ in each], sum(failed for _, failed in each)
+
+    def judge_each(
+        self, jobs: list[tuple[str, str, bool]], timeout_s: float
+    ) -> list[tuple[float, bool]]:
+        """(score, failed) of each job: failed when it timed out or crashed the worker (it
+        then scores 0). Callers on several threads take turns (one worker, one pipe)."""
+        out, i = [(0.0, False)] * len(jobs), 0
         with self.lock:
             while i < len(jobs):
                 if self.proc is None or not self.proc.is_alive():
@@ -187,13 +195,14 @@ class _Verifier:
                     while i < len(jobs):
                         if not self.conn.poll(timeout_s):
                             raise TimeoutError
-                        scores[i] = float(self.conn.recv())
+                        out[i] = (float(self.conn.recv()), False)
                         i, t = i + 1, self._count(t, jobs[i])
                 except (TimeoutError, EOFError, OSError):
                     self._stop()  # item i scores 0; a fresh worker takes the rest
-                    failures, i = failures + 1, i + 1
+                    out[i] = (0.0, True)
+                    i += 1
                     self._count(t, jobs[i - 1])
-        return scores, failures
+        return out
 
     def _count(self, since: float, job: tuple[str, str, bool]) -> float:
         now = time.monotonic()

@@ -10,6 +10,7 @@ collective, and both hung.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.profiling import phase
 from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rewards.functions import Verdicts
+from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
 from grpo_hpc.train.tracking import Tracker
@@ -48,6 +51,10 @@ class Collected:
     """Completions math-verify judged (the rest were settled by the pre-judge)."""
     verify_slowest_s: float = 0.0
     """The longest math-verify took on any one of them."""
+    verify_streamed: int = 0
+    """Of those, the ones judged while the rollout was still decoding."""
+    streamed_rows: int = 0
+    """Completions handed to scoring before their rollout ended (rollout.stream_scoring)."""
 
 
 @dataclass
@@ -85,19 +92,18 @@ class Collector:
         for r in range(rounds):
             mine = self._take()
             t = time.monotonic()
-            try:
-                with phase("generate"):
-                    batch = self.engine.generate(self._prompts(mine), cfg.rollout.num_generations)
-            except GenerationAborted:
-                batch = None  # a stop reached this rank: the others must hear of it first
+            batch, stream = self._generate(mine)  # None: a stop reached this rank (vote first)
             out.generate_s += time.monotonic() - t
             vote = ABORT
             if batch is not None:
                 self.tracker.update(TrainState.SCORING)
                 t = time.monotonic()
                 with phase("score"):
-                    out.scored.append(self.score(batch, mine))
+                    verdicts = stream.finish() if stream else None  # the head start's rest
+                    out.scored.append(self.score(batch, mine, verdicts))
                 out.score_s += time.monotonic() - t
+                out.verify_streamed += len(verdicts or {})
+                out.streamed_rows += stream.rows if stream else 0
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
             with phase("vote"):  # this rank waits here for the others' rollouts
@@ -110,6 +116,36 @@ class Collector:
         out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
         return out
 
+    def _generate(self, mine: list[dict]) -> tuple[RolloutBatch | None, StreamingJudge | None]:
+        """This round's completions (None when a stop reached this rank mid-generation)
+        and the judge that scored its finished rows meanwhile, if one did."""
+        stream = self._stream(mine)
+        hand = {"on_done": stream.offer} if stream else {}
+        try:
+            with phase("generate"):
+                prompts = self._prompts(mine)
+                return self.engine.generate(
+                    prompts, self.cfg.rollout.num_generations, **hand
+                ), stream
+        except BaseException as e:
+            if stream:
+                stream.close()
+            if isinstance(e, GenerationAborted):
+                return None, None
+            raise
+
+    def _stream(self, mine: list[dict]) -> StreamingJudge | None:
+        """A judge of rows as they finish (``rollout.stream_scoring``), where the engine
+        hands them over and correctness is scored."""
+        cfg, rc = self.cfg, self.cfg.reward
+        if not (cfg.rollout.stream_scoring and rc.correctness):
+            return None
+        if not getattr(self.engine, "hands_over_rows", False):
+            return None
+        golds = [str(p.get("gold") or "") for p in mine for _ in range(cfg.rollout.num_generations)]
+        decode = functools.partial(completion_text, self.tok)
+        return StreamingJudge(golds, decode, rc.timeout_s, rc.require_marker)
+
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
         idx = self.sampler.take(self.cfg.rollout.prompts_per_step)
@@ -120,13 +156,16 @@ class Collector:
         system = self.cfg.data.system_prompt
         return [data.prompt_text(self.tok, p["question"], system) for p in problems]
 
-    def score(self, batch: RolloutBatch, problems: list[dict]) -> Scored:
-        """Rewards of a rollout batch; a custom reward failing on every completion is a bug
-        in the function, said in one line."""
+    def score(
+        self, batch: RolloutBatch, problems: list[dict], verdicts: Verdicts | None = None
+    ) -> Scored:
+        """Rewards of a rollout batch (``verdicts``: math-verify jobs judged while it was
+        decoding); a custom reward failing on every completion is a bug in the function,
+        said in one line."""
         g = self.cfg.rollout.num_generations
         samples = [p for p in problems for _ in range(g)]
         out = rewards.run_rewards(
-            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg)
+            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg), verdicts
         )
         for name in self.custom:
             if out.errors.get(name, 0) == len(samples):

@@ -65,9 +65,18 @@ class HFEngine:
     fp32_head: bool = False
     """Logits in fp32 (``algo.fp32_lm_head``): the distribution the update scores."""
 
+    hands_over_rows = False
+    """transformers' ``generate`` returns every row at the end: no streamed scoring."""
+
     def generate(
-        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+        self,
+        prompts: list[str],
+        num_generations: int,
+        *,
+        greedy: bool = False,
+        on_done: Callable[[list[int], list[list[int]]], None] | None = None,
     ) -> RolloutBatch:
+        """``on_done`` is accepted for the interface and never called."""
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         device = compute_device(self.model)

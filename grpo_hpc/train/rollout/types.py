@@ -8,6 +8,7 @@ rollout -> native.engine -> rollout_types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,8 +47,16 @@ class RolloutBatch:
 
 
 class RolloutEngine(Protocol):
+    hands_over_rows: bool
+    """``generate`` calls ``on_done`` with rows as they finish (native); False: never (hf)."""
+
     def generate(
-        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+        self,
+        prompts: list[str],
+        num_generations: int,
+        *,
+        greedy: bool = False,
+        on_done: Callable[[list[int], list[list[int]]], None] | None = None,
     ) -> RolloutBatch: ...
 
     def release(self) -> None:

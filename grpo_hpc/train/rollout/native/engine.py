@@ -33,7 +33,7 @@ import gc
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,43 +42,17 @@ from grpo_hpc.core.errors import StalledError
 from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.rollout.native import attention, forward, weights
 from grpo_hpc.train.rollout.native.sampling import choose
+from grpo_hpc.train.rollout.native.workspace import (
+    OnDone,
+    Workspace,
+    compact_rows,
+    compaction_buckets,
+    hand_over,
+    pad_rows,
+    round_up,
+    spans,
+)
 from grpo_hpc.train.rollout.types import GenerationAborted, RolloutBatch, to_batch
-
-
-def round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
-
-
-@dataclass
-class Workspace:
-    """Static tensors for one row bucket; CUDA graphs read and write exactly these."""
-
-    cache: forward.KVCache
-    tokens: torch.Tensor
-    """[rows] token fed to the next step."""
-    pos: torch.Tensor
-    """[1] cache slot the next step writes."""
-    first_slot: torch.Tensor
-    """[1] slot of completion token 0 (= padded prompt length)."""
-    left_pad: torch.Tensor
-    """[rows] leading pad tokens of each row's prompt."""
-    done: torch.Tensor
-    """[rows] row has emitted EOS."""
-    out: torch.Tensor
-    """[rows, max_new] completion tokens."""
-    out_logp: torch.Tensor
-    """[rows, max_new] log-probability of each under the policy (fp32)."""
-    rows_of: torch.Tensor
-    """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
-    graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
-    compacted: dict[int, Workspace] = field(default_factory=dict)
-    """Smaller batches finished rows are compacted into; their caches are views of the
-    first rows of this one's (no memory beyond the decode state), and their graphs are
-    kept for the next rollout."""
-
-    @property
-    def rows(self) -> int:
-        return self.tokens.shape[0]
 
 
 @dataclass
@@ -128,6 +102,9 @@ class NativeEngine:
     (and, with new strides, recompiles the layers), which is what made a held-out
     evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
 
+    hands_over_rows = True
+    """``generate``'s ``on_done`` hears of rows as they finish."""
+
     def __post_init__(self) -> None:
         self.device = compute_device(self.model)
         self.head_dtype = torch.float32 if self.fp32_head else self.dtype
@@ -160,8 +137,18 @@ class NativeEngine:
 
     # ------------------------------------------------------------------ public
     def generate(
-        self, prompts: list[str], num_generations: int, *, greedy: bool = False
+        self,
+        prompts: list[str],
+        num_generations: int,
+        *,
+        greedy: bool = False,
+        on_done: OnDone | None = None,
     ) -> RolloutBatch:
+        """G completions of each prompt (rows ``i * G .. i * G + G - 1`` are prompt i's).
+        ``on_done(rows, tokens)``, if given, hears of rows as they finish, at the host
+        checks while other rows still decode (their completion tokens so far, EOS
+        included), so that their scoring can start (``rollout.stream_scoring``); rows that
+        end with the rollout are not handed over."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids = enc.input_ids.to(self.device)
         pmask = enc.attention_mask.to(self.device)
@@ -177,6 +164,7 @@ class NativeEngine:
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
             self.stats = {"row_steps": 0, "compactions": 0}
+            handed: set[int] = set()  # rows already given to on_done
             for t in range(1, self.max_new_tokens):
                 if t % self.check_every == 0:
                     self.tick()
@@ -191,6 +179,8 @@ class NativeEngine:
                     if live.numel() == 0:
                         cols = t
                         break
+                    if on_done is not None:
+                        hand_over(ws, real, t, handed, on_done)
                     target = compact_rows(live.numel(), ws.rows, self.row_bucket)
                     if self.compact and target < ws.rows:
                         ws, real = self._compacted(root, ws, real, live, target, length + t - 1)
@@ -277,13 +267,13 @@ class NativeEngine:
         rows = ws.tokens.shape[0]
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
         logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
-        spread = _pad_rows(logits.repeat_interleave(g, 0), rows)
+        spread = pad_rows(logits.repeat_interleave(g, 0), rows)
         # Eager token choice: once per rollout, and outside the capture that falls back to
         # eager decoding if compiling fails.
         token, logp = choose(
             spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
         )
-        ws.left_pad.copy_(_pad_rows(pad_p.repeat_interleave(g, 0), rows))
+        ws.left_pad.copy_(pad_rows(pad_p.repeat_interleave(g, 0), rows))
         ws.tokens.copy_(token)
         ws.done.copy_(token == self.eos)
         ws.done[n_rows:] = True  # bucket padding rows never count as running
@@ -305,7 +295,7 @@ class NativeEngine:
         temporary one layer at a time, then written over the (earlier) rows they replace."""
         self._write_back(root, ws, real)
         new = self._compact_space(root, rows)
-        idx = _pad_rows(live, rows)
+        idx = pad_rows(live, rows)
         for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
             for layer in range(dst.shape[0]):
                 dst[layer, :, :, :filled] = src[layer, :, :, :filled].index_select(0, idx)
@@ -425,36 +415,3 @@ class NativeEngine:
             dst.copy_(src)
         torch.cuda.set_rng_state(rng, self.device)
         return graph
-
-
-def compact_rows(live: int, rows: int, bucket: int) -> int:
-    """Rows of the batch to decode ``live`` running rows in: the smallest ``bucket * 2^k``
-    that holds them, or ``rows`` (the current batch) when that is no smaller. Halving
-    steps keep the distinct batch sizes (captured graphs, compiled shapes) few."""
-    target = bucket
-    while target < live:
-        target *= 2
-    return min(target, rows)
-
-
-def compaction_buckets(rows: int, bucket: int) -> list[int]:
-    """Every smaller batch :func:`compact_rows` can move a batch of ``rows`` rows into
-    (pure): ``bucket * 2^k`` below ``rows``."""
-    out, target = [], bucket
-    while target < rows:
-        out.append(target)
-        target *= 2
-    return out
-
-
-def spans(capacity: int, bucket: int) -> range:
-    """Every attention span a decode step of a cache of ``capacity`` slots can read (pure):
-    the multiples of ``bucket`` up to the capacity (a step reads the span bucket that holds
-    its filled slots: ``round_up(prompt + t, bucket)``, at most the capacity)."""
-    return range(bucket, capacity + 1, bucket)
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """Extend dim 0 to ``rows`` by repeating the last row (bucket padding)."""
-    extra = rows - x.shape[0]
-    return torch.cat([x, x[-1:].expand(extra, *x.shape[1:])]) if extra else x

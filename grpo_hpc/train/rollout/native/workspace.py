@@ -1,0 +1,103 @@
+"""The native engine's decode state and row arithmetic: the static tensors its CUDA graphs
+read and write (one :class:`Workspace` per row bucket), how rows compact into smaller
+buckets, which attention spans a step can read, and the hand-over of finished rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_hpc.train.rollout.native import forward
+
+
+def round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+@dataclass
+class Workspace:
+    """Static tensors for one row bucket; CUDA graphs read and write exactly these."""
+
+    cache: forward.KVCache
+    tokens: torch.Tensor
+    """[rows] token fed to the next step."""
+    pos: torch.Tensor
+    """[1] cache slot the next step writes."""
+    first_slot: torch.Tensor
+    """[1] slot of completion token 0 (= padded prompt length)."""
+    left_pad: torch.Tensor
+    """[rows] leading pad tokens of each row's prompt."""
+    done: torch.Tensor
+    """[rows] row has emitted EOS."""
+    out: torch.Tensor
+    """[rows, max_new] completion tokens."""
+    out_logp: torch.Tensor
+    """[rows, max_new] log-probability of each under the policy (fp32)."""
+    rows_of: torch.Tensor
+    """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
+    graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
+    compacted: dict[int, Workspace] = field(default_factory=dict)
+    """Smaller batches finished rows are compacted into; their caches are views of the
+    first rows of this one's (no memory beyond the decode state), and their graphs are
+    kept for the next rollout."""
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+
+OnDone = Callable[[list[int], list[list[int]]], None]
+"""Hears of finished rows: their rollout row indices and completion tokens."""
+
+
+def hand_over(ws: Workspace, real: int, t: int, handed: set[int], on_done: OnDone) -> None:
+    """Give ``on_done`` the rows of ``ws`` that finished since the last check. Runs at a
+    host check, after ``live`` has waited for the device: these copies wait for nothing.
+    Before any compaction: a row that finished is still in ``ws``."""
+    done, rows_of = ws.done[:real].tolist(), ws.rows_of[:real].tolist()
+    new = [
+        i for i, (d, row) in enumerate(zip(done, rows_of, strict=True)) if d and row not in handed
+    ]
+    if not new:
+        return
+    idx = torch.tensor(new, device=ws.out.device)
+    tokens = ws.out.index_select(0, idx)[:, :t].tolist()
+    rows = [rows_of[i] for i in new]
+    handed.update(rows)
+    on_done(rows, tokens)
+
+
+def compact_rows(live: int, rows: int, bucket: int) -> int:
+    """Rows of the batch to decode ``live`` running rows in: the smallest ``bucket * 2^k``
+    that holds them, or ``rows`` (the current batch) when that is no smaller. Halving
+    steps keep the distinct batch sizes (captured graphs, compiled shapes) few."""
+    target = bucket
+    while target < live:
+        target *= 2
+    return min(target, rows)
+
+
+def compaction_buckets(rows: int, bucket: int) -> list[int]:
+    """Every smaller batch :func:`compact_rows` can move a batch of ``rows`` rows into
+    (pure): ``bucket * 2^k`` below ``rows``."""
+    out, target = [], bucket
+    while target < rows:
+        out.append(target)
+        target *= 2
+    return out
+
+
+def spans(capacity: int, bucket: int) -> range:
+    """Every attention span a decode step of a cache of ``capacity`` slots can read (pure):
+    the multiples of ``bucket`` up to the capacity (a step reads the span bucket that holds
+    its filled slots: ``round_up(prompt + t, bucket)``, at most the capacity)."""
+    return range(bucket, capacity + 1, bucket)
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """Extend dim 0 to ``rows`` by repeating the last row (bucket padding)."""
+    extra = rows - x.shape[0]
+    return torch.cat([x, x[-1:].expand(extra, *x.shape[1:])]) if extra else x

@@ -1,0 +1,105 @@
+"""The streaming judge (``rollout.stream_scoring``): rows handed over as token ids, judged by
+the real math-verify worker on a thread; the scoring after generation then takes those
+verdicts and gives the same scores as judging everything at the end."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from grpo_hpc.train.models import char_tokenizer
+from grpo_hpc.train.rewards.functions import correctness_job, score_correctness
+from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
+from grpo_hpc.train.rewards.verifier import VERIFIER
+
+# Rows of two prompts x G=3: four answers only math-verify can settle (percent, LaTeX, a
+# fraction against a whole number) and two the pre-judge settles.
+GOLDS = ["#### 0.5"] * 3 + ["#### 12"] * 3
+TEXTS = [
+    "So it is half. Answer: 50\\%",  # right
+    "Answer: \\sqrt{4}",  # wrong
+    "Answer: 0.5",  # a plain number: the pre-judge settles it (right)
+    "Answer: 1200\\%",  # right
+    "Answer: 1/2",  # wrong
+    "no answer at all",  # the pre-judge scores it 0
+]
+SCORES = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def tok():  # noqa: ANN201
+    return char_tokenizer()
+
+
+def _ids(tok, text: str) -> list[int]:  # noqa: ANN001
+    """A finished row as the engine hands it over: the completion, EOS, then padding."""
+    ids = tok(text, add_special_tokens=False).input_ids
+    return ids + [tok.eos_token_id] + [tok.pad_token_id] * 5
+
+
+def _judge(tok) -> StreamingJudge:  # noqa: ANN001
+    return StreamingJudge(GOLDS, functools.partial(completion_text, tok), 5.0)
+
+
+def test_completion_text_is_the_text_up_to_eos(tok) -> None:  # noqa: ANN001
+    ids = _ids(tok, "Answer: 7") + tok("junk after", add_special_tokens=False).input_ids
+    assert completion_text(tok, ids) == "Answer: 7"
+    assert completion_text(tok, tok("no eos", add_special_tokens=False).input_ids) == "no eos"
+
+
+def test_streamed_verdicts_give_the_scores_of_judging_at_the_end(tok) -> None:  # noqa: ANN001
+    judge = _judge(tok)
+    judge.offer([3, 0], [_ids(tok, TEXTS[3]), _ids(tok, TEXTS[0])])  # as rows finish
+    judge.offer([1, 2, 4, 5], [_ids(tok, t) for t in (TEXTS[1], TEXTS[2], TEXTS[4], TEXTS[5])])
+    verdicts = judge.finish()
+    assert judge.error is None and judge.rows == 6
+    # exactly the questions math-verify had to answer, each once
+    prejudged = [correctness_job(t, g) for t, g in zip(TEXTS, GOLDS, strict=True)]
+    assert set(verdicts) == {job for score, job in prejudged if score is None}
+    assert len(verdicts) == 4
+    assert all(not failed for _, failed in verdicts.values())
+    VERIFIER.take_stats()
+    with_head_start = score_correctness(TEXTS, GOLDS, 5.0, verdicts=verdicts)
+    assert VERIFIER.take_stats()[0] == 0  # nothing left to judge after generation
+    at_the_end = score_correctness(TEXTS, GOLDS, 5.0)
+    assert VERIFIER.take_stats()[0] == 4
+    assert with_head_start == at_the_end == (SCORES, 0)
+
+
+def test_a_verdict_kept_for_another_text_is_not_used(tok) -> None:  # noqa: ANN001
+    """Verdicts are kept by the math-verify job: a row decoded differently from the batch's
+    text (here: another answer) is judged again, not given the other's score."""
+    judge = _judge(tok)
+    judge.offer([0], [_ids(tok, "Answer: 25\\%")])  # wrong: 25 % is not 0.5
+    verdicts = judge.finish()
+    assert list(verdicts.values()) == [(0.0, False)]
+    assert score_correctness(TEXTS[:1], GOLDS[:1], 5.0, verdicts=verdicts) == ([1.0], 0)
+
+
+def test_a_timed_out_verdict_counts_as_a_failure_once(tok) -> None:  # noqa: ANN001
+    _, job = correctness_job(TEXTS[0], GOLDS[0])
+    assert score_correctness(TEXTS[:1] * 2, GOLDS[:1] * 2, 5.0, verdicts={job: (0.0, True)}) == (
+        [0.0, 0.0],
+        1,
+    )
+
+
+def test_a_failing_thread_costs_the_head_start_only(tok) -> None:  # noqa: ANN001
+    def broken(ids: list[int]) -> str:
+        raise UnicodeDecodeError("utf-8", b"", 0, 1, "broken on purpose")
+
+    judge = StreamingJudge(GOLDS, broken, 5.0)
+    judge.offer([0], [_ids(tok, TEXTS[0])])
+    judge.offer([1], [_ids(tok, TEXTS[1])])  # queued behind the failure: still drained
+    assert judge.finish() == {}
+    assert isinstance(judge.error, UnicodeDecodeError)
+    assert score_correctness(TEXTS, GOLDS, 5.0, verdicts={})[0] == SCORES
+
+
+def test_close_skips_what_is_queued(tok) -> None:  # noqa: ANN001
+    judge = _judge(tok)
+    judge._cancel.set()  # as close() does, before the thread reaches the rows
+    judge.offer([0, 1], [_ids(tok, TEXTS[0]), _ids(tok, TEXTS[1])])
+    judge.close()
+    assert judge.verdicts == {} and judge.error is None
