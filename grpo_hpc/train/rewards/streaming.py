@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -93,6 +94,9 @@ class StreamingJudge:
     def _judge(self, rows: list[int], tokens: list[list[int]]) -> None:
         jobs = []
         for row, ids in zip(rows, tokens, strict=True):
+            # Let the main thread in between rows: while this thread runs Python, the
+            # decode loop's next launches wait for the GIL, up to the 5 ms switch interval.
+            time.sleep(0)
             text = self.decode(ids)
             score, job = correctness_job(text, self.golds[row], self.require_marker)
             if score is None and job not in self.verdicts and job not in jobs:
