@@ -101,10 +101,10 @@ class RolloutConfig:
     """Native engine: decode without CUDA graphs and without torch.compile (several times
     slower). To tell a fault of graph capture or of the compiler from one of the math."""
     stream_scoring: bool = True
-    """Native engine: judge a completion's answer (math-verify, on a thread) as soon as it
-    finishes, while the rollout's other rows still decode, instead of all after
-    generation. The rewards are the same (train/rewards/streaming.py); only the wait is
-    shorter. False: score everything after generation."""
+    """Native engine: score a completion as soon as it finishes, while the rollout's other
+    rows still decode (math-verify and the code sandbox, on a thread; custom rewards still
+    after generation). The rewards are the same (train/rewards/streaming.py); only the wait
+    is shorter. False: score everything after generation."""
 
 
 @dataclass

@@ -96,6 +96,18 @@ def training(
                 proc.wait()
 
 
+def train_side_by_side(*runs: RunPaths) -> None:
+    """Train runs that share nothing at once (each beside the others, not after them: two
+    cores), and assert that every one ended well."""
+    first, *rest = runs
+    with training(first) as first_result:
+        for paths in rest:
+            result = train(paths)
+            assert result.returncode == 0, result.stderr[-3000:]
+        result = first_result()
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
 def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:
     """Start training as the launcher does on a node: torchrun ignores the preemption
     signals, so a test can signal or SIGKILL every process like Slurm does."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.helpers import make_run, train, training
+from tests.e2e.helpers import make_run, train_side_by_side
 from tests.e2e.test_trainer_behaviour import _metrics
 
 QUESTIONS = ["What is 2+3?", "What is 7 times 6?", "Is 9 greater than 4?", "Name a prime."]
@@ -53,19 +53,24 @@ def test_finished_rows_are_handed_over_as_the_batch_decodes_them(smollm2) -> Non
             assert completion_text(tok, tokens) == batch.texts[row]
 
 
-def test_a_run_streaming_its_scoring_trains_like_one_scoring_after(tmp_path: Path) -> None:
+CODE_TASK = ("data.source=humaneval", "data.num_train=8", "reward.correctness=0", "reward.code=1")
+
+
+@pytest.mark.parametrize("task", ["math", "code"])
+def test_a_run_streaming_its_scoring_trains_like_one_scoring_after(
+    tmp_path: Path, task: str
+) -> None:
+    """Math: correctness (math-verify) and a custom reward; code: the code sandbox."""
     # 40 new tokens: the engine's checks (every 16) come while rows still decode
     steps = ("training.max_steps=3", "rollout.engine=native", "rollout.max_new_tokens=40")
+    steps += ("training.eval_every=0",) + (CODE_TASK if task == "code" else ())
     streamed = make_run(tmp_path, "streamed", *steps)
     after = make_run(tmp_path, "after", *steps, "rollout.stream_scoring=false")
-    with training(streamed) as streamed_result:  # side by side: they share nothing
-        result = train(after)
-        assert result.returncode == 0, result.stderr[-3000:]
-        result = streamed_result()
-        assert result.returncode == 0, result.stderr[-3000:]
+    train_side_by_side(streamed, after)
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (streamed, after))
     assert [m["step"] for m in a] == [1, 2, 3]
-    for key in ("loss", "grad_norm", "reward/mean", "reward/correctness"):
+    reward = "reward/code" if task == "code" else "reward/correctness"
+    for key in ("loss", "grad_norm", "reward/mean", reward):
         assert [m[key] for m in a] == [m[key] for m in b], key
     assert all(m["reward/verify_streamed"] == m["rollout/streamed"] == 0 for m in b)
     assert all(0 <= m["reward/verify_streamed"] <= m["reward/verify_items"] for m in a)

@@ -20,7 +20,7 @@ from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress
 
-from .helpers import make_run, signal_job, start, train, training
+from .helpers import make_run, signal_job, start, train, train_side_by_side
 
 
 def _metrics(paths) -> list[dict]:
@@ -346,11 +346,7 @@ def test_selective_checkpointing_takes_the_same_first_step(tmp_path: Path) -> No
     half = make_run(
         tmp_path, "half", *steps, "model.gradient_checkpointing=true", "model.checkpoint_every=2"
     )
-    with training(plain) as plain_result:  # the two runs side by side: they share nothing
-        result = train(half)
-        assert result.returncode == 0, result.stderr[-3000:]
-        result = plain_result()
-        assert result.returncode == 0, result.stderr[-3000:]
+    train_side_by_side(plain, half)
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (plain, half))
     assert [m["step"] for m in b] == [1, 2]
     for key in ("loss", "grad_norm", "reward/mean"):
@@ -364,11 +360,7 @@ def test_releasing_the_engine_before_each_update_changes_nothing(tmp_path: Path)
     steps = ("training.max_steps=3", "rollout.engine=native", "training.eval_every=2")
     kept = make_run(tmp_path, "kept", *steps)
     released = make_run(tmp_path, "released", *steps, "rollout.release_engine_memory=true")
-    with training(kept) as kept_result:  # the two runs side by side: they share nothing
-        result = train(released)
-        assert result.returncode == 0, result.stderr[-3000:]
-        result = kept_result()
-        assert result.returncode == 0, result.stderr[-3000:]
+    train_side_by_side(kept, released)
     a, b = ([m for m in _metrics(p) if "loss" in m] for p in (kept, released))
     assert [m["step"] for m in b] == [1, 2, 3]
     for key in ("loss", "grad_norm", "reward/mean", "rollout/logp_diff"):

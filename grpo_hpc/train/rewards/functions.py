@@ -303,20 +303,50 @@ def code_workers() -> int:
     return max(1, min(8, cpus or 1))
 
 
+CodeJob = tuple[str, tuple[str, ...], str]
+"""What a code reward is computed from: (completion, test lines, setup)."""
+
+
+def code_job(completion: str, sample: dict) -> CodeJob:
+    """The code reward's inputs for one completion (pure)."""
+    return completion, tuple(sample.get("tests") or ()), str(sample.get("setup") or "")
+
+
+def run_code_job(job: CodeJob) -> float:
+    """:func:`code_reward` of a :data:`CodeJob`."""
+    completion, tests, setup = job
+    return code_reward(completion, list(tests), setup=setup)
+
+
+@dataclass
+class Ahead:
+    """Rewards computed while the rollout was still decoding (:mod:`streaming`), each kept
+    by exactly what it was computed from: a reward can only go to the text it judged."""
+
+    verdicts: Verdicts = field(default_factory=dict)
+    """math-verify's verdicts (:func:`score_correctness`)."""
+    code: dict[CodeJob, float] = field(default_factory=dict)
+    """Code rewards (:func:`code_scores`)."""
+
+
 def code_scores(
-    completions: Sequence[str], samples: Sequence[dict], workers: int = 0
+    completions: Sequence[str],
+    samples: Sequence[dict],
+    workers: int = 0,
+    known: dict[CodeJob, float] | None = None,
 ) -> list[float]:
     """:func:`code_reward` of each completion against its sample's ``tests`` and ``setup``,
-    ``workers`` sandboxes at a time (0: :func:`code_workers`). The training reward and the
-    held-out pass@k both score code here."""
+    ``workers`` sandboxes at a time (0: :func:`code_workers`); the ones in ``known`` (run
+    while the rollout decoded) are not run again. The training reward and the held-out
+    pass@k both score code here."""
     announce_sandbox()
+    known = known or {}
+    jobs = [code_job(c, s) for c, s in zip(completions, samples, strict=True)]
+    todo = [job for job in dict.fromkeys(jobs) if job not in known]
     # Sandboxes mostly wait on their child, so threads give real parallelism.
     with ThreadPoolExecutor(max_workers=workers or code_workers()) as pool:
-        jobs = [
-            pool.submit(code_reward, c, list(s.get("tests") or []), setup=str(s.get("setup") or ""))
-            for c, s in zip(completions, samples, strict=True)
-        ]
-        return [j.result() for j in jobs]
+        done = dict(zip(todo, pool.map(run_code_job, todo), strict=True))
+    return [known[job] if job in known else done[job] for job in jobs]
 
 
 def compute_rewards(
@@ -327,7 +357,7 @@ def compute_rewards(
     timeout_s: float = 2.0,
     require_marker: bool = True,
     lengths: Lengths | None = None,
-    verdicts: Verdicts | None = None,
+    ahead: Ahead | None = None,
 ) -> RewardBatch:
     """Score a batch. ``samples[i]`` describes ``completions[i]``: ``gold`` (str) and, for
     code tasks, ``tests`` (list of assert lines). ``weights`` maps reward names to weights;
@@ -336,7 +366,7 @@ def compute_rewards(
     ``timeout_s`` bounds math-verify per item; code runs under :func:`code_reward`'s limits.
     Custom rewards are trusted code run in-process: exceptions are caught, hangs are not.
     ``overlong`` needs ``lengths`` (the batch's token counts); without them it is skipped.
-    ``verdicts``: math-verify jobs already judged (:func:`score_correctness`).
+    ``ahead``: what was already computed while the rollout decoded.
     """
     if len(completions) != len(samples):
         raise ValueError(f"{len(completions)} completions but {len(samples)} samples")
@@ -348,7 +378,7 @@ def compute_rewards(
     if w["correctness"]:
         golds = [str(s.get("gold") or "") for s in samples]
         comps["correctness"], errors["correctness"] = score_correctness(
-            completions, golds, timeout_s, require_marker, verdicts
+            completions, golds, timeout_s, require_marker, ahead.verdicts if ahead else None
         )
     if w["format"]:
         comps["format"] = [format_reward(c) for c in completions]
@@ -358,7 +388,7 @@ def compute_rewards(
             for n, f in zip(lengths.tokens, lengths.finished, strict=True)
         ]
     if w["code"] and any(s.get("tests") for s in samples):
-        comps["code"] = code_scores(completions, samples)
+        comps["code"] = code_scores(completions, samples, known=ahead.code if ahead else None)
     for name, fn in custom.items():
         if w[name]:
             comps[name], errors[name], first = _run_custom(fn, completions, samples)
@@ -376,7 +406,7 @@ def run_rewards(
     rc: RewardConfig,
     custom: dict[str, Callable] | None = None,
     lengths: Lengths | None = None,
-    verdicts: Verdicts | None = None,
+    ahead: Ahead | None = None,
 ) -> RewardBatch:
     """:func:`compute_rewards` with a run's ``reward`` settings: the trainer's scoring."""
     weights = {
@@ -394,5 +424,5 @@ def run_rewards(
         timeout_s=rc.timeout_s,
         require_marker=rc.require_marker,
         lengths=lengths,
-        verdicts=verdicts,
+        ahead=ahead,
     )

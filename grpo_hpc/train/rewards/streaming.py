@@ -1,17 +1,18 @@
-"""Judging answers while the rollout is still decoding (``rollout.stream_scoring``).
+"""Scoring while the rollout is still decoding (``rollout.stream_scoring``).
 
 A rollout's completions end at different times: on GSM8K most are done long before the
 few that run to the length cap. The native engine hands each finished row over at its
 host checks (``NativeEngine.generate(on_done=...)``); a thread here decodes it, runs the
-pre-judge and sends what is left to the math-verify worker, so that the scoring after
-generation finds most verdicts already made. What it hides is math-verify's first parse
-of a new string, 30-120 ms of one item on the CPU test machine and 0.2-0.37 s in
-real 2-GPU runs, during which the other ranks waited at the next collective (issue 38).
+pre-judge and sends what is left to the math-verify worker, and starts its code reward's
+sandbox (code tasks), so that the scoring after generation finds most of the work done.
+What it hides: math-verify's first parse of a new string (30-120 ms of one item on the
+CPU test machine, 0.2-0.37 s in real 2-GPU runs, while the other ranks waited at the next
+collective: issue 38), and the code sandboxes' run time.
 
-Results cannot differ from scoring after generation: the verdicts are keyed by the
-math-verify job itself (:func:`functions.correctness_job` of the text), so a completion
-decoded here differently from the batch's text is simply judged again. A failure in the
-thread stops the streaming and nothing else.
+Results cannot differ from scoring after generation: each result is kept by exactly what
+it was computed from (:class:`functions.Ahead`), so a row decoded here differently from
+the batch's text is simply scored again. A failure in the thread stops the streaming and
+nothing else.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from grpo_hpc.train.rewards.functions import Verdicts, correctness_job
+from grpo_hpc.train.rewards.functions import (
+    Ahead,
+    CodeJob,
+    code_job,
+    correctness_job,
+    run_code_job,
+)
 from grpo_hpc.train.rewards.verifier import VERIFIER
 
 _END = None
@@ -39,24 +47,32 @@ def completion_text(tok: Any, tokens: Sequence[int]) -> str:
 
 
 class StreamingJudge:
-    """One rollout's math-verify jobs, judged on a thread as rows finish."""
+    """One rollout's rewards that depend on a completion alone, computed on a thread as
+    its rows finish: math-verify verdicts and code rewards."""
 
     def __init__(
         self,
-        golds: Sequence[str],
+        samples: Sequence[dict],
         decode: Callable[[Sequence[int]], str],
         timeout_s: float,
         require_marker: bool = True,
+        correctness: bool = True,
+        code_workers: int = 0,
     ) -> None:
-        """``golds[row]``: the gold answer of rollout row ``row``; ``decode``: a row's
-        tokens to its text (:func:`completion_text`)."""
-        self.golds, self.decode = list(golds), decode
+        """``samples[row]``: the problem of rollout row ``row`` (``gold``; ``tests`` and
+        ``setup`` for code); ``decode``: a row's tokens to its text
+        (:func:`completion_text`); ``correctness``: judge answers; ``code_workers``:
+        sandboxes run at once for code rewards (0: none run here)."""
+        self.samples, self.decode = list(samples), decode
         self.timeout_s, self.require_marker = timeout_s, require_marker
-        self.verdicts: Verdicts = {}
+        self.correctness = correctness
+        self.ahead = Ahead()
         self.rows = 0
         """Rows handed over while decoding."""
         self.error: BaseException | None = None
-        """What stopped the thread early, if anything (scoring then judges the rest)."""
+        """What stopped the thread early, if anything (scoring then does the rest)."""
+        self._code: dict[CodeJob, Future] = {}
+        self._pool = ThreadPoolExecutor(code_workers, "grpo-stream-code") if code_workers else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, name="grpo-stream-judge", daemon=True)
@@ -68,37 +84,56 @@ class StreamingJudge:
         self.rows += len(rows)
         self._queue.put((rows, tokens))
 
-    def finish(self) -> Verdicts:
-        """Wait for every row handed over to be judged; the verdicts."""
+    def finish(self) -> Ahead:
+        """Wait for everything handed over to be scored; what was."""
         self._queue.put(_END)
         self._thread.join()
-        return self.verdicts
+        for job, future in self._code.items():
+            try:
+                self.ahead.code[job] = future.result()
+            except Exception:  # noqa: BLE001, S112 - scored again after generation
+                continue
+        if self._pool is not None:
+            self._pool.shutdown()
+        return self.ahead
 
     def close(self) -> None:
-        """Stop without judging what is still queued (the rollout was abandoned); waits at
-        most for the item being judged."""
+        """Stop without scoring what is still queued (the rollout was abandoned); waits at
+        most for the items being scored."""
         self._cancel.set()
-        self.finish()
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        self._queue.put(_END)
+        self._thread.join()
 
     def _run(self) -> None:
         try:
             while (item := self._queue.get()) is not _END:
                 if not self._cancel.is_set():
-                    self._judge(*item)
+                    self._score(*item)
         except BaseException as e:  # noqa: BLE001 - never more than a lost head start
             self.error = e
             self._cancel.set()
             while self._queue.get() is not _END:  # let finish() return
                 pass
 
-    def _judge(self, rows: list[int], tokens: list[list[int]]) -> None:
+    def _score(self, rows: list[int], tokens: list[list[int]]) -> None:
         jobs = []
         for row, ids in zip(rows, tokens, strict=True):
             # Let the main thread in between rows: while this thread runs Python, the
             # decode loop's next launches wait for the GIL, up to the 5 ms switch interval.
             time.sleep(0)
-            text = self.decode(ids)
-            score, job = correctness_job(text, self.golds[row], self.require_marker)
-            if score is None and job not in self.verdicts and job not in jobs:
-                jobs.append(job)
-        self.verdicts.update(zip(jobs, VERIFIER.judge_each(jobs, self.timeout_s), strict=True))
+            text, sample = self.decode(ids), self.samples[row]
+            if self._pool is not None and sample.get("tests"):
+                job = code_job(text, sample)
+                if job not in self._code:
+                    self._code[job] = self._pool.submit(run_code_job, job)
+            if self.correctness:
+                gold = str(sample.get("gold") or "")
+                score, verdict_job = correctness_job(text, gold, self.require_marker)
+                known = self.ahead.verdicts
+                if score is None and verdict_job not in known and verdict_job not in jobs:
+                    jobs.append(verdict_job)
+        self.ahead.verdicts.update(
+            zip(jobs, VERIFIER.judge_each(jobs, self.timeout_s), strict=True)
+        )

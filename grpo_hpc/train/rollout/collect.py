@@ -27,7 +27,6 @@ from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.profiling import phase
 from grpo_hpc.train.rewards import functions as rewards
-from grpo_hpc.train.rewards.functions import Verdicts
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
@@ -99,10 +98,10 @@ class Collector:
                 self.tracker.update(TrainState.SCORING)
                 t = time.monotonic()
                 with phase("score"):
-                    verdicts = stream.finish() if stream else None  # the head start's rest
-                    out.scored.append(self.score(batch, mine, verdicts))
+                    ahead = stream.finish() if stream else None  # the head start's rest
+                    out.scored.append(self.score(batch, mine, ahead))
                 out.score_s += time.monotonic() - t
-                out.verify_streamed += len(verdicts or {})
+                out.verify_streamed += len(ahead.verdicts) if ahead else 0
                 out.streamed_rows += stream.rows if stream else 0
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
@@ -135,16 +134,21 @@ class Collector:
             raise
 
     def _stream(self, mine: list[dict]) -> StreamingJudge | None:
-        """A judge of rows as they finish (``rollout.stream_scoring``), where the engine
-        hands them over and correctness is scored."""
+        """A scorer of rows as they finish (``rollout.stream_scoring``), where the engine
+        hands them over and correctness or code is scored."""
         cfg, rc = self.cfg, self.cfg.reward
-        if not (cfg.rollout.stream_scoring and rc.correctness):
+        code = bool(rc.code) and any(p.get("tests") for p in mine)
+        if not (cfg.rollout.stream_scoring and (rc.correctness or code)):
             return None
         if not getattr(self.engine, "hands_over_rows", False):
             return None
-        golds = [str(p.get("gold") or "") for p in mine for _ in range(cfg.rollout.num_generations)]
+        samples = [p for p in mine for _ in range(cfg.rollout.num_generations)]
         decode = functools.partial(completion_text, self.tok)
-        return StreamingJudge(golds, decode, rc.timeout_s, rc.require_marker)
+        # While rows decode, one CPU stays with the decode loop: one sandbox fewer.
+        workers = max(1, rewards.code_workers() - 1) if code else 0
+        return StreamingJudge(
+            samples, decode, rc.timeout_s, rc.require_marker, bool(rc.correctness), workers
+        )
 
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
@@ -157,15 +161,15 @@ class Collector:
         return [data.prompt_text(self.tok, p["question"], system) for p in problems]
 
     def score(
-        self, batch: RolloutBatch, problems: list[dict], verdicts: Verdicts | None = None
+        self, batch: RolloutBatch, problems: list[dict], ahead: rewards.Ahead | None = None
     ) -> Scored:
-        """Rewards of a rollout batch (``verdicts``: math-verify jobs judged while it was
-        decoding); a custom reward failing on every completion is a bug in the function,
-        said in one line."""
+        """Rewards of a rollout batch (``ahead``: what was scored while it was decoding); a
+        custom reward failing on every completion is a bug in the function, said in one
+        line."""
         g = self.cfg.rollout.num_generations
         samples = [p for p in problems for _ in range(g)]
         out = rewards.run_rewards(
-            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg), verdicts
+            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg), ahead
         )
         for name in self.custom:
             if out.errors.get(name, 0) == len(samples):

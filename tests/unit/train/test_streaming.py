@@ -1,6 +1,7 @@
 """The streaming judge (``rollout.stream_scoring``): rows handed over as token ids, judged by
-the real math-verify worker on a thread; the scoring after generation then takes those
-verdicts and gives the same scores as judging everything at the end."""
+the real math-verify worker and run in the real code sandbox on a thread; the scoring
+after generation then takes those results and gives the same scores as scoring
+everything at the end."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import functools
 import pytest
 
 from grpo_hpc.train.models import char_tokenizer
-from grpo_hpc.train.rewards.functions import correctness_job, score_correctness
+from grpo_hpc.train.rewards.functions import (
+    Ahead,
+    code_job,
+    code_scores,
+    correctness_job,
+    score_correctness,
+)
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 
@@ -25,6 +32,7 @@ TEXTS = [
     "no answer at all",  # the pre-judge scores it 0
 ]
 SCORES = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+SAMPLES = [{"gold": g} for g in GOLDS]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +47,7 @@ def _ids(tok, text: str) -> list[int]:  # noqa: ANN001
 
 
 def _judge(tok) -> StreamingJudge:  # noqa: ANN001
-    return StreamingJudge(GOLDS, functools.partial(completion_text, tok), 5.0)
+    return StreamingJudge(SAMPLES, functools.partial(completion_text, tok), 5.0)
 
 
 def test_completion_text_is_the_text_up_to_eos(tok) -> None:  # noqa: ANN001
@@ -52,7 +60,7 @@ def test_streamed_verdicts_give_the_scores_of_judging_at_the_end(tok) -> None:  
     judge = _judge(tok)
     judge.offer([3, 0], [_ids(tok, TEXTS[3]), _ids(tok, TEXTS[0])])  # as rows finish
     judge.offer([1, 2, 4, 5], [_ids(tok, t) for t in (TEXTS[1], TEXTS[2], TEXTS[4], TEXTS[5])])
-    verdicts = judge.finish()
+    verdicts = judge.finish().verdicts
     assert judge.error is None and judge.rows == 6
     # exactly the questions math-verify had to answer, each once
     prejudged = [correctness_job(t, g) for t, g in zip(TEXTS, GOLDS, strict=True)]
@@ -72,7 +80,7 @@ def test_a_verdict_kept_for_another_text_is_not_used(tok) -> None:  # noqa: ANN0
     text (here: another answer) is judged again, not given the other's score."""
     judge = _judge(tok)
     judge.offer([0], [_ids(tok, "Answer: 25\\%")])  # wrong: 25 % is not 0.5
-    verdicts = judge.finish()
+    verdicts = judge.finish().verdicts
     assert list(verdicts.values()) == [(0.0, False)]
     assert score_correctness(TEXTS[:1], GOLDS[:1], 5.0, verdicts=verdicts) == ([1.0], 0)
 
@@ -89,10 +97,10 @@ def test_a_failing_thread_costs_the_head_start_only(tok) -> None:  # noqa: ANN00
     def broken(ids: list[int]) -> str:
         raise UnicodeDecodeError("utf-8", b"", 0, 1, "broken on purpose")
 
-    judge = StreamingJudge(GOLDS, broken, 5.0)
+    judge = StreamingJudge(SAMPLES, broken, 5.0)
     judge.offer([0], [_ids(tok, TEXTS[0])])
     judge.offer([1], [_ids(tok, TEXTS[1])])  # queued behind the failure: still drained
-    assert judge.finish() == {}
+    assert judge.finish() == Ahead()
     assert isinstance(judge.error, UnicodeDecodeError)
     assert score_correctness(TEXTS, GOLDS, 5.0, verdicts={})[0] == SCORES
 
@@ -102,4 +110,31 @@ def test_close_skips_what_is_queued(tok) -> None:  # noqa: ANN001
     judge._cancel.set()  # as close() does, before the thread reaches the rows
     judge.offer([0, 1], [_ids(tok, TEXTS[0]), _ids(tok, TEXTS[1])])
     judge.close()
-    assert judge.verdicts == {} and judge.error is None
+    assert judge.ahead == Ahead() and judge.error is None
+
+
+CODE = {"tests": ["assert double(2) == 4", "assert double(-1) == -2"], "setup": "import math"}
+PROGRAMS = [
+    "```python\ndef double(x):\n    return 2 * x\n```",  # passes
+    "```python\ndef double(x):\n    return x + 2\n```",  # fails the second test
+    "```python\ndef double(x):\n    return 2 * x\n```",  # the first again: run once
+]
+
+
+def test_code_rewards_run_while_decoding_are_the_rewards_after(tok) -> None:  # noqa: ANN001
+    judge = StreamingJudge([CODE] * 3, functools.partial(completion_text, tok), 5.0,
+                           correctness=False, code_workers=2)  # fmt: skip
+    judge.offer([0, 1], [_ids(tok, PROGRAMS[0]), _ids(tok, PROGRAMS[1])])
+    judge.offer([2], [_ids(tok, PROGRAMS[2])])
+    ahead = judge.finish()
+    assert judge.error is None and ahead.verdicts == {}
+    assert sorted(ahead.code.values()) == [0.0, 1.0]  # two distinct programs, each run once
+    after = code_scores(PROGRAMS, [CODE] * 3)
+    assert code_scores(PROGRAMS, [CODE] * 3, known=ahead.code) == after == [1.0, 0.0, 1.0]
+
+
+def test_code_scores_do_not_run_what_is_known() -> None:
+    """A known result is taken as it is (here a deliberately wrong one: proof that the
+    program did not run again); the rest run."""
+    known = {code_job(PROGRAMS[1], CODE): 1.0}
+    assert code_scores(PROGRAMS[:2], [CODE] * 2, known=known) == [1.0, 1.0]
