@@ -33,10 +33,6 @@ echo "== ruff"
 
 echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
-# Inductor compiles in-process: its worker pool can hang the exit of a process that compiled
-# (pytorch/pytorch#162199; stop 48's CI lost a torchrun test to it after the test had passed),
-# and on a 2-core CI machine the pool's two workers gain nothing.
-export TORCHINDUCTOR_COMPILE_THREADS=1
 # The slowest tests are listed at the end: the suite must stay well under 20 minutes.
 # Two pytest-xdist workers: the real-Slurm tests (tests/integration, mostly waiting on Slurm
 # and the monitor) run one after another on one worker while the other runs the CPU-bound

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def main(model_dir: Path) -> None:
         print(f"compiled layers under DDP: {len(got)} gradients match eager on {world} ranks")
     torch_dist.barrier()
     torch_dist.destroy_process_group()
+    # Leave without tearing the DDP model down: its reducer keeps the gloo group alive, and
+    # freeing it joins gloo's worker thread with the GIL held while that thread may still
+    # be freeing the last all-reduce's Python-owned tensors (which needs the GIL). Under
+    # load it deadlocked after the check had passed (py-spy: ~ProcessGroupGloo in
+    # std::thread::join; the gloo thread in ~AsyncBarrierWork waiting for the GIL).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
