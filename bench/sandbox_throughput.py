@@ -5,7 +5,7 @@ workers, on HumanEval programs (what a code run scores).
 
 Programs: HumanEval's 164 canonical solutions (each passes its tests) and 164 wrong ones
 (each function given the next problem's solution: most fail on the first assert), judged
-through ``rewards.code_scores`` exactly as a training step scores them (one sandboxed
+through ``code_scores`` exactly as a training step scores them (one sandboxed
 child per program: bwrap where it works, else the audit-hook sandbox). For each worker
 count the best of ``--repeat`` passes over all 328 programs is kept, with the seconds a
 step of ``--step-programs`` completions (code-qwen.yaml: 16 prompts x 8) would spend scoring
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from bench.common import env_info, write_result
 from grpo_hpc.tasks import code as code_data
-from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rewards import sandbox
+from grpo_hpc.train.rewards.code import code_scores, code_workers
 
 
 def programs() -> tuple[list[str], list[dict], int]:
@@ -45,7 +45,7 @@ def measure(workers: int, repeat: int, texts: list[str], problems: list[dict]) -
     best, passed = float("inf"), 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        scores = rewards.code_scores(texts, problems, workers=workers)
+        scores = code_scores(texts, problems, workers=workers)
         best = min(best, time.perf_counter() - t0)
         passed = int(sum(scores))
     return {"workers": workers, "seconds": round(best, 3), "programs_per_s": len(texts) / best,
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus_usable": len(os.sched_getaffinity(0)),
         "programs": len(texts),
         "expected_pass": should_pass,
-        "default_workers": rewards.code_workers(),
+        "default_workers": code_workers(),
         "step_programs": args.step_programs,
         "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rows": rows,

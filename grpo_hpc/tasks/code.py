@@ -12,7 +12,7 @@ A code problem is a dict::
 
 The completion's code is judged as ``setup`` + program, then each of ``tests`` in turn,
 all in one sandboxed child
-(:func:`grpo_hpc.train.rewards.functions.code_reward`): 1 only when all ran.
+(:func:`grpo_hpc.train.rewards.code.code_reward`): 1 only when all ran.
 
 HumanEval's fixed split: every fourth problem (``HumanEval/0``, ``/4``, ..., ``/160``: 41
 problems) is held out and never trains; the other 123 train. MBPP rows (a JSONL/Parquet

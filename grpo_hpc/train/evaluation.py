@@ -23,6 +23,7 @@ from typing import Any
 from grpo_hpc.config.schema import RewardConfig
 from grpo_hpc.tasks import code as code_data
 from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rewards.code import code_scores
 from grpo_hpc.train.rollout.types import RolloutEngine
 
 Progress = Callable[[int, float], None]
@@ -142,7 +143,7 @@ def judge_problems(
     code = [i for i, p in enumerate(problems) if is_code_problem(p)]
     other = [i for i, p in enumerate(problems) if not is_code_problem(p)]
     if code:
-        judged = rewards.code_scores([texts[i] for i in code], [problems[i] for i in code])
+        judged = code_scores([texts[i] for i in code], [problems[i] for i in code])
         for i, s in zip(code, judged, strict=True):
             scores[i] = s
     if other:

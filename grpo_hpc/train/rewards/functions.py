@@ -10,13 +10,10 @@ step costs well under a second of scoring.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +28,19 @@ from grpo_hpc.tasks.answers import (  # noqa: F401  (extract_*: part of this mod
     gold_value,
     prejudge,
 )
-from grpo_hpc.train.rewards import sandbox, verifier
+from grpo_hpc.train.rewards import verifier
+from grpo_hpc.train.rewards.code import (  # noqa: F401  (code_*: part of this module's API)
+    CODE_MEMORY_MB,
+    CODE_TIMEOUT_S,
+    CodeJob,
+    announce_sandbox,
+    code_job,
+    code_reward,
+    code_scores,
+    code_workers,
+    extract_code,
+    run_code_job,
+)
 from grpo_hpc.train.rewards.verifier import VERIFIER
 
 if TYPE_CHECKING:
@@ -40,7 +49,6 @@ if TYPE_CHECKING:
 BUILTIN_REWARDS = ("correctness", "format", "code", "overlong")
 
 _FORMAT_RE = re.compile(rf"Answer:[ \t]*[-+]?(?:{NUM})(?:/\d+)?")
-_FENCE_RE = re.compile(r"^```[ \t]*([\w+-]*)[ \t]*\n(.*?)^```", re.M | re.S)
 
 
 Job = tuple[str, str, bool]
@@ -150,45 +158,6 @@ class Lengths:
     """reward.overlong_buffer: tokens before the cap where the soft penalty ramps up."""
 
 
-def extract_code(completion: str) -> str:
-    """The program in a completion: its ```python fenced blocks joined (untagged fences if
-    none are tagged, an unclosed ```python block if truncated), else the whole text."""
-    blocks = _FENCE_RE.findall(completion)
-    tagged = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-    chosen = tagged or [body for lang, body in blocks if not lang]
-    if chosen:
-        return "\n".join(chosen)
-    _, sep, rest = completion.partition("```python\n")
-    return rest if sep else completion
-
-
-CODE_TIMEOUT_S = 5.0
-"""Wall-clock limit of one code-reward program (its setup, code and every test)."""
-CODE_MEMORY_MB = 512
-"""Address-space limit of one code-reward program."""
-
-
-def code_reward(
-    completion: str,
-    tests: list[str],
-    timeout_s: float = CODE_TIMEOUT_S,
-    memory_mb: int = CODE_MEMORY_MB,
-    setup: str = "",
-) -> float:
-    """1.0 if ``setup`` (trusted: a task's imports and helpers), then the extracted code,
-    then every test line run cleanly in the sandbox.
-
-    All-or-nothing on purpose: it is what pass@1 measures, GRPO already gets a graded signal
-    from the spread within a group, and partial credit pays for special-casing the visible
-    asserts one by one. No tests, or no code, scores 0.
-    """
-    code = extract_code(completion)
-    if not tests or not code.strip():
-        return 0.0
-    program = f"{setup}\n\n{code}" if setup.strip() else code
-    return 1.0 if sandbox.run_python(program, timeout_s, memory_mb, checks=tests).ok else 0.0
-
-
 def load_custom_reward(spec: str) -> Callable[[str, dict], float]:
     """Import ``module:function`` (fn(completion, sample) -> float); ConfigError if unusable."""
     module_name, sep, attr = spec.partition(":")
@@ -276,15 +245,6 @@ def _run_custom(
     return scores, errors, first
 
 
-@functools.cache
-def announce_sandbox() -> str:
-    """Say once per process, in the training log, which sandbox runs the code reward
-    (after it proved itself: see :func:`sandbox.proven_isolation`)."""
-    iso = sandbox.proven_isolation()
-    print(f"[Sandbox] code reward runs in {iso.name}: {iso.detail}", flush=True)
-    return iso.name
-
-
 def prove_workers(weights: RewardConfig) -> None:
     """At startup: every reward process this run uses must score a trivial right answer 1
     and a wrong one 0, or the run stops here with one line (a reward that cannot run must
@@ -297,27 +257,6 @@ def prove_workers(weights: RewardConfig) -> None:
             raise ConfigError(f"the math-verify worker does not work on this node: {why}")
 
 
-def code_workers() -> int:
-    """Sandboxes run at once: one per CPU this process may use, at most 8."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, cpus or 1))
-
-
-CodeJob = tuple[str, tuple[str, ...], str]
-"""What a code reward is computed from: (completion, test lines, setup)."""
-
-
-def code_job(completion: str, sample: dict) -> CodeJob:
-    """The code reward's inputs for one completion (pure)."""
-    return completion, tuple(sample.get("tests") or ()), str(sample.get("setup") or "")
-
-
-def run_code_job(job: CodeJob) -> float:
-    """:func:`code_reward` of a :data:`CodeJob`."""
-    completion, tests, setup = job
-    return code_reward(completion, list(tests), setup=setup)
-
-
 @dataclass
 class Ahead:
     """Rewards computed while the rollout was still decoding (:mod:`streaming`), each kept
@@ -327,26 +266,6 @@ class Ahead:
     """math-verify's verdicts (:func:`score_correctness`)."""
     code: dict[CodeJob, float] = field(default_factory=dict)
     """Code rewards (:func:`code_scores`)."""
-
-
-def code_scores(
-    completions: Sequence[str],
-    samples: Sequence[dict],
-    workers: int = 0,
-    known: dict[CodeJob, float] | None = None,
-) -> list[float]:
-    """:func:`code_reward` of each completion against its sample's ``tests`` and ``setup``,
-    ``workers`` sandboxes at a time (0: :func:`code_workers`); the ones in ``known`` (run
-    while the rollout decoded) are not run again. The training reward and the held-out
-    pass@k both score code here."""
-    announce_sandbox()
-    known = known or {}
-    jobs = [code_job(c, s) for c, s in zip(completions, samples, strict=True)]
-    todo = [job for job in dict.fromkeys(jobs) if job not in known]
-    # Sandboxes mostly wait on their child, so threads give real parallelism.
-    with ThreadPoolExecutor(max_workers=workers or code_workers()) as pool:
-        done = dict(zip(todo, pool.map(run_code_job, todo), strict=True))
-    return [known[job] if job in known else done[job] for job in jobs]
 
 
 def compute_rewards(

@@ -24,13 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from grpo_hpc.train.rewards.functions import (
-    Ahead,
-    CodeJob,
-    code_job,
-    correctness_job,
-    run_code_job,
-)
+from grpo_hpc.train.rewards.code import CodeJob, code_job, run_code_job
+from grpo_hpc.train.rewards.functions import Ahead, correctness_job
 from grpo_hpc.train.rewards.verifier import VERIFIER
 
 _END = None

@@ -27,6 +27,7 @@ from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.profiling import phase
 from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rewards.code import code_workers
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
@@ -120,18 +121,17 @@ class Collector:
         and the judge that scored its finished rows meanwhile, if one did."""
         stream = self._stream(mine)
         hand = {"on_done": stream.offer} if stream else {}
+        g = self.cfg.rollout.num_generations
         try:
             with phase("generate"):
-                prompts = self._prompts(mine)
-                return self.engine.generate(
-                    prompts, self.cfg.rollout.num_generations, **hand
-                ), stream
+                batch = self.engine.generate(self._prompts(mine), g, **hand)
         except BaseException as e:
             if stream:
                 stream.close()
             if isinstance(e, GenerationAborted):
                 return None, None
             raise
+        return batch, stream
 
     def _stream(self, mine: list[dict]) -> StreamingJudge | None:
         """A scorer of rows as they finish (``rollout.stream_scoring``), where the engine
@@ -145,7 +145,7 @@ class Collector:
         samples = [p for p in mine for _ in range(cfg.rollout.num_generations)]
         decode = functools.partial(completion_text, self.tok)
         # While rows decode, one CPU stays with the decode loop: one sandbox fewer.
-        workers = max(1, rewards.code_workers() - 1) if code else 0
+        workers = max(1, code_workers() - 1) if code else 0
         return StreamingJudge(
             samples, decode, rc.timeout_s, rc.require_marker, bool(rc.correctness), workers
         )
