@@ -57,15 +57,14 @@ def hand_over(ws: Workspace, real: int, t: int, handed: set[int], on_done: OnDon
     """Give ``on_done`` the rows of ``ws`` that finished since the last check. Runs at a
     host check, after ``live`` has waited for the device: these copies wait for nothing.
     Before any compaction: a row that finished is still in ``ws``."""
-    done, rows_of = ws.done[:real].tolist(), ws.rows_of[:real].tolist()
-    new = [
-        i for i, (d, row) in enumerate(zip(done, rows_of, strict=True)) if d and row not in handed
-    ]
+    # One copy says which rollout row each finished workspace row holds (-1: running).
+    done = torch.where(ws.done[:real], ws.rows_of[:real], -1).tolist()
+    new = [i for i, row in enumerate(done) if row >= 0 and row not in handed]
     if not new:
         return
     idx = torch.tensor(new, device=ws.out.device)
     tokens = ws.out.index_select(0, idx)[:, :t].tolist()
-    rows = [rows_of[i] for i in new]
+    rows = [done[i] for i in new]
     handed.update(rows)
     on_done(rows, tokens)
 
