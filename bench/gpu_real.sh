@@ -17,6 +17,8 @@
 #   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
+#   stream  bench/probes/stream_scoring.py: scoring after generation against scoring while
+#           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
 #   reallen bench/trl_baseline.py at real lengths: TRL's step and grpo_hpc's default step on
 #           the same GSM8K questions, 8 prompts x G 8, 512 new tokens, EOS where the model
 #           puts it; s/step, mean completion length, share cut at the cap (REALLEN_STEPS)
@@ -87,6 +89,10 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
                 --num "${EVAL_NUM:-512}" --chunk 128 --variant "$v" \
                 --out "$out/h100_eval_speed_$v.json" 2>&1 | grep -E '^\{|s for|Error' | cut -c1-200
         done ;;
+    stream) need_model  # is scoring while the rollout decodes free for the decode loop?
+        timeout "${STREAM_TIMEOUT:-400}" python3 -m bench.probes.stream_scoring --prompts 8 --g 8 \
+            --new 256 --rounds "${STREAM_ROUNDS:-10}" --out "$out/h100_stream_scoring.json" 2>&1 |
+            grep -vE '^\{"mode"|Warning' | tail -30 ;;
     e2e) need_model
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
     parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl_parity.py)
