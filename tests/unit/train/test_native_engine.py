@@ -12,6 +12,7 @@ import torch
 from grpo_hpc.core.errors import ConfigError, StalledError
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.models import LlamaShape, char_tokenizer, save_random_llama
+from grpo_hpc.train.rewards.streaming import completion_text
 from grpo_hpc.train.rollout.engines import (
     EngineOptions,
     GenerationAborted,
@@ -200,13 +201,15 @@ def test_compacting_finished_rows_keeps_tokens_and_logp(qwen2, greedy: bool) -> 
     prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS] if greedy else PROMPTS
     g = 2 if greedy else 8  # 24 rows either way
     tok2 = _eos_in_most_rows(model, tok, prompts, g, greedy)
-    runs = []
+    runs, handed = [], []
     for compact in (False, True):
         torch.manual_seed(1)
         engine = NativeEngine(
             model, tok2, 64, 1.0, 1.0, 60, row_bucket=4, check_every=4, compact=compact
         )
-        runs.append((engine.generate(prompts, g, greedy=greedy), dict(engine.stats)))
+        # the compacting run also hands finished rows over (rollout.stream_scoring)
+        hand = {"on_done": lambda rows, ids: handed.append((rows, ids))} if compact else {}
+        runs.append((engine.generate(prompts, g, greedy=greedy, **hand), dict(engine.stats)))
     (full, full_stats), (compacted, stats) = runs
     torch.manual_seed(1)  # again on the same engine: its compacted batches are reused
     assert torch.equal(engine.generate(prompts, g, greedy=greedy).input_ids, full.input_ids)
@@ -219,6 +222,12 @@ def test_compacting_finished_rows_keeps_tokens_and_logp(qwen2, greedy: bool) -> 
     assert full.texts == compacted.texts
     assert full.sampled_logp is not None and compacted.sampled_logp is not None
     torch.testing.assert_close(compacted.sampled_logp, full.sampled_logp, atol=1e-6, rtol=0)
+    # Rows handed over through the compactions are the rollout's rows, each once, as returned
+    rows = [row for chunk, _ in handed for row in chunk]
+    assert len(handed) > 1 and len(rows) == len(set(rows))
+    for chunk, ids in handed:
+        for row, tokens in zip(chunk, ids, strict=True):
+            assert completion_text(tok2, tokens) == compacted.texts[row]
 
 
 def test_compaction_halves_row_buckets() -> None:
