@@ -34,12 +34,10 @@ from grpo_hpc.train.rewards.code import (  # noqa: F401  (code_*: part of this m
     CODE_TIMEOUT_S,
     CodeJob,
     announce_sandbox,
-    code_job,
     code_reward,
     code_scores,
     code_workers,
     extract_code,
-    run_code_job,
 )
 from grpo_hpc.train.rewards.verifier import VERIFIER
 

@@ -127,10 +127,10 @@ class Collector:
                 batch = self.engine.generate(self._prompts(mine), g, **hand)
         except BaseException as e:
             if stream:
-                stream.close()
-            if isinstance(e, GenerationAborted):
-                return None, None
-            raise
+                stream.close()  # the rollout is abandoned: so is its head start
+            if not isinstance(e, GenerationAborted):
+                raise
+            return None, None
         return batch, stream
 
     def _stream(self, mine: list[dict]) -> StreamingJudge | None:

@@ -10,13 +10,8 @@ import functools
 import pytest
 
 from grpo_hpc.train.models import char_tokenizer
-from grpo_hpc.train.rewards.functions import (
-    Ahead,
-    code_job,
-    code_scores,
-    correctness_job,
-    score_correctness,
-)
+from grpo_hpc.train.rewards.code import code_job, code_scores
+from grpo_hpc.train.rewards.functions import Ahead, correctness_job, score_correctness
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 
