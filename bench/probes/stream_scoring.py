@@ -1,15 +1,16 @@
 """What scoring while the rollout decodes (``rollout.stream_scoring``) saves and costs, on
 one device, without a trainer: the native engine's rollouts of the real
-SmolLM2-135M-Instruct on GSM8K prompts, scored for correctness as the trainer scores them,
-alternately after generation (``after``) and with the finished rows handed to a
-:class:`StreamingJudge` while the rest decode (``streamed``).
+SmolLM2-135M-Instruct on GSM8K prompts, scored for correctness as the trainer scores them, in
+turn: after generation (``after``), with the finished rows handed to a
+:class:`StreamingJudge` while the rest decode (``finished``), and with the answers of rows
+still decoding judged too (``running``, ``rollout.judge_running``: the default).
 
 Per rollout it records ``generate_s`` (the decode loop's wall: what the hand-over costs
 it), ``score_s`` (the wait for scoring after generation: for ``streamed`` the rest of the
 thread's work plus the rows that ended last), the rows handed over, the distinct answers
-math-verify judged and its slowest item. Each rollout has its own seed (``2 * round +
-mode``), so neither mode meets strings the other already made math-verify parse; the
-order of the two modes alternates by round.
+math-verify judged (``verify_after``: after generation, what the wait was for) and its
+slowest item. Each rollout has its own seed (``3 * round + mode``), so no mode meets
+strings another already made math-verify parse; the order of the modes turns by round.
 
     python -m bench.probes.stream_scoring --prompts 8 --g 8 --new 256 --rounds 10 \\
         --out bench/results/h100_stream_scoring.json
@@ -49,16 +50,22 @@ def _problems(n: int) -> list[dict]:
     return random.Random(0).sample(rows, n)
 
 
-def _rollout(engine: NativeEngine, tok, problems: list[dict], g: int, streamed: bool) -> dict:  # noqa: ANN001
+MODES = ("after", "finished", "running")
+
+
+def _rollout(engine: NativeEngine, tok, problems: list[dict], g: int, mode: str) -> dict:  # noqa: ANN001
     prompts = [prompt_text(tok, p["question"]) for p in problems]
     golds = [p["answer"] for p in problems for _ in range(g)]
     judge = None
-    if streamed:
+    if mode != "after":
         samples = [{"gold": gold} for gold in golds]
         judge = StreamingJudge(samples, functools.partial(completion_text, tok), TIMEOUT_S)
     verifier.VERIFIER.take_stats()
     t0 = time.monotonic()
-    batch = engine.generate(prompts, g, on_done=judge.offer if judge else None)
+    hand = {"on_done": judge.offer} if judge else {}
+    if judge and mode == "running":
+        hand["on_running"] = judge.running
+    batch = engine.generate(prompts, g, **hand)
     t1 = time.monotonic()
     ahead = judge.finish() if judge else None
     scores, _ = score_correctness(
@@ -67,12 +74,14 @@ def _rollout(engine: NativeEngine, tok, problems: list[dict], g: int, streamed: 
     t2 = time.monotonic()
     items, slowest = verifier.VERIFIER.take_stats()
     return {
-        "mode": "streamed" if streamed else "after",
+        "mode": mode,
         "generate_s": t1 - t0,
         "score_s": t2 - t1,
         "rows_streamed": judge.rows if judge else 0,
         "verify_items": items,
         "verify_streamed": len(ahead.verdicts) if ahead else 0,
+        "verify_after": items - (len(ahead.verdicts) if ahead else 0),
+        "guessed": judge.guessed if judge else 0,
         "verify_slowest_s": slowest,
         "correct": sum(scores),
         "tokens": int(batch.completion_mask.sum()),
@@ -87,7 +96,8 @@ def _summary(rows: list[dict], mode: str) -> dict:
         out[f"{key}_median"] = statistics.median(values)
         out[f"{key}_max"] = max(values)
     out["rows_streamed_median"] = statistics.median(r["rows_streamed"] for r in mine)
-    out["verify_items_total"] = sum(r["verify_items"] for r in mine)
+    for key in ("verify_items", "verify_after", "guessed"):
+        out[f"{key}_total"] = sum(r[key] for r in mine)
     return out
 
 
@@ -110,19 +120,19 @@ def main() -> None:
     engine.generate([prompt_text(tok, p["question"]) for p in problems], args.g)  # compile
     rows = []
     for r in range(args.rounds):
-        for streamed in (r % 2 == 0, r % 2 == 1):
-            torch.manual_seed(2 * r + int(streamed))
-            rows.append(_rollout(engine, tok, problems, args.g, streamed) | {"round": r})
+        for k in range(3):
+            m = (r + k) % 3
+            torch.manual_seed(3 * r + m)
+            rows.append(_rollout(engine, tok, problems, args.g, MODES[m]) | {"round": r})
             print(json.dumps(rows[-1]), flush=True)
     result = {
         "command": "python -m bench.probes.stream_scoring "
         + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
         "env": env_info(),
-        "after": _summary(rows, "after"),
-        "streamed": _summary(rows, "streamed"),
+        **{mode: _summary(rows, mode) for mode in MODES},
         "rollouts": rows,
     }
-    print(json.dumps({k: result[k] for k in ("after", "streamed")}, indent=2))
+    print(json.dumps({k: result[k] for k in MODES}, indent=2))
     write_result(result, args.out)
 
 

@@ -105,6 +105,11 @@ class RolloutConfig:
     rows still decode (math-verify and the code sandbox, on a thread; custom rewards still
     after generation). The rewards are the same (train/rewards/streaming.py); only the wait
     is shorter. False: score everything after generation."""
+    judge_running: bool = True
+    """With ``stream_scoring``: also judge the answer a row still decoding has written,
+    each time it completes a line, so that rows which end with the rollout (those at the
+    length cap, the last to finish) find their math-verify verdict ready. A guess the
+    final text does not need costs the math-verify worker only."""
 
 
 @dataclass

@@ -45,7 +45,7 @@ class StepReporter:
         times: dict[str, float],
         t0: float,
         lr: float,
-        verify: tuple[float, float, float, float],
+        verify: tuple[float, float, float, float, float],
     ) -> dict[str, Any]:
         """The row of ``step``: ``stats`` from the update, ``times`` this rank's phase
         seconds, ``t0`` the step's start, ``verify`` (items math-verify judged here, its
@@ -81,7 +81,7 @@ class StepReporter:
         return m
 
     def _slowest_rank(
-        self, step: int, score_s: float, verify: tuple[float, float, float, float]
+        self, step: int, score_s: float, verify: tuple[float, float, float, float, float]
     ) -> dict[str, Any]:
         """What the slowest rank spent, for which its peers waited at the next collective:
         a first meeting with a new shape (a compilation, a CUDA graph capture), a GC pause,
@@ -90,8 +90,8 @@ class StepReporter:
         totals = getattr(self.engine, "totals", None)  # native engine: caches, captures
         own = compiled_graphs()
         counts = [own, (totals or {}).get("captures", 0), self.gc_clock.take(), score_s]
-        graphs, captures, gc_s, score_max, items, slowest, streamed, rows = dist.max_over_ranks(
-            [*counts, *verify], self.info
+        graphs, captures, gc_s, score_max, items, slowest, streamed, rows, after = (
+            dist.max_over_ranks([*counts, *verify], self.info)
         )
         self._name_recompilations(step, own)
         m: dict[str, Any] = {
@@ -102,6 +102,7 @@ class StepReporter:
             "reward/verify_items": int(items),
             "time/verify_slowest": slowest,
             "reward/verify_streamed": int(streamed),
+            "reward/verify_after": int(after),
             "rollout/streamed": int(rows),
         }
         if totals is not None:

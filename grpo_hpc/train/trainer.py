@@ -407,7 +407,7 @@ class Trainer:
         times |= {"time/train": host.wall_s + t_sync, "time/train_sync": t_sync}
         times |= {"time/train_cpu": host.process_cpu_s, "time/train_cpu_main": host.cpu_s}
         times["train/descheduled"] = float(host.descheduled)
-        verify = (got.verify_items, got.verify_slowest_s, got.verify_streamed, got.streamed_rows)
+        verify = got.verify_counts()
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)
         self.profiler.after_step(self.step)
@@ -419,7 +419,7 @@ class Trainer:
         scored: list,
         times: dict,
         t0: float,
-        verify: tuple[float, float],
+        verify: tuple[float, float, float, float, float],
     ) -> None:
         # float(): torchao keeps its learning rate as a tensor (no recompile when it changes)
         lr = float(self.opt.sched.get_last_lr()[0])

@@ -38,8 +38,16 @@ def test_finished_rows_are_handed_over_as_the_batch_decodes_them(smollm2) -> Non
     prompts = [prompt_text(tok, q) for q in QUESTIONS]
     engine = NativeEngine(model, tok, 64, 0.9, 1.0, 600)
     handed: list[tuple[list[int], list[list[int]]]] = []
+    shown: dict[int, list[int]] = {}
+
+    def running(rows: list[int], ids: list[list[int]]) -> None:
+        for row, new in zip(rows, ids, strict=True):
+            shown.setdefault(row, []).extend(new)
+
     torch.manual_seed(0)
-    batch = engine.generate(prompts, 4, on_done=lambda rows, ids: handed.append((rows, ids)))
+    batch = engine.generate(
+        prompts, 4, on_done=lambda rows, ids: handed.append((rows, ids)), on_running=running
+    )
     torch.manual_seed(0)
     alone = engine.generate(prompts, 4)
     assert torch.equal(batch.input_ids, alone.input_ids)  # handing over samples nothing else
@@ -51,6 +59,14 @@ def test_finished_rows_are_handed_over_as_the_batch_decodes_them(smollm2) -> Non
         for row, tokens in zip(chunk, ids, strict=True):
             assert batch.finished[row] and ended[row] <= len(tokens)
             assert completion_text(tok, tokens) == batch.texts[row]
+    # every row still decoding at a check was shown its new tokens, in order: a prefix of
+    # its completion (the rows that ended with the rollout up to the last check)
+    completion = batch.input_ids[:, batch.prompt_len :].tolist()
+    assert set(shown) | set(rows) == set(range(16))
+    assert set(range(16)) - set(rows) <= set(shown)
+    for row, tokens in shown.items():
+        assert tokens == completion[row][: len(tokens)]
+        assert row in rows or len(tokens) >= 48  # checks every 16 tokens, 64 at most
 
 
 CODE_TASK = ("data.source=humaneval", "data.num_train=8", "reward.correctness=0", "reward.code=1")
@@ -74,4 +90,6 @@ def test_a_run_streaming_its_scoring_trains_like_one_scoring_after(
         assert [m[key] for m in a] == [m[key] for m in b], key
     assert all(m["reward/verify_streamed"] == m["rollout/streamed"] == 0 for m in b)
     assert all(0 <= m["reward/verify_streamed"] <= m["reward/verify_items"] for m in a)
+    for m in a + b:  # one rank: what was judged after generation is the rest
+        assert m["reward/verify_after"] == m["reward/verify_items"] - m["reward/verify_streamed"]
     assert any(m["rollout/streamed"] > 0 for m in a)  # rows were scored while others decoded

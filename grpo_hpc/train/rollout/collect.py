@@ -52,9 +52,23 @@ class Collected:
     verify_slowest_s: float = 0.0
     """The longest math-verify took on any one of them."""
     verify_streamed: int = 0
-    """Of those, the ones judged while the rollout was still decoding."""
+    """Of those, the ones judged while the rollout was still decoding (guesses for rows
+    still decoding included)."""
     streamed_rows: int = 0
     """Completions handed to scoring before their rollout ended (rollout.stream_scoring)."""
+
+    def verify_counts(self) -> tuple[float, float, float, float, float]:
+        """For the step report: math-verify items, the slowest one's seconds, items judged
+        while decoding, rows handed over, and items judged after generation (what scoring
+        still waited for)."""
+        after = self.verify_items - self.verify_streamed
+        return (
+            self.verify_items,
+            self.verify_slowest_s,
+            self.verify_streamed,
+            self.streamed_rows,
+            after,
+        )
 
 
 @dataclass
@@ -120,7 +134,11 @@ class Collector:
         """This round's completions (None when a stop reached this rank mid-generation)
         and the judge that scored its finished rows meanwhile, if one did."""
         stream = self._stream(mine)
-        hand = {"on_done": stream.offer} if stream else {}
+        hand: dict[str, Any] = {}
+        if stream:
+            hand["on_done"] = stream.offer
+            if self.cfg.rollout.judge_running:
+                hand["on_running"] = stream.running
         g = self.cfg.rollout.num_generations
         try:
             with phase("generate"):

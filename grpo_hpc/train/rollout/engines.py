@@ -75,8 +75,9 @@ class HFEngine:
         *,
         greedy: bool = False,
         on_done: Callable[[list[int], list[list[int]]], None] | None = None,
+        on_running: Callable[[list[int], list[list[int]]], None] | None = None,
     ) -> RolloutBatch:
-        """``on_done`` is accepted for the interface and never called."""
+        """``on_done`` and ``on_running`` are accepted for the interface and never called."""
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         device = compute_device(self.model)

@@ -48,7 +48,8 @@ class RolloutBatch:
 
 class RolloutEngine(Protocol):
     hands_over_rows: bool
-    """``generate`` calls ``on_done`` with rows as they finish (native); False: never (hf)."""
+    """``generate`` calls ``on_done`` with rows as they finish and ``on_running`` with the new
+    tokens of rows still decoding (native); False: never (hf)."""
 
     def generate(
         self,
@@ -57,6 +58,7 @@ class RolloutEngine(Protocol):
         *,
         greedy: bool = False,
         on_done: Callable[[list[int], list[list[int]]], None] | None = None,
+        on_running: Callable[[list[int], list[list[int]]], None] | None = None,
     ) -> RolloutBatch: ...
 
     def release(self) -> None:

@@ -201,14 +201,22 @@ def test_compacting_finished_rows_keeps_tokens_and_logp(qwen2, greedy: bool) -> 
     prompts = [f"{p} ({i})" for i in range(4) for p in PROMPTS] if greedy else PROMPTS
     g = 2 if greedy else 8  # 24 rows either way
     tok2 = _eos_in_most_rows(model, tok, prompts, g, greedy)
-    runs, handed = [], []
+    runs, handed, seen = [], [], {}
     for compact in (False, True):
         torch.manual_seed(1)
         engine = NativeEngine(
             model, tok2, 64, 1.0, 1.0, 60, row_bucket=4, check_every=4, compact=compact
         )
+
         # the compacting run also hands finished rows over (rollout.stream_scoring)
-        hand = {"on_done": lambda rows, ids: handed.append((rows, ids))} if compact else {}
+        # and the new tokens of rows still decoding (rollout.judge_running)
+        def running(rows: list[int], ids: list[list[int]]) -> None:
+            assert not handed or not set(rows) & {r for chunk, _ in handed for r in chunk}
+            for row, new in zip(rows, ids, strict=True):
+                seen.setdefault(row, []).extend(new)
+
+        hand = {"on_done": lambda rows, ids: handed.append((rows, ids)), "on_running": running}
+        hand = hand if compact else {}
         runs.append((engine.generate(prompts, g, greedy=greedy, **hand), dict(engine.stats)))
     (full, full_stats), (compacted, stats) = runs
     torch.manual_seed(1)  # again on the same engine: its compacted batches are reused
@@ -228,6 +236,12 @@ def test_compacting_finished_rows_keeps_tokens_and_logp(qwen2, greedy: bool) -> 
     for chunk, ids in handed:
         for row, tokens in zip(chunk, ids, strict=True):
             assert completion_text(tok2, tokens) == compacted.texts[row]
+    # Rows still decoding were shown their tokens in order, each column once: a prefix of
+    # the row's completion, through the compactions; every row, from the first check on.
+    completion = compacted.input_ids[:, compacted.prompt_len :].tolist()
+    assert sorted(seen) == list(range(len(completion)))
+    for row, tokens in seen.items():
+        assert len(tokens) >= 4 and tokens == completion[row][: len(tokens)]
 
 
 def test_compaction_halves_row_buckets() -> None:

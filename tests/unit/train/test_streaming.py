@@ -108,6 +108,67 @@ def test_close_skips_what_is_queued(tok) -> None:  # noqa: ANN001
     assert judge.ahead == Ahead() and judge.error is None
 
 
+def _chunks(tok, text: str, size: int = 4) -> list[list[int]]:  # noqa: ANN001
+    """A running row's tokens as the host checks show them: ``size`` new ones each time."""
+    ids = tok(text, add_special_tokens=False).input_ids
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _run_row(judge: StreamingJudge, tok, row: int, text: str) -> None:  # noqa: ANN001
+    for chunk in _chunks(tok, text):
+        judge.running([row], [chunk])
+
+
+def test_an_answer_written_before_the_row_ends_is_judged_ahead(tok) -> None:  # noqa: ANN001
+    """A row that rambles on after its answer line to the length cap is never handed over
+    finished; its answer was judged while it decoded, and the scoring after generation
+    finds the verdict (rollout.judge_running)."""
+    final = "So it is half.\nAnswer: 50\\%\nAnd then the model goes on and on"
+    judge = _judge(tok)
+    _run_row(judge, tok, 0, final)
+    verdicts = judge.finish().verdicts
+    assert judge.guessed == 1 and judge.rows == 0
+    VERIFIER.take_stats()
+    assert score_correctness([final], GOLDS[:1], 5.0, verdicts=verdicts) == ([1.0], 0)
+    assert VERIFIER.take_stats()[0] == 0  # nothing left to judge after generation
+
+
+def test_a_guess_waits_for_the_line_and_follows_a_corrected_answer(tok) -> None:  # noqa: ANN001
+    """No guess from an answer line still being written ("Answer: 5" of "Answer: 50%"), one
+    per distinct answer; the final text's answer is the last one, and its verdict is ready."""
+    judge = _judge(tok)
+    _run_row(judge, tok, 3, "Answer: 1")  # no line break yet: no guess
+    _run_row(judge, tok, 3, "200\\%\nwait, no.\nAnswer: 12.5\\%\nchecking again\n")
+    verdicts = judge.finish().verdicts
+    assert judge.guessed == 2  # "1200\\%" (right) and "12.5\\%" (wrong), each once
+    assert {job[0] for job in verdicts} == {"1200\\%", "12.5\\%"}
+    final = "Answer: 1200\\%\nwait, no.\nAnswer: 12.5\\%\nchecking again\n"
+    VERIFIER.take_stats()
+    assert score_correctness([final], GOLDS[3:4], 5.0, verdicts=verdicts) == ([0.0], 0)
+    assert VERIFIER.take_stats()[0] == 0
+
+
+def test_no_guess_from_a_number_mid_reasoning(tok) -> None:  # noqa: ANN001
+    """With reward.require_marker=false a completion without a convention is judged by its
+    last number; a row's numbers mid-reasoning are not guesses at it."""
+    judge = StreamingJudge(
+        SAMPLES, functools.partial(completion_text, tok), 5.0, require_marker=False
+    )
+    _run_row(judge, tok, 0, "Half of 12 is 6.\nThen 6 / 12 = 1/2\nso 50\\%\n")
+    assert judge.finish().verdicts == {} and judge.guessed == 0
+
+
+def test_a_finished_row_is_judged_as_handed_over_after_its_guesses(tok) -> None:  # noqa: ANN001
+    """Guesses and the finished text meet in one set of verdicts: the finished row's own
+    job is judged (here another answer than the guess), nothing twice."""
+    judge = _judge(tok)
+    _run_row(judge, tok, 4, "Answer: 1200\\%\n")
+    judge.offer([4], [_ids(tok, "Answer: 1200\\%\nno: Answer: 1/2")])
+    verdicts = judge.finish().verdicts
+    assert judge.guessed == 1 and judge.rows == 1
+    assert sorted(job[0] for job in verdicts) == ["1/2", "1200\\%"]
+
+
 CODE = {"tests": ["assert double(2) == 4", "assert double(-1) == -2"], "setup": "import math"}
 PROGRAMS = [
     "```python\ndef double(x):\n    return 2 * x\n```",  # passes

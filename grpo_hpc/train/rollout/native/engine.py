@@ -43,11 +43,12 @@ from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.rollout.native import attention, forward, weights
 from grpo_hpc.train.rollout.native.sampling import choose
 from grpo_hpc.train.rollout.native.workspace import (
+    HandOver,
     OnDone,
+    OnRunning,
     Workspace,
     compact_rows,
     compaction_buckets,
-    hand_over,
     pad_rows,
     round_up,
     spans,
@@ -143,12 +144,15 @@ class NativeEngine:
         *,
         greedy: bool = False,
         on_done: OnDone | None = None,
+        on_running: OnRunning | None = None,
     ) -> RolloutBatch:
         """G completions of each prompt (rows ``i * G .. i * G + G - 1`` are prompt i's).
         ``on_done(rows, tokens)``, if given, hears of rows as they finish, at the host
         checks while other rows still decode (their completion tokens so far, EOS
         included), so that their scoring can start (``rollout.stream_scoring``); rows that
-        end with the rollout are not handed over."""
+        end with the rollout are not handed over. ``on_running(rows, tokens)``, at the same
+        checks, hears the tokens the rows still decoding produced since the last check (for
+        judging answers written before a row ends; needs ``on_done``)."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids = enc.input_ids.to(self.device)
         pmask = enc.attention_mask.to(self.device)
@@ -164,7 +168,7 @@ class NativeEngine:
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
             self.stats = {"row_steps": 0, "compactions": 0}
-            handed: set[int] = set()  # rows already given to on_done
+            hand = HandOver(on_done, on_running) if on_done is not None else None
             for t in range(1, self.max_new_tokens):
                 if t % self.check_every == 0:
                     self.tick()
@@ -179,8 +183,8 @@ class NativeEngine:
                     if live.numel() == 0:
                         cols = t
                         break
-                    if on_done is not None:
-                        hand_over(ws, real, t, handed, on_done)
+                    if hand is not None:
+                        hand.check(ws, real, t)
                     target = compact_rows(live.numel(), ws.rows, self.row_bucket)
                     if self.compact and target < ws.rows:
                         ws, real = self._compacted(root, ws, real, live, target, length + t - 1)

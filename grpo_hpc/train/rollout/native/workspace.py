@@ -51,22 +51,44 @@ class Workspace:
 
 OnDone = Callable[[list[int], list[list[int]]], None]
 """Hears of finished rows: their rollout row indices and completion tokens."""
+OnRunning = Callable[[list[int], list[list[int]]], None]
+"""Hears of rows still decoding: their rollout row indices and the completion tokens they
+produced since the last call (every row the same columns)."""
 
 
-def hand_over(ws: Workspace, real: int, t: int, handed: set[int], on_done: OnDone) -> None:
-    """Give ``on_done`` the rows of ``ws`` that finished since the last check. Runs at a
-    host check, after ``live`` has waited for the device: these copies wait for nothing.
-    Before any compaction: a row that finished is still in ``ws``."""
-    # One copy says which rollout row each finished workspace row holds (-1: running).
-    done = torch.where(ws.done[:real], ws.rows_of[:real], -1).tolist()
-    new = [i for i, row in enumerate(done) if row >= 0 and row not in handed]
-    if not new:
-        return
-    idx = torch.tensor(new, device=ws.out.device)
-    tokens = ws.out.index_select(0, idx)[:, :t].tolist()
-    rows = [done[i] for i in new]
-    handed.update(rows)
-    on_done(rows, tokens)
+@dataclass
+class HandOver:
+    """What a rollout's host checks tell the scoring (``rollout.stream_scoring``): rows that
+    finished since the last check (``on_done``, each once, with all its tokens) and the new
+    tokens of the rows still decoding (``on_running``). Runs at a host check, after ``live``
+    has waited for the device: these copies wait for nothing. Before any compaction: a row
+    that finished is still in the workspace."""
+
+    on_done: OnDone
+    on_running: OnRunning | None = None
+    handed: set[int] = field(default_factory=set)
+    """Rows already given to ``on_done``."""
+    shown: int = 0
+    """Completion columns already given to ``on_running``."""
+
+    def check(self, ws: Workspace, real: int, t: int) -> None:
+        """Columns ``[0, t)`` of every row of ``ws`` are written."""
+        # One copy says which rollout row each workspace row holds and whether it finished:
+        # row r finished -> r, still running -> -1 - r.
+        rows_of = ws.rows_of[:real]
+        state = torch.where(ws.done[:real], rows_of, -1 - rows_of).tolist()
+        new = [i for i, row in enumerate(state) if row >= 0 and row not in self.handed]
+        if new:
+            idx = torch.tensor(new, device=ws.out.device)
+            rows = [state[i] for i in new]
+            self.handed.update(rows)
+            self.on_done(rows, ws.out.index_select(0, idx)[:, :t].tolist())
+        running = [i for i, row in enumerate(state) if row < 0]
+        if self.on_running is not None and running and t > self.shown:
+            # all rows share the column count: one slice of the new columns, whole rows
+            cols = ws.out[:real, self.shown : t].tolist()
+            self.on_running([-1 - state[i] for i in running], [cols[i] for i in running])
+        self.shown = t
 
 
 def compact_rows(live: int, rows: int, bucket: int) -> int:
