@@ -7,8 +7,9 @@ row index, a copy that waits for everything queued before it, once per micro-bat
 row indices and advantages now go to the device when the batch is split. Its first run on
 an H100 (same day) failed for a reason of its own: 3 waits with one micro-batch, 8 with
 seven, the extra ones in transformers' packed-row detection, now skipped inside our packed
-forward (grpo_hpc.train.algo.packing); it has not run on a GPU since that fix. Skipped
-where there is no GPU."""
+forward (grpo_hpc.train.algo.packing). Its second run (twentieth session) still found them:
+this test had never switched the model to the packed attention, which is where the trainer
+installs that skip; now it does as the trainer does. Skipped where there is no GPU."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo import packing
 from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.dist import DistInfo
 from grpo_hpc.train.models import load_model_and_tokenizer
@@ -62,13 +64,14 @@ def test_host_waits_do_not_grow_with_micro_batches(tmp_path: Path) -> None:
     # packed, as the trainer runs on a GPU (algo.packing auto): a padded forward hands
     # transformers an attention mask, whose own checks may read it on the host
     model, _ = load_model_and_tokenizer(_model_dir(tmp_path, "llama"), "sdpa", torch.device("cuda"))
+    packing.use_packed_attention(model)  # as the trainer does when it packs
     model.train()
     batch = _on_gpu(_batch(model.config.vocab_size))
     adv = torch.linspace(-1.5, 2.0, len(ROWS))
-    algo, packing = AlgoConfig(packing=True), True
+    algo = AlgoConfig(packing=True)
 
     def update(rows_per_micro: int) -> Callable[[], object]:
-        mbs = split(batch, list(range(len(ROWS))), adv, rows_per_micro, 0, packing)
+        mbs = split(batch, list(range(len(ROWS))), adv, rows_per_micro, 0, True)
         assert all(mb.rows.is_cuda and mb.advantages.is_cuda for mb in mbs)
         info = DistInfo(device=torch.device("cuda"))
         return lambda: accumulate(model, mbs, algo, info, NEW, None, contextlib.nullcontext)
