@@ -9,11 +9,13 @@ an H100 (same day) failed for a reason of its own: 3 waits with one micro-batch,
 seven, the extra ones in transformers' packed-row detection, now skipped inside our packed
 forward (grpo_hpc.train.algo.packing). Its second run (twentieth session) still found them:
 this test had never switched the model to the packed attention, which is where the trainer
-installs that skip; now it does as the trainer does. Skipped where there is no GPU."""
+installs that skip, nor run under bf16 autocast, without which the packed attention falls
+back to one SDPA per row (a host read of the row boundaries per layer); now it does both,
+as the trainer does. Skipped where there is no GPU."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -69,12 +71,16 @@ def test_host_waits_do_not_grow_with_micro_batches(tmp_path: Path) -> None:
     batch = _on_gpu(_batch(model.config.vocab_size))
     adv = torch.linspace(-1.5, 2.0, len(ROWS))
     algo = AlgoConfig(packing=True)
+    # bf16 autocast, as the trainer's GPU update runs: the packed attention's varlen kernel
+    # takes half precision only (fp32 falls back to one SDPA per row, reading the row
+    # boundaries on the host)
+    bf16 = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16)
 
     def update(rows_per_micro: int) -> Callable[[], object]:
         mbs = split(batch, list(range(len(ROWS))), adv, rows_per_micro, 0, True)
         assert all(mb.rows.is_cuda and mb.advantages.is_cuda for mb in mbs)
         info = DistInfo(device=torch.device("cuda"))
-        return lambda: accumulate(model, mbs, algo, info, NEW, None, contextlib.nullcontext)
+        return lambda: accumulate(model, mbs, algo, info, NEW, None, bf16)
 
     update(1)()  # warm-up: the caching allocators' first blocks
     one, many = _syncs(update(len(ROWS))), _syncs(update(1))
