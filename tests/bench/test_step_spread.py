@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import step_spread
 
 REPO = Path(__file__).resolve().parents[2]
 H100X2 = REPO / "bench/results/slurm_gpu_h100x2/metrics.jsonl"
+S20 = REPO / "bench/results/h100x2_issue38_s20/slurm_judge_running/metrics.jsonl"
 
 
 def _step(n: int, t: float, tokens: float, **more: float) -> dict:
@@ -84,3 +87,30 @@ def test_the_step_table_shows_the_update_s_cpu_seconds_where_logged() -> None:
     assert first.split()[-1] == "-"  # a log from before the column existed
     assert second.split() == ["2", "0.90", "0.40", "0.10", "0.00", "0.30", "0.10", "0.00",
                               "1.50", "0.25"]  # fmt: skip
+
+
+def test_each_part_s_range_says_which_part_varied() -> None:
+    steps = [
+        _step(1, 1.0, 1000, **{"time/generate": 0.5, "time/train": 0.3}),
+        _step(2, 1.3, 1000, **{"time/generate": 0.5, "time/train": 0.6}),
+        _step(3, 1.1, 1000, **{"time/generate": 0.6, "time/train": 0.4}),
+    ]
+    (group,) = step_spread.report(steps, warmup=0, tolerance=0.1)["groups"]
+    parts = group["parts"]
+    assert parts["update"] == (0.3, 0.6) and parts["generate"] == (0.5, 0.6)
+    assert parts["score_max"] == (0.0, 0.0)  # not logged: 0
+    assert parts["other"] == pytest.approx((0.7, 0.7))  # without its update: steady
+    line = step_spread.render(step_spread.report(steps, warmup=0, tolerance=0.1))
+    assert "update 0.30-0.60 (2.00x)" in line and "score_max 0.00-0.00," in line
+
+
+def test_the_twentieth_session_s_run_varied_in_its_update() -> None:
+    """The recorded default run on 2x H100 (bench/results/h100x2_issue38_s20.md): one size
+    group of 26 steps, whose update ranged 2.17x while the rest of the step ranged 1.39x."""
+    lines = [json.loads(x) for x in S20.read_text().splitlines()]
+    rep = step_spread.report(step_spread.training_steps(lines), warmup=2, tolerance=0.1)
+    (trained,) = [g for g in rep["groups"] if g["tokens"] > 0]
+    lo, hi = trained["parts"]["update"]
+    other_lo, other_hi = trained["parts"]["other"]
+    assert len(trained["steps"]) == 26
+    assert round(hi / lo, 2) == 2.17 and round(other_hi / other_lo, 2) == 1.39
