@@ -23,6 +23,7 @@ from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the trainer
     EngineOptions,
     GenerationAborted,
+    OnRows,
     RolloutBatch,
     RolloutEngine,
     to_batch,
@@ -74,8 +75,8 @@ class HFEngine:
         num_generations: int,
         *,
         greedy: bool = False,
-        on_done: Callable[[list[int], list[list[int]]], None] | None = None,
-        on_running: Callable[[list[int], list[list[int]]], None] | None = None,
+        on_done: OnRows | None = None,
+        on_running: OnRows | None = None,
     ) -> RolloutBatch:
         """``on_done`` and ``on_running`` are accepted for the interface and never called."""
         tok = self.tokenizer

@@ -46,6 +46,12 @@ class RolloutBatch:
         return int(self.completion_mask.sum())
 
 
+OnRows = Callable[[list[int], list[list[int]]], None]
+"""Hears of rollout rows during generation: their row indices and completion tokens
+(``on_done``: finished rows, all their tokens; ``on_running``: rows still decoding, the
+tokens since the last call)."""
+
+
 class RolloutEngine(Protocol):
     hands_over_rows: bool
     """``generate`` calls ``on_done`` with rows as they finish and ``on_running`` with the new
@@ -57,8 +63,8 @@ class RolloutEngine(Protocol):
         num_generations: int,
         *,
         greedy: bool = False,
-        on_done: Callable[[list[int], list[list[int]]], None] | None = None,
-        on_running: Callable[[list[int], list[list[int]]], None] | None = None,
+        on_done: OnRows | None = None,
+        on_running: OnRows | None = None,
     ) -> RolloutBatch: ...
 
     def release(self) -> None:

@@ -4,13 +4,13 @@ buckets, which attention spans a step can read, and the hand-over of finished ro
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grpo_hpc.train.rollout.native import forward
+from grpo_hpc.train.rollout.types import OnRows
 
 
 def round_up(n: int, k: int) -> int:
@@ -49,9 +49,9 @@ class Workspace:
         return self.tokens.shape[0]
 
 
-OnDone = Callable[[list[int], list[list[int]]], None]
+OnDone = OnRows
 """Hears of finished rows: their rollout row indices and completion tokens."""
-OnRunning = Callable[[list[int], list[list[int]]], None]
+OnRunning = OnRows
 """Hears of rows still decoding: their rollout row indices and the completion tokens they
 produced since the last call (every row the same columns)."""
 
