@@ -76,6 +76,12 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         assert 0 < m["time/train_cpu_main"] <= m["time/train_cpu"] + 0.01
         assert m["time/train_sync"] < 1e-3
         assert m["train/descheduled"] >= 0
+        # ... and by thread (Linux's schedstat): the groups add up to the process's seconds
+        groups = m["time/train_cpu_main"] + sum(
+            m[f"time/train_cpu_{g}"] for g in ("autograd", "python", "native")
+        )
+        assert abs(groups - m["time/train_cpu"]) < 0.05 + 0.1 * m["time/train_cpu"]
+        assert m["time/train_waited"] >= m["time/train_waited_main"] >= 0
     assert any("eval/accuracy" in m for m in _metrics(paths))
     assert rec.clip_frac is not None  # progress.json carries the step's health too
     if profile:

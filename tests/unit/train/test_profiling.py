@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.train.profiling import StepProfiler, names, thread_clock, window
+from grpo_hpc.train.profiling import (
+    THREAD_GROUPS,
+    StepProfiler,
+    group_times,
+    names,
+    thread_clock,
+    thread_group,
+    window,
+)
 
 
 def test_the_window_counts_logged_steps_from_profile_from() -> None:
@@ -113,3 +121,46 @@ def test_the_process_clock_counts_the_work_of_other_threads() -> None:
         worker.start()
         worker.join()
     assert waiting.cpu_s < 0.05 and waiting.process_cpu_s > 0.1
+
+
+def test_thread_groups_sort_a_process_threads() -> None:
+    assert thread_group(7, "python3", main=7, python={7, 9}) == "main"
+    assert thread_group(8, "pt_autograd_0", main=7, python={7, 9}) == "autograd"
+    assert thread_group(9, "python3", main=7, python={7, 9}) == "python"
+    assert thread_group(10, "cuda-EvtHandlr", main=7, python={7, 9}) == "native"
+
+
+def test_group_times_count_a_thread_born_meanwhile_from_zero() -> None:
+    before = {7: ("python3", 1_000_000_000, 0)}
+    after = {7: ("python3", 1_500_000_000, 2_000_000), 8: ("pt_autograd_0", 300_000_000, 0)}
+    cpu, waited = group_times(before, after, main=7, python={7})
+    assert cpu == {"main": 0.5, "autograd": 0.3, "python": 0.0, "native": 0.0}
+    assert waited["main"] == 0.002 and sum(waited.values()) == 0.002
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux's per-thread schedstat")
+def test_the_thread_clock_names_the_thread_that_worked() -> None:
+    """A Python thread that spins while the caller waits shows under ``python``, the
+    caller's own share under ``main``, as the rusage clock has it. (A thread must still
+    live when the block ends to be counted: a finished one has left ``/proc``.)"""
+    import threading
+
+    spun, release = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        spun.set()
+        release.wait()
+
+    with thread_clock() as clock:
+        worker = threading.Thread(target=spin, name="spinner")
+        worker.start()
+        spun.wait()
+    release.set()
+    worker.join()
+    assert clock.by_group["python"] > 0.2  # the spinner, born inside the block
+    assert clock.by_group["main"] < 0.05
+    assert sum(clock.by_group.values()) <= clock.wall_s * 2 + 0.05  # at most two busy
+    assert set(clock.waited_s) == set(THREAD_GROUPS) and min(clock.waited_s.values()) >= 0
