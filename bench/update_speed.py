@@ -162,7 +162,7 @@ def main() -> None:
     batch = fake_batch(args.rows, args.prompt, args.max_new, vocab, "cuda", args.ragged)
     tokens = args.rows * (args.prompt + args.max_new)
     real = int(batch.attention_mask.sum())  # what packing computes; mfu_real counts these
-    adv = torch.randn(args.rows, device="cuda")
+    adv = torch.randn(args.rows)  # on the host, as the trainer has them
     peak_meas = measured_peak()
     gpu = torch.cuda.get_device_name(0)
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), peak_meas)
