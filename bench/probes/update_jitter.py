@@ -1,0 +1,111 @@
+"""Is an unsteady update the host's core or the update's own work? The same update, over
+and over in one process, each one timed with a fixed piece of pure-Python work on the same
+thread just before it.
+
+Issue 38: a 135M model's update is bound by the host (the GPU was busy 75 of 380 ms in a
+profiled real step), and the same ~27k tokens took 0.15-0.36 s in real 2-GPU runs. On one
+H100, ``bench.update_speed`` repeating one fixed update gave 0.087-0.189 s. Here the work
+cannot change between repetitions (same batch, same shapes, garbage collection off, as the
+trainer has it), so what varies is how fast the host ran it. The fixed work (``--work``
+iterations of a Python loop, a few milliseconds) samples the speed of the core this thread
+is on right then; if slow updates come with slow fixed work, the host's core speed varies
+(a shared VM host, clocks), not the trainer.
+
+    python -m bench.probes.update_jitter --shape smollm2-135m --reps 40 --out jitter.json
+
+One JSON file: per repetition the update's wall seconds, its host CPU seconds by thread
+(:func:`grpo_hpc.train.profiling.thread_clock`), the seconds its threads waited for a core,
+and the fixed work's milliseconds before and after; with the correlation of update time
+and fixed-work time. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import SHAPES, build_model, env_info, write_result
+from bench.probes.host_clock import work
+from bench.update_speed import fake_batch, run_update
+from grpo_hpc.config.schema import AlgoConfig
+from grpo_hpc.train.algo import logp_head, update
+from grpo_hpc.train.algo.packing import use_packed_attention
+from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer
+from grpo_hpc.train.profiling import thread_clock
+
+
+def correlation(xs: list[float], ys: list[float]) -> float:
+    """Pearson's r (pure); 0 when either side is constant."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sx = sum((x - mx) ** 2 for x in xs) ** 0.5
+    sy = sum((y - my) ** 2 for y in ys) ** 0.5
+    return sxy / (sx * sy) if sx and sy else 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--micro-tokens", type=int, default=18432)
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--work", type=int, default=100_000, help="fixed-work loop iterations")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        build_model(Path(d) / "m", args.shape)
+        model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
+    use_packed_attention(model)
+    compile_layers(model)
+    logp_head.compile_chunks()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    batch = fake_batch(args.rows, 30, 256, model.config.vocab_size, "cuda", ragged=True)
+    adv = torch.randn(args.rows)
+    algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=args.micro_tokens)
+    mbs = update.split(batch, list(range(args.rows)), adv, args.rows, args.micro_tokens, True)
+    for _ in range(3):  # compile, autotune, allocator
+        run_update(model, opt, mbs, algo, 256)
+    gc.collect()
+    gc.disable()  # as the trainer runs (grpo_hpc/train/gc_schedule.py)
+    reps = []
+    for i in range(args.reps):
+        before = work(args.work)
+        with thread_clock() as host:
+            run_update(model, opt, mbs, algo, 256)
+        after = work(args.work)
+        row = {"rep": i, "update_s": host.wall_s, "work_before_ms": before}
+        row |= {"work_after_ms": after, "cpu_s": host.by_group, "waited_s": host.waited_s}
+        reps.append(row)
+        print(
+            f"{i:3d} update {host.wall_s * 1e3:7.1f} ms  work {before:6.2f} {after:6.2f} ms  "
+            + " ".join(f"{g} {v * 1e3:5.1f}" for g, v in host.by_group.items()),
+            flush=True,
+        )
+        time.sleep(0.05)  # a gap, as a real step has its rollout between updates
+    ups = [r["update_s"] for r in reps]
+    works = [(r["work_before_ms"] + r["work_after_ms"]) / 2 for r in reps]
+    result = {
+        "benchmark": "update_jitter",
+        "config": vars(args) | {"out": str(args.out) if args.out else None},
+        "micro_batches": len(mbs),
+        "update_s": {"min": min(ups), "median": statistics.median(ups), "max": max(ups)},
+        "work_ms": {"min": min(works), "median": statistics.median(works), "max": max(works)},
+        "correlation_update_work": correlation(ups, works),
+        "reps": reps,
+        "env": env_info(),
+    }
+    print({k: v for k, v in result.items() if k not in ("reps", "env")})
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
