@@ -334,7 +334,8 @@ class DistConfig:
     bind_cpus: bool = False
     """Each rank of a node on a share of the job's CPUs of its own (whole physical cores),
     taken before torch loads, so its threads and worker processes stay there. Off by
-    default: an experiment of issue 38, not yet measured on a GPU (grpo_hpc.train.cpu_binding)."""
+    default: on 2x H100 it left the step's spread as it was (no thread waited for a core
+    anyway; bench/results/h100x2_issue38_s21.md). grpo_hpc.train.cpu_binding."""
 
 
 @dataclass
