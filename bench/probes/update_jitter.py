@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from bench.common import SHAPES, build_model, env_info, write_result
 from bench.probes.host_clock import work
@@ -36,7 +37,7 @@ from bench.update_speed import fake_batch, run_update
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.packing import use_packed_attention
-from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer
+from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and_tokenizer
 from grpo_hpc.train.profiling import thread_clock
 
 
@@ -58,13 +59,23 @@ def main() -> None:
     p.add_argument("--micro-tokens", type=int, default=18432)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--work", type=int, default=100_000, help="fixed-work loop iterations")
+    p.add_argument(
+        "--graphs",
+        action="store_true",
+        help="compile each layer in Inductor's reduce-overhead mode (CUDA graphs, this "
+        "probe's fixed shapes) instead of the trainer's dynamic-shape compilation",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
         model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
     use_packed_attention(model)
-    compile_layers(model)
+    if args.graphs:
+        for layer in decoder_layers(model):
+            layer.compile(mode="reduce-overhead", dynamic=False)
+    else:
+        compile_layers(model)
     logp_head.compile_chunks()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
@@ -72,15 +83,21 @@ def main() -> None:
     adv = torch.randn(args.rows)
     algo = AlgoConfig(micro_batch_size=args.rows, micro_batch_tokens=args.micro_tokens)
     mbs = update.split(batch, list(range(args.rows)), adv, args.rows, args.micro_tokens, True)
-    for _ in range(3):  # compile, autotune, allocator
+
+    def one() -> None:
+        if args.graphs:  # a new iteration: the graphs' outputs of the last one are dead
+            torch.compiler.cudagraph_mark_step_begin()
         run_update(model, opt, mbs, algo, 256)
+
+    for _ in range(3):  # compile, autotune, allocator (and capture)
+        one()
     gc.collect()
     gc.disable()  # as the trainer runs (grpo_hpc/train/gc_schedule.py)
     reps = []
     for i in range(args.reps):
         before = work(args.work)
         with thread_clock() as host:
-            run_update(model, opt, mbs, algo, 256)
+            one()
         after = work(args.work)
         row = {"rep": i, "update_s": host.wall_s, "work_before_ms": before}
         row |= {"work_after_ms": after, "cpu_s": host.by_group, "waited_s": host.waited_s}
@@ -100,6 +117,7 @@ def main() -> None:
         "update_s": {"min": min(ups), "median": statistics.median(ups), "max": max(ups)},
         "work_ms": {"min": min(works), "median": statistics.median(works), "max": max(works)},
         "correlation_update_work": correlation(ups, works),
+        "inductor_counters": dict(counters["inductor"]),  # cudagraph_skips among them
         "reps": reps,
         "env": env_info(),
     }
