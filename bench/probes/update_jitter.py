@@ -41,15 +41,6 @@ from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and
 from grpo_hpc.train.profiling import thread_clock
 
 
-def correlation(xs: list[float], ys: list[float]) -> float:
-    """Pearson's r (pure); 0 when either side is constant."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sx = sum((x - mx) ** 2 for x in xs) ** 0.5
-    sy = sum((y - my) ** 2 for y in ys) ** 0.5
-    return sxy / (sx * sy) if sx and sy else 0.0
-
-
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,7 +107,7 @@ def main() -> None:
         "micro_batches": len(mbs),
         "update_s": {"min": min(ups), "median": statistics.median(ups), "max": max(ups)},
         "work_ms": {"min": min(works), "median": statistics.median(works), "max": max(works)},
-        "correlation_update_work": correlation(ups, works),
+        "correlation_update_work": statistics.correlation(ups, works),
         "inductor_counters": dict(counters["inductor"]),  # cudagraph_skips among them
         "reps": reps,
         "env": env_info(),
