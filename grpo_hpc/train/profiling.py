@@ -84,6 +84,22 @@ class ThreadClock:
     """Seconds the threads of each group were ready to run but waited for a core (the
     run queue's wait in ``schedstat``): a busy host, not a slow thread."""
 
+    def metrics(self, name: str, sync_s: float = 0.0) -> dict[str, float]:
+        """The block's metrics as a step logs them (pure; docs/run-directory.md):
+        ``time/<name>`` (the wall, plus ``sync_s`` waited for the GPU after it),
+        ``time/<name>_sync``, ``_cpu`` (the process), ``_cpu_main`` and one
+        ``_cpu_<group>`` per other :func:`thread_group`, ``_waited`` (every thread's
+        run-queue wait) and ``_waited_main``, and ``<name>/descheduled``."""
+        t = f"time/{name}"
+        out = {t: self.wall_s + sync_s, f"{t}_sync": sync_s, f"{t}_cpu": self.process_cpu_s}
+        out[f"{t}_cpu_main"] = self.cpu_s
+        out |= {f"{t}_cpu_{g}": v for g, v in self.by_group.items() if g != "main"}
+        if self.waited_s:
+            out[f"{t}_waited"] = sum(self.waited_s.values())
+            out[f"{t}_waited_main"] = self.waited_s["main"]
+        out[f"{name}/descheduled"] = float(self.descheduled)
+        return out
+
 
 THREAD_GROUPS = ("main", "autograd", "python", "native")
 """How :func:`thread_group` sorts a process's threads."""

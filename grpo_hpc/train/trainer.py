@@ -403,14 +403,7 @@ class Trainer:
                 torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
             t_sync = time.monotonic() - t1
         self.step += 1
-        times = {"time/generate": t_gen, "time/score": t_score}
-        times |= {"time/train": host.wall_s + t_sync, "time/train_sync": t_sync}
-        times |= {"time/train_cpu": host.process_cpu_s, "time/train_cpu_main": host.cpu_s}
-        times["train/descheduled"] = float(host.descheduled)
-        times |= {f"time/train_cpu_{g}": v for g, v in host.by_group.items() if g != "main"}
-        if host.waited_s:  # threads ready to run with no core free: a crowded host
-            times["time/train_waited"] = sum(host.waited_s.values())
-            times["time/train_waited_main"] = host.waited_s["main"]
+        times = {"time/generate": t_gen, "time/score": t_score} | host.metrics("train", t_sync)
         verify = got.verify_counts()
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)
