@@ -135,6 +135,7 @@ def report(steps: list[dict], warmup: int, tolerance: float) -> dict:
     return {
         # a step that trained nothing logs no train/tokens: the trained steps say
         "size": "train/tokens" if any("train/tokens" in s for s in steps) else "proxy",
+        "host": host_summary([s for s in steps if s["step"] > warmup]),
         "warmup": warmup,
         "tolerance": tolerance,
         "groups": rows,
@@ -163,6 +164,29 @@ def part_ranges(group: Group) -> dict[str, tuple[float, float]]:
     other = [s.get("time/step", 0.0) - s.get("time/train", 0.0) for s in group.steps]
     out["other"] = (min(other), max(other))
     return out
+
+
+THREADS = ("main", "autograd", "native", "python")
+
+
+def host_summary(steps: list[dict]) -> dict | None:
+    """Rank 0's updates on the host, over the trained steps that log them by thread
+    (pure; logs from 2026-11-27 7b6b5a3 on): each thread group's CPU seconds (fastest,
+    slowest), the share of the update's wall that the main and autograd threads were
+    on a core together (``busy``), and the longest any thread waited for a core in one
+    update (``waited_max``). A ``busy`` near 1 with no waiting: the update was one thread
+    at a time, always running, and took as long as the host's core needed."""
+    rows = [s for s in steps if s.get("train/tokens") and "time/train_waited" in s]
+    if not rows:
+        return None
+    cpu = {g: [s.get(f"time/train_cpu_{g}", 0.0) for s in rows] for g in THREADS}
+    busy = [(cpu["main"][i] + cpu["autograd"][i]) / s["time/train"] for i, s in enumerate(rows)]
+    return {
+        "steps": len(rows),
+        "cpu": {g: (min(v), max(v)) for g, v in cpu.items()},
+        "busy": (min(busy), max(busy)),
+        "waited_max": max(s["time/train_waited"] for s in rows),
+    }
 
 
 def steady_spread(group: Group, marks: dict[int, list[str]]) -> float | None:
@@ -228,6 +252,15 @@ def render(rep: dict) -> str:
             )
         if r["tokens"] > 0 and len(r["steps"]) > 1:
             out.append(" " * 18 + "  parts (s): " + _ranges(r["parts"]))
+    host = rep.get("host")
+    if host:
+        cpu = ", ".join(f"{g} {lo:.3f}-{hi:.3f}" for g, (lo, hi) in host["cpu"].items())
+        lo, hi = host["busy"]
+        out.append(
+            f"  rank 0's update on the host ({host['steps']} steps): main + autograd running"
+            f" {lo:.0%}-{hi:.0%} of it, longest wait for a core {host['waited_max'] * 1e3:.1f} ms"
+        )
+        out.append(f"    CPU s by thread: {cpu}")
     for step, what in rep["marked_steps"].items():
         out.append(f"  step {step}: {' and '.join(what)} grew (a compilation or a capture)")
     for label, key in (("", "worst_spread"), (" without those steps", "worst_steady_spread")):

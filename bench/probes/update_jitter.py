@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import tempfile
 import time
@@ -39,6 +40,34 @@ from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.packing import use_packed_attention
 from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and_tokenizer
 from grpo_hpc.train.profiling import thread_clock
+
+FAST_CORE_MS = 8.0
+"""A fixed-work sample under this many milliseconds caught the core at its fast speed
+(the samples of the H100 VM clustered at 6 and 11-12 ms)."""
+
+
+def summary(reps: list[dict]) -> dict:
+    """The figures of a run (pure): the update's min, median, max, max/min and p90/p10;
+    the fixed work's min, median, max over every sample; the update's median after a
+    fast-core sample (the one before it, under :data:`FAST_CORE_MS`) and after a slow
+    one, with their counts; the correlation of the update with its two samples' mean."""
+    ups = sorted(r["update_s"] for r in reps)
+    works = [w for r in reps for w in (r["work_before_ms"], r["work_after_ms"])]
+    fast = [r["update_s"] for r in reps if r["work_before_ms"] < FAST_CORE_MS]
+    slow = [r["update_s"] for r in reps if r["work_before_ms"] >= FAST_CORE_MS]
+    n = len(ups)
+    return {
+        "update_ms": (ups[0] * 1e3, statistics.median(ups) * 1e3, ups[-1] * 1e3),
+        "max_over_min": ups[-1] / ups[0],
+        "p90_over_p10": ups[int(0.9 * n)] / ups[int(0.1 * n)],
+        "work_ms": (min(works), statistics.median(works), max(works)),
+        "after_fast_ms": (statistics.median(fast) * 1e3 if fast else None, len(fast)),
+        "after_slow_ms": (statistics.median(slow) * 1e3 if slow else None, len(slow)),
+        "r": statistics.correlation(
+            [r["update_s"] for r in reps],
+            [(r["work_before_ms"] + r["work_after_ms"]) / 2 for r in reps],
+        ),
+    }
 
 
 def main() -> None:
@@ -57,7 +86,11 @@ def main() -> None:
         "probe's fixed shapes) instead of the trainer's dynamic-shape compilation",
     )
     p.add_argument("--out", type=Path)
+    p.add_argument("--from", dest="src", type=Path, help="print the summary of a result file")
     args = p.parse_args()
+    if args.src:
+        print(json.dumps(summary(json.loads(args.src.read_text())["reps"]), indent=1))
+        return
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
         model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
@@ -108,6 +141,7 @@ def main() -> None:
         "update_s": {"min": min(ups), "median": statistics.median(ups), "max": max(ups)},
         "work_ms": {"min": min(works), "median": statistics.median(works), "max": max(works)},
         "correlation_update_work": statistics.correlation(ups, works),
+        "summary": summary(reps),
         "inductor_counters": dict(counters["inductor"]),  # cudagraph_skips among them
         "reps": reps,
         "env": env_info(),

@@ -15,6 +15,7 @@ from bench import step_spread
 REPO = Path(__file__).resolve().parents[2]
 H100X2 = REPO / "bench/results/slurm_gpu_h100x2/metrics.jsonl"
 S20 = REPO / "bench/results/h100x2_issue38_s20/slurm_judge_running/metrics.jsonl"
+S21 = REPO / "bench/results/h100x2_issue38_s21/slurm_default_1/metrics.jsonl"
 
 
 def _step(n: int, t: float, tokens: float, **more: float) -> dict:
@@ -114,3 +115,30 @@ def test_the_twentieth_session_s_run_varied_in_its_update() -> None:
     other_lo, other_hi = trained["parts"]["other"]
     assert len(trained["steps"]) == 26
     assert round(hi / lo, 2) == 2.17 and round(other_hi / other_lo, 2) == 1.39
+
+
+def test_the_host_summary_reads_the_update_by_thread() -> None:
+    threads = {"time/train_cpu_main": 0.15, "time/train_cpu_autograd": 0.1}
+    threads |= {"time/train_cpu_native": 0.02, "time/train_cpu_python": 0.001}
+    steps = [
+        _step(3, 1.0, 100, **threads, **{"time/train_waited": 0.0}),
+        _step(4, 1.0, 100, **threads, **{"time/train": 0.5, "time/train_waited": 0.003}),
+        _step(5, 1.0, 0),  # trained nothing: not an update to read
+    ]
+    host = step_spread.host_summary(steps)
+    assert host is not None and host["steps"] == 2
+    assert host["busy"] == (0.25, 0.5) and host["waited_max"] == 0.003
+    assert host["cpu"]["main"] == (0.15, 0.15)
+    assert step_spread.host_summary([_step(3, 1.0, 100)]) is None  # a log from before
+
+
+def test_the_twenty_first_session_s_update_was_one_busy_thread_at_a_time() -> None:
+    """The recorded default run (bench/results/h100x2_issue38_s21.md): in every update the
+    main and autograd threads were running 98-100 % of the wall, and no thread waited for a
+    core longer than 0.2 ms."""
+    lines = [json.loads(x) for x in S21.read_text().splitlines()]
+    rep = step_spread.report(step_spread.training_steps(lines), warmup=2, tolerance=0.1)
+    host = rep["host"]
+    assert host["steps"] == 23 and host["busy"][0] >= 0.98 and host["busy"][1] <= 1.01
+    assert host["waited_max"] < 0.0002
+    assert "main + autograd running 98%-100% of it" in step_spread.render(rep)
