@@ -27,24 +27,12 @@ from pathlib import Path
 import torch
 
 from bench.common import SHAPES, build_model, env_info, write_result
+from bench.probes.update_jitter import load_compiled
 from bench.update_speed import fake_batch
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.optimization import autocast_factory
-from grpo_hpc.train.algo.packing import use_packed_attention
 from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and_tokenizer
-
-
-def load(path: Path, graphs: bool) -> torch.nn.Module:
-    model, _ = load_model_and_tokenizer(path, "sdpa", torch.device("cuda"))
-    use_packed_attention(model)
-    if graphs:
-        for layer in decoder_layers(model):
-            layer.compile(mode="reduce-overhead", dynamic=False)
-    else:
-        compile_layers(model)
-    return model.train()
 
 
 def grads_of(model: torch.nn.Module, mbs: list, algo: AlgoConfig, graphs: bool) -> tuple:
@@ -89,7 +77,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
-        plain, graphed = load(Path(d) / "m", False), load(Path(d) / "m", True)
+        plain, graphed = load_compiled(Path(d) / "m", False), load_compiled(Path(d) / "m", True)
     logp_head.compile_chunks()
     batch = fake_batch(args.rows, 30, 256, plain.config.vocab_size, "cuda", ragged=True)
     adv = torch.randn(args.rows)

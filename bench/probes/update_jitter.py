@@ -41,6 +41,21 @@ from grpo_hpc.train.algo.packing import use_packed_attention
 from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and_tokenizer
 from grpo_hpc.train.profiling import thread_clock
 
+
+def load_compiled(path: Path, graphs: bool) -> torch.nn.Module:
+    """The model at ``path`` on the GPU, packed attention on, in training mode; its layers
+    compiled as the trainer does (``graphs`` False) or each in Inductor's
+    ``reduce-overhead`` mode at fixed shapes (CUDA graphs)."""
+    model, _ = load_model_and_tokenizer(path, "sdpa", torch.device("cuda"))
+    use_packed_attention(model)
+    if graphs:
+        for layer in decoder_layers(model):
+            layer.compile(mode="reduce-overhead", dynamic=False)
+    else:
+        compile_layers(model)
+    return model.train()
+
+
 FAST_CORE_MS = 8.0
 """A fixed-work sample under this many milliseconds caught the core at its fast speed
 (the samples of the H100 VM clustered at 6 and 11-12 ms)."""
@@ -93,15 +108,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         build_model(Path(d) / "m", args.shape)
-        model, _ = load_model_and_tokenizer(Path(d) / "m", "sdpa", torch.device("cuda"))
-    use_packed_attention(model)
-    if args.graphs:
-        for layer in decoder_layers(model):
-            layer.compile(mode="reduce-overhead", dynamic=False)
-    else:
-        compile_layers(model)
+        model = load_compiled(Path(d) / "m", args.graphs)
     logp_head.compile_chunks()
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     batch = fake_batch(args.rows, 30, 256, model.config.vocab_size, "cuda", ragged=True)
     adv = torch.randn(args.rows)

@@ -117,9 +117,9 @@ def thread_group(tid: int, comm: str, main: int, python: set[int]) -> str:
     return "python" if tid in python else "native"
 
 
-def _schedstat() -> dict[int, tuple[str, int, int]]:
-    """Each live thread of this process: (its name, ns on a core, ns waiting for one)."""
-    out: dict[int, tuple[str, int, int]] = {}
+def _schedstat() -> dict[int, tuple[int, int]]:
+    """Each live thread of this process: (ns on a core, ns waiting for one)."""
+    out: dict[int, tuple[int, int]] = {}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
@@ -128,17 +128,27 @@ def _schedstat() -> dict[int, tuple[str, int, int]]:
         try:
             with open(f"/proc/self/task/{t}/schedstat") as f:
                 ran, waited = f.read().split()[:2]
-            with open(f"/proc/self/task/{t}/comm") as f:
-                comm = f.read().strip()
         except (OSError, ValueError):  # a thread that ended meanwhile, or no schedstats
             continue
-        out[int(t)] = (comm, int(ran), int(waited))
+        out[int(t)] = (int(ran), int(waited))
+    return out
+
+
+def _names(tids: list[int]) -> dict[int, str]:
+    """Each thread's name (``comm``); read once, at the block's end: a name matters only
+    for the grouping."""
+    out = {}
+    for t in tids:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            with open(f"/proc/self/task/{t}/comm") as f:
+                out[t] = f.read().strip()
     return out
 
 
 def group_times(
-    before: dict[int, tuple[str, int, int]],
-    after: dict[int, tuple[str, int, int]],
+    before: dict[int, tuple[int, int]],
+    after: dict[int, tuple[int, int]],
+    names: dict[int, str],
     main: int,
     python: set[int],
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -146,9 +156,9 @@ def group_times(
     :func:`_schedstat` readings (pure); a thread born meanwhile counts from zero."""
     cpu = dict.fromkeys(THREAD_GROUPS, 0.0)
     waited = dict.fromkeys(THREAD_GROUPS, 0.0)
-    for tid, (comm, ran, wait) in after.items():
-        _, ran0, wait0 = before.get(tid, (comm, 0, 0))
-        g = thread_group(tid, comm, main, python)
+    for tid, (ran, wait) in after.items():
+        ran0, wait0 = before.get(tid, (0, 0))
+        g = thread_group(tid, names.get(tid, ""), main, python)
         cpu[g] += (ran - ran0) / 1e9
         waited[g] += (wait - wait0) / 1e9
     return cpu, waited
@@ -182,8 +192,9 @@ def thread_clock() -> Iterator[ThreadClock]:
         sched1 = _schedstat()
         if sched0 and sched1:
             python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
+            names = _names(list(sched1))
             clock.by_group, clock.waited_s = group_times(
-                sched0, sched1, threading.get_native_id(), python
+                sched0, sched1, names, threading.get_native_id(), python
             )
 
 

@@ -132,9 +132,10 @@ def test_thread_groups_sort_a_process_threads() -> None:
 
 
 def test_group_times_count_a_thread_born_meanwhile_from_zero() -> None:
-    before = {7: ("python3", 1_000_000_000, 0)}
-    after = {7: ("python3", 1_500_000_000, 2_000_000), 8: ("pt_autograd_0", 300_000_000, 0)}
-    cpu, waited = group_times(before, after, main=7, python={7})
+    before = {7: (1_000_000_000, 0)}
+    after = {7: (1_500_000_000, 2_000_000), 8: (300_000_000, 0)}
+    names = {7: "python3", 8: "pt_autograd_0"}
+    cpu, waited = group_times(before, after, names, main=7, python={7})
     assert cpu == {"main": 0.5, "autograd": 0.3, "python": 0.0, "native": 0.0}
     assert waited["main"] == 0.002 and sum(waited.values()) == 0.002
 
