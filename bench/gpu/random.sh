@@ -1,21 +1,20 @@
-#!/usr/bin/env bash
-# Runs the GPU benchmarks on a lent GPU machine (bench/README.md; history in bench/results/LOG.md).
-# Run from the repository root: the stages start the benchmarks as python3 -m bench.<name>.
-# Usage: bash bench/gpu_session.sh OUTDIR STAGE...
-#   stages: decode update step stepc (compiled training forward) trl lean point4 sizes tests ladder
-#           profile (issue 24: one default step at 1.5B and 3B under torch.profiler)
-#           packing (issue 24: TRL, the defaults and algo.packing side by side)
-#           update24 (issue 24: the update alone, padded vs packed, full and ragged lengths)
-#           packdiag (issue 24: the packed update's profile) compile24 (compiled layers)
-#           ckpt24 (issue 24: the default step with less gradient checkpointing)
-#           multi dcp ladder2 trl2 (2 GPUs)
+# Stage file of bench/gpu.sh: the benchmarks on random weights of the Qwen shapes.
+#   bash bench/gpu.sh random OUT STAGE...
+# Stages start the benchmarks as python3 -m bench.<name>:
+#   decode update step stepc (compiled training forward) trl lean defaults sizes tests ladder
+#   profile          one default step at 1.5B and 3B under torch.profiler
+#   packing          TRL, the defaults and algo.packing side by side
+#   update_packed    the update alone, padded vs packed, full and ragged lengths
+#   update_profile   the packed update's profile
+#   update_compiled  the update with compiled layers
+#   recompute        the default step with less gradient checkpointing
+#   multi dcp ladder2 trl2 (2 GPUs)
 # Extra wheels (grpo_hpc's own dependencies missing on the machine, TRL) are taken from .whl/.
 set -uo pipefail
-out=${1:?usage: gpu_session.sh OUTDIR STAGE...}
+out=${1:?usage: bash bench/gpu.sh random OUT STAGE...}
 shift
 mkdir -p "$out"
-# shellcheck source=bench/device_env.sh
-source bench/device_env.sh
+device_env
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for stage in "$@"; do
     echo "== $stage $(date +%T)"
@@ -24,13 +23,13 @@ for stage in "$@"; do
         --engines native native-eager hf --out "$out/decode.json" ;;
     step) python3 -m bench.grpo_step --shape qwen2.5-0.5b --precision bf16 --steps 5 --prompts 8 \
         --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --out "$out/step_native.json" | tail -22 ;;
-    trl) # issue 12 point 4: TRL once, then grpo_hpc's defaults and the other memory variants
+    trl) # TRL once, then grpo_hpc's defaults and the other memory variants
         python3 -m bench.trl_baseline --shape qwen2.5-0.5b --micro 16 --engine native \
             --out "$out/trl_vs_grpo_hpc.json" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     stepc) python3 -m bench.grpo_step --shape qwen2.5-0.5b --precision bf16 --steps 7 --prompts 8 \
         --G 8 --max-new 256 --micro 64 --no-grad-ckpt --engine native --compile --out "$out/step_compiled.json" \
         | tail -22 ;;
-    trl2) # issue 38 point 4: TRL under accelerate launch with FSDP2 (bench/trl_multi.py) on 2
+    trl2) # TRL under accelerate launch with FSDP2 (bench/trl_multi.py) on 2
         # GPUs beside grpo_hpc's step with FSDP2 and with DDP; 8 prompts x G=8 per GPU, 256
         # tokens (TRL2_SHAPE, default qwen2.5-1.5b; TRL2_MODE fsdp2, fsdp1 or ddp; a failed
         # launch is tried once more as TRL2_FALLBACK, default fsdp1)
@@ -74,7 +73,7 @@ for stage in "$@"; do
             --row-timeout "${LADDER_ROW_TIMEOUT:-240}" --time-budget "${LADDER_TIME_BUDGET:-300}" \
             --out "$lout" 2>&1 | grep -v "it/s\]" | tail -30
         cp "$lout" "$out/$(basename "$lout")" ;;
-    lean) # issue 12 point 4: peak memory vs step time at the 0.5B shape, grpo_hpc alone
+    lean) # peak memory vs step time at the 0.5B shape, grpo_hpc alone
         # (TRL's side of the same config: trl stage; 9.38 GiB, ~11 s/step measured before)
         for v in "8192" "4096" "2048" "8192 --ckpt-every 2" "4096 --ckpt-every 2" "4096 --grad-ckpt"; do
             tag=$(echo "$v" | tr -d ' -')
@@ -86,7 +85,7 @@ for stage in "$@"; do
         # log goes to $out as it is written: a call cut at its limit still brings it back.
         python3 -m pytest -v -x -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/e2e} 2>&1 |
             tee "$out/gpu_tests.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" ;;
-    point4) # issue 12 point 4: TRL once, then the defaults and the variants around them
+    defaults) # TRL once, then the defaults and the variants around them
         python3 -m bench.trl_baseline --shape qwen2.5-0.5b --micro 16 --engine native \
             --variant-timeout "${VARIANT_TIMEOUT:-160}" --variants "default=" \
             "tok16k=--micro-tokens 16384" "previous=--no-grad-ckpt --micro 16 --micro-tokens 8192" \
@@ -95,16 +94,16 @@ for stage in "$@"; do
         # SIZES_REPEAT=N runs each pair N times (TRL's step moves ~25 % between runs)
         for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
             for r in $(seq "${SIZES_REPEAT:-1}"); do
-                suffix=$([ "$r" = 1 ] && echo "" || echo "_run$r")
+                suffix=$([ "$r" = 1 ] && echo "" || echo "_repeat$r")
                 timeout "${SIZES_TIMEOUT:-290}" python3 -m bench.trl_baseline --shape "$shape" \
                     --micro 16 --engine native --variant-timeout 200 --variants "default=" \
                     --out "$out/h100_trl_vs_grpo_hpc_$shape$suffix.json" 2>&1 | grep -v "it/s\]" | tail -4
             done
         done ;;
-    profile) # issue 24 point 1: kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
+    profile) # kernel time by phase and category (PROFILE_SHAPES, PROFILE_ARGS)
         python3 -m bench.profile_step --shapes ${PROFILE_SHAPES:-qwen2.5-1.5b qwen2.5-3b} \
             ${PROFILE_ARGS:-} --out "$out/profile" 2>&1 | grep -v "^\[Step" | tail -60 ;;
-    packing) # issue 24 point 2: TRL once, then the defaults and packed micro-batches, per shape
+    packing) # TRL once, then the defaults and packed micro-batches, per shape
         # (SIZES_SHAPES picks shapes; one shape per call fits a 10-minute call at 3B)
         for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
             timeout "${SIZES_TIMEOUT:-560}" python3 -m bench.trl_baseline --shape "$shape" \
@@ -112,7 +111,7 @@ for stage in "$@"; do
                 "packed=--packing" ${PACKING_VARIANTS:-} \
                 --out "$out/h100_trl_vs_packing_$shape.json" 2>&1 | grep -v "it/s\]" | tail -6
         done ;;
-    update24) # issue 24: update MFU at 1.5B and 3B as the default step trains (64 rows of a
+    update_packed) # update MFU at 1.5B and 3B as the default step trains (64 rows of a
         # 300-token prompt + 256 new, 18432-token budget, checkpointing), padded vs packed
         for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
             for lengths in "" "--ragged"; do
@@ -121,21 +120,21 @@ for stage in "$@"; do
                     --out "$out/h100_update_speed_${shape}${lengths:+_ragged}.json" 2>&1 | grep "^{'path'"
             done
         done ;;
-    packdiag) # issue 24: the packed update profiled (its kernels, not the padded path's)
+    update_profile) # the packed update profiled (its kernels, not the padded path's)
         python3 -c "import inspect, torch; from torch.nn.attention import varlen as v; \
 print(torch.__version__, inspect.signature(v.varlen_attn))" 2>&1 | tail -1
         python3 -m bench.update_speed --shape qwen2.5-1.5b --prompt 300 --micro-tokens 18432 \
             --grad-ckpt --paths packed fused --ragged --reps 2 \
             --out "$out/h100_update_speed_qwen2.5-1.5b_ragged_packed_profile.json" 2>&1 |
             grep -E "^\{'path'|Error" ;;
-    compile24) # issue 24: dist.compile (each decoder layer compiled) in the update, per shape
+    update_compiled) # dist.compile (each decoder layer compiled) in the update, per shape
         for shape in ${SIZES_SHAPES:-qwen2.5-1.5b qwen2.5-3b}; do
             python3 -m bench.update_speed --shape "$shape" --prompt 300 --micro-tokens 18432 \
                 --grad-ckpt --paths fused packed --ragged --compile --reps 2 \
                 --out "$out/h100_update_speed_${shape}_ragged_compiled.json" 2>&1 |
                 grep -E "^\{'path'|Error"
         done ;;
-    ckpt24) # issue 24: the default step with less recompute (CKPT_VARIANTS per shape, "name=flags"
+    recompute) # the default step with less recompute (CKPT_VARIANTS per shape, "name=flags"
         # separated by ";"), one model per shape built once; medians of steps 2-4
         for shape in ${SIZES_SHAPES:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b}; do
             python3 -c "from pathlib import Path; from bench.common import build_model; \
@@ -145,9 +144,9 @@ build_model(Path('/tmp/m-$shape'), '$shape')" || continue
                 name=${v%%=*}
                 timeout "${CKPT_TIMEOUT:-170}" python3 -m bench.grpo_step --shape "$shape" \
                     --model-dir "/tmp/m-$shape" --steps 4 --engine native ${v#*=} \
-                    --out "$out/h100_ckpt24_${shape}_$name.json" >/dev/null 2>"$out/err_${shape}_$name.txt"
+                    --out "$out/h100_recompute_${shape}_$name.json" >/dev/null 2>"$out/err_${shape}_$name.txt"
                 python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['median']; \
-print(sys.argv[2], {k: round(v, 3) for k, v in m.items()})" "$out/h100_ckpt24_${shape}_$name.json" \
+print(sys.argv[2], {k: round(v, 3) for k, v in m.items()})" "$out/h100_recompute_${shape}_$name.json" \
                     "$shape $name" 2>/dev/null || echo "$shape $name failed: $(tail -c 300 "$out/err_${shape}_$name.txt")"
             done
         done ;;

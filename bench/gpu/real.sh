@@ -1,8 +1,8 @@
-#!/usr/bin/env bash
-# The real model (SmolLM2-135M-Instruct) on a lent GPU machine: issue 13's measurements.
-# Usage: bash bench/gpu_real.sh OUTDIR STAGE...   (bench/GPU_REAL.md has the exact calls)
-#   setup   install the wheels carried in .whl/ into /tmp/site (bench/device_env.sh) and keep
-#           the GGUF parts carried (.gpu/partN, bench/gpu_real_prep.sh) in /tmp/gguf
+# Stage file of bench/gpu.sh: the real model (SmolLM2-135M-Instruct) on a lent GPU machine.
+#   bash bench/gpu.sh real OUT STAGE...   (bench/GPU_REAL.md has the exact calls)
+#   setup   install the wheels carried in .whl/ into /tmp/site (install_wheels of
+#           bench/gpu/env.sh) and keep the GGUF parts carried (.gpu/partN, made by
+#           `bash bench/gpu.sh prep`) in /tmp/gguf
 #   model   keep the parts carried now too, join the three, check the checksum, convert once
 #           into /tmp/grpo_cache/models/smollm2-135m-instruct (calls: setup with .gpu/part1,
 #           setup with .gpu/part2, model with .gpu/part3)
@@ -29,14 +29,15 @@
 #   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
 #   "default=" unless given, e.g. "default=;packc=--packing --compile")
 set -uo pipefail
-out=${1:?usage: gpu_real.sh OUTDIR STAGE...}
+out=${1:?usage: bash bench/gpu.sh real OUT STAGE...}
 shift
 mkdir -p "$out"
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+export PYTHONPATH=/tmp/site:$PWD
+quiet_offline
+nvls_off
 # Runs (checkpoints: hundreds of MB) stay in /tmp; their curves and metrics go to $out.
-export WANDB_MODE=disabled GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export GRPO_HPC_CACHE=/tmp/grpo_cache GRPO_HPC_LOGS=/tmp/runs
 MODEL=/tmp/grpo_cache/models/smollm2-135m-instruct
 keep_parts() {  # the GGUF parts this call carried, kept while the machine is held
     mkdir -p /tmp/gguf
@@ -50,7 +51,7 @@ for stage in "$@"; do
     t0=$SECONDS
     case $stage in
     setup)
-        source bench/device_env.sh  # the carried wheels, once each per machine
+        device_env  # the carried wheels, once each per machine
         keep_parts
         # TRL and datasets only where carried (a call with a .gpu half may leave them out)
         python3 -c "import math_verify, submitit, omegaconf, gguf
@@ -157,7 +158,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
         [ -d $run/torch_profile ] && cp -r $run/torch_profile "$out/gsm8k_smollm2_torch_profile"
         tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
-    reallen) need_model  # issue 24 point 4: the TRL side by side at real lengths
+    reallen) need_model  # TRL side by side at real lengths
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
         # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min
         IFS=';' read -ra variants <<<"${REALLEN_VARIANTS:-default=}"

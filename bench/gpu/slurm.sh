@@ -1,28 +1,27 @@
-#!/usr/bin/env bash
-# Issue 37, part 1, on a lent multi-GPU machine (root, no network): the test cluster of
+# Stage file of bench/gpu.sh: on a lent multi-GPU machine (root, no network), the test cluster of
 # slurm/up.sh brought up from carried Debian packages with the machine's real GPUs as GRES,
 # a --gres=gpu:2 probe job, then a GSM8K run submitted with grpo-submit as a user would
 # (bench/slurm-h100x2.yaml: templates/h100x2.yaml on partition debug; sbatch with the GRES,
 # srun, torchrun 2 ranks, NCCL, DDP or FSDP2 as the plan picks), watched with squeue and grpo-status.
 #
-#   bash bench/slurm_gpu.sh OUT [STAGE...]      stages: probe up gres submit (default: all)
+#   bash bench/gpu.sh slurm OUT [STAGE...]      stages: probe up gres submit (default: all)
 #
 # Needs, next to the checkout or in it (env to override):
 #   SLURM_DEBS  folder made by slurm/offline-debs.sh (default ../.slurmdebs, else .slurmdebs)
 #   WHEELS      wheels the machine lacks: submitit, omegaconf, antlr4, math-verify,
 #               latex2sympy2_extended (default ../.whl37, else .whl37)
 # Model: the converted SmolLM2-135M-Instruct when a previous call on this held machine left
-# it in /tmp/grpo_cache (bench/gpu_real.sh setup + model), else the random `tiny` model on the
+# it in /tmp/grpo_cache (`bench/gpu.sh real OUT setup model`), else the random `tiny` model on the
 # same GSM8K prompts (GPU_MODEL=tiny|smollm2 forces one; GPU_MODEL=random:DIR runs random
 # weights of DIR/config.json with the gsm8k config's own batch and memory plan). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
 # GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster),
 # GPU_OVERRIDES (more grpo-submit overrides, e.g. "dist.strategy=fsdp": the profile is DDP first).
-# The submit stage ends with python -m bench.step_spread over the run's metrics (issue 38).
+# The submit stage ends with python -m bench.step_spread over the run's metrics.
 # Every process started here and every Slurm job gets NVLink multicast off. All output files
 # end up in OUT/slurm_gpu.tgz (the device tool returns only a few files per call).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${1:?usage: slurm_gpu.sh OUT [probe up gres submit]}
+nvls_off
+OUT=${1:?usage: bash bench/gpu.sh slurm OUT [probe up gres submit]}
 shift
 STAGES=${*:-probe up gres submit}
 mkdir -p "$OUT"
@@ -235,7 +234,7 @@ submit() {
             fi
         done
     fi
-    # issue 38 point 5: how steady the steps were (size groups after warm-up, compilations)
+    # how steady the steps were (size groups after warm-up, compilations)
     python3 -m bench.step_spread "$run/metrics.jsonl" --steps --json "$OUT/step_spread.json" 2>&1 |
         tee "$OUT/step_spread.txt"
     cat "$OUT/nccl_lines.txt" | head -n 30
