@@ -52,11 +52,11 @@ def test_waiting_in_names_the_oldest_open_collective_and_who_issued_it() -> None
 
 
 def _pair(tmp_path: Path, timeout_s: float) -> tuple[Liveness, Liveness, list, threading.Event]:
-    lost: list[list[int]] = []
+    lost: list[tuple[list[int], float]] = []
     called = threading.Event()
 
     def on_lost(ranks: list[int]) -> None:
-        lost.append(ranks)
+        lost.append((ranks, time.monotonic()))
         called.set()
 
     a = Liveness(tmp_path, 0, 2, timeout_s, on_lost, pulse_s=0.05)
@@ -64,17 +64,40 @@ def _pair(tmp_path: Path, timeout_s: float) -> tuple[Liveness, Liveness, list, t
     return a, b, lost, called
 
 
+def _until(cond, what: str, deadline_s: float = 60.0) -> None:
+    """Poll ``cond`` until it holds (a deadline only a hung thread misses)."""
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < end, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def _count_seen(a: Liveness, rank: int) -> int:
+    """The pulse counter of ``rank`` as ``a`` last read it (0: never)."""
+    content = a._seen.get(rank, PeerSeen()).content
+    return int(content.split()[1]) if content else 0
+
+
+TIMEOUT_S = 2.0
+"""The peer timeout of the pair: 40 of their pulses; a loaded machine delays a pulse by
+milliseconds, not by this."""
+
+
 def test_a_peer_that_goes_silent_is_reported(tmp_path: Path) -> None:
-    a, b, lost, called = _pair(tmp_path, timeout_s=0.5)
+    a, b, lost, called = _pair(tmp_path, timeout_s=TIMEOUT_S)
     a.start()
     b.start()
-    time.sleep(0.3)
-    assert not called.is_set()  # both pulsing
+    _until(lambda: _count_seen(a, 1) >= 5, "rank 0 saw rank 1's pulse move")
+    assert not called.is_set()  # both pulsing: rank 0 watches rank 1 and is content
     b._stop.set()  # rank 1 freezes (as under SIGSTOP): no pulse, no "done"
-    t0 = time.monotonic()
-    assert called.wait(5.0), "the silent peer was never reported"
-    assert lost == [[1]] and 0.4 < time.monotonic() - t0 < 2.0
-    pid, count, host = (tmp_path / "rank1").read_text().split()  # "<pid> <counter> <host>"
+    b._thread.join()
+    frozen = (tmp_path / "rank1").read_text()
+    assert called.wait(60.0), "the silent peer was never reported"
+    (ranks, at), seen = lost[0], a._seen[1]
+    assert len(lost) == 1 and ranks == [1]  # once, and only the silent one
+    # what rank 0 judged by: the frozen pulse, unchanged for the timeout by its own clock
+    assert seen.content == frozen and at - seen.changed_at > TIMEOUT_S
+    pid, count, host = frozen.split()  # "<pid> <counter> <host>"
     assert count.isdigit() and a.local_pid(1) == int(pid) == os.getpid()
 
 
@@ -82,8 +105,14 @@ def test_a_peer_that_ends_normally_is_not_reported(tmp_path: Path) -> None:
     a, b, _, called = _pair(tmp_path, timeout_s=0.3)
     a.start()
     b.start()
-    time.sleep(0.2)
+    _until(lambda: _count_seen(a, 1) >= 2, "rank 0 saw rank 1's pulse")  # it judges rank 1
     b.stop()  # writes rank1.done, then stops pulsing
-    assert not called.wait(1.0)
+    stopped = time.monotonic()
+    _until(lambda: a._seen[1].done, "rank 0 read rank1.done")
+    # rank 0 keeps looking well past the timeout since rank 1's last pulse ...
+    _until(lambda: time.monotonic() > stopped + 3 * 0.3, "three timeouts passed")
+    looks = a._count
+    _until(lambda: a._count >= looks + 2, "rank 0 looked again")  # a pulse, then its look
+    assert not called.is_set()  # ... and never reports it
     a.stop()
     assert (tmp_path / "rank0.done").exists()

@@ -4,6 +4,7 @@ the real profiler on the CPU (the trainer's own run: tests/e2e/test_trainer_beha
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -110,7 +111,30 @@ def test_the_thread_clock_tells_work_from_waiting() -> None:
     assert busy.wall_s >= 0.15 and busy.cpu_s > 0.14
     assert busy.process_cpu_s >= busy.cpu_s - 0.01  # the process counts this thread too
     assert idle.wall_s >= 0.2 and idle.cpu_s < 0.05
-    assert busy.descheduled >= 0 and idle.descheduled >= 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux's CPU affinity")
+def test_descheduled_counts_the_kernel_taking_the_core_away() -> None:
+    """This thread and a spinning child pinned to one core: the kernel must take the core
+    from one to give it to the other, so the block's count of involuntary switches is
+    positive (a count that was always 0, or negative, would fail here)."""
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nprint(flush=True)\nwhile True: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"\n"  # pinned, and about to spin
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        with thread_clock() as shared:
+            _work(0.2)  # 0.2 CPU seconds on a core the child wants all of
+    finally:
+        os.sched_setaffinity(0, saved)
+        child.kill()
+        child.wait()
+    assert shared.cpu_s > 0.19 and shared.descheduled > 0
 
 
 def test_the_process_clock_counts_the_work_of_other_threads() -> None:
