@@ -1,7 +1,12 @@
 """Found by the fault campaign (bench/faults.py, disk_full): grpo-monitor died on a full
 disk. Its events.jsonl append raised ENOSPC (so did its own log, kept in the run
 directory), the run went unwatched and never finished. The monitor must keep going and act
-once the disk has room again."""
+once the disk has room again.
+
+The test proves that the monitor met the full disk: the tmpfs is mounted ``strictatime``, so
+each pass's read of jobs.jsonl (nothing else reads it) moves its access time; the disk is
+freed only after several passes were seen, each of which decided to STOP the run and could
+not write it down."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +32,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs
 def small_fs(tmp_path: Path):
     root = tmp_path / "fs"
     root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(root)], check=True)
+    # strictatime: every read moves a file's access time (the passes are counted by it)
+    opts = "size=2m,strictatime"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(root)], check=True)
     yield root
     subprocess.run(["umount", "-l", str(root)], check=False)
 
@@ -43,6 +51,26 @@ def _fill(root: Path) -> Path:
     return filler
 
 
+PASSES_ON_FULL_DISK = 3
+"""Monitor passes seen on the full disk before it is freed."""
+INTERVAL_S = 0.2
+"""The monitor's --interval."""
+
+
+def _passes(path: Path) -> Iterator[int]:
+    """A lower bound of the monitor's passes so far: moves of the file's access time at
+    least half an interval apart (one pass reads it more than once, within milliseconds;
+    passes are an interval apart)."""
+    seen, last, count = path.stat().st_atime_ns, 0.0, 0
+    while True:
+        now = path.stat().st_atime_ns
+        if now != seen:
+            seen = now
+            if time.monotonic() - last >= INTERVAL_S / 2:
+                last, count = time.monotonic(), count + 1
+        yield count
+
+
 def test_monitor_survives_full_disk(small_fs: Path) -> None:
     paths = RunPaths.for_run("r", small_fs)
     create_run(paths, load_profile("local"), "tiny", [])
@@ -52,12 +80,21 @@ def test_monitor_survives_full_disk(small_fs: Path) -> None:
     filler = _fill(small_fs)
     log = open(paths.root / "monitor.log", "ab")  # noqa: SIM115 - where --watch puts it
     cmd = [sys.executable, "-m", "grpo_hpc.cli.monitor", "r", "--logs", str(small_fs)]
-    cmd += ["--interval", "0.2", "--max-retries", "0"]  # budget 0: it STOPs, no resubmission
+    # budget 0: it STOPs, no resubmission
+    cmd += ["--interval", str(INTERVAL_S), "--max-retries", "0"]
+    passes_seen = _passes(paths.jobs)
     mon = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
     try:
-        time.sleep(4)
+        passes = next(passes_seen)
+        deadline = time.monotonic() + 60
+        while passes < PASSES_ON_FULL_DISK and time.monotonic() < deadline:
+            assert mon.poll() is None, f"grpo-monitor died on a full disk (exit {mon.returncode})"
+            time.sleep(0.02)
+            passes = next(passes_seen)
+        assert passes >= PASSES_ON_FULL_DISK, f"the monitor made {passes} passes in 60 s"
         assert mon.poll() is None, f"grpo-monitor died on a full disk (exit {mon.returncode})"
         assert not read_jsonl(paths.events), "nothing can have been written"
+        assert (paths.root / "monitor.log").stat().st_size == 0, "its log is on the full disk"
         filler.unlink()
         assert mon.wait(timeout=30) == 1  # the run is STOPPED: exit 1 by the documented rule
     finally:
