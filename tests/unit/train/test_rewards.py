@@ -6,7 +6,6 @@ import math
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -102,20 +101,28 @@ def test_pathological_latex_scores_zero_within_time_limit() -> None:
     nested = "1"
     for _ in range(40):
         nested = "\\frac{" + nested + "}{2}"
+    from grpo_hpc.train.rewards.verifier import VERIFIER
+
     completions = [f"Answer: {TOWER}", f"Answer: {nested}", "Answer: 2^{2^{30}}"]
-    t0 = time.monotonic()
+    VERIFIER.take_stats()
     assert score_correctness_batch(completions, ["10", "1", "2"], timeout_s=1.0) == [0.0] * 3
-    assert time.monotonic() - t0 < 1.0  # numeric gold: rejected before sympy sees it
+    assert VERIFIER.take_stats() == (0, 0.0)  # numeric gold: rejected before sympy sees it
 
 
 def test_verification_timeout_kills_worker_and_goes_on() -> None:
     # A symbolic gold sends the tower to math-verify, which hangs: the item overruns its
     # deadline, scores 0, and a fresh worker scores the items after it.
+    from grpo_hpc.train.rewards.verifier import VERIFIER
+
     completions = [f"Answer: {TOWER}", "Answer: \\sqrt{5}", "Answer: 2"]
-    t0 = time.monotonic()
-    scores = score_correctness_batch(completions, ["\\sqrt{5}", "\\sqrt{5}", "2"], timeout_s=1.0)
-    assert scores == [0.0, 1.0, 1.0]
-    assert time.monotonic() - t0 < 5.0
+    VERIFIER.judge([("1", "1", False)], 30.0)  # a worker is running
+    first = VERIFIER.proc.pid
+    VERIFIER.take_stats()
+    scores, failures = score_correctness(completions, ["\\sqrt{5}", "\\sqrt{5}", "2"], 1.0)
+    assert scores == [0.0, 1.0, 1.0] and failures == 1  # the tower ran out its deadline
+    items, slowest = VERIFIER.take_stats()
+    assert items == 2 and slowest >= 0.9  # the tower, cut at 1 s; the root, by a fresh worker
+    assert VERIFIER.proc.pid != first and VERIFIER.proc.is_alive()
     batch = compute_rewards(
         [f"Answer: {TOWER}"], [{"gold": "\\sqrt{5}"}], {"correctness": 1.0}, timeout_s=0.5
     )
@@ -319,7 +326,8 @@ def test_the_verifier_counts_its_items_and_times_the_slowest(
     completions = [f"Answer: {TOWER}", "Answer: \\sqrt{5}"]  # symbolic golds: math-verify
     score_correctness_batch(completions, ["\\sqrt{5}", "\\sqrt{5}"], timeout_s=1.0)
     items, slowest = VERIFIER.take_stats()
-    assert items == 2 and 0.9 < slowest < 3.0
+    # the deadline's wait, plus the kill (a bound for a loaded machine, far under a hang)
+    assert items == 2 and 0.9 < slowest < 30.0
     assert VERIFIER.take_stats() == (0, 0.0)  # taken: reset
     named = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[Verify]")]
     assert len(named) == 1 and "s on one answer: " in named[0] and "10^{10^" in named[0], named
@@ -382,8 +390,8 @@ def test_a_repeated_answer_is_judged_once() -> None:
     completions = [f"Answer: {TOWER}"] * 8 + ["Answer: \\sqrt{5}", "Answer: \\sqrt{5}"]
     scores, failures = score_correctness(completions, ["\\sqrt{5}"] * 10, timeout_s=1.0)
     assert scores == [0.0] * 8 + [1.0, 1.0] and failures == 1
-    items, slowest = VERIFIER.take_stats()
-    assert items == 2 and slowest < 3.0  # one tower (its 1 s deadline), one root
+    items, _ = VERIFIER.take_stats()
+    assert items == 2  # one tower (its 1 s deadline, once: failures == 1), one root
 
 
 def test_a_slow_math_verify_item_is_named_cut_to_a_line() -> None:
