@@ -326,7 +326,7 @@ class DistConfig:
     and micro-batch, for the whole model's weights in the compute dtype on every rank; the
     memory estimate counts them). The root (embedding, head) keeps FSDP2's default. The
     math is the same either way. Probed at 0.5B on 2x H200, compiled + packed: update
-    0.479 -> 0.338 s (bench/results/h200x2_issue38_probe.md)."""
+    0.479 -> 0.338 s (bench/results/mem_probe_7b_h200x2_2026-11-26.md)."""
     cpu_offload: bool = False
     """FSDP2 only: keep the sharded fp32 weights, gradients and AdamW state in host memory
     (CPUOffloadPolicy; the optimizer step runs on the CPU). Set by grpo-submit when a run
@@ -335,7 +335,7 @@ class DistConfig:
     """Each rank of a node on a share of the job's CPUs of its own (whole physical cores),
     taken before torch loads, so its threads and worker processes stay there. Off by
     default: on 2x H100 it left the step's spread as it was (no thread waited for a core
-    anyway; bench/results/h100x2_issue38_s21.md). grpo_hpc.train.cpu_binding."""
+    anyway; bench/results/step_spread_h100x2_2026-11-27.md). grpo_hpc.train.cpu_binding."""
 
 
 @dataclass
@@ -362,6 +362,9 @@ class FaultsConfig:
     """Sleep this many seconds inside each checkpoint save."""
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
+    stall_at_step: int = -1
+    """Sleep one second inside this step's update, on every rank (-1 = off): a phase far
+    past its median, for the stall sampler (``training.stall_sample_ms``) to catch."""
     oom_at_step: int = -1
     """Run out of GPU memory in this step's update, as a GPU of ``oom_gpu_gb`` would (-1 =
     off): on CUDA the process is capped at that much memory and the real allocator raises

@@ -98,6 +98,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.zero_reward
         or f.slow_save > 0
         or f.step_sleep > 0
+        or f.stall_at_step >= 0
         or f.oom_at_step >= 0
     )
     if active and not f.enabled:

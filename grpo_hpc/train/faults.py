@@ -48,6 +48,12 @@ def before_update(f: FaultsConfig, step: int, device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, f.oom_gpu_gb * 2**30 / total), device)
 
 
+def in_update(f: FaultsConfig, step: int) -> None:
+    """``faults.stall_at_step``: inside the update's phase, one second of sleep."""
+    if f.enabled and f.stall_at_step == step:
+        time.sleep(1.0)
+
+
 def digests_on(f: FaultsConfig) -> bool:
     """``faults.state_digest``: state digests at saves and resumes (state_digest.py)."""
     return f.enabled and f.state_digest

@@ -396,12 +396,14 @@ class Trainer:
         self.tracker.update(TrainState.TRAINING)
         faults.before_update(cfg.faults, self.step, info.device)
         with phase("update"):
+            faults.in_update(cfg.faults, self.step)
             with thread_clock() as host:  # the host's part: Python, launches, syncs in it
                 stats = self.opt.update(sel.microbatches, self.ref, self.step, self.save)
-            t1 = time.monotonic()
+            t_sync = 0.0  # no GPU, nothing queued: no wait, and none measured
             if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
+                t1 = time.monotonic()
                 torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
-            t_sync = time.monotonic() - t1
+                t_sync = time.monotonic() - t1
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score} | host.metrics("train", t_sync)
         verify = got.verify_counts()

@@ -34,8 +34,10 @@ def _metrics(paths) -> list[dict]:
 def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engine: str) -> None:
     # the DDP run also profiles its step 2 on both ranks (training.profile_steps)
     profile = ["training.profile_steps=1", "training.profile_from=2"] if strategy == "ddp" else []
-    # the native FSDP run samples its slow phases' stacks (training.stall_sample_ms)
-    stalls = ["training.stall_sample_ms=5"] if engine == "native" else []
+    # the native FSDP run samples its slow phases' stacks (training.stall_sample_ms); its
+    # step 4's update is made a second slower than the three before it (faults.stall_at_step)
+    stalls = ["training.stall_sample_ms=5", "faults.enabled=true", "faults.stall_at_step=3"]
+    stalls = stalls if engine == "native" else []
     # the other FSDP run binds each rank to its own CPUs (dist.bind_cpus)
     bind = ["dist.bind_cpus=true"] if (strategy, engine) == ("fsdp", "hf") else []
     paths = make_run(
@@ -71,11 +73,12 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(m["engine/captures"] == 0 for m in steps)  # no CUDA graphs on a CPU
     # every step starts with the scheduled young collection, timed (train/gc_schedule.py)
     assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
-    # the update's wall in its parts: the host's CPU seconds and (no GPU) no sync wait
+    # the update's wall in its parts: the host's CPU seconds and (no GPU) no sync waited for
     for m in trained:
         assert 0 < m["time/train_cpu_main"] <= m["time/train_cpu"] + 0.01
-        assert m["time/train_sync"] < 1e-3
-        assert m["train/descheduled"] >= 0
+        assert m["time/train_sync"] == 0.0 and m["time/train"] > 0
+        # a count of switches (test_profiling.py shows it counts them)
+        assert m["train/descheduled"] == int(m["train/descheduled"]) >= 0
         # ... and by thread (Linux's schedstat): the groups add up to the process's seconds
         groups = m["time/train_cpu_main"] + sum(
             m[f"time/train_cpu_{g}"] for g in ("autograd", "python", "native")
@@ -101,11 +104,13 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(m["time/score_max"] >= m["time/score"] > 0 for m in steps)
     assert all(m["reward/verify_items"] >= 0 and m["time/verify_slowest"] >= 0 for m in steps)
     assert all(m["time/verify_slowest"] <= m["time/score_max"] for m in steps)
-    if stalls:  # a phase 0.15 s past its median on a busy CPU: its stacks, in this format
-        for f in (
-            paths.torch_profile.glob("stalls-rank*.txt") if paths.torch_profile.exists() else []
-        ):
-            assert re.match(r"step \d+ rank [01] grpo/\w+: [0-9.]+ s", f.read_text()), f
+    if stalls:  # step 4's update, a second past its median: each rank's stacks, this format
+        found = sorted(p.name for p in paths.torch_profile.glob("stalls-rank*.txt"))
+        assert found == ["stalls-rank0.txt", "stalls-rank1.txt"], found
+        for r in (0, 1):
+            text = (paths.torch_profile / f"stalls-rank{r}.txt").read_text()
+            assert re.search(rf"^step 4 rank {r} grpo/update: [0-9.]+ s", text, re.M), text
+            assert "in_update" in text  # the sampled stack: the fault's sleep, by name
     # Rank 0 writes the first completion of each of its groups (1 of 2 here) per step.
     samples = [json.loads(line) for line in paths.samples.read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4]
