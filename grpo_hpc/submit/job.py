@@ -8,7 +8,9 @@ the directory it created: bad input never leaves a half-made run behind. Resubmi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import shutil
 import time
 from dataclasses import dataclass
@@ -40,6 +42,15 @@ from grpo_hpc.submit.plan import (
     template_context,
 )
 
+SUBMISSION_ERRORS = (
+    submitit.core.utils.FailedJobError,  # sbatch refused: its stderr (seen on the test cluster)
+    submitit.core.utils.FailedSubmissionError,  # sbatch's output named no job id
+    OSError,
+)
+"""What a refused submission raises through submitit: one line (``submission failed: <sbatch's
+last line>``) for grpo-submit, a retry for grpo-monitor (tests/integration/
+test_resume_intent_slurm.py has sbatch of the test cluster refuse a partition)."""
+
 
 def make_executor(profile: Profile, paths: RunPaths, params: dict[str, Any]) -> submitit.Executor:
     cluster = "local" if profile.executor == "local" else "slurm"
@@ -68,9 +79,11 @@ def submit_attempt(
     record it in jobs.jsonl (the caller has checked that Slurm answers)."""
     executor = make_executor(profile, paths, params)
     launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node)
+    said = io.StringIO()
     try:
-        job = executor.submit(launcher)
-    except (submitit.core.utils.FailedSubmissionError, OSError) as e:
+        with contextlib.redirect_stderr(said):  # submitit prints sbatch's refusal there too
+            job = executor.submit(launcher)
+    except SUBMISSION_ERRORS as e:
         first = str(e).strip().splitlines()
         raise GrpoError(f"submission failed: {first[-1] if first else e}") from None
     attempt = record_job(paths, str(job.job_id), profile, reason)
