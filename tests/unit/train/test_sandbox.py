@@ -1,7 +1,9 @@
 """The code sandbox, with real subprocesses: limits, blocked operations, unfakeable results.
 
-Every test runs twice: inside bubblewrap (where it works; scripts/test.sh installs it) and
-with the audit-hook sandbox alone (the fallback)."""
+Every test runs twice: inside bubblewrap and with the audit-hook sandbox alone (the
+fallback). Where bubblewrap cannot run, its half is skipped, or fails when
+``GRPO_HPC_REQUIRE_BWRAP`` is set (scripts/test.sh installs it and sets that as root:
+bwrap_switch.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +18,18 @@ import pytest
 from grpo_hpc.train.rewards import bwrap, sandbox
 from grpo_hpc.train.rewards.sandbox import RETURNED_CHARS, SandboxResult, harden_check, run_python
 
-BWRAP_WORKS = bwrap.detect().name == "bwrap"
-needs_bwrap = pytest.mark.skipif(not BWRAP_WORKS, reason=bwrap.detect().detail)
+from .bwrap_switch import need_bwrap
+
+KILLED_WITHIN_S = 30.0
+"""A bound on a sandboxed run cut at its deadline: the deadline, the interpreter's start
+and the kill, on a loaded machine; far under what the code would run uncut."""
 
 
 @pytest.fixture(autouse=True, params=["bwrap", "audit-hook"])
 def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with this sandbox as the one ``auto`` picks."""
-    if request.param == "bwrap" and not BWRAP_WORKS:
-        pytest.skip(bwrap.detect().detail)
+    if request.param == "bwrap":
+        need_bwrap()
     chosen = bwrap.Isolation(request.param, "test")
     monkeypatch.setattr(sandbox, "proven_isolation", lambda: chosen)
     return request.param
@@ -85,10 +90,12 @@ def test_infinite_loop_is_killed_with_its_process_group() -> None:
     t0 = time.monotonic()
     res = run_python("while True:\n    pass", timeout_s=1.0)
     assert res.timed_out and not res.ok
-    assert time.monotonic() - t0 < 3.0
+    assert 1.0 <= time.monotonic() - t0 < KILLED_WITHIN_S  # it ran to its deadline, no further
     assert _gone(res.pid)
-    res = run_python("import time\nprint('start', flush=True)\ntime.sleep(100)", timeout_s=1.0)
+    t0 = time.monotonic()
+    res = run_python("import time\nprint('start', flush=True)\ntime.sleep(1000)", timeout_s=1.0)
     assert res.timed_out and res.stdout == "start\n" and _gone(res.pid)
+    assert time.monotonic() - t0 < KILLED_WITHIN_S  # not the 1000 s it asked for
 
 
 def test_memory_hog_fails_parent_fine() -> None:
@@ -111,7 +118,8 @@ def test_process_creation_is_blocked() -> None:
     marker = f"{1000 + uuid.uuid4().int % 1000}.{os.getpid()}"
     t0 = time.monotonic()
     res = run_python(f"import subprocess\nsubprocess.run(['sleep', '{marker}'])")
-    assert _blocked(res, "_posixsubprocess") and time.monotonic() - t0 < 5
+    # blocked, not run: the sleep would have taken over 1000 s
+    assert _blocked(res, "_posixsubprocess") and time.monotonic() - t0 < KILLED_WITHIN_S
     cmdlines = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -180,8 +188,8 @@ def test_audit_hook_alone_misses_mknod_outside(tmp_path: Path, isolation: str) -
     assert res.ok and target.exists() and res.isolation == "audit-hook"  # the known hole
 
 
-@needs_bwrap
 def test_bwrap_contains_that_escape(tmp_path: Path, isolation: str) -> None:
+    need_bwrap()
     target = tmp_path / "escaped"
     res = run_python(ESCAPE.format(path=str(target)), isolation="bwrap")
     assert not res.ok and not target.exists() and res.isolation == "bwrap"
@@ -189,8 +197,8 @@ def test_bwrap_contains_that_escape(tmp_path: Path, isolation: str) -> None:
     assert not ro.ok and "Read-only file system" in ro.stderr and not Path("/usr/escaped").exists()
 
 
-@needs_bwrap
 def test_bwrap_namespaces(isolation: str) -> None:
+    need_bwrap()
     code = (
         "import os\n"
         "print(sorted(os.listdir('/tmp')))\n"  # private /tmp: the work dir (+ a /tmp venv)

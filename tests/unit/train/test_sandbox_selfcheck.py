@@ -21,7 +21,7 @@ from grpo_hpc.train.rewards import bwrap, sandbox, verifier
 from grpo_hpc.train.rewards import functions as rewards
 from tests.conftest import REPO
 
-BWRAP_WORKS = bwrap.detect().name == "bwrap"
+from .bwrap_switch import REQUIRE_ENV, need_bwrap
 
 
 @pytest.fixture
@@ -56,10 +56,10 @@ print(sandbox.proven_isolation().name)
 """
 
 
-@pytest.mark.skipif(not BWRAP_WORKS, reason=bwrap.detect().detail)
 def test_sandbox_venv_under_tmp(tmp_venv: Path) -> None:
     """Regression: bwrap's private /tmp hid a venv's interpreter (``bwrap: execvp
     /tmp/.../bin/python: No such file or directory``) and every completion scored 0."""
+    need_bwrap()
     result = subprocess.run(
         [str(tmp_venv), "-c", RUN_FROM_VENV],
         capture_output=True, text=True, timeout=120, cwd="/", env={"PYTHONPATH": str(REPO)},
@@ -85,10 +85,10 @@ def test_environment_paths_under_tmp_only() -> None:
         shutil.rmtree(here)
 
 
-@pytest.mark.skipif(not BWRAP_WORKS, reason=bwrap.detect().detail)
 def test_bwrap_failing_self_check_falls_back(fresh_caches, monkeypatch) -> None:
     """bwrap starts, but cannot run the interpreter: the audit-hook sandbox takes over and
     the log line says why."""
+    need_bwrap()
     real = bwrap.command
     monkeypatch.setattr(  # bind nothing: an interpreter under a hidden dir cannot start
         bwrap, "command", lambda w, a, bwrap="bwrap", keep=None: real(w, ["/tmp/no/python"], bwrap)
@@ -154,3 +154,18 @@ def test_math_verifier_self_check_survives_worker_killed_by_scancel(monkeypatch,
         assert (tmp_path / "died").exists(), "the worker never died: the test proved nothing"
     finally:
         fresh._stop()
+
+
+def test_a_required_bwrap_that_cannot_run_fails_the_test(monkeypatch) -> None:
+    """The switch itself: where bubblewrap is unusable, a test that needs it is skipped,
+    and fails instead when GRPO_HPC_REQUIRE_BWRAP is set (scripts/test.sh as root)."""
+    unusable = bwrap.Isolation("audit-hook", "bwrap: No permissions to create new namespace")
+    monkeypatch.setattr(bwrap, "detect", lambda: unusable)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="No permissions"):
+        need_bwrap()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"{REQUIRE_ENV} is set.*No permissions"):
+        need_bwrap()
+    monkeypatch.setattr(bwrap, "detect", lambda: bwrap.Isolation("bwrap", "works"))
+    need_bwrap()  # where it works: neither
