@@ -83,11 +83,11 @@ def write_results(out: Path, meta: dict, results: list[TrialResult]) -> None:
 
 
 EXAMPLES = """examples:
-  python -m bench.faults --trials 10 --seed 1 --out bench/results/faults_campaign.json
-  python -m bench.faults --trials 100 --seed 1 --out bench/results/faults_campaign.json
+  python -m bench.faults --trials 10 --seed 1 --out bench/results/faults_cpu_2026-11-23.json
+  python -m bench.faults --trials 100 --seed 1 --out bench/results/faults_cpu_2026-11-23.json
   python -m bench.faults --seed 1 --only 17,23 --out /tmp/rerun.json   # rerun two trials
   python -m bench.faults --plan --trials 20 --seed 1      # print the schedule, run nothing
-  python -m bench.faults --table bench/results/faults_campaign.json   # the README table
+  python -m bench.faults --table bench/results/faults_cpu_2026-11-23.json   # the README table
 
 Trial i of seed S is the same whatever --trials is (its kind is KINDS[i % 10], its moments
 come from a generator seeded with S and i). Needs root and slurm/up.sh --nodes 2.
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="campaign seed (default 1)")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS, help="steps per run (default 6)")
     p.add_argument("--only", help="comma-separated trial indices to run (of --seed)")
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/faults_campaign.json")
+    p.add_argument("--out", type=Path, default=REPO / "bench/results/faults_cpu_2026-11-23.json")
     p.add_argument("--work", type=Path, help="scratch dir for the runs (default /tmp/...)")
     p.add_argument(
         "--parallel", type=int, default=1, metavar="K",

@@ -8,7 +8,7 @@ and on one process (DCP resharding). Reports times, checkpoint sizes and the out
 
     # two GPUs (the H200-x2 run recorded in bench/results/):
     python -m bench.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \\
-        --out bench/results/h200x2_fsdp2_dcp_nccl.json
+        --out bench/results/fsdp_dcp_h200x2_2026-11-23.json
     # CPU smoke test (gloo, tiny shape, ~1 min on 2 cores):
     python -m bench.fsdp_dcp --nproc 2 --shape tiny --precision fp32 --max-new 8 --prompts 2 --G 4
 """

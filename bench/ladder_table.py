@@ -1,7 +1,7 @@
 """The ladder's markdown table (bench/results/LOG.md) from ladder.json: measured figures
 beside what the memory estimator says now for the same settings.
 
-    python -m bench.ladder_table bench/results/ladder.json
+    python -m bench.ladder_table bench/results/ladder_h100_2026-11-26.json
 """
 
 from __future__ import annotations

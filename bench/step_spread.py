@@ -12,7 +12,7 @@ time includes a compilation or a CUDA graph capture on some rank; the spread wit
 (``worst_steady_spread``) is the steps' own variation.
 
     python -m bench.step_spread logs/RUN/metrics.jsonl
-    python -m bench.step_spread bench/results/slurm_gpu_h100x2/metrics.jsonl --warmup 1
+    python -m bench.step_spread bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl --warmup 1
     python -m bench.step_spread logs/RUN/metrics.jsonl --steps   # and every step's parts
 
 The issue's target: after warm-up, steps of similar token counts within 20 % of each other

@@ -54,10 +54,10 @@ for stage in "$@"; do
         done ;;
     dcp) python3 -m bench.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \
         --out "$out/h200x2_fsdp2_dcp_nccl.json" 2>&1 | tail -25 ;;
-    ladder) # one GPU per row; resumable: rows already in bench/results/ladder.json are kept
+    ladder) # one GPU per row; resumable: rows already in bench/results/ladder_h100_2026-11-26.json are kept
         # (copy it back first); LADDER_* as for ladder2; LADDER_TRL=1 runs TRL beside each
         # row (LADDER_BUDGETS picks budgets); LADDER_OUT as for ladder2
-        lout=${LADDER_OUT:-bench/results/ladder.json}
+        lout=${LADDER_OUT:-bench/results/ladder_h100_2026-11-26.json}
         python3 -m bench.ladder ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} ${LADDER_TRL:+--trl} \
             ${LADDER_BUDGETS:+--budgets $LADDER_BUDGETS} \
             --row-timeout "${LADDER_ROW_TIMEOUT:-150}" --time-budget "${LADDER_TIME_BUDGET:-420}" \
@@ -68,7 +68,7 @@ for stage in "$@"; do
         # starts no row after LADDER_TIME_BUDGET s (default 300), each row at most 240 s.
         # LADDER_OUT writes elsewhere (two ladders side by side on a 4-GPU machine, GPUS=0,1
         # and GPUS=2,3, each on a copy; python -m bench.ladder --merge folds one into another).
-        lout=${LADDER_OUT:-bench/results/ladder.json}
+        lout=${LADDER_OUT:-bench/results/ladder_h100_2026-11-26.json}
         python3 -m bench.ladder --nproc 2 ${LADDER_SHAPES:+--shapes $LADDER_SHAPES} \
             --row-timeout "${LADDER_ROW_TIMEOUT:-240}" --time-budget "${LADDER_TIME_BUDGET:-300}" \
             --out "$lout" 2>&1 | grep -v "it/s\]" | tail -30

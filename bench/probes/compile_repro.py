@@ -16,7 +16,7 @@ choices (``learning.py``'s system ``grpo_hpc_timed``) and then in the determinis
 and gradient norm of every step, to the last bit) each mode gave.
 
     python -m bench.probes.compile_repro --runs 4 --seed 5 --steps 3 \
-        --out bench/results/h100_compile_repro.json
+        --out bench/results/archive/h100_compile_repro.json
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ call per layer (each on its own layer of the cache) captured in a CUDA graph and
   (row, KV head) streams the keys and values once with an online softmax.
 
     python -m bench.probes.decode_attention --shapes qwen2.5-1.5b qwen2.5-3b --batch 64 256 \
-        --out bench/results/h100_decode_attention.json
+        --out bench/results/archive/h100_decode_attention.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Peak VmRSS and RssAnon of a command, polled from /proc every 5 ms.
 
-Usage: python -m bench.probes.peak_rss CMD...   (bench/results/export_memory.md)
+Usage: python -m bench.probes.peak_rss CMD...   (bench/results/archive/export_memory.md)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ The stop token gets its own check: the number of rows that stopped against the s
 ``p_T(stop)`` over every position the rows reached (its expectation for a correct
 sampler), as a z-score. ``native_fp32`` is the native engine with fp32 weights and cache.
 
-    python -m bench.probes.sampler_check --out bench/results/h100_sampler_check.json   # GPU
+    python -m bench.probes.sampler_check --out bench/results/archive/h100_sampler_check.json   # GPU
     python -m bench.probes.sampler_check --rows 8 --prompts 2 --engines native_eager hf  # CPU
 """
 

@@ -13,7 +13,7 @@ slowest item. Each rollout has its own seed (``3 * round + mode``), so no mode m
 strings another already made math-verify parse; the order of the modes turns by round.
 
     python -m bench.probes.stream_scoring --prompts 8 --g 8 --new 256 --rounds 10 \\
-        --out bench/results/h100_stream_scoring.json
+        --out bench/results/archive/h100_stream_scoring.json
 
 The per-rank shape of issue 38's 2-GPU GSM8K runs is ``--prompts 8 --g 8 --new 256``.
 Needs the converted SmolLM2 (``GRPO_HPC_CACHE``, as ``bench/gpu_real.sh model`` leaves it,

@@ -11,10 +11,10 @@ or cannot pay:
   (bench/results/LOG.md, issue 24) compile + packing made the default step 1.32x (0.5B),
   1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K lengths) faster, and lowered
   its peak memory in every case. Under FSDP2 on 2x H100 (issue 38,
-  bench/results/h100x4_fsdp2_vs_ddp.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
+  bench/results/fsdp2_vs_ddp_h100x4_2026-11-26.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
   faster than FSDP2's eager layers and lowered the peak (24.2 against 32.4 GiB at 0.5B);
   the 7B FSDP2 plan took 11.6 s/step compiled against 14.3 s eager, at the same peak
-  (bench/results/h100x4_issue38.md);
+  (bench/results/archive/trl_ladder_7b_h100x4_2026-11-26.md);
 - packing also needs half precision (the varlen kernel takes bf16/fp16 only; elsewhere a
   packed forward runs attention row by row, which is slower than padding);
 - off with LoRA: not measured compiled or packed on a GPU;

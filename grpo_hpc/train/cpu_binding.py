@@ -3,7 +3,7 @@
 A small model's update is bound by the host: one thread launches the forward, autograd's
 device thread the backward, and the step waits for them. Issue 38's 2-GPU runs had slow
 updates whose CPU seconds grew with their time, on a VM host whose cores ran a fixed piece
-of work 2-3x slower from one moment to the next (bench/results/h100x4_issue38_s18.md).
+of work 2-3x slower from one moment to the next (bench/results/weak_scaling_h100x4_2026-11-27.md).
 Whether a rank that keeps cores of its own, apart from the other ranks' threads, steps
 more steadily is what this option is for: off by default, to be measured.
 

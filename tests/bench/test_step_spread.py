@@ -13,9 +13,9 @@ import pytest
 from bench import step_spread
 
 REPO = Path(__file__).resolve().parents[2]
-H100X2 = REPO / "bench/results/slurm_gpu_h100x2/metrics.jsonl"
-S20 = REPO / "bench/results/h100x2_issue38_s20/slurm_judge_running/metrics.jsonl"
-S21 = REPO / "bench/results/h100x2_issue38_s21/slurm_default_1/metrics.jsonl"
+H100X2 = REPO / "bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl"
+S20 = REPO / "bench/results/archive/slurm_gsm8k_stream_scoring_h100x2_2026-11-27/slurm_judge_running/metrics.jsonl"
+S21 = REPO / "bench/results/step_spread_h100x2_2026-11-27/slurm_default_1/metrics.jsonl"
 
 
 def _step(n: int, t: float, tokens: float, **more: float) -> dict:
@@ -106,7 +106,7 @@ def test_each_part_s_range_says_which_part_varied() -> None:
 
 
 def test_the_twentieth_session_s_run_varied_in_its_update() -> None:
-    """The recorded default run on 2x H100 (bench/results/h100x2_issue38_s20.md): one size
+    """The recorded default run on 2x H100 (bench/results/archive/slurm_gsm8k_stream_scoring_h100x2_2026-11-27.md): one size
     group of 26 steps, whose update ranged 2.17x while the rest of the step ranged 1.39x."""
     lines = [json.loads(x) for x in S20.read_text().splitlines()]
     rep = step_spread.report(step_spread.training_steps(lines), warmup=2, tolerance=0.1)
@@ -133,7 +133,7 @@ def test_the_host_summary_reads_the_update_by_thread() -> None:
 
 
 def test_the_twenty_first_session_s_update_was_one_busy_thread_at_a_time() -> None:
-    """The recorded default run (bench/results/h100x2_issue38_s21.md): in every update the
+    """The recorded default run (bench/results/step_spread_h100x2_2026-11-27.md): in every update the
     main and autograd threads were running 98-100 % of the wall, and no thread waited for a
     core longer than 0.2 ms."""
     lines = [json.loads(x) for x in S21.read_text().splitlines()]

@@ -2,7 +2,7 @@
 run it: the same 2-rank FSDP2 run through grpo-submit and grpo-monitor on CPU ranks (gloo),
 a rank SIGKILLed inside a DCP save, resumed from the checkpoint before it with every rank's
 state equal to its digest. On a GPU node the harness ran 18 trials of six kinds
-(bench/results/gpu_faults_h100x4.md); here CI keeps the harness honest. (The OOM stop has
+(bench/results/gpu_faults_h100x4_2026-11-26.md); here CI keeps the harness honest. (The OOM stop has
 its own end-to-end test: tests/e2e/test_oom_monitor.py.)"""
 
 from __future__ import annotations

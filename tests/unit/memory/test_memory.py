@@ -54,11 +54,11 @@ def test_lora_parameter_count_matches_peft() -> None:
 
 
 CALIBRATION = (
-    "h100_trl_vs_grpo_hpc.json",  # bench/trl_baseline.py: the trainer's step beside TRL's
-    "h100_trl_vs_grpo_hpc_gradckpt.json",  # the same, token budget 4096 + checkpointing
-    "h200_native_step_1gpu_ddp.json",  # bench/grpo_step.py (gpu_session.sh stage multi)
-    "h200_native_step_2gpu_ddp.json",
-    "h200_native_step_2gpu_fsdp.json",
+    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23.json",  # bench/trl_baseline.py: the trainer's step beside TRL's
+    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23_gradckpt.json",  # the same, token budget 4096 + checkpointing
+    "grpo_step_1gpu_ddp_h200_2026-11-23.json",  # bench/grpo_step.py (gpu_session.sh stage multi)
+    "grpo_step_2gpu_ddp_h200x2_2026-11-23.json",
+    "grpo_step_2gpu_fsdp_h200x2_2026-11-23.json",
 )
 """The bench/results files whose peaks the estimator is held to, by name: the 0.5B
 native-engine steps with a token budget that record the trainer's own peak. A file
@@ -136,7 +136,7 @@ def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> N
 def test_under_fsdp2_checkpointing_is_preferred_to_halving_the_token_budget() -> None:
     """Halving micro_batch_tokens doubles FSDP2's per-micro-batch weight gathers: at 7B on
     2x H100 it stepped in 14.3 s where checkpointing stepped in 11.6 s (bench/results/
-    ladder.json). Without checkpointing in the config, the plan adds it, not a smaller budget."""
+    ladder_h100_2026-11-26.json). Without checkpointing in the config, the plan adds it, not a smaller budget."""
     check = _check("h100x2", "model.gradient_checkpointing=false")
     s = check.plan.settings
     assert (s.strategy, s.gradient_checkpointing, s.micro_batch_tokens) == ("fsdp", True, 4096)

@@ -20,7 +20,7 @@ RESULTS = ROOT / "bench" / "results"
 TOLERANCE = 0.15
 """As tests/unit/memory/test_memory_ladder.py: an estimate within 15 % of the measured peak."""
 GPU_GIB = 79.2
-"""What torch reports as an H100 80GB's capacity (the OOM messages of h100_ckpt24.json)."""
+"""What torch reports as an H100 80GB's capacity (the OOM messages of recompute_h100_2026-11-25.json)."""
 
 
 def _shape(name: str) -> memory.ModelShape:
@@ -28,7 +28,7 @@ def _shape(name: str) -> memory.ModelShape:
 
 
 def _step_settings(**changes: object) -> memory.Settings:
-    """bench/grpo_step.py's default step as h100_ckpt24.json ran it: 8 prompts x G=8 of
+    """bench/grpo_step.py's default step as recompute_h100_2026-11-25.json ran it: 8 prompts x G=8 of
     ~270 tokens (a character tokenizer over the chat template), 256 new tokens, the
     project's micro-batch limits, compiled layers."""
     base = memory.Settings(
@@ -72,7 +72,7 @@ def test_compiled_layers_keep_less_than_eager_ones_but_lora_is_unchanged() -> No
 
 
 def _ckpt24_rows() -> list[dict]:
-    rows = json.loads((RESULTS / "h100_ckpt24.json").read_text())["rows"]
+    rows = json.loads((RESULTS / "recompute_h100_2026-11-25.json").read_text())["rows"]
     return [r for r in rows if "not finished" not in r.get("error", "")]
 
 
@@ -92,9 +92,9 @@ def test_compiled_estimate_against_the_default_step_on_an_h100(row: dict) -> Non
 
 
 def test_compiled_estimate_against_the_ladder_rows_with_compiled_layers() -> None:
-    """The one-GPU ladder rows re-run with ``auto`` compiling (ladder_auto24.json: 0.5B-3B,
+    """The one-GPU ladder rows re-run with ``auto`` compiling (ladder_compiled_h100_2026-11-25.json: 0.5B-3B,
     most without recompute): at or above each peak, within 15 %."""
-    rows = json.loads((RESULTS / "ladder_auto24.json").read_text())["rows"]
+    rows = json.loads((RESULTS / "ladder_compiled_h100_2026-11-25.json").read_text())["rows"]
     measured = [r for r in rows if r.get("status") == "fits" and "run_settings" in r]
     assert len(measured) >= 4
     for row in measured:

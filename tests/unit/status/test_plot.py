@@ -1,5 +1,5 @@
 """grpo-status --plot: the series it draws (pure) and the PNG it writes from a real run's
-metrics (bench/results/demo_cpu_metrics.jsonl, logged by the demo on a CPU)."""
+metrics (bench/results/demo_cpu_2026-11-25_metrics.jsonl, logged by the demo on a CPU)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.status.plot import OVERLAYS, PANELS, build_figure, plot_data, write_png
 from tests.conftest import REPO, run_cli
 
-DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_metrics.jsonl"
+DEMO_METRICS = REPO / "bench" / "results" / "demo_cpu_2026-11-25_metrics.jsonl"
 
 
 def _metrics() -> list[dict]:
