@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -31,28 +30,51 @@ def test_snapshot_fields() -> None:
     assert line(snapshot(None, None)) == "  [waiting] step 0/? reward - tok/s - eta -"
 
 
-def _trainer(paths: RunPaths, steps: int, finished: threading.Event) -> None:
+class _Polls:
+    """The follower's ``done`` callable, counting its calls: it is called before every
+    read, so two calls after a write mean the follower has read (and shown) that write."""
+
+    def __init__(self) -> None:
+        self.finished = threading.Event()
+        self._n = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> bool:
+        with self._cond:
+            self._n += 1
+            self._cond.notify_all()
+        return self.finished.is_set()
+
+    def seen(self) -> None:
+        """Block until the follower has read what was written before this call."""
+        with self._cond:
+            target = self._n + 2
+            if not self._cond.wait_for(lambda: self._n >= target, timeout=60):
+                self.finished.set()  # end the follower: the test then fails on what it shows
+
+
+def _trainer(paths: RunPaths, steps: int, polls: _Polls) -> None:
     write_progress(paths.progress, _rec(0, TrainState.LOADING))
+    polls.seen()
     for step in range(1, steps + 1):
-        time.sleep(0.15)
         append_jsonl(paths.metrics, {"step": step, "time/step": 12.0, "reward/mean": 0.25 * step})
         rec = _rec(step, reward_mean=0.25 * step, tokens_per_s=900.0 + step)
         write_progress(paths.progress, rec)
-    time.sleep(0.15)
+        polls.seen()  # each state is shown before the next replaces it
     final = _rec(steps, TrainState.FINISHED, reward_mean=0.75, tokens_per_s=900.0 + steps)
     write_progress(paths.progress, final)
-    finished.set()
+    polls.finished.set()
 
 
 def _follow(tmp_path: Path, terminal: bool) -> str:
     paths = RunPaths(tmp_path / "r")
     paths.root.mkdir()
-    finished = threading.Event()
-    writer = threading.Thread(target=_trainer, args=(paths, 3, finished))
+    polls = _Polls()
+    writer = threading.Thread(target=_trainer, args=(paths, 3, polls))
     out = io.StringIO()
     console = Console(file=out, force_terminal=terminal, width=150, color_system=None)
     writer.start()
-    last = follow(paths, finished.is_set, console, poll_s=0.05)
+    last = follow(paths, polls, console, poll_s=0.05)
     writer.join()
     assert (last.state, last.step, last.reward) == ("finished", 3, "0.750")
     return out.getvalue()
@@ -68,5 +90,14 @@ def test_bar_on_a_terminal(tmp_path: Path) -> None:
 
 def test_lines_when_not_a_terminal(tmp_path: Path) -> None:
     lines = _follow(tmp_path, terminal=False).splitlines()
+    # one line per change, not per poll (the follower may first find no progress.json)
+    shown = [ln.split(" reward")[0] for ln in lines if not ln.startswith("  [waiting]")]
+    assert shown == [
+        "  [loading] step 0/10",
+        "  [training] step 1/10",
+        "  [training] step 2/10",
+        "  [training] step 3/10",
+        "  [finished] step 3/10",
+    ], lines
     assert lines[-1].startswith("  [finished] step 3/10 reward 0.750")
-    assert len(lines) == len(set(lines)) <= 6  # one line per change, not per poll
+    assert len(lines) == len(set(lines))
