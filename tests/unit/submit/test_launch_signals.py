@@ -23,9 +23,13 @@ from grpo_hpc.submit import launch
 from grpo_hpc.submit.launch import NodeLauncher
 
 FAKE_TRAINER = """
-import sys, time
+import os, sys, time
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
-time.sleep(0.6)  # the signal arrives while this "trainer" is still busy
+deadline = time.monotonic() + 120
+while not os.path.exists(sys.argv[4]):  # busy until the signal has reached the launcher
+    if time.monotonic() > deadline:
+        sys.exit(99)
+    time.sleep(0.01)
 state, code = TrainState(sys.argv[2]), int(sys.argv[3])
 write_progress(sys.argv[1], ProgressRecord(run="r", state=state, exit_code=code, step=3))
 sys.exit(0 if code == 0 else 1)
@@ -43,18 +47,31 @@ def restore_signals() -> Iterator[None]:
 def _launch_with_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, code: int
 ) -> tuple[object, list[object]]:
-    """Run the launcher on a fake trainer; SIGUSR2 comes 0.2 s into its wait on the trainer,
-    handled like submitit."""
+    """Run the launcher on a fake trainer; SIGUSR2 comes while the launcher waits on the
+    trainer, handled like submitit. The trainer stays busy until the signal's handler has
+    begun (it writes a file the trainer waits for), so the hook always meets a trainer
+    that is still running, however loaded the machine."""
     paths = RunPaths(tmp_path / "r")
     paths.root.mkdir()
     write_progress(paths.progress, ProgressRecord(run="r", state=TrainState.INTERRUPTED))
-    cmd = [sys.executable, "-c", FAKE_TRAINER, str(paths.progress), state, str(code)]
+    signalled = tmp_path / "signalled"
+    cmd = [
+        sys.executable,
+        "-c",
+        FAKE_TRAINER,
+        str(paths.progress),
+        state,
+        str(code),
+        str(signalled),
+    ]
     monkeypatch.setattr(launch, "torchrun_command", lambda *a, **k: cmd)
     launcher = NodeLauncher(str(paths.root))
     hooks: list[object] = []
 
     def submitit_like(signum: int, frame: object) -> None:
         hooks.append("signal")
+        assert launcher._proc is not None and launcher._proc.poll() is None  # still busy
+        signalled.touch()  # the trainer may now finish
         hooks.append(launcher.checkpoint())
         if hooks[-1] is None:
             raise submitit.core.utils.UncompletedJobError("checkpoint function returned None")
@@ -62,9 +79,11 @@ def _launch_with_signal(
     def signal_while_waiting() -> None:
         # Once the launcher waits on its trainer (a fixed delay from the start raced the
         # launcher's own start-up on a loaded machine: the hook then saw no trainer yet)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not launcher._waiting and time.monotonic() < deadline:
             time.sleep(0.01)
+        # (the main thread goes from setting _waiting into the wait within a few bytecodes;
+        # this gives it that, it is no hand-over: the trainer waits for the signal)
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGUSR2)
 
