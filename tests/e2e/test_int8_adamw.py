@@ -2,7 +2,10 @@
 train with int8 moments, save sharded checkpoints, and a run resumed from one continues
 exactly: every rank's state after the load equals its digest at the save, and the step-4
 weights equal those the run had before it was rewound, bit for bit (CPU, deterministic).
-A model that does not shard evenly is refused with one line."""
+A model that does not shard evenly is refused with one line (before torchao is imported).
+
+torchao is in the test extra (setup.cfg): the training test imports it and fails where it
+is missing (a broken test install), never skips."""
 
 from __future__ import annotations
 
@@ -17,8 +20,6 @@ from grpo_hpc.core.progress import read_progress
 from grpo_hpc.train import state_digest
 
 from .helpers import make_run, train
-
-pytest.importorskip("torchao.optim")  # the lowmem extra; CI installs it with the test extra
 
 STEPS = [
     "dist.strategy=fsdp",
@@ -41,6 +42,7 @@ def _gathered(dcp_dir: Path, out: Path) -> dict:
 @pytest.mark.slow
 def test_int8_moments_train_save_and_resume_exactly(tmp_path: Path) -> None:
     import torch
+    import torchao.optim  # noqa: F401  (the test extra's: the trainer's ranks import it)
 
     model = tmp_path / "model"  # a Llama whose every dimension splits over two ranks
     build_model(model, "tiny")

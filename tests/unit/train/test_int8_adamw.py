@@ -1,5 +1,8 @@
 """``optim.state=int8``: torchao's AdamW8bit where asked, a one-line error where torchao is
-missing or FSDP2 would shard a weight unevenly, and state digests of its int8 moments."""
+missing or FSDP2 would shard a weight unevenly, and state digests of its int8 moments.
+
+torchao is in the test extra (setup.cfg, as peft is): the tests that use it import it and
+fail where it is missing (a broken test install), never skip; the refusals run without it."""
 
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ from grpo_hpc.train import state_digest
 from grpo_hpc.train.algo.optimization import adamw, uneven_shards
 from grpo_hpc.train.dist import DistInfo
 
-pytest.importorskip("torchao.optim")
+
+def _torchao() -> None:
+    """torchao's AdamW8bit, which the test extra installs: an ImportError here is a failure."""
+    import torchao.optim  # noqa: F401
 
 
 def _named(seed: int = 0) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]:
@@ -31,6 +37,7 @@ def _cfg(state: str, strategy: str = "ddp") -> Config:
 
 
 def test_int8_builds_torchaos_adamw8bit_and_fp32_torchs() -> None:
+    _torchao()
     _, named = _named()
     assert type(adamw(named, _cfg("int8"), DistInfo())).__name__ == "AdamW8bit"
     assert type(adamw(named, _cfg("fp32"), DistInfo())) is torch.optim.AdamW
@@ -51,10 +58,12 @@ def test_uneven_shards_named_and_refused_under_fsdp2_only() -> None:
     odd = [("embed", torch.nn.Parameter(torch.zeros(103, 4)))]
     with pytest.raises(ConfigError, match="embed has 103 rows"):
         adamw(odd, _cfg("int8", "fsdp"), DistInfo(world_size=2))
+    _torchao()
     assert adamw(odd, _cfg("int8", "ddp"), DistInfo(world_size=2))  # DDP shards nothing
 
 
 def test_digest_of_int8_moments_survives_a_round_trip_and_sees_one_code(tmp_path: Path) -> None:
+    _torchao()
     model, named = _named()
     opt = adamw(named, _cfg("int8"), DistInfo())
     model(torch.randn(4, 256)).square().mean().backward()
