@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -16,6 +15,10 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.submit.plan import plan_submission, preview
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
+GOLDEN_PROFILES = ("supercloud", "h100x2", "slurm-local", "slurm-local-2node", "local")
+REGENERATE = "python -m tests.unit.config.test_profiles"
+"""Rewrites tests/golden/<profile>.sbatch from the current code (run from the repository
+root); review its diff before committing it. The tests only compare."""
 
 
 def _normalized_preview(name: str) -> str:
@@ -24,15 +27,14 @@ def _normalized_preview(name: str) -> str:
     return text.replace(sys.executable, "<PYTHON>")
 
 
-@pytest.mark.parametrize(
-    "name", ["supercloud", "h100x2", "slurm-local", "slurm-local-2node", "local"]
-)
+@pytest.mark.parametrize("name", GOLDEN_PROFILES)
 def test_rendered_job_matches_golden(name: str) -> None:
-    text = _normalized_preview(name)
+    """The job each profile renders, against its golden (``REGENERATE`` rewrites them where a
+    change is intended; this test never writes)."""
     golden = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(text)
-    assert text == golden.read_text(), f"regenerate with UPDATE_GOLDEN=1 if intended ({golden})"
+    assert _normalized_preview(name) == golden.read_text(), (
+        f"{golden} differs; if the change is intended: {REGENERATE}, and review the diff"
+    )
 
 
 @pytest.mark.parametrize("name", ["supercloud", "h100x2", "slurm-local"])
@@ -110,3 +112,14 @@ def test_local_executor_is_given_the_profiles_gpus() -> None:
     assert executor_parameters(local, "r", [])["gpus_per_node"] == 0
     one = dataclasses.replace(local, gpus_per_node=1)
     assert executor_parameters(one, "r", [])["gpus_per_node"] == 1
+
+
+def regenerate() -> None:
+    """Write every profile's golden from the current code (:data:`REGENERATE`)."""
+    for name in GOLDEN_PROFILES:
+        (GOLDEN / f"{name}.sbatch").write_text(_normalized_preview(name))
+        print(f"wrote {GOLDEN / f'{name}.sbatch'}")
+
+
+if __name__ == "__main__":
+    regenerate()
