@@ -269,7 +269,7 @@ EXAMPLES = """examples:
   python -m bench.gpu_faults --only 3,9 --deadline 540 --out /tmp/rerun.json
   python -m bench.gpu_faults --table bench/results/gpu_faults.json
 Trial i is KINDS[i % 6] with moments drawn from (seed, i). Needs root, a cluster from
-slurm/up.sh --real-gpus with 2 or more GPUs, and grpo_hpc importable (bench/gpu_faults.sh).
+slurm/up.sh --real-gpus with 2 or more GPUs, and grpo_hpc importable (bench/gpu.sh faults).
 """
 
 

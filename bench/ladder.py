@@ -22,8 +22,9 @@ rows that timed out or failed run again, as do rows marked ``stale`` (measured b
 change to what they measure; the reason is in the row) and rows whose settings the
 estimator now resolves differently.
 
-    python -m bench.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json   # 2 GPUs, ~15 min
-    python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json             # one GPU, ~8 min
+    # 2 GPUs, ~15 min; then one GPU, ~8 min
+    python -m bench.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json
+    python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json
     python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
     python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json --merge OUT/ladder_b.json
 """

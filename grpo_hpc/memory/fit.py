@@ -31,7 +31,8 @@ FSDP_MICRO_BATCH_COST = 3
 weights for its forward and again for its backward, so twice the micro-batches is twice
 that traffic. Measured at 7B full-parameter on 2x H100 (FSDP2, compiled, engine released):
 ``micro_batch_tokens=2048`` 14.3 s/step against gradient checkpointing's 11.6 s
-(bench/results/ladder_h100_2026-11-26.json, bench/results/archive/ladder_ddp_first_h100x2_2026-11-26.md), so there it costs more
+(bench/results/ladder_h100_2026-11-26.json,
+bench/results/archive/ladder_ddp_first_h100x2_2026-11-26.md), so there it costs more
 than checkpointing (2)."""
 
 

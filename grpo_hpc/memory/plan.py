@@ -94,7 +94,8 @@ AUTO_TOKENS = (18432, 4096)
 """What ``algo.micro_batch_tokens=auto`` chooses between, larger first. A small model's
 update is launch-bound (each micro-batch costs nearly a full pass), so the larger budget is
 the faster one where memory allows: SmolLM2-135M's real 2-GPU GSM8K run stepped in 0.72 s
-with 18,432 tokens against 1.34 s with 4,096 (``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``).
+with 18,432 tokens against 1.34 s with 4,096
+(``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``).
 4,096 is the budget the ``gsm8k`` config pinned before, under which its plans for the
 larger shapes were measured (``docs/memory.md``)."""
 

@@ -192,7 +192,8 @@ def plain_reducer_for_compiled_layers() -> None:
     shapes, micro-batches of up to 18,432 packed tokens) a recompilation at step 12 died in
     that fake run: Inductor's input-alignment check read a fake tensor's data pointer
     (``BackendCompilerFailed ... Cannot access data pointer of Tensor``;
-    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). Our compiled regions are single decoder
+    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). Our compiled
+    regions are single decoder
     layers, so the split buys little: DDP's own reducer still starts each bucket's
     all-reduce as the layers' backwards hand it their gradients, one layer at a time."""
     import torch._dynamo

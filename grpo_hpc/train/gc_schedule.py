@@ -22,7 +22,8 @@ and collect at a fixed point of the step, the same on every rank. Here:
 
 Every collection, scheduled or automatic, is timed through ``gc.callbacks``: the step's
 ``time/gc`` metric is the longest any rank spent collecting during it. Measured on 2x H100
-(SmolLM2-135M, 30 GSM8K steps, bench/results/archive/ladder_ddp_first_h100x2_2026-11-26.md): with automatic
+(SmolLM2-135M, 30 GSM8K steps, bench/results/archive/ladder_ddp_first_h100x2_2026-11-26.md): with
+automatic
 collection the longest pause in a step was 4.4 ms, and the schedule cost 0.01-0.16 ms a
 step (that run also froze the objects alive at the start, which is no longer done). There
 it neither helped nor hurt; it is the default as the field's practice for processes whose

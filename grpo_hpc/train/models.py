@@ -207,7 +207,8 @@ def shape_free_attention() -> None:
     first call at each of 100 prompt lengths took 70 ms (median) against 0.36 ms after,
     and SDPA picks cuDNN by default there. The memory-efficient kernel took 0.16 ms first
     and 0.15 ms after (``python -m bench.probes.prefill_shapes``;
-    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). A GRPO run meets a new prompt length (the
+    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). A GRPO run meets a
+    new prompt length (the
     native engine's prefill) or padded width (HF generate, unpacked updates) at nearly
     every step, so each one stalled the rank that met it while its peers waited: issue
     38's slow generations of 1.3 s against 0.45."""
@@ -333,7 +334,8 @@ def no_size_guards_in_fusion() -> None:
     layer for widths below that, and the first one above it recompiled every layer,
     9.2-9.3 s on each rank in turn while the other waited at the next collective (a real
     2-GPU GSM8K run with micro-batches of up to 18,432 tokens, steps 20 and 25;
-    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). Inductor's non-strict mode skips that size
+    ``bench/results/archive/slurm_gsm8k_attention_plans_h100x2_2026-11-27.md``). Inductor's
+    non-strict mode skips that size
     check (and the rows >= 2 x columns one), so one compilation serves every width, as
     :func:`compile_layers` intends. Absent in torches without the fusion."""
     import torch._inductor.config as inductor_config

@@ -14,8 +14,12 @@ from bench import step_spread
 
 REPO = Path(__file__).resolve().parents[2]
 H100X2 = REPO / "bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl"
-S20 = REPO / "bench/results/archive/slurm_gsm8k_stream_scoring_h100x2_2026-11-27/slurm_judge_running/metrics.jsonl"
-S21 = REPO / "bench/results/step_spread_h100x2_2026-11-27/slurm_default_1/metrics.jsonl"
+STREAM_RUN = (
+    REPO
+    / "bench/results/archive/slurm_gsm8k_stream_scoring_h100x2_2026-11-27"
+    / "slurm_judge_running/metrics.jsonl"
+)
+DEFAULT_RUN = REPO / "bench/results/step_spread_h100x2_2026-11-27/slurm_default_1/metrics.jsonl"
 
 
 def _step(n: int, t: float, tokens: float, **more: float) -> dict:
@@ -105,10 +109,11 @@ def test_each_part_s_range_says_which_part_varied() -> None:
     assert "update 0.30-0.60 (2.00x)" in line and "score_max 0.00-0.00," in line
 
 
-def test_the_twentieth_session_s_run_varied_in_its_update() -> None:
-    """The recorded default run on 2x H100 (bench/results/archive/slurm_gsm8k_stream_scoring_h100x2_2026-11-27.md): one size
-    group of 26 steps, whose update ranged 2.17x while the rest of the step ranged 1.39x."""
-    lines = [json.loads(x) for x in S20.read_text().splitlines()]
+def test_the_stream_scoring_run_varied_in_its_update() -> None:
+    """The recorded default run on 2x H100 (bench/results/archive/
+    slurm_gsm8k_stream_scoring_h100x2_2026-11-27.md): one size group of 26 steps, whose update
+    ranged 2.17x while the rest of the step ranged 1.39x."""
+    lines = [json.loads(x) for x in STREAM_RUN.read_text().splitlines()]
     rep = step_spread.report(step_spread.training_steps(lines), warmup=2, tolerance=0.1)
     (trained,) = [g for g in rep["groups"] if g["tokens"] > 0]
     lo, hi = trained["parts"]["update"]
@@ -132,11 +137,12 @@ def test_the_host_summary_reads_the_update_by_thread() -> None:
     assert step_spread.host_summary([_step(3, 1.0, 100)]) is None  # a log from before
 
 
-def test_the_twenty_first_session_s_update_was_one_busy_thread_at_a_time() -> None:
-    """The recorded default run (bench/results/step_spread_h100x2_2026-11-27.md): in every update the
-    main and autograd threads were running 98-100 % of the wall, and no thread waited for a
+def test_the_default_run_s_update_was_one_busy_thread_at_a_time() -> None:
+    """The recorded default run (bench/results/step_spread_h100x2_2026-11-27.md): in every
+    update the main and autograd threads were running 98-100 % of the wall, and no thread waited
+    for a
     core longer than 0.2 ms."""
-    lines = [json.loads(x) for x in S21.read_text().splitlines()]
+    lines = [json.loads(x) for x in DEFAULT_RUN.read_text().splitlines()]
     rep = step_spread.report(step_spread.training_steps(lines), warmup=2, tolerance=0.1)
     host = rep["host"]
     assert host["steps"] == 23 and host["busy"][0] >= 0.98 and host["busy"][1] <= 1.01

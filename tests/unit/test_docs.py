@@ -1,6 +1,7 @@
-"""The README and docs/ tell the truth about the repository (issue 39): the README's file
-tree names exactly the packages that exist, every relative link points at a file that
-exists, and the README stays a user guide of at most 200 lines."""
+"""The README and docs/ tell the truth about the repository: the README's file tree names
+exactly the packages that exist, every relative link and every quoted bench path in the
+README, docs/ and the bench's own guides points at a file that exists, and the README stays
+a user guide of at most 200 lines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+BENCH_DOCS = [
+    ROOT / "bench/README.md",
+    ROOT / "bench/GPU_REAL.md",
+    ROOT / "bench/probes/README.md",
+    ROOT / "bench/results/README.md",
+    ROOT / "bench/results/LOG.md",
+]
+CHECKED = [README, *DOCS, *BENCH_DOCS]
+"""The files whose links and quoted bench paths must resolve: where a reader finds a figure."""
 MAX_README_LINES = 200
 
 LINK_RE = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
@@ -86,10 +96,10 @@ def relative_links(md: Path) -> list[str]:
 
 
 def test_every_relative_link_points_at_a_file() -> None:
-    """bench/README.md and bench/results/LOG.md are checked too: the README and docs link
-    the measurements and the dated history there."""
+    """The bench's guides (bench/README.md, results/README.md, LOG.md, ...) are checked too:
+    the README and docs cite the measurements and the dated history there."""
     broken = []
-    for md in [README, *DOCS]:
+    for md in CHECKED:
         for target in relative_links(md):
             path = target.split("#", 1)[0]
             if path and not (md.parent / path).resolve().exists():
@@ -110,13 +120,13 @@ def anchors(md: Path) -> set[str]:
 
 
 def test_every_anchor_into_the_docs_exists() -> None:
-    """A link to a section of README.md or docs/*.md names a heading that is there."""
+    """A link to a section of a checked file names a heading that is there."""
     broken = []
-    for md in [README, *DOCS]:
+    for md in CHECKED:
         for target in relative_links(md):
             path, _, anchor = target.partition("#")
             dest = (md.parent / path).resolve() if path else md
-            if anchor and dest in {README, *DOCS} and anchor not in anchors(dest):
+            if anchor and dest in set(CHECKED) and anchor not in anchors(dest):
                 broken.append(f"{md.relative_to(ROOT)}: {target}")
     assert not broken, "links to missing sections:\n" + "\n".join(broken)
 
@@ -133,3 +143,85 @@ def test_readme_is_a_short_user_guide() -> None:
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines"
     assert "bash scripts/test.sh" in README.read_text(encoding="utf-8")  # .ci/run calls it
+
+
+QUOTED_RE = re.compile(r"`((?:\.\./)*(?:bench|results|archive)/[^`\s]*)`")
+"""A backtick-quoted path into the bench: ``bench/...`` anywhere; ``results/...`` (from
+bench/) and ``archive/...`` (from bench/results/) as the bench's own guides write them."""
+
+
+def _expand_braces(path: str) -> list[str]:
+    """``a_{x,y}.json`` -> ``a_x.json``, ``a_y.json`` (nested and repeated groups too)."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if not m:
+        return [path]
+    return [
+        p
+        for alt in m.group(1).split(",")
+        for p in _expand_braces(path[: m.start()] + alt + path[m.end() :])
+    ]
+
+
+def _placeholder(path: str) -> bool:
+    """A path written with a placeholder (``OUT``, ``S``, ``<name>``, ``$OUT``, ``...``)."""
+    return (
+        any(c in path for c in "<>$")
+        or "..." in path
+        or any(
+            re.fullmatch(r"[A-Z][A-Z_0-9]*", part.split(".")[0]) and part not in KNOWN_CAPS
+            for part in path.split("/")
+        )
+    )
+
+
+KNOWN_CAPS = {"README.md", "LOG.md", "GPU_REAL.md", "ARCHITECTURE.md", "ALGORITHM.md"}
+
+
+def quoted_bench_paths(md: Path) -> list[tuple[str, list[Path]]]:
+    """Each quoted bench path of a file with the files it names: a ``bench/`` path from the
+    repository root, ``results/`` from bench/, ``archive/`` from bench/results/, ``../`` from
+    the file itself; braces expanded, globs matched."""
+    found = []
+    for quoted in QUOTED_RE.findall(md.read_text(encoding="utf-8")):
+        path = quoted.rstrip(".,;:)")
+        if _placeholder(path):
+            continue
+        if path.startswith("../"):
+            base = md.parent
+        else:
+            base = {"bench": ROOT, "results": ROOT / "bench", "archive": ROOT / "bench/results"}[
+                path.split("/", 1)[0]
+            ]
+        matches = []
+        for p in _expand_braces(path):
+            hits = sorted(base.glob(p)) if "*" in p else [base / p]
+            matches.append(hits[0] if hits and hits[0].exists() else base / p)
+        found.append((quoted, matches))
+    return found
+
+
+def test_every_quoted_bench_path_exists() -> None:
+    """A figure cited as `bench/results/x.json` (or `results/x.json` in bench/README.md,
+    `archive/x.json` in results/LOG.md) names a file there: braces name files that all
+    exist, a glob matches at least one."""
+    missing = [
+        f"{md.relative_to(ROOT)}: `{quoted}` ({p.relative_to(ROOT)})"
+        for md in CHECKED
+        for quoted, paths in quoted_bench_paths(md)
+        for p in paths
+        if not p.exists()
+    ]
+    assert not missing, "quoted bench paths that name no file:\n" + "\n".join(missing)
+
+
+def test_quoted_paths_are_found() -> None:
+    """The finder sees quoted paths where the bench's guides have them."""
+    quoted = {q for q, _ in quoted_bench_paths(ROOT / "bench/README.md")}
+    assert any(q.startswith("results/") for q in quoted)
+    assert _expand_braces("a_{x,y}_{1,2}.json") == [
+        "a_x_1.json",
+        "a_x_2.json",
+        "a_y_1.json",
+        "a_y_2.json",
+    ]
+    assert _placeholder("bench/results/OUT/x.json") and not _placeholder("bench/results/LOG.md")

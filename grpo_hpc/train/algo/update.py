@@ -195,7 +195,8 @@ def _no_sync(model: torch.nn.Module, last: bool):  # noqa: ANN202
     way). FSDP2: reduce-scatter after every micro-batch. Skipping FSDP2's gradient sync
     would keep each rank's gradient of the whole model unsharded in fp32 until the last
     micro-batch: measured at 7B on 2 GPUs, 28.4 GiB where the sharded gradient is 14.2,
-    and the h100x2 plan ran out of memory at step 2 (bench/results/mem_probe_7b_h200x2_2026-11-26.md).
+    and the h100x2 plan ran out of memory at step 2
+    (bench/results/mem_probe_7b_h200x2_2026-11-26.md).
     FSDP is chosen for memory, so it pays a reduce-scatter per micro-batch instead."""
     if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()

@@ -54,9 +54,12 @@ def test_lora_parameter_count_matches_peft() -> None:
 
 
 CALIBRATION = (
-    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23.json",  # bench/trl_baseline.py: the trainer's step beside TRL's
-    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23_gradckpt.json",  # the same, token budget 4096 + checkpointing
-    "grpo_step_1gpu_ddp_h200_2026-11-23.json",  # bench/grpo_step.py (gpu_session.sh stage multi)
+    # bench/trl_baseline.py: the trainer's step beside TRL's; then the same, token budget
+    # 4096 + checkpointing
+    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23.json",
+    "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23_gradckpt.json",
+    # bench/grpo_step.py (bench/gpu.sh random, stage multi)
+    "grpo_step_1gpu_ddp_h200_2026-11-23.json",
     "grpo_step_2gpu_ddp_h200x2_2026-11-23.json",
     "grpo_step_2gpu_fsdp_h200x2_2026-11-23.json",
 )
@@ -136,7 +139,8 @@ def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> N
 def test_under_fsdp2_checkpointing_is_preferred_to_halving_the_token_budget() -> None:
     """Halving micro_batch_tokens doubles FSDP2's per-micro-batch weight gathers: at 7B on
     2x H100 it stepped in 14.3 s where checkpointing stepped in 11.6 s (bench/results/
-    ladder_h100_2026-11-26.json). Without checkpointing in the config, the plan adds it, not a smaller budget."""
+    ladder_h100_2026-11-26.json). Without checkpointing in the config, the plan adds it, not a
+    smaller budget."""
     check = _check("h100x2", "model.gradient_checkpointing=false")
     s = check.plan.settings
     assert (s.strategy, s.gradient_checkpointing, s.micro_batch_tokens) == ("fsdp", True, 4096)

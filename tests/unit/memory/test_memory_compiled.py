@@ -20,7 +20,8 @@ RESULTS = ROOT / "bench" / "results"
 TOLERANCE = 0.15
 """As tests/unit/memory/test_memory_ladder.py: an estimate within 15 % of the measured peak."""
 GPU_GIB = 79.2
-"""What torch reports as an H100 80GB's capacity (the OOM messages of recompute_h100_2026-11-25.json)."""
+"""What torch reports as an H100 80GB's capacity (the OOM messages of
+recompute_h100_2026-11-25.json)."""
 
 
 def _shape(name: str) -> memory.ModelShape:
@@ -28,8 +29,8 @@ def _shape(name: str) -> memory.ModelShape:
 
 
 def _step_settings(**changes: object) -> memory.Settings:
-    """bench/grpo_step.py's default step as recompute_h100_2026-11-25.json ran it: 8 prompts x G=8 of
-    ~270 tokens (a character tokenizer over the chat template), 256 new tokens, the
+    """bench/grpo_step.py's default step as recompute_h100_2026-11-25.json ran it: 8 prompts x G=8
+    of ~270 tokens (a character tokenizer over the chat template), 256 new tokens, the
     project's micro-batch limits, compiled layers."""
     base = memory.Settings(
         rows=64,
@@ -92,7 +93,8 @@ def test_compiled_estimate_against_the_default_step_on_an_h100(row: dict) -> Non
 
 
 def test_compiled_estimate_against_the_ladder_rows_with_compiled_layers() -> None:
-    """The one-GPU ladder rows re-run with ``auto`` compiling (ladder_compiled_h100_2026-11-25.json: 0.5B-3B,
+    """The one-GPU ladder rows re-run with ``auto`` compiling
+    (ladder_compiled_h100_2026-11-25.json: 0.5B-3B,
     most without recompute): at or above each peak, within 15 %."""
     rows = json.loads((RESULTS / "ladder_compiled_h100_2026-11-25.json").read_text())["rows"]
     measured = [r for r in rows if r.get("status") == "fits" and "run_settings" in r]

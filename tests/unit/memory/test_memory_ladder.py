@@ -1,5 +1,6 @@
 """The memory estimator against the model-size ladder measured on a GPU
-(bench/results/ladder_h100_2026-11-26.json, written by bench/ladder.py): within 15 % of every measured peak,
+(bench/results/ladder_h100_2026-11-26.json, written by bench/ladder.py): within 15 % of every
+measured peak,
 no measured peak above the line a plan must fit under (the stated headroom), and no row
 the estimator let run ran out of memory."""
 

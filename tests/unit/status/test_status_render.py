@@ -346,7 +346,8 @@ def test_health_line_shows_the_last_measured_entropy_and_its_step() -> None:
 
 
 def test_one_run_view_of_a_run_whose_last_step_was_flat(tmp_path: Path) -> None:
-    """The demo run (a real CPU run, bench/results/demo_cpu_2026-11-25_metrics.jsonl) ended on a step
+    """The demo run (a real CPU run, bench/results/demo_cpu_2026-11-25_metrics.jsonl) ended on a
+    step
     with no reward variance: progress.json has no entropy for step 30, metrics.jsonl a
     null. grpo-status RUN shows step 29's entropy with its step, as do --json and a run
     whose metrics tail holds no measurement at all."""

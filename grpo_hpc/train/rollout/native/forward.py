@@ -194,7 +194,8 @@ class DecodeFns:
     pick: Pick = pick
     """Token choice from the logits (:func:`sampling.pick`). Compiled, its passes over the
     [rows, vocab] logits fuse: eager, two softmaxes over a 152k vocabulary alone took
-    0.15 ms of a 3B model's 5 ms step at 64 rows (bench/results/archive/profile_step_eager_h100_2026-11-25)."""
+    0.15 ms of a 3B model's 5 ms step at 64 rows
+    (bench/results/archive/profile_step_eager_h100_2026-11-25)."""
 
     @classmethod
     def compiled(cls, mode: str | None = None, fused_attention: bool = False) -> DecodeFns:
