@@ -225,3 +225,22 @@ def test_quoted_paths_are_found() -> None:
         "a_y_2.json",
     ]
     assert _placeholder("bench/results/OUT/x.json") and not _placeholder("bench/results/LOG.md")
+
+
+def test_results_readme_lists_exactly_the_current_files() -> None:
+    """bench/results/ holds the latest result of each maintained benchmark and nothing else
+    at its top (superseded runs go to archive/): its README's "Current results" table names
+    every file and folder there, and each name it gives exists."""
+    results = ROOT / "bench/results"
+    text = (results / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Current results", 1)[1].split("\n## ", 1)[0]
+    listed = {
+        p.rstrip("/")
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for quoted in re.findall(r"`([^`]+)`", row.split("|")[1])
+        for p in _expand_braces(quoted)
+    }
+    on_disk = {p.name for p in results.iterdir()} - {"README.md", "LOG.md", "archive"}
+    assert sorted(on_disk - listed) == [], "in bench/results/ but not in its README"
+    assert sorted(listed - on_disk) == [], "in the README but not in bench/results/"
