@@ -72,12 +72,12 @@ def test_compiled_layers_keep_less_than_eager_ones_but_lora_is_unchanged() -> No
     assert "compiled layers" in compiled.describe()
 
 
-def _ckpt24_rows() -> list[dict]:
+def _recompute_rows() -> list[dict]:
     rows = json.loads((RESULTS / "recompute_h100_2026-11-25.json").read_text())["rows"]
     return [r for r in rows if "not finished" not in r.get("error", "")]
 
 
-@pytest.mark.parametrize("row", _ckpt24_rows(), ids=lambda r: f"{r['shape']} {r['variant']}")
+@pytest.mark.parametrize("row", _recompute_rows(), ids=lambda r: f"{r['shape']} {r['variant']}")
 def test_compiled_estimate_against_the_default_step_on_an_h100(row: dict) -> None:
     """Every run that fitted: estimated at or above its peak, within 15 %. Every run that
     ran out of memory: estimated above the GPU (the check would have refused it)."""
