@@ -74,8 +74,10 @@ def test_a_stopped_rank_ends_the_job_within_the_peer_timeout(tmp_path: Path) -> 
     assert "; the others waited in gloo:" in rec.reason and ".py:" in rec.reason, rec.reason
     assert rec.step < 40
     # the pulse's timeout (counted from the last pulse seen, up to a pulse or two before the
-    # stop), then the watcher kills the stopped rank (same host): no 30 s SIGTERM grace
-    assert TIMEOUT_S - 2 * PULSE_S <= ended_after < TIMEOUT_S + 20, ended_after
+    # stop), then the watcher kills the stopped rank (same host): no 30 s SIGTERM grace. The
+    # upper bound leaves a loaded machine a minute for torchrun's teardown: the hang it
+    # guards against is the process group's 30 minutes
+    assert TIMEOUT_S - 2 * PULSE_S <= ended_after < TIMEOUT_S + 60, ended_after
     assert "rank 0: rank 1 stopped answering" in done.stderr
     # the watcher dumped the flight recorder: which collectives rank 0 was waiting in
     trace = paths.nccl_trace / "rank_0"

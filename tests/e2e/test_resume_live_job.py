@@ -63,7 +63,7 @@ def test_resume_refuses_while_job_live(logs_dir: Path) -> None:
         assert _snapshot(paths) == before, "a refused --resume wrote to the run directory"
     finally:
         signal_job(int(pid), signal.SIGKILL)
-    deadline = time.time() + 30
+    deadline = time.time() + 120  # a poll with a deadline only a stuck job misses
     while live_job(paths) is not None and time.time() < deadline:
         time.sleep(0.2)
     assert live_job(paths) is None, "the killed job still counts as live"

@@ -2,7 +2,8 @@
 minutes on a cluster's shared filesystem) is remembered and answered with exit 5, not lost.
 
 The real torchrun and trainer run; a sitecustomize on the worker's PYTHONPATH holds the
-worker's ``import torch`` for a few seconds and says when, so the signal lands there."""
+worker's ``import torch``, says when, and holds it until the test has sent the signal, so
+the signal lands there however loaded the machine."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ SLOW_TORCH_IMPORT = '''
 import os, sys, time
 
 class _HoldTorch:
-    """In the trainer only (not in torchrun itself), stall the torch import."""
+    """In the trainer only (not in torchrun itself), stall the torch import until the test
+    says it has signalled (HOLD_RELEASE), two minutes at most."""
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and "grpo_hpc.train" in sys.modules:
             sys.meta_path.remove(self)
             open(os.environ["HOLD_MARKER"], "w").close()
-            time.sleep(4)
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.environ["HOLD_RELEASE"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
         return None
 
 sys.meta_path.insert(0, _HoldTorch())
@@ -45,6 +49,8 @@ def test_signal_during_imports_exits_resubmit_me(tmp_path: Path) -> None:
     run_env = env()
     run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), run_env.get("PYTHONPATH")]))
     run_env["HOLD_MARKER"] = str(marker)
+    release = tmp_path / "signalled"
+    run_env["HOLD_RELEASE"] = str(release)
     proc = subprocess.Popen(
         torchrun_cmd(paths, 1),
         stdout=subprocess.DEVNULL,
@@ -58,6 +64,7 @@ def test_signal_during_imports_exits_resubmit_me(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert marker.exists(), "the trainer never started importing torch"
     signal_job(proc.pid, signal.SIGUSR1)  # Slurm's time-limit warning, mid-import
+    release.touch()  # the import goes on only now: the signal came while it was held
     proc.wait(timeout=180)
     rec = read_progress(paths.progress)
     assert rec is not None and rec.state == TrainState.INTERRUPTED, rec
