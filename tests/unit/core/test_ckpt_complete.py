@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,11 +47,22 @@ def paths(tmp_path: Path) -> RunPaths:
     return p
 
 
-def test_checkpoint_without_model_never_complete(paths: RunPaths) -> None:
+def test_checkpoint_without_model_never_complete(
+    paths: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second trainer's prune deletes the directory a save of step 8 is writing: the save
     fails, no COMPLETE step-8 without a model appears, and the good step-8 is kept."""
     good = _save(paths, 8)
     errors: list[BaseException] = []
+    inside, pruned = threading.Event(), threading.Event()
+
+    def held(seconds: float) -> None:  # the save's slow part: held until the prune is done
+        inside.set()
+        assert pruned.wait(60), "the prune never came"
+
+    # the writer's time.sleep is the fault's slow part (checkpoint's only use of it)
+    slow = SimpleNamespace(sleep=held, time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(checkpoint, "time", slow)
 
     def slow_writer() -> None:
         try:
@@ -60,10 +72,10 @@ def test_checkpoint_without_model_never_complete(paths: RunPaths) -> None:
 
     writer = threading.Thread(target=slow_writer)
     writer.start()
-    deadline = time.time() + 10
-    while not (paths.checkpoint_tmp(8) / "trainer.pt").exists() and time.time() < deadline:
-        time.sleep(0.01)
+    assert inside.wait(60), "the save never reached its slow part"
+    assert (paths.checkpoint_tmp(8) / "trainer.pt").exists()  # mid-save, as in the fault
     checkpoint.prune(paths, keep_last=2)  # what the other trainer's rotation does
+    pruned.set()
     writer.join()
     assert len(errors) == 1 and isinstance(errors[0], CheckpointIncompleteError), errors
     assert (good / "model.pt").is_file(), "the good step-8 was replaced by an empty one"
