@@ -16,9 +16,8 @@ from grpo_hpc.submit import root_cause
 WORKER = """
 import os, signal, time
 if os.environ["RANK"] == "1":
-    time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
-time.sleep(30)
+time.sleep(600)  # rank 0 never ends by itself: torchrun ends it once rank 1 has died
 """
 
 
