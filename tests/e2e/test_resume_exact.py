@@ -37,6 +37,7 @@ def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
     while paths.latest_checkpoint() is None and time.time() < deadline:
         assert proc.poll() is None, "trainer exited before its first checkpoint"
         time.sleep(0.05)
+    assert paths.latest_checkpoint() is not None, "no checkpoint within the deadline"
     time.sleep(rng.uniform(0.0, 1.5))  # somewhere in a later step, or inside a save
     signal_job(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -95,6 +96,7 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
         while not inside.exists() and time.time() < deadline:
             assert proc.poll() is None, "trainer exited before its first checkpoint"
             time.sleep(0.05)
+        assert inside.exists(), "the first save never began within the deadline"
         signal_job(proc.pid, signal.SIGKILL)
         proc.wait()
         assert run.latest_checkpoint() is None, "the kill missed the first save"
@@ -125,7 +127,9 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
                 break
             assert proc.poll() is None, "trainer exited before its first generation"
             time.sleep(0.05)
-        time.sleep(0.5)  # inside the hang
+        else:
+            raise AssertionError("the first generation never began within the deadline")
+        time.sleep(0.5)  # inside the hang (it never ends by itself: no race)
         signal_job(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) is not None
         rec = read_progress(run.progress)
@@ -171,6 +175,8 @@ def test_stop_reaching_one_rank_mid_generation_is_agreed(tmp_path: Path) -> None
             break  # step 2 is generating; its stop must save (no checkpoint of step 1)
         assert proc.poll() is None, "the run ended before step 2's generation"
         time.sleep(0.01)
+    else:
+        raise AssertionError("step 2's generation never began within the deadline")
     os.kill(_rank0_worker(proc.pid), signal.SIGTERM)  # rank 1 is not told
     proc.wait(timeout=180)
     rec = read_progress(run.progress)

@@ -76,6 +76,7 @@ def test_unrelated_process_with_a_recorded_pid_is_not_live(tmp_path: Path) -> No
     try:
         append_jsonl(paths.jobs, {"job_id": str(other.pid), "executor": "local"})
         assert live_job(paths) is None
+        assert other.poll() is None  # the pid was alive all along: the case under test
     finally:
         other.kill()
         other.wait()

@@ -396,6 +396,8 @@ def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
             break
         assert proc.poll() is None, "the trainer ended before that evaluation"
         time.sleep(0.02)
+    else:
+        raise AssertionError(f"no evaluation at step {step} within the deadline")
     signal_job(proc.pid, signal.SIGTERM)
     proc.wait(timeout=120)
 
