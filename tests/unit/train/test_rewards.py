@@ -330,7 +330,10 @@ def test_the_verifier_counts_its_items_and_times_the_slowest(
     assert items == 2 and 0.9 < slowest < 30.0
     assert VERIFIER.take_stats() == (0, 0.0)  # taken: reset
     named = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[Verify]")]
-    assert len(named) == 1 and "s on one answer: " in named[0] and "10^{10^" in named[0], named
+    # the tower is named; the root too where a loaded machine made it take 0.1 s
+    tower = [x for x in named if "10^{10^" in x]
+    assert len(tower) == 1 and len(named) <= 2, named
+    assert all("s on one answer: " in x for x in named), named
 
 
 def test_the_worker_freezes_what_it_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
