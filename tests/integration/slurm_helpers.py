@@ -286,3 +286,12 @@ def stop_trainer(node: str) -> list[int]:
             os.kill(pid, signal.SIGSTOP)
             pids.append(pid)
     return pids
+
+
+def stop_slurmctld(state_dir: Path) -> int:
+    """SIGTERM slurmctld and wait until it has exited (Slurm is away until
+    :func:`restart_nodes` starts it again; queued jobs survive in its state). Returns its pid."""
+    pid = int((state_dir / "run" / "slurmctld.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGTERM)
+    wait_for(f"slurmctld (pid {pid}) to exit", lambda: not Path(f"/proc/{pid}").exists(), 30, 0.1)
+    return pid

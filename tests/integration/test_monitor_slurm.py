@@ -5,10 +5,11 @@ for all of them, so the runs share the cluster's two CPU slots instead of waitin
 other; each test then waits (bounded) for its own run and checks what happened:
 
 * ``hang``     hangs at step 0 (heartbeat alive)   -> stalled_step0, cancelled, resubmitted
-* ``limit``    1-minute time limit, over 1 min of work -> USR2, checkpoint, in-job requeues
+* ``limit``    2-minute time limit; its first attempt hangs (heartbeat alive) after 1 step
+               until the time-limit signal -> USR2, checkpoint, in-job requeue, finished
 * ``preempt``  scancel'd (a stand-in for preemption) after a checkpoint -> resumed
 * ``zero``     zero reward                          -> circuit breaker, STOP, no resubmit
-* ``crash``    crashes at step 1 every attempt      -> retried, then budget exhausted
+* ``crash``    crashes before its first step, every attempt -> retried, then budget exhausted
 
 The monitor-restart test has its own runs, held pending by ``--begin`` (they never use CPU).
 """
@@ -31,8 +32,9 @@ from rich.console import Console
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.monitor.decision import MonitorPolicy
-from grpo_hpc.monitor.loop import monitor_run
+from grpo_hpc.monitor.attempts import submit_next
+from grpo_hpc.monitor.decision import ActionKind, MonitorPolicy
+from grpo_hpc.monitor.loop import Backend, monitor_run
 from grpo_hpc.status.report import collect_rows
 from grpo_hpc.status.view import build_table
 from grpo_hpc.submit import job as submit_mod
@@ -47,11 +49,13 @@ from .slurm_helpers import (
     jobs_of_run,
     progress,
     queued,
+    restart_nodes,
     sacct,
     sacct_start,
     scancel,
     start_cli,
     step_log,
+    stop_slurmctld,
     submit,
     wait_for,
     wait_sacct,
@@ -61,16 +65,25 @@ from .slurm_helpers import (
 pytestmark = pytest.mark.slurm
 
 MONITOR_ARGS = [
-    "--interval", "2", "--step0-timeout", "60", "--heartbeat-timeout", "60",
+    "--interval", "1", "--step0-timeout", "40", "--heartbeat-timeout", "60",
     "--max-retries", "1", "--backoff", "1",
 ]  # fmt: skip
+"""step0-timeout 40 s: on the loaded 2-core CI machine a fleet job's trainer wrote its first
+progress record ~20 s after the job started and its first step ~10 s after that (the
+``hang`` run is cancelled 40 s after its record)."""
 FAULTS = "faults.enabled=true"
-LIMIT_STEPS, LIMIT_SAVE_EVERY = 24, 4
-LIMIT_SLEEP_S = 2
-"""Sleep per step of the ``limit`` run: its 48 s of sleep alone outlast the latest moment
-the time-limit signal can come (60 s limit - 20 s lead), however fast the steps compute
-(with 1 s, a fast machine finished all 24 steps before any signal)."""
-PREEMPT_STEPS, PREEMPT_SAVE_EVERY = 10, 2
+LIMIT_STEPS, LIMIT_SAVE_EVERY, LIMIT_HANG_AFTER = 2, 2, 1
+LIMIT_TIME_MIN, LIMIT_SIGNAL_LEAD_S = 2, 45
+"""The ``limit`` run (2-minute time limit): its first attempt hangs after its first step
+(heartbeat alive, so no monitor rule fires) until a stop signal, which only the time limit
+sends; it saves step 1 then (no periodic save before step 2), is requeued in the job, and
+the next attempt trains step 2. Slurm checks time limits every 30 s and sends a --signal up
+to one check early, so with a 45 s lead the USR2 comes 45 to 75 s after a job starts: after
+the first step of the first attempt and before the end of the second (each ~16 to 27 s after
+its job's start on the loaded 2-core CI machine), and 45 s before the limit itself. (Before:
+a 1-minute limit, 20 s lead, 24 steps of 2 s sleep: every attempt was signalled 10 to 40 s
+after its start, most while still loading; ~5 attempts, 298 s.)"""
+PREEMPT_STEPS, PREEMPT_SAVE_EVERY = 6, 2
 FLEET_TIMEOUT_S = 480.0
 """Bound for any one run of the fleet to reach its end (all share two CPU slots)."""
 
@@ -118,10 +131,12 @@ def _scancel_after_checkpoint(paths: RunPaths, record: dict[str, object]) -> Non
 def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
     logs = root / "logs"
-    short = write_profile(root / "short.yaml", time_min=1, signal_lead_s=20)
+    short = write_profile(
+        root / "short.yaml", time_min=LIMIT_TIME_MIN, signal_lead_s=LIMIT_SIGNAL_LEAD_S
+    )
     # Longest first: Slurm starts jobs in submission order on the node's two CPUs.
     submit(
-        logs, "limit", FAULTS, f"faults.step_sleep={LIMIT_SLEEP_S}",
+        logs, "limit", FAULTS, f"faults.hang_at_step={LIMIT_HANG_AFTER}",
         f"training.max_steps={LIMIT_STEPS}", f"training.save_every_steps={LIMIT_SAVE_EVERY}",
         profile=str(short),
     )  # fmt: skip
@@ -131,7 +146,7 @@ def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         f"training.save_every_steps={PREEMPT_SAVE_EVERY}",
     )  # fmt: skip
     submit(logs, "zero", FAULTS, "faults.zero_reward=true", "training.zero_reward_patience=2")
-    submit(logs, "crash", FAULTS, "faults.crash_at_step=1")
+    submit(logs, "crash", FAULTS, "faults.crash_at_step=0")
     monitor_log = root / "monitor.log"
     monitor = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=monitor_log)
     f = Fleet(logs, monitor, monitor_log)
@@ -276,7 +291,7 @@ def test_crash_every_attempt_stops_when_budget_is_spent(fleet: Fleet) -> None:
     assert waits and waits[0]["job_id"] == ids[0]  # backoff before the retry
     rec = progress(paths)
     assert rec.state is TrainState.FAILED and rec.exit_code == 1 and rec.attempt == 1
-    assert "fault injection: crash at step 1" in (rec.reason or "")
+    assert "fault injection: crash at step 0" in (rec.reason or "")
     out = fleet.monitor_output()
     assert "crash job" in out and "STOP budget_exhausted" in out
 
@@ -393,3 +408,69 @@ def _killed_between_sbatch_and_record(paths: RunPaths, monkeypatch: pytest.Monke
     assert "adopted" in json.loads(paths.jobs.read_text().splitlines()[-1])["reason"]
     assert_one_slurm_job_per_entry(paths)
     assert [e.get("note") for e in events(paths, "done")][-1] == "adopted"
+
+
+# ------------------------------------------------------------------ Slurm away for a while
+
+
+@pytest.mark.slow
+def test_monitor_waits_while_slurmctld_is_away(
+    slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmctld stopped (a restart, a failover): a resubmission it refuses does not stop the
+    run (SlurmUnavailableError is exempt from the config-error STOP in monitor/loop.py), the
+    grpo-monitor loop warns and retries instead of dying (cli/monitor.py), and once
+    slurmctld is back the run's next attempt is submitted, once. The run's jobs are held by
+    --begin, so none of them ever uses a CPU."""
+    logs = tmp_path / "logs"
+    held = write_profile(tmp_path / "held.yaml", sbatch_extra={"begin": "now+1hour"})
+    paths = RunPaths(logs / "away")
+    first = submit(logs, "away", profile=str(held))
+    mon = None
+    try:
+        scancel(first)
+        wait_sacct(first, "CANCELLED")
+
+        # 1. One pass decides RESUBMIT (preempted); slurmctld goes away just before the
+        # submission, whose real `sinfo` then fails.
+        def away_then_submit(p: RunPaths, reason: str) -> object:
+            stop_slurmctld(slurm_cluster.state_dir)
+            return submit_next(p, reason)
+
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        out = monitor_run(
+            paths, MonitorPolicy(backoff_base_s=1), backend=Backend(resubmit=away_then_submit)
+        )
+        monkeypatch.undo()
+        assert out is not None and out.action.kind is ActionKind.RESUBMIT, out
+        assert out.error and "Slurm is not reachable" in out.error, out
+        assert job_ids(paths) == [first]
+        assert not [e for e in events(paths, "decision") if e["action"] == "STOP"], describe(paths)
+        assert events(paths)[-1]["phase"] == "error", describe(paths)
+
+        # 2. The monitor loop while slurmctld is still away: squeue fails on every pass.
+        log = tmp_path / "monitor.log"
+        mon = start_cli("cli.monitor", "away", "--logs", str(logs), "--interval", "1", log=log)
+        wait_for(
+            "two warnings of the monitor",
+            lambda: log.read_text().count("grpo-monitor: warning:") >= 2,
+            120,
+            interval=0.2,
+        )
+        assert mon.poll() is None, log.read_text()
+        assert job_ids(paths) == [first]
+
+        # 3. slurmctld back: the same monitor submits the next attempt, once.
+        restart_nodes()
+        wait_for(f"a second job\n{log.read_text()}", lambda: len(job_ids(paths)) == 2, 60, 0.2)
+        assert mon.poll() is None, log.read_text()
+        assert_one_slurm_job_per_entry(paths)
+        (done,) = [e for e in events(paths, "done") if e["job_id"] == first]
+        assert done["new_job_id"] == job_ids(paths)[1], describe(paths)
+        assert "RESUBMIT preempted" in log.read_text()
+    finally:
+        if mon is not None and mon.poll() is None:
+            mon.kill()
+            mon.wait()
+        restart_nodes()  # whatever happened above, slurmctld runs again
+        scancel(*jobs_of_run(paths))
