@@ -1,7 +1,11 @@
 """A short fault campaign (bench/faults.py) on the real local Slurm cluster, as CI runs it:
 a trainer SIGKILLed inside a checkpoint save, grpo-monitor SIGKILLed and started again,
 the job scancel'd. Every trial must finish with the uninterrupted run's weights, with
-never two live jobs of one run and no checkpoint failing grpo-ckpt verify."""
+never two live jobs of one run and no checkpoint failing grpo-ckpt verify. (slurmctld
+stopped under a monitor: test_monitor_slurm.py; a node killed under a two-node run, whose
+weights must match an uninterrupted one: test_multinode_slurm.py; a monitor on a full disk:
+tests/unit/monitor/test_monitor_full_disk.py. With a disk_full trial added here, trial 8,
+the test took 141 s instead of ~53 s in one run on the loaded 2-core machine.)"""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ DEAD_NODE_JOB_END_S = 90.0
 """Bound for a job to end after a whole node died: SlurmdTimeout=20 s plus slurmctld's ping
 cycle (measured ~25 s)."""
 MONITOR_ARGS = [
-    "--interval", "2", "--step0-timeout", "120", "--heartbeat-timeout", "120",
+    "--interval", "1", "--step0-timeout", "120", "--heartbeat-timeout", "120",
     "--max-retries", "3", "--backoff", "1",
 ]  # fmt: skip
 

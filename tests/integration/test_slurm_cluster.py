@@ -2,7 +2,7 @@
 
 They check what the toolkit relies on: sbatch/sacct job states (submitit reads states with
 sacct), fake GPUs through --gres, scancel -> CANCELLED, and --signal warnings before the
-time limit (slurmctld checks time limits every 30 s, so that test takes up to ~60 s).
+time limit (slurmctld checks time limits every 30 s, so that test takes up to ~35 s).
 """
 
 from __future__ import annotations
@@ -100,23 +100,24 @@ def test_scancel_running_job_is_cancelled(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_signal_before_time_limit(tmp_path: Path) -> None:
-    """--signal=USR1@15 reaches job steps (srun, as submitit uses it); B: the batch shell.
+    """--signal=USR1@25 reaches job steps (srun, as submitit uses it); B: the batch shell.
 
-    Both jobs run side by side (1 CPU each); the signal comes within ~60 s because
-    slurmctld checks time limits every 30 s.
+    Both jobs run side by side (1 CPU each). slurmctld checks time limits every 30 s and
+    sends a warning signal up to one check early: with a 1-minute limit and a 25 s lead it
+    comes 5 to 35 s after the start (with 15 s: 15 to 45 s), after the traps are set.
     """
     loop = "while :; do sleep 1 & wait $!; done"
     step_job, step_out = sbatch(
         tmp_path,
         f"srun bash -c 'trap \"echo step got USR1; exit 0\" USR1; {loop}'\n",
-        "--signal=USR1@15",
+        "--signal=USR1@25",
         "--time=1",
         name="step_signal",
     )
     batch_job, batch_out = sbatch(
         tmp_path,
         f"trap 'echo batch got USR1; exit 0' USR1\n{loop}\n",
-        "--signal=B:USR1@15",
+        "--signal=B:USR1@25",
         "--time=1",
         name="batch_signal",
     )
