@@ -248,9 +248,10 @@ class NodeLauncher:
 
     def _wait(self, proc: subprocess.Popen) -> int:
         """torchrun's exit status; then no more preemption hooks (the attempt is over)."""
-        self._waiting = True
         while True:
             try:
+                # Set inside the try: a hook that raises right after it is caught below.
+                self._waiting = True
                 returncode = proc.wait()
                 if threading.current_thread() is threading.main_thread():
                     ignore_preempt_signals()  # a late signal must not fail the ended attempt
