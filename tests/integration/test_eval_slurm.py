@@ -1,5 +1,6 @@
 """grpo-eval --profile slurm-local: the evaluation as a job on the real local Slurm cluster
-gives the result grpo-eval gives here, and a bad model name is refused before it queues."""
+gives the result grpo-eval gives here, and a bad model name is refused before it queues.
+The tests that need a trained run share one (trained here, 2 steps)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,17 @@ def squeue_ids() -> set[str]:
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_eval_job_matches_local_eval(tmp_path: Path) -> None:
-    paths = make_run(tmp_path / "logs", "r", "training.max_steps=2", "training.eval_every=2")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The logs directory of run ``r``, trained here for 2 steps."""
+    logs = tmp_path_factory.mktemp("eval") / "logs"
+    paths = make_run(logs, "r", "training.max_steps=2", "training.eval_every=2")
     assert train(paths).returncode == 0
-    logs = ["--logs", str(tmp_path / "logs")]
+    return logs
+
+
+def test_eval_job_matches_local_eval(tmp_path: Path, trained: Path) -> None:
+    logs = ["--logs", str(trained)]
     common = ["r", *logs, "--data", "arithmetic", "--num", "6"]
     here, there = tmp_path / "here.json", tmp_path / "there.json"
     with ThreadPoolExecutor(max_workers=1) as pool:  # the job and the local eval side by side
@@ -56,17 +64,17 @@ def test_unknown_model_is_refused_before_queueing(tmp_path: Path) -> None:
     assert not out.exists() and not (tmp_path / "x.json.submitit").exists()
 
 
-def test_a_job_that_can_never_start_is_cancelled_with_one_line(tmp_path: Path) -> None:
+def test_a_job_that_can_never_start_is_cancelled_with_one_line(
+    tmp_path: Path, trained: Path
+) -> None:
     """A profile asking for more CPUs per task than the partition's node has (as
     supercloud's 20 on this 2-CPU cluster) pends with PartitionConfig forever: grpo-eval
     cancels it and says why, instead of waiting. One sbatch refuses outright (a GRES type
     the cluster lacks) is one line too."""
-    paths = make_run(tmp_path / "logs", "r", "training.max_steps=1")
-    assert train(paths).returncode == 0
     local = Path(__file__).resolve().parents[2] / "templates" / "slurm-local.yaml"
     profile = tmp_path / "volta.yaml"
     profile.write_text(local.read_text().replace("cpus_per_task: 1", "cpus_per_task: 64"))
-    args = ["r", "--logs", str(tmp_path / "logs"), "--profile", str(profile)]
+    args = ["r", "--logs", str(trained), "--profile", str(profile)]
     proc = cli("cli.eval", *args, "--out", str(tmp_path / "v.json"), timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr.strip().splitlines()

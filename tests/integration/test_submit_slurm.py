@@ -1,12 +1,14 @@
 """grpo-submit against the real local Slurm cluster (slurm/up.sh) and the real trainer.
 
 A tiny run goes through sbatch (submitit) -> srun -> NodeLauncher -> torchrun -> trainer,
-and every file of the run directory is where the architecture says it is.
+and every file of the run directory is where the architecture says it is. The two
+``grpo-submit --wait`` runs of this module run side by side (the cluster's two CPU slots),
+started by one module fixture; each test checks its own.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -18,11 +20,28 @@ from .slurm_helpers import cli, job_ids, progress, sacct, wait_sacct
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_submit_wait_runs_tiny_to_completion(tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    args = ["--profile", "slurm-local", "--config", "tiny", "--name", "ok", "--logs", str(logs)]
-    dry = cli("cli.submit", *args, "--dry-run", "training.num_threads=1")
-    proc = cli("cli.submit", *args, "--wait", "training.num_threads=1", timeout=300)
+ZERO_FAULTS = ["faults.enabled=true", "faults.zero_reward=true", "training.zero_reward_patience=2"]
+
+
+@pytest.fixture(scope="module")
+def waited(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Both runs submitted with --wait at once: name -> (logs, dry run, the --wait run)."""
+    logs = tmp_path_factory.mktemp("submit") / "logs"
+
+    def args(name: str) -> list[str]:
+        return ["--profile", "slurm-local", "--config", "tiny", "--name", name, "--logs", str(logs)]
+
+    dry = cli("cli.submit", *args("ok"), "--dry-run", "training.num_threads=1")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        ok = pool.submit(cli, "cli.submit", *args("ok"), "--wait", "training.num_threads=1",
+                         timeout=300)  # fmt: skip
+        zero = pool.submit(cli, "cli.submit", *args("zero"), "--wait", "training.num_threads=1",
+                           *ZERO_FAULTS, timeout=300)  # fmt: skip
+        return {"ok": (logs, dry, ok.result()), "zero": (logs, None, zero.result())}
+
+
+def test_submit_wait_runs_tiny_to_completion(waited: dict) -> None:
+    logs, dry, proc = waited["ok"]
     paths = RunPaths(logs / "ok")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # One plan behind both: the dry run printed the memory line and the #SBATCH lines of the
@@ -53,12 +72,9 @@ def test_submit_wait_runs_tiny_to_completion(tmp_path: Path) -> None:
     assert directives == [x for x in dry.stdout.splitlines() if x.startswith("#SBATCH")]
 
 
-def test_submit_wait_reports_circuit_breaker(tmp_path: Path) -> None:
+def test_submit_wait_reports_circuit_breaker(waited: dict) -> None:
     """The trainer's exit code (3) reaches grpo-submit --wait; Slurm records FAILED."""
-    logs = tmp_path / "logs"
-    args = ["--profile", "slurm-local", "--config", "tiny", "--name", "zero", "--logs", str(logs)]
-    faults = ["faults.enabled=true", "faults.zero_reward=true", "training.zero_reward_patience=2"]
-    proc = cli("cli.submit", *args, "--wait", "training.num_threads=1", *faults, timeout=300)
+    logs, _, proc = waited["zero"]
     paths = RunPaths(logs / "zero")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "exit code 3 (circuit_breaker)" in proc.stdout
