@@ -105,6 +105,8 @@ def _submit(argv: list[str]) -> int:
         return ExitCode.OK
     result = submit.carry_out(plan)
     print(result.memory_line)
+    if plan.rollout_line:
+        print(plan.rollout_line)
     executor = plan.profile.executor
     print(f"submitted run {paths.name}: job {result.job_id} ({executor}), dir {paths.root}")
     if args.watch:

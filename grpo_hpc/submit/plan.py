@@ -18,6 +18,7 @@ from typing import Any
 
 from grpo_hpc.config.load import build_config, normalize_overrides
 from grpo_hpc.config.profiles import Profile, render_setup
+from grpo_hpc.config.rollout_engine import EngineChoice
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.paths import RunPaths
@@ -45,6 +46,15 @@ class SubmitPlan:
     """The profile's setup lines, rendered for this run (module loads, env exports)."""
     executor_params: dict[str, Any] = field(default_factory=dict)
     """submitit's AutoExecutor parameters."""
+    rollout: EngineChoice | None = None
+    """The rollout engine the job will decode with, and why (its ``rollout:`` line)."""
+
+    @property
+    def rollout_line(self) -> str:
+        """The ``rollout:`` line both paths print (none when refused: the refusal says it)."""
+        if self.rollout is None or self.rollout.refusal:
+            return ""
+        return self.rollout.line
 
     @property
     def refused(self) -> bool:
@@ -150,6 +160,9 @@ def plan_submission(
     cfg, chk = resolve(config_source, overrides, profile, paths.name)
     setup = render_setup(profile, template_context(paths))  # a template error: exit 2 here
     problems = exists_problem(paths) + preflight.check_all(cfg, profile, cache)
+    rollout = preflight.rollout_choice(cfg, profile)
+    if rollout.refusal:  # the trainer's own refusal at step 0, made before the job queues
+        problems.append(rollout.refusal)
     if chk.refusal and not force:
         problems.append(chk.refusal)
     return SubmitPlan(
@@ -160,6 +173,7 @@ def plan_submission(
         problems=tuple(problems),
         setup=tuple(setup),
         executor_params=executor_parameters(profile, paths.name, setup),
+        rollout=rollout,
     )
 
 
@@ -203,7 +217,8 @@ def preview(plan: SubmitPlan) -> str:
 
 
 def dry_run_text(plan: SubmitPlan) -> str:
-    """What ``--dry-run`` prints: the job, the memory line the submission prints, and each
-    problem that refuses the submission."""
+    """What ``--dry-run`` prints: the job, the memory and rollout lines the submission
+    prints, and each problem that refuses the submission."""
     refused = [f"# refused at submission: {line}" for line in plan.problems]
-    return preview(plan) + "\n".join([plan.memory.line, *refused]) + "\n"
+    said = [plan.memory.line, *([plan.rollout_line] if plan.rollout_line else []), *refused]
+    return preview(plan) + "\n".join(said) + "\n"

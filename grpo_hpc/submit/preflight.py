@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from grpo_hpc.config import rollout_engine
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
@@ -97,6 +98,44 @@ def check_model(cfg: ModelConfig, is_offline: bool, cache: Path | None = None) -
             f"{_fetch_command(name, dataset=False)}"
         ]
     return []
+
+
+def model_config_json(cfg: ModelConfig) -> tuple[dict | None, str]:
+    """The model's config.json as the job will load it, read here: the built-in ``tiny``
+    (a random Llama) and ``smollm2-135m`` (a Llama, from its GGUF) by their known
+    architecture, ``random:<dir>`` and a local directory from ``<dir>/config.json``, a hub
+    id from the local Hugging Face cache. (None, why) when it cannot be read here."""
+    from grpo_hpc.memory import plan as memory_plan
+
+    name = cfg.name_or_path
+    if name == "tiny":
+        return {"model_type": "llama"}, ""
+    if name == "smollm2-135m":
+        return memory_plan.SMOLLM2_CONFIG, ""
+    try:
+        found = memory_plan.read_config_json(name)
+    except (OSError, ValueError) as e:
+        return None, f"{name}: {e}"
+    if found is not None:
+        return found, ""
+    path = name.removeprefix("random:")
+    if _looks_local(path):
+        return None, f"no {Path(path).expanduser() / 'config.json'}"
+    return None, f"{path!r} is not in this machine's Hugging Face cache"
+
+
+def rollout_choice(cfg: Config, profile: Profile) -> rollout_engine.EngineChoice:
+    """The engine the job will decode with and why (what it prints as ``rollout:``), by the
+    trainer's own rule (grpo_hpc.config.rollout_engine.choose), from the model's
+    config.json and whether the profile gives the job a GPU; ``refusal`` is set when an
+    explicit ``rollout.engine=native`` cannot run."""
+    setting, gpu = cfg.rollout.engine, bool(profile.gpus_per_node or profile.gres)
+    if setting == "hf":
+        return rollout_engine.choose("hf", None, None, gpu)
+    found, why = model_config_json(cfg.model)
+    if found is None:
+        return rollout_engine.undecided(why)
+    return rollout_engine.choose_for_config(setting, found, gpu)
 
 
 def _first_rows(path: Path, n: int) -> list[tuple[int, object]]:

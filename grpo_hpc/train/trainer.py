@@ -97,8 +97,7 @@ class Trainer:
             )
         self.cfg = autos.resolve(cfg, info)
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
-        if info.is_main:
-            print(auto_speed.describe(cfg, self.cfg), flush=True)
+        self.speed_line = auto_speed.describe(cfg, self.cfg)  # said with the engine chosen
         cfg = self.cfg
         if cfg.rollout.prompts_per_step % info.world_size:
             raise ConfigError(
@@ -179,6 +178,8 @@ class Trainer:
             abort=lambda: self.stop_signal is not None and not self.evaluating,
             autocast=self.autocast,
         )
+        if self.info.is_main:
+            print(f"{self.speed_line}, {self.engine.choice.line}", flush=True)
         self.collector = Collector(
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from grpo_hpc.config.rollout_engine import EngineChoice, choose
 from grpo_hpc.core.errors import StalledError
 from grpo_hpc.train.dist import compute_device
 from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the trainer
@@ -134,25 +135,30 @@ def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201
         del head.forward  # back to the class's forward
 
 
-def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
-    """``auto`` -> ``native`` on CUDA when the architecture is supported, else ``hf``.
-    An explicit ``native`` that cannot run is a configuration error (said in one line)."""
+def choose_engine(name: str, model: torch.nn.Module) -> EngineChoice:
+    """``rollout.engine`` decided for this model on its device, by the rule grpo-submit
+    applies to config.json (grpo_hpc.config.rollout_engine.choose): ``auto`` -> ``native``
+    on CUDA when the architecture is supported, else ``hf``. An explicit ``native`` that
+    cannot run is a configuration error (said in one line)."""
     from grpo_hpc.core.errors import ConfigError
     from grpo_hpc.train.rollout.native.weights import UnsupportedModel, shape_of
 
-    if name == "hf":
-        return "hf"
-    why = ""
-    try:
-        shape_of(model)  # a peft LoRA policy is folded into the packed weights
-    except UnsupportedModel as e:
-        why = str(e)
-    if name == "native" and why:
-        raise ConfigError(f"rollout.engine=native does not support {why}: use rollout.engine=hf")
-    cuda = compute_device(model).type == "cuda"
-    if name == "auto" and (why or not cuda):
-        return "hf"
-    return "native"
+    why = None
+    if name != "hf":
+        try:
+            shape_of(model)  # a peft LoRA policy is folded into the packed weights
+        except UnsupportedModel as e:
+            why = str(e)
+    mtype = getattr(getattr(model, "config", None), "model_type", None)
+    choice = choose(name, mtype, why, compute_device(model).type == "cuda")
+    if choice.refusal:
+        raise ConfigError(choice.refusal)
+    return choice
+
+
+def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
+    """``native`` or ``hf``: :func:`choose_engine`'s engine."""
+    return choose_engine(name, model).engine
 
 
 def build_engine(
@@ -165,11 +171,13 @@ def build_engine(
     abort: Callable[[], bool],
     autocast: Callable[[], contextlib.AbstractContextManager],
 ) -> RolloutEngine:
-    """The engine ``rollout.engine`` names (see :func:`pick_engine`)."""
+    """The engine ``rollout.engine`` names (see :func:`choose_engine`); its ``choice``
+    attribute says which and why (the training log's [Speed] line)."""
     common = (model, tokenizer, opts.max_new_tokens, opts.temperature, opts.top_p)
     hooks = {"tick": tick, "abort": abort}
-    if pick_engine(name, model, opts) == "hf":
-        return HFEngine(
+    choice = choose_engine(name, model)
+    if choice.engine == "hf":
+        engine: RolloutEngine = HFEngine(
             *common,
             opts.timeout_s,
             synced=opts.synced,
@@ -177,17 +185,20 @@ def build_engine(
             fp32_head=opts.fp32_lm_head,
             **hooks,
         )
-    from grpo_hpc.train.rollout.native.engine import NativeEngine
+    else:
+        from grpo_hpc.train.rollout.native.engine import NativeEngine
 
-    return NativeEngine(
-        *common,
-        opts.timeout_s,
-        dtype=opts.dtype,
-        max_prompt_tokens=opts.max_prompt_tokens,
-        capture_ahead=opts.capture_ahead,
-        logp_temperature=opts.logp_temperature,
-        fp32_head=opts.fp32_lm_head,
-        use_graphs=not opts.eager,
-        compile=not opts.eager,
-        **hooks,
-    )
+        engine = NativeEngine(
+            *common,
+            opts.timeout_s,
+            dtype=opts.dtype,
+            max_prompt_tokens=opts.max_prompt_tokens,
+            capture_ahead=opts.capture_ahead,
+            logp_temperature=opts.logp_temperature,
+            fp32_head=opts.fp32_lm_head,
+            use_graphs=not opts.eager,
+            compile=not opts.eager,
+            **hooks,
+        )
+    engine.choice = choice  # type: ignore[attr-defined] - said in the [Speed] line
+    return engine

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
-"""HF ``model_type``s whose decoder layer this engine implements (RMSNorm, rotary
-attention with optional q/k/v bias, SwiGLU MLP)."""
+from grpo_hpc.config.rollout_engine import (  # noqa: F401 - SUPPORTED_TYPES re-exported
+    SUPPORTED_TYPES,
+    native_problem,
+)
 
 
 class UnsupportedModel(ValueError):
@@ -145,18 +146,8 @@ def shape_of(model: torch.nn.Module) -> Shape:
     model = base_model(model)
     _check_lora(model)
     cfg = getattr(model, "config", None)
-    mtype = getattr(cfg, "model_type", None)
-    if mtype not in SUPPORTED_TYPES:
-        raise UnsupportedModel(f"model_type {mtype!r} (native engine knows {SUPPORTED_TYPES})")
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"activation {cfg.hidden_act!r} (native engine knows silu)")
-    if getattr(cfg, "use_sliding_window", False) or (
-        mtype == "mistral" and getattr(cfg, "sliding_window", None)
-    ):
-        raise UnsupportedModel("sliding-window attention")
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if str(rope.get("rope_type", "default")).startswith("dynamic"):
-        raise UnsupportedModel("dynamic rotary scaling")
+    if problem := native_problem(cfg):  # what config.json tells (grpo-submit asks too)
+        raise UnsupportedModel(problem)
     heads = cfg.num_attention_heads
     layer0 = model.model.layers[0]
     return Shape(
