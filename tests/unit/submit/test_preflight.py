@@ -299,3 +299,77 @@ def test_random_weights_of_a_local_architecture_are_checked_like_the_directory(
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     assert preflight.check_model(model, False) == []
+
+
+def _qwen3_dir(tmp_path: Path) -> Path:
+    """A small Qwen3-like config directory (no weights: ``random:DIR`` builds them)."""
+    d = tmp_path / "qwen3"
+    d.mkdir()
+    cfg = {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "hidden_act": "silu",
+        "tie_word_embeddings": True,
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_cli_dry_run_names_the_rollout_engine(tmp_path: Path) -> None:
+    from grpo_hpc.config.rollout_engine import HF_SLOWDOWN
+
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    model = f"model.name_or_path=random:{_qwen3_dir(tmp_path)}"
+    said = {}
+    for profile, extra in (("local", []), ("h100x2", []), ("h100x2", [model]), ("local", [model])):
+        result = _grpo_submit(
+            "--profile", profile, "--config", "tiny", "--dry-run", *extra, env=env
+        )
+        assert result.returncode == ExitCode.OK, result.stderr
+        [line] = [x for x in result.stdout.splitlines() if x.startswith("rollout: ")]
+        said[profile, bool(extra)] = line
+    assert said["h100x2", False] == "rollout: native (llama)"  # the tiny model is a Llama
+    assert said["local", False] == (
+        "rollout: HF generate (rollout.engine=auto on a CPU: the native engine pays on a GPU only)"
+    )
+    assert said["h100x2", True] == (
+        "rollout: HF generate, model_type qwen3 has no native implementation: "
+        f"rollouts about {HF_SLOWDOWN} slower"
+    )
+    assert "model_type qwen3 has no native implementation" in said["local", True]
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_cli_refuses_native_for_an_unsupported_model_before_anything_queues(
+    tmp_path: Path, dry_run: bool
+) -> None:
+    logs = tmp_path / "logs"
+    args = ["--profile", "local", "--config", "tiny", "--name", "q3", "rollout.engine=native"]
+    args += [f"model.name_or_path=random:{_qwen3_dir(tmp_path)}"]
+    result = _grpo_submit(
+        *args, *(["--dry-run"] if dry_run else []), env={"GRPO_HPC_LOGS": str(logs)}
+    )
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    [line] = _errors(result)
+    assert line == (
+        "grpo-submit: error: rollout.engine=native cannot decode model_type 'qwen3' (native "
+        "engine knows llama, qwen2, mistral): use rollout.engine=hf or auto (HF generate), or "
+        "a llama/qwen2/mistral model without a sliding window"
+    )
+    assert not logs.exists(), "a run directory was left behind"
+
+
+def test_rollout_choice_of_the_built_in_and_unreadable_models() -> None:
+    gpu = load_profile("h100x2")
+    assert preflight.rollout_choice(_cfg(), gpu).line == "rollout: native (llama)"
+    smollm2 = _cfg("model.name_or_path=smollm2-135m")  # a Llama, shipped as a GGUF
+    assert preflight.rollout_choice(smollm2, gpu).line == "rollout: native (llama)"
+    hub = preflight.rollout_choice(_cfg("model.name_or_path=Org/not-cached-anywhere"), gpu)
+    assert hub.line == (
+        "rollout: decided at step 0 (config.json not readable here: 'Org/not-cached-anywhere' "
+        "is not in this machine's Hugging Face cache)"
+    )
+    assert hub.refusal is None  # not refused on a guess, even with rollout.engine=native
+    native = _cfg("model.name_or_path=Org/not-cached-anywhere", "rollout.engine=native")
+    assert preflight.rollout_choice(native, gpu).refusal is None
