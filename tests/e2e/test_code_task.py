@@ -25,10 +25,12 @@ def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[Sandbox] code reward runs in" in result.stdout
     # auto's speed switches are off on a CPU (grpo_hpc.config.speed), the token budget
-    # auto is the smaller one there (no GPU to estimate against), and all are logged so
+    # auto is the smaller one there (no GPU to estimate against), and all are logged so,
+    # with the rollout engine rollout.engine=auto chose and why (as grpo-submit says it)
     speed = "[Speed] dist.compile=false (auto), algo.packing=false (auto), "
-    speed += "algo.micro_batch_tokens=4096 (auto), "
-    assert speed + "dist.deterministic_kernels=true" in result.stdout
+    speed += "algo.micro_batch_tokens=4096 (auto), dist.deterministic_kernels=true, "
+    speed += "rollout: HF generate (rollout.engine=auto on a CPU: the native engine pays on a "
+    assert speed + "GPU only)\n" in result.stdout
     metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
     steps = [m for m in metrics if "reward/mean" in m]
     evals = [m for m in metrics if "eval/pass@1" in m]
