@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,13 +78,36 @@ class Reference:
     output: str
 
 
+FSDP_STEPS = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
+
+
 @pytest.fixture(scope="module")
-def reference(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    """``grpo-submit --profile slurm-local-2node --wait``: the uninterrupted run."""
-    logs = tmp_path_factory.mktemp("multinode") / "logs"
-    args = ["--profile", PROFILE, "--config", "tiny", "--name", "ref", "--logs", str(logs)]
-    proc = cli("cli.submit", *args, "--wait", *RUN_ARGS, timeout=300)
-    return Reference(RunPaths(logs / "ref"), proc.returncode, proc.stdout + proc.stderr)
+def first_runs(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Reference]:
+    """Two ``grpo-submit --wait`` runs side by side on the two nodes (each job takes one CPU
+    of each): ``ref``, the uninterrupted DDP run (profile slurm-local-2node), and ``fsdp``,
+    the same profile with strategy fsdp. Each in its own logs directory."""
+    root = tmp_path_factory.mktemp("multinode")
+    fsdp = write_profile(root / "fsdp-2node.yaml", base=PROFILE, strategy="fsdp")
+    plans = {
+        "ref": ["--profile", PROFILE, *RUN_ARGS],
+        "fsdp": ["--profile", str(fsdp), *FSDP_STEPS],
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = {}
+        for name, args in plans.items():
+            where = ["--config", "tiny", "--name", name, "--logs", str(root / name), "--wait"]
+            procs[name] = pool.submit(cli, "cli.submit", *args[:2], *where, *args[2:], timeout=300)
+        done = {name: p.result() for name, p in procs.items()}
+    return {
+        name: Reference(RunPaths(root / name / name), p.returncode, p.stdout + p.stderr)
+        for name, p in done.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(first_runs: dict[str, Reference]) -> Reference:
+    """The uninterrupted run (profile slurm-local-2node, ``--wait``)."""
+    return first_runs["ref"]
 
 
 def final_weights(paths: RunPaths) -> dict[str, torch.Tensor]:
@@ -231,15 +255,12 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     assert not differ, f"weights differ from the uninterrupted run in {differ}"
 
 
-def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    fsdp = write_profile(tmp_path / "fsdp-2node.yaml", base=PROFILE, strategy="fsdp")
-    where = ["--name", "fsdp", "--logs", str(logs)]
-    steps = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
-    proc = cli("cli.submit", "--profile", str(fsdp), "--config", "tiny", *where, "--wait", *steps,
-               timeout=300)  # fmt: skip
-    paths = RunPaths(logs / "fsdp")
-    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}\n{describe(paths)}"
+def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(
+    first_runs: dict[str, Reference],
+) -> None:
+    run = first_runs["fsdp"]
+    paths, logs = run.paths, run.paths.root.parent
+    assert run.returncode == 0, f"{run.output}\n{describe(paths)}"
     ckpt = paths.checkpoint(4)
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert (manifest["format"], manifest["world_size"]) == ("sharded", 2)
@@ -252,8 +273,9 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(two_nodes, tmp_pat
 
     # Resume from the sharded step-2 checkpoint on the same two nodes: same final weights.
     again = cli(
-        "cli.submit", "--resume", "fsdp", "--from-step", "2", *where[2:], "--wait", timeout=300
-    )
+        "cli.submit", "--resume", "fsdp", "--from-step", "2", "--logs", str(logs), "--wait",
+        timeout=300,
+    )  # fmt: skip
     assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{describe(paths)}"
     rec = progress(paths)
     assert (rec.step, rec.start_step, rec.restarts) == (4, 2, 1)
