@@ -24,7 +24,7 @@ def build_model(out: Path, shape: str) -> None:
     """A randomly initialised Llama of ``shape`` with a WordLevel tokenizer over its whole
     vocabulary (weights do not change the cost; a random model almost never emits EOS,
     so completions run to the length cap: the worst case)."""
-    from grpo_hpc.train.models import LlamaShape, save_random_llama
+    from grpo_hpc.train.setup.models import LlamaShape, save_random_llama
 
     h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
     save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)

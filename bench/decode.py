@@ -39,11 +39,11 @@ from bench.common import SHAPES, build_model, env_info, write_result
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks.problems import load_problems, prompt_text
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
-from grpo_hpc.train.models import load_model_and_tokenizer
 from grpo_hpc.train.rollout.engines import HFEngine
 from grpo_hpc.train.rollout.native.engine import NativeEngine
 from grpo_hpc.train.rollout.native.forward import DecodeFns
 from grpo_hpc.train.rollout.native.sampling import pick
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -421,7 +421,7 @@ def weights_hash(ckpt: Path) -> str:
     """sha256 over every tensor of the checkpoint's model (name, dtype, shape, bytes)."""
     import torch
 
-    from grpo_hpc.train.checkpoint import model_weights
+    from grpo_hpc.train.state.checkpoint import model_weights
 
     h = hashlib.sha256()
     for name, t in sorted(model_weights(ckpt).items()):

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.common import SHAPES, build_model, env_info, write_result
-from grpo_hpc.train.checkpoint import model_weights
+from grpo_hpc.train.state.checkpoint import model_weights
 
 
 def make_run(args: argparse.Namespace, work: Path):

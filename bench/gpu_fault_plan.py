@@ -5,7 +5,7 @@ a trial measured, whether it passed, and the campaign's totals. No I/O: tests pi
 Unlike the CPU campaign (bench/fault_plan.py), GPU kernels are not bit-deterministic, so a
 trial is not judged by its final weights against an uninterrupted run's. It is judged by
 its resume instead: every resumed attempt's state digest (weights, optimizer, RNG, data
-position: grpo_hpc.train.state_digest) must equal the one its checkpoint was saved with.
+position: grpo_hpc.train.state.state_digest) must equal the one its checkpoint was saved with.
 """
 
 from __future__ import annotations

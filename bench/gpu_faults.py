@@ -43,7 +43,7 @@ from bench.gpu_fault_plan import (
 from grpo_hpc.core.fsutil import atomic_write_text, read_jsonl
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.core.slurm import job_name
-from grpo_hpc.train import state_digest
+from grpo_hpc.train.state import state_digest
 
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",

@@ -20,7 +20,7 @@ prompt, reward, data) is in bench/learning_task.py, TRL's runner in bench/learni
 Held-out accuracy every ``--eval-every`` steps is measured the same way for both: greedy
 completions of the same ``--num-eval`` held-out problems from grpo_hpc's native engine over
 the policy's current weights (the trainer's own evaluation; a callback on TRL's model),
-scored by ``grpo_hpc.train.evaluation.score_eval`` with the run's reward settings.
+scored by ``grpo_hpc.train.evaluation.scoring.score_eval`` with the run's reward settings.
 Evaluation time is excluded from both wall-clocks; setup (model load) too; compilation and
 graph capture during training count. Each training step also records the reward, the
 policy's entropy, the mean completion length, the share cut at the cap and the gradient
@@ -73,7 +73,7 @@ from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.submit.job import create_run
-from grpo_hpc.train import models
+from grpo_hpc.train.setup import models
 
 
 def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:

@@ -16,7 +16,7 @@ import torch
 
 from bench.learning_task import REWARD, SYSTEM, data_config, reward_config
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train.evaluation import score_eval
+from grpo_hpc.train.evaluation.scoring import score_eval
 from grpo_hpc.train.rewards import functions as rewards
 
 # TRL's log_history -> the same per-step fields

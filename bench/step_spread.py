@@ -167,7 +167,7 @@ def part_ranges(group: Group) -> dict[str, tuple[float, float]]:
 
 
 THREADS = ("main", "autograd", "native", "python")
-"""grpo_hpc.train.profiling.THREAD_GROUPS, spelled out: this log reader imports no torch."""
+"""grpo_hpc.train.measure.profiling.THREAD_GROUPS, spelled out: this log reader imports no torch."""
 
 
 def host_summary(steps: list[dict]) -> dict | None:

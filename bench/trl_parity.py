@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 from grpo_hpc.config.schema import Config
-from grpo_hpc.train import dist
 from grpo_hpc.train.algo import update
 from grpo_hpc.train.algo.batching import Scored, select_groups
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.optimization import StepOptimizer
+from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.rollout.types import RolloutBatch
 
 
@@ -323,7 +323,7 @@ def main() -> None:
     args = p.parse_args()
     from bench.common import env_info, write_result
     from grpo_hpc.config.schema import ModelConfig
-    from grpo_hpc.train import models
+    from grpo_hpc.train.setup import models
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     path = models.materialize(ModelConfig(name_or_path=args.model), Path("."), 0)

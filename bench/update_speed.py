@@ -26,13 +26,13 @@ from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.loss import selective_log_softmax, token_entropy
 from grpo_hpc.train.algo.optimization import autocast_factory
 from grpo_hpc.train.algo.packing import use_packed_attention, varlen_kernel
-from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.models import (
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.rollout.engines import RolloutBatch
+from grpo_hpc.train.setup.models import (
     compile_layers,
     enable_checkpointing,
     load_model_and_tokenizer,
 )
-from grpo_hpc.train.rollout.engines import RolloutBatch
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
 

@@ -20,7 +20,7 @@ if [ "$(id -u)" = "0" ] && ! command -v bwrap > /dev/null && command -v apt-get 
 fi
 if [ "$(id -u)" = "0" ]; then
   # As root (CI), the production sandbox must be tested: its tests fail, not skip, where
-  # bubblewrap cannot run (tests/unit/train/bwrap_switch.py)
+  # bubblewrap cannot run (tests/unit/train/rewards/bwrap_switch.py)
   export GRPO_HPC_REQUIRE_BWRAP=1
 fi
 

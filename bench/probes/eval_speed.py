@@ -27,8 +27,8 @@ import torch
 from bench.common import env_info, write_result
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks.problems import load_problems, longest_prompt_tokens, prompt_text
-from grpo_hpc.train.models import load_model_and_tokenizer
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
 
 VARIANTS = {
     "reserve": {},

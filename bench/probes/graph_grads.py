@@ -32,7 +32,7 @@ from bench.update_speed import fake_batch
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.optimization import autocast_factory
-from grpo_hpc.train.dist import DistInfo
+from grpo_hpc.train.distributed.dist import DistInfo
 
 
 def grads_of(model: torch.nn.Module, mbs: list, algo: AlgoConfig, graphs: bool) -> tuple:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from grpo_hpc.train.models import LlamaShape, save_random_llama
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup.models import LlamaShape, save_random_llama
 
 
 def probe(engine: NativeEngine, rows: int) -> dict:

@@ -39,11 +39,11 @@ import torch
 
 from grpo_hpc.config.schema import DataConfig, ModelConfig
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import models
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.rollout.engines import HFEngine
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup import models
 
 SYSTEM = "Solve it. End with the line 'Answer: <number>'."  # configs/demo.yaml's
 TAIL = 1e-4

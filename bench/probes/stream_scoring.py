@@ -35,11 +35,11 @@ import torch
 from bench.common import env_info, write_result
 from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.tasks.problems import prompt_text
-from grpo_hpc.train import models
 from grpo_hpc.train.rewards import verifier
 from grpo_hpc.train.rewards.functions import score_correctness
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup import models
 
 GSM8K = Path(__file__).resolve().parents[2] / "grpo_hpc" / "data" / "gsm8k" / "train.jsonl"
 TIMEOUT_S = 2.0  # reward.timeout_s's default

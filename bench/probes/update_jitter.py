@@ -14,7 +14,7 @@ is on right then; if slow updates come with slow fixed work, the host's core spe
     python -m bench.probes.update_jitter --shape smollm2-135m --reps 40 --out jitter.json
 
 One JSON file: per repetition the update's wall seconds, its host CPU seconds by thread
-(:func:`grpo_hpc.train.profiling.thread_clock`), the seconds its threads waited for a core,
+(:func:`grpo_hpc.train.measure.profiling.thread_clock`), the seconds its threads waited for a core,
 and the fixed work's milliseconds before and after; with the correlation of update time
 and fixed-work time. Needs a CUDA GPU.
 """
@@ -38,8 +38,8 @@ from bench.update_speed import fake_batch, run_update
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.packing import use_packed_attention
-from grpo_hpc.train.models import compile_layers, decoder_layers, load_model_and_tokenizer
-from grpo_hpc.train.profiling import thread_clock
+from grpo_hpc.train.measure.profiling import thread_clock
+from grpo_hpc.train.setup.models import compile_layers, decoder_layers, load_model_and_tokenizer
 
 
 def load_compiled(path: Path, graphs: bool) -> torch.nn.Module:
@@ -124,7 +124,7 @@ def main() -> None:
     for _ in range(3):  # compile, autotune, allocator (and capture)
         one()
     gc.collect()
-    gc.disable()  # as the trainer runs (grpo_hpc/train/gc_schedule.py)
+    gc.disable()  # as the trainer runs (grpo_hpc/train/supervision/gc_schedule.py)
     reps = []
     for i in range(args.reps):
         before = work(args.work)

@@ -120,7 +120,7 @@ def generate(
 
     from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.tasks.problems import GSM8K_DIR, load_file, prompt_text
-    from grpo_hpc.train.models import SMOLLM2, materialize
+    from grpo_hpc.train.setup.models import SMOLLM2, materialize
 
     torch.manual_seed(seed)
     path = materialize(ModelConfig(name_or_path=SMOLLM2), Path(tempfile.gettempdir()), seed)

@@ -52,7 +52,7 @@ def build_trainer(work: Path, shape: str, args: argparse.Namespace) -> Any:
     from grpo_hpc.config.profiles import profile_from_dict
     from grpo_hpc.core.paths import RunPaths
     from grpo_hpc.submit.job import create_run
-    from grpo_hpc.train import dist
+    from grpo_hpc.train.distributed import dist
     from grpo_hpc.train.trainer import Trainer
 
     cuda = torch.cuda.is_available()
@@ -105,7 +105,7 @@ def instrument(trainer: Any) -> None:
     layer's guards, so the profiled step would recompile and run another graph than the
     unprofiled one (it did, 2026-11-25), and a compiled layer's fused kernels cross the
     norm / attention / MLP boundaries anyway; its kernels are categorised by name."""
-    from grpo_hpc.train import dist
+    from grpo_hpc.train.distributed import dist
 
     engine, opt = trainer.engine, trainer.opt
     engine.generate = _ranged(engine.generate, PHASE_PREFIX + "generate", sync=True)

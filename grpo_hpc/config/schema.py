@@ -269,18 +269,18 @@ class TrainingConfig:
     profile_steps: int = 0
     """Run this many steps under ``torch.profiler`` on every rank, from step
     ``profile_from``; each rank writes a Chrome trace and its costliest operators to
-    ``torch_profile/`` (grpo_hpc/train/profiling.py). 0: no profiling."""
+    ``torch_profile/`` (grpo_hpc/train/measure/profiling.py). 0: no profiling."""
     profile_from: int = 3
     """The first profiled step (1-based; after warm-up, which compiles and captures)."""
     stall_sample_ms: int = 0
     """Sample the main thread's stack every N ms while a phase of the step (generate,
     score, vote, update, report, save) runs 0.15 s past its median over the earlier steps;
     each rank writes the stacks seen to ``torch_profile/stalls-rank<R>.txt``
-    (grpo_hpc/train/stall_sampler.py). For a slow step the profiler would hide. 0: off."""
+    (grpo_hpc/train/measure/stall_sampler.py). For a slow step the profiler would hide. 0: off."""
     gc_every_steps: int = 1
     """Python's garbage collector on a schedule: automatic collection off while training,
     the young generations collected at the start of every N-th step on every rank, and a
-    full collection at the start of every 100th step (grpo_hpc/train/gc_schedule.py). An
+    full collection at the start of every 100th step (grpo_hpc/train/supervision/gc_schedule.py). An
     automatic full collection pauses one rank at a moment no other rank shares, and its
     peers wait for it at the next collective: an unsteady step. 0: Python's automatic
     collection. Either way ``time/gc`` logs the slowest rank's seconds in the collector."""
@@ -318,8 +318,8 @@ class DistConfig:
     """Seconds a rank may go without a pulse before its peers end the job (exit 4, resubmit):
     a hung or lost rank (SIGSTOP, a dead node) would otherwise leave the others waiting in a
     collective for the process group's 30 minutes. Every rank pulses from a thread, so a
-    long rollout or a wait in a collective is not silence (grpo_hpc.train.liveness). 0: off;
-    one process: nothing to watch."""
+    long rollout or a wait in a collective is not silence (grpo_hpc.train.supervision.liveness). 0:
+    off; one process: nothing to watch."""
     reshard_after_forward: bool = True
     """FSDP2 only: free each decoder layer's gathered weights after its forward (true: the
     least memory), or keep them until its backward (false: one all-gather fewer per layer
@@ -335,7 +335,8 @@ class DistConfig:
     """Each rank of a node on a share of the job's CPUs of its own (whole physical cores),
     taken before torch loads, so its threads and worker processes stay there. Off by
     default: on 2x H100 it left the step's spread as it was (no thread waited for a core
-    anyway; bench/results/step_spread_h100x2_2026-11-27.md). grpo_hpc.train.cpu_binding."""
+    anyway; bench/results/step_spread_h100x2_2026-11-27.md).
+    grpo_hpc.train.distributed.cpu_binding."""
 
 
 @dataclass

@@ -58,7 +58,7 @@ class SlurmUnavailableError(GrpoError):
 
 
 class RunDirBusyError(ConfigError):
-    """Another trainer holds the run directory (train/checkpoint.lock_run_dir): this one
+    """Another trainer holds the run directory (train/state/checkpoint.lock_run_dir): this one
     must not touch it, not even progress.json, which is the other trainer's."""
 
 

@@ -14,7 +14,7 @@ Layout of ``logs/<run>/``::
     job_summary.txt        human summary written when an attempt ends
     monitor.lock           per-run lock held by a monitor pass (and by a resubmission)
     trainer.lock           held by the running trainer's rank 0: one trainer per run directory
-    alive/<launch>/        each rank's pulse while it trains (grpo_hpc.train.liveness)
+    alive/<launch>/        each rank's pulse while it trains (grpo_hpc.train.supervision.liveness)
     nccl_trace/rank_<R>    NCCL's flight recorder, dumped when a collective times out or a
                            peer stops answering
     state_digest/          per-rank state digests at saves and resumes (faults.state_digest)

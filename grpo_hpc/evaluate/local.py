@@ -5,7 +5,7 @@ data set, judged as the run's correctness reward judges.
 directory) or a run's checkpoint (exported in fp32 first into a temporary directory
 through :mod:`grpo_hpc.export.run`: the trainer's master weights), generates greedily (or
 ``--samples k`` sampled completions per problem for pass@k), judges each completion with
-:mod:`grpo_hpc.train.evaluation` under the run's ``reward`` settings (the defaults for a
+:mod:`grpo_hpc.train.evaluation.scoring` under the run's ``reward`` settings (the defaults for a
 model that is not ours), writes a JSON result atomically and prints one summary line.
 
 A model of one of our runs (a run, or an export carrying its config) is run the way its
@@ -32,7 +32,7 @@ from typing import Any
 from grpo_hpc.config.schema import Config, DataConfig, RewardConfig
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.evaluate.target import Target, numerics_for
-from grpo_hpc.train.evaluation import pass_at_k  # the one unbiased estimator (re-exported)
+from grpo_hpc.train.evaluation.scoring import pass_at_k  # the one unbiased estimator (re-exported)
 
 Problem = dict[str, Any]
 Judge = Callable[[Sequence[str], Sequence[Problem]], list[float]]
@@ -84,11 +84,11 @@ def judge_for(source: str, reward: RewardConfig) -> Judge:
     """How a completion is judged for problems of ``source``: the one place that decides.
     Math (GSM8K, arithmetic, GSM8K-format files): the run's correctness reward; code
     problems (tests, no gold): the code reward's sandbox; both through
-    :func:`grpo_hpc.train.evaluation.judge_problems`, as the trainer's evaluation judges."""
-    from grpo_hpc.train import evaluation
+    :func:`grpo_hpc.train.evaluation.scoring.judge_problems`, as the trainer's evaluation judges."""
+    from grpo_hpc.train.evaluation import scoring
 
     def run_judge(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        return evaluation.judge_problems(texts, problems, reward)
+        return scoring.judge_problems(texts, problems, reward)
 
     return run_judge
 
@@ -167,8 +167,9 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
     import torch
 
     from grpo_hpc.tasks import problems as data
-    from grpo_hpc.train import evaluation, models
+    from grpo_hpc.train.evaluation import scoring
     from grpo_hpc.train.rollout import engines as rollout
+    from grpo_hpc.train.setup import models
 
     cfg = target.cfg
     spec = opts.data or (RUN_DATA if cfg is not None else "gsm8k:test")
@@ -199,7 +200,7 @@ def evaluate(target: Target, opts: EvalOptions) -> dict[str, Any]:
     )
     world = target.world if cfg is not None else 1
     chunk = opts.batch_size or (
-        evaluation.eval_chunk(cfg.rollout.prompts_per_step, cfg.rollout.num_generations, world)
+        scoring.eval_chunk(cfg.rollout.prompts_per_step, cfg.rollout.num_generations, world)
         if cfg is not None
         else DEFAULT_CHUNK
     )
@@ -264,14 +265,14 @@ def _generate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from grpo_hpc.train import evaluation
+    from grpo_hpc.train.evaluation import scoring
 
     console = Console(stderr=True)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task("generating", total=len(prompts))
         if samples == 1:
-            return evaluation.generate_greedy_ranked(
+            return scoring.generate_greedy_ranked(
                 engine, prompts, chunk, ranks, lambda done, s: bar.update(task, completed=done)
             )
         torch.manual_seed(seed)

@@ -23,7 +23,7 @@ class CheckpointTensors:
     its ``optim.*``), read in this process without a process group."""
 
     def __init__(self, ckpt: Path) -> None:
-        from grpo_hpc.train.checkpoint import DCP_DIR, SHARDED, format_of
+        from grpo_hpc.train.state.checkpoint import DCP_DIR, SHARDED, format_of
 
         self.ckpt, self.format = ckpt, format_of(ckpt)
         self.dcp_dir = ckpt / DCP_DIR
@@ -132,7 +132,7 @@ class ExportSources:
 def base_model_dir(cfg: Config, paths: RunPaths) -> tuple[Path, str | None]:
     """The model directory the run was built from, and the hub id when that directory is a
     hub model's snapshot in the local cache (a ConfigError when it is gone)."""
-    from grpo_hpc.train import models
+    from grpo_hpc.train.setup import models
 
     name = cfg.model.name_or_path
     if name == "tiny":

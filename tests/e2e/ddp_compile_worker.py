@@ -19,11 +19,11 @@ import torch.distributed as torch_dist
 from torch._dynamo.utils import counters
 
 from grpo_hpc.config.schema import AlgoConfig, DistConfig
-from grpo_hpc.train import dist
 from grpo_hpc.train.algo.update import accumulate, split
-from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer
-from tests.unit.train.test_packing import NEW, ROWS, _batch
+from grpo_hpc.train.distributed import dist
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.setup.models import compile_layers, load_model_and_tokenizer
+from tests.unit.train.algo.test_packing import NEW, ROWS, _batch
 
 
 def main(model_dir: Path) -> None:

@@ -9,8 +9,9 @@ import torch
 
 from grpo_hpc.config.load import load_resolved
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.train import checkpoint, models
 from grpo_hpc.train.algo.loss import selective_log_softmax
+from grpo_hpc.train.setup import models
+from grpo_hpc.train.state import checkpoint
 
 TEXTS = ["Ada has 3 apples. How many?", "Answer: 42", "12 + 7 = 19, so the answer is 19."]
 

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import fully_shard
 
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.algo.optimization import _fused
-from grpo_hpc.train.dist import DistInfo
+from grpo_hpc.train.distributed.dist import DistInfo
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train.ckpt_space import is_disk_full, space_problem, state_bytes
+from grpo_hpc.train.state.space import is_disk_full, space_problem, state_bytes
 
 from .helpers import make_run, train
 

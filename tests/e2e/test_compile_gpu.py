@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_hpc.train.models import compile_layers, load_model_and_tokenizer
-from tests.unit.train.test_packing import _model_dir
+from grpo_hpc.train.setup.models import compile_layers, load_model_and_tokenizer
+from tests.unit.train.algo.test_packing import _model_dir
 
 pytestmark = [
     pytest.mark.gpu,

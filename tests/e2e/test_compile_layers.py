@@ -12,8 +12,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from grpo_hpc.config.schema import AlgoConfig
-from grpo_hpc.train.models import compile_layers, enable_checkpointing, load_model_and_tokenizer
-from tests.unit.train.test_packing import _batch, _grads, _model_dir
+from grpo_hpc.train.setup.models import (
+    compile_layers,
+    enable_checkpointing,
+    load_model_and_tokenizer,
+)
+from tests.unit.train.algo.test_packing import _batch, _grads, _model_dir
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import signal_job
-from tests.unit.train.test_packing import _model_dir
+from tests.unit.train.algo.test_packing import _model_dir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

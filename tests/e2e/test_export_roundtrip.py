@@ -216,7 +216,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
     from grpo_hpc.cli import eval as evaluate
     from grpo_hpc.config.load import load_resolved
     from grpo_hpc.tasks import problems as data
-    from grpo_hpc.train import evaluation
+    from grpo_hpc.train.evaluation import scoring
     from grpo_hpc.train.rollout import engines as rollout
 
     last = [
@@ -265,7 +265,7 @@ def test_grpo_eval_of_the_export_equals_the_trainers_last_eval(
         autocast=__import__("contextlib").nullcontext,
     )  # fmt: skip
     prompts = [data.prompt_text(tok, p["question"], cfg.data.system_prompt) for p in evals]
-    texts = evaluation.generate_greedy(engine, prompts, 8)
+    texts = scoring.generate_greedy(engine, prompts, 8)
     for r in results:
         assert [p["completions"][0] for p in r["per_problem"]] == texts
         assert [p["gold"] for p in r["per_problem"]] == [p["gold"] for p in evals]

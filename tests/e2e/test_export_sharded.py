@@ -14,7 +14,7 @@ import torch
 
 from grpo_hpc.cli import eval as evaluate
 from grpo_hpc.cli import export
-from grpo_hpc.train.checkpoint import SHARDED, format_of
+from grpo_hpc.train.state.checkpoint import SHARDED, format_of
 from tests.e2e.export_helpers import batch, load_export, logprobs, trainer_model
 from tests.e2e.helpers import make_run, train
 

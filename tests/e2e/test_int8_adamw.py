@@ -17,7 +17,7 @@ import pytest
 from bench.common import build_model
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import read_progress
-from grpo_hpc.train import state_digest
+from grpo_hpc.train.state import state_digest
 
 from .helpers import make_run, train
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
-from grpo_hpc.train.models import load_model_and_tokenizer
 from grpo_hpc.train.rollout.engines import HFEngine
 from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,9 +16,9 @@ from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.algo import packing
 from grpo_hpc.train.algo.update import accumulate, split
-from grpo_hpc.train.dist import DistInfo
-from grpo_hpc.train.models import load_model_and_tokenizer
-from tests.unit.train.test_packing import NEW, ROWS, _batch, _model_dir
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
+from tests.unit.train.algo.test_packing import NEW, ROWS, _batch, _model_dir
 
 from .helpers import make_run, train
 

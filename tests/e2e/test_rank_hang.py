@@ -15,7 +15,7 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train.liveness import PULSE_S
+from grpo_hpc.train.supervision.liveness import PULSE_S
 from tests.e2e.helpers import make_run, training
 
 pytestmark = pytest.mark.slow

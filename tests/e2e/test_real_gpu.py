@@ -19,7 +19,7 @@ from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.submit.job import create_run
-from grpo_hpc.train import models
+from grpo_hpc.train.setup import models
 
 from .helpers import train
 

@@ -13,7 +13,7 @@ import torch
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train import state_digest
+from grpo_hpc.train.state import state_digest
 
 from .helpers import assert_same, descendants, make_run, signal_job, start, train, training
 

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_hpc.core.manifest import verify_checkpoint
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train.checkpoint import GATHERED, SHARDED, format_of
+from grpo_hpc.train.state.checkpoint import GATHERED, SHARDED, format_of
 
 from .helpers import assert_same, make_run, train
 

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from grpo_hpc.config.schema import ModelConfig
-from grpo_hpc.train import models
+from grpo_hpc.train.setup import models
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ QUESTIONS = ["What is 2+3?", "What is 7 times 6?", "Is 9 greater than 4?", "Name
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path):  # noqa: ANN201
     from grpo_hpc.config.schema import ModelConfig
-    from grpo_hpc.train import models
+    from grpo_hpc.train.setup import models
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRPO_HPC_CACHE", str(smollm2_cache))

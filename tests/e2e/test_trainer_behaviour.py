@@ -71,7 +71,8 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
     assert all(0 < m["train/tokens"] and m["train/sequences"] <= 8 for m in trained)
     assert all(m["compile/graphs"] == 0 for m in steps)
     assert all(m["engine/captures"] == 0 for m in steps)  # no CUDA graphs on a CPU
-    # every step starts with the scheduled young collection, timed (train/gc_schedule.py)
+    # every step starts with the scheduled young collection, timed
+    # (train/supervision/gc_schedule.py)
     assert all(0 < m["time/gc"] < m["time/step"] for m in steps)
     # the update's wall in its parts: the host's CPU seconds and (no GPU) no sync waited for
     for m in trained:

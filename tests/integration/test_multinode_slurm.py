@@ -26,7 +26,7 @@ import torch
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train.checkpoint import model_weights
+from grpo_hpc.train.state.checkpoint import model_weights
 
 from .slurm_helpers import (
     ENDED,

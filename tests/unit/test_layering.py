@@ -129,12 +129,12 @@ def test_one_home_for_starting_the_next_attempt() -> None:
 def test_export_layers_point_one_way() -> None:
     """grpo-export in layers: run (planning) -> write (writing) -> sources (reading) -> plan
     (pure decisions); no layer imports one above it, and the trainer's held-out evaluation
-    sits above train.evaluation, never below it."""
+    sits above train.evaluation.scoring, never below it."""
     layers = ["export/run.py", "export/write.py", "export/sources.py", "export/plan.py"]
     for i, rel in enumerate(layers):
         above = {f"grpo_hpc.{name.removesuffix('.py').replace('/', '.')}" for name in layers[:i]}
         found = imports_of(rel)
         assert not any(m in above or m.rsplit(".", 1)[0] in above for m in found), rel
     assert not any(m.startswith("grpo_hpc.") for m in imports_of("export/plan.py"))
-    assert "grpo_hpc.train.held_out" not in imports_of("train/evaluation.py")
-    assert "grpo_hpc.train.trainer" not in imports_of("train/held_out.py")
+    assert "grpo_hpc.train.evaluation.held_out" not in imports_of("train/evaluation/scoring.py")
+    assert "grpo_hpc.train.trainer" not in imports_of("train/evaluation/held_out.py")

@@ -118,7 +118,7 @@ def chunk_slices(n: int, chunk: int) -> list[slice]:
     by a 1-token tail. Compiled chunk functions specialise a dimension of size 1 (Dynamo's
     0/1 specialisation), so a 1-row chunk would compile two more graphs (forward and
     backward) at whatever step a micro-batch first held ``k * chunk + 1`` completion tokens
-    (tests/unit/train/test_logp_head_compiled.py)."""
+    (tests/unit/train/algo/test_logp_head_compiled.py)."""
     starts = list(range(0, n, chunk))
     if len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
@@ -152,7 +152,7 @@ def compile_chunks() -> None:
     over its [1024, vocab] fp32 logits, which cost more than the head's four matrix
     products (bench/results/LOG.md, issue 24); compiled, one pass forward and one in
     backward read the products' bf16 output. Same arithmetic: the fp32 gradients are the
-    eager ones (tests/unit/train/test_logp_head_compiled.py)."""
+    eager ones (tests/unit/train/algo/test_logp_head_compiled.py)."""
     _CHUNK.stats = torch.compile(chunk_stats, dynamic=None, fullgraph=True)
     _CHUNK.grad = torch.compile(chunk_grad_fusable, dynamic=None, fullgraph=True)
 

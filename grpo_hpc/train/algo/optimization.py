@@ -10,9 +10,9 @@ import torch
 
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import CircuitBreakerError, ConfigError
-from grpo_hpc.train import dist
 from grpo_hpc.train.algo import update
 from grpo_hpc.train.algo.logp_head import Scoring
+from grpo_hpc.train.distributed import dist
 
 
 def autocast_factory(
@@ -26,8 +26,8 @@ def autocast_factory(
     parameter: 2.9 GiB at 1.5B) held through the forward and the backward for nothing, since
     a checkpointed layer casts again in its recompute and a layer that is not checkpointed
     saves its cast for backward anyway. Casting is exact, so gradients are equal bit for
-    bit (``tests/unit/train/test_update_autocast.py``). Compiled layers cast inside their graph and
-    never filled the cache: what it frees is in eager runs (a V100, ``dist.compile=false``)."""
+    bit (``tests/unit/train/algo/test_update_autocast.py``). Compiled layers cast inside their graph
+    and never filled the cache: what it frees is in eager runs (a V100, ``dist.compile=false``)."""
     if dtype is None:
         return contextlib.nullcontext
     return lambda: torch.autocast(device_type, dtype=dtype, cache_enabled=cache)

@@ -18,7 +18,7 @@ from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head
 from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.algo.packing import host_to_device, pack, packed_forward
-from grpo_hpc.train.dist import DistInfo, all_reduce_max, all_reduce_sum
+from grpo_hpc.train.distributed.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.rollout.types import RolloutBatch
 
 

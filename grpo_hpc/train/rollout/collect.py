@@ -22,16 +22,16 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import dist
 from grpo_hpc.train.algo.advantages import informative_groups
 from grpo_hpc.train.algo.batching import Scored
-from grpo_hpc.train.profiling import phase
+from grpo_hpc.train.distributed import dist
+from grpo_hpc.train.measure.profiling import phase
+from grpo_hpc.train.measure.tracking import Tracker
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rewards.code import code_workers
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
-from grpo_hpc.train.tracking import Tracker
 
 ABORT, RESAMPLE, DONE = 2.0, 1.0, 0.0
 """Each rank's vote after a rollout; the all-reduced maximum is the verdict."""

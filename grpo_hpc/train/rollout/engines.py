@@ -20,7 +20,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from grpo_hpc.config.rollout_engine import EngineChoice, choose
 from grpo_hpc.core.errors import StalledError
-from grpo_hpc.train.dist import compute_device
+from grpo_hpc.train.distributed.dist import compute_device
 from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the trainer
     EngineOptions,
     GenerationAborted,

@@ -56,7 +56,7 @@ def test_kernels_by_rule_on_a_gpu_only() -> None:
     import torch
     import torch._inductor.config as inductor_config
 
-    from grpo_hpc.train.dist import choose_kernels_by_rule
+    from grpo_hpc.train.distributed.dist import choose_kernels_by_rule
 
     before = inductor_config.deterministic
     try:

@@ -23,8 +23,8 @@ from grpo_hpc.cli.ckpt import main as ckpt_main
 from grpo_hpc.core.errors import RunDirBusyError
 from grpo_hpc.core.manifest import COMPLETE_MARKER, MANIFEST, CheckpointIncompleteError, is_complete
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.train import checkpoint
-from grpo_hpc.train.dist import DistInfo
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.state import checkpoint
 
 
 def _save(paths: RunPaths, step: int, slow_save_s: float = 0.0) -> Path:
@@ -121,7 +121,7 @@ def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
     try:
         code = (
             "import sys; from grpo_hpc.core.paths import RunPaths; "
-            "from grpo_hpc.train.checkpoint import lock_run_dir; "
+            "from grpo_hpc.train.state.checkpoint import lock_run_dir; "
             "lock_run_dir(RunPaths(__import__('pathlib').Path(sys.argv[1])))"
         )
         other = subprocess.run(

@@ -146,7 +146,7 @@ def test_the_tracker_writes_its_rows_and_console_lines_through_the_thread(
     ``flush`` returns; another rank writes nothing."""
     from grpo_hpc.config.schema import Config
     from grpo_hpc.core.paths import RunPaths
-    from grpo_hpc.train.tracking import Tracker, step_metrics
+    from grpo_hpc.train.measure.tracking import Tracker, step_metrics
 
     paths = RunPaths(tmp_path / "run")
     m = step_metrics(1, Config(), [2.0, 4.0, 100.0, 1.0, 2.0], [], 1) | {"loss": 0.5}

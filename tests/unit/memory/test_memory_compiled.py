@@ -140,8 +140,8 @@ def test_submission_takes_the_profiles_capability(
 
 def test_checkpointed_layers_hold_no_low_precision_copy() -> None:
     """The update's autocast keeps no cast cache, so a checkpointed layer frees its casts,
-    compiled or eager (tests/unit/train/test_update_autocast.py on the CPU; on an H100 the eager
-    1.5B update without the cache peaked 2.44 GiB lower, its whole bf16 copy): only the
+    compiled or eager (tests/unit/train/algo/test_update_autocast.py on the CPU; on an H100 the
+    eager 1.5B update without the cache peaked 2.44 GiB lower, its whole bf16 copy): only the
     layers not checkpointed keep a bf16 copy, plus one layer in flight."""
     shape = _shape("qwen2.5-3b")
     layer = 2 * shape.layer_params

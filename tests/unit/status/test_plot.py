@@ -115,7 +115,7 @@ def test_plot_errors_are_one_line(tmp_path: Path, metrics: list, out: str, messa
 
 def test_step_metrics_reports_reward_spread() -> None:
     from grpo_hpc.config.load import build_config
-    from grpo_hpc.train.tracking import step_metrics
+    from grpo_hpc.train.measure.tracking import step_metrics
 
     rewards = [0.0, 1.0, 1.0, 0.0]
     sums = [sum(rewards), len(rewards), 40.0, 2.0, sum(r * r for r in rewards), 2.0]

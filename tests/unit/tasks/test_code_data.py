@@ -16,7 +16,7 @@ from grpo_hpc.status.view import held_out_figure
 from grpo_hpc.submit.preflight import check_data, check_model
 from grpo_hpc.tasks import code as code_data
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train import evaluation
+from grpo_hpc.train.evaluation import scoring
 from grpo_hpc.train.rewards import functions as rewards
 
 # MBPP-shaped rows written for these tests (text, test_list, optional test_setup_code).
@@ -143,17 +143,17 @@ def test_code_configs_load_and_ask_for_code() -> None:
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
-    assert evaluation.pass_at_k(10, 0, 1) == 0.0
-    assert evaluation.pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert evaluation.pass_at_k(10, 3, 10) == 1.0
+    assert scoring.pass_at_k(10, 0, 1) == 0.0
+    assert scoring.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert scoring.pass_at_k(10, 3, 10) == 1.0
     # 1 - C(7,5)/C(10,5) = 1 - 21/252
-    assert evaluation.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)
-    assert evaluation.pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert scoring.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)
+    assert scoring.pass_at_k(4, 1, 2) == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        evaluation.pass_at_k(4, 1, 5)
-    assert evaluation.reported_ks(1) == [1]
-    assert evaluation.reported_ks(10) == [1, 5, 10] and evaluation.reported_ks(8) == [1, 5, 8]
-    sums = evaluation.pass_at_k_sums([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], [1, 2])
+        scoring.pass_at_k(4, 1, 5)
+    assert scoring.reported_ks(1) == [1]
+    assert scoring.reported_ks(10) == [1, 5, 10] and scoring.reported_ks(8) == [1, 5, 8]
+    sums = scoring.pass_at_k_sums([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], [1, 2])
     assert sums[1] == pytest.approx(0.25 + 0 + 1) and sums[2] == pytest.approx(0.5 + 0 + 1)
 
 
@@ -162,11 +162,11 @@ def test_judge_problems_runs_code_in_the_sandbox_and_answers_by_the_reward() -> 
     math = {"question": "2+2?", "gold": "4"}
     texts = [_fenced(MBPP_ROWS[0]["code"]), "Answer: 4", _fenced("def square_sum(xs): 0"), "5"]
     problems = [code, math, code, math]
-    assert evaluation.judge_problems(texts, problems, RewardConfig()) == [1.0, 1.0, 0.0, 0.0]
+    assert scoring.judge_problems(texts, problems, RewardConfig()) == [1.0, 1.0, 0.0, 0.0]
     # a code problem's reward and its held-out judgement agree
     rc = RewardConfig(correctness=0.0, format=0.0, code=1.0)
     reward = rewards.run_rewards(texts[::2], [code, code], rc).components["code"]
-    assert reward == evaluation.judge_problems(texts[::2], [code, code], rc)
+    assert reward == scoring.judge_problems(texts[::2], [code, code], rc)
 
 
 def test_status_and_plot_show_pass_at_1() -> None:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.core.errors import StalledError
-from grpo_hpc.train.dist import compute_device
+from grpo_hpc.train.distributed.dist import compute_device
 from grpo_hpc.train.rollout.native import attention, forward, weights
 from grpo_hpc.train.rollout.native.sampling import choose
 from grpo_hpc.train.rollout.native.workspace import (

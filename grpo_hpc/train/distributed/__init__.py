@@ -1,0 +1,2 @@
+"""The ranks: process group, model wrapping, agreement between ranks (dist.py), each rank's
+CPUs (cpu_binding.py)."""

@@ -1,0 +1,116 @@
+"""The trainer's held-out evaluation during training: each rank generates its share of the
+held-out set, the ranks sum their counts, and the tracker logs eval/accuracy (or
+eval/pass@k for code problems).
+
+The building blocks (shares, chunks, generation, judging, pass@k) are
+:mod:`grpo_hpc.train.evaluation.scoring`'s, shared with ``grpo-eval``; this module adds what only a
+training run has: ranks that sum their counts, the tracker, and a stop agreed between
+chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.progress import TrainState
+from grpo_hpc.tasks import problems as data
+from grpo_hpc.train.distributed import dist
+from grpo_hpc.train.evaluation import scoring
+from grpo_hpc.train.measure.tracking import Tracker
+from grpo_hpc.train.rollout.types import RolloutEngine
+
+
+class EvaluationStopped(Exception):
+    """Every rank agreed to stop between two evaluation chunks."""
+
+
+@dataclass(frozen=True)
+class HeldOutEval:
+    """What the held-out evaluation needs of the trainer, held once after its setup."""
+
+    cfg: Config
+    info: dist.DistInfo
+    tok: Any
+    engine: RolloutEngine
+    eval_set: list[data.Problem]
+    tracker: Tracker
+    stop_agreed: Callable[[], bool]
+    """True when the ranks agree to stop (a collective: every rank calls it as often)."""
+
+    @torch.no_grad()
+    def run(self, step: int) -> bool:
+        """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy;
+        for code problems pass@1 (and pass@k with training.eval_samples), as eval/pass@k.
+        False when a stop was agreed between two chunks: the evaluation is dropped (a long
+        one must not eat the signal lead that the checkpoint needs)."""
+        self.tracker.update(TrainState.EVALUATING)
+        try:
+            return self._evaluate(step)
+        except EvaluationStopped:
+            return False
+
+    def _evaluate(self, step: int) -> bool:
+        info, cfg = self.info, self.cfg
+        start, stop, pad = scoring.rank_share(len(self.eval_set), info.rank, info.world_size)
+        mine = self.eval_set[start:stop]
+        questions = [p["question"] for p in mine] + [self.eval_set[0]["question"]] * pad
+        prompts = [data.prompt_text(self.tok, q, cfg.data.system_prompt) for q in questions]
+        chunk = scoring.eval_chunk(
+            cfg.rollout.prompts_per_step, cfg.rollout.num_generations, info.world_size
+        )
+
+        def progress(done: int, seconds: float) -> None:  # long evaluations say how far
+            if info.is_main and len(prompts) > chunk:
+                print(f"[Eval] step {step}: {done}/{len(prompts)} prompts ({seconds:.0f} s)")
+            if done < len(prompts) and self.stop_agreed():  # every rank has as many chunks
+                raise EvaluationStopped()
+
+        t0 = time.monotonic()
+        if all(scoring.is_code_problem(p) for p in self.eval_set):
+            return self._evaluate_code(step, mine, prompts, chunk, progress, t0)
+        texts = scoring.generate_greedy(self.engine, prompts, chunk, progress)
+        score = scoring.score_eval(texts[: len(mine)], [p["gold"] for p in mine], cfg.reward)
+        total, strict, n = dist.all_reduce_sum(
+            [float(score.correct), float(score.strict), float(len(mine))], info
+        )
+        acc = total / max(n, 1)
+        seconds = time.monotonic() - t0
+        self.tracker.log_eval(step, acc, int(total), int(n), strict / max(n, 1), seconds)
+        return True
+
+    def _evaluate_code(
+        self,
+        step: int,
+        mine: list[data.Problem],
+        prompts: list[str],
+        chunk: int,
+        progress: scoring.Progress,
+        t0: float,
+    ) -> bool:
+        """pass@1 (and pass@k with training.eval_samples > 1) of held-out code problems,
+        judged in the code reward's sandbox."""
+        n = self.cfg.training.eval_samples
+        if n == 1:
+            texts = scoring.generate_greedy(self.engine, prompts, chunk, progress)
+        else:
+            texts = scoring.generate_samples(self.engine, prompts, n, chunk, progress)
+        texts = texts[: len(mine) * n]
+        each = [p for p in mine for _ in range(n)]
+        judged = scoring.judge_problems(texts, each, self.cfg.reward)
+        per_problem = [judged[i * n : (i + 1) * n] for i in range(len(mine))]
+        ks = scoring.reported_ks(n)
+        sums = scoring.pass_at_k_sums(per_problem, ks)
+        totals = dist.all_reduce_sum(
+            [sums[k] for k in ks] + [float(len(mine)), float(sum(judged))], self.info
+        )
+        problems, passed = totals[-2], totals[-1]
+        rates = {k: v / max(problems, 1) for k, v in zip(ks, totals, strict=False)}
+        seconds = time.monotonic() - t0
+        self.tracker.log_pass_at_k(step, rates, int(passed), int(problems) * n, seconds)
+        return True

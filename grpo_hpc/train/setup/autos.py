@@ -1,0 +1,49 @@
+"""What each ``auto`` setting means in this training process (the thin I/O shell around
+the pure decisions of :mod:`grpo_hpc.config.speed` and :mod:`grpo_hpc.memory.plan`): the
+device's facts are read here, once, at setup, and the rest of the trainer sees only
+resolved values."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.memory import plan as memory_plan
+from grpo_hpc.train.algo import packing
+from grpo_hpc.train.distributed.dist import DistInfo
+
+
+def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
+    """The facts of this process that ``dist.compile`` and ``algo.packing`` depend on."""
+    cuda = device.type == "cuda"
+    return auto_speed.Where(
+        cuda=cuda,
+        capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
+        precision=cfg.dist.precision,
+        lora=cfg.model.lora_rank > 0,
+        varlen=packing.varlen_kernel() is not None,
+    )
+
+
+def device_gib(device: torch.device) -> float | None:
+    """This rank's GPU memory in GiB (what ``algo.micro_batch_tokens=auto`` is decided
+    against); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
+
+
+def resolve(cfg: Config, info: DistInfo) -> Config:
+    """``cfg`` with ``dist.compile``, ``algo.packing`` and ``algo.micro_batch_tokens``
+    decided for this process; a precision the device cannot run is a ConfigError."""
+    where = where_training(cfg, info.device)
+    if why := auto_speed.precision_problem(where):
+        raise ConfigError(why)
+    return memory_plan.resolve_auto_tokens(
+        auto_speed.resolve(cfg, where),
+        device_gib(info.device),
+        max(1, info.world_size // cfg.dist.nproc_per_node),
+        where.capability if where.cuda else None,
+    )

@@ -1,0 +1,2 @@
+"""The trainer's state on disk: checkpoints that count only when complete (checkpoint.py),
+room for them (space.py), digests of what was saved and resumed (state_digest.py)."""

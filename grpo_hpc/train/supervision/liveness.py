@@ -1,0 +1,181 @@
+"""Every rank's pulse, and each rank's watch on its peers' (issue 37).
+
+A rank that stops answering (SIGSTOP, a hung driver, a node that vanished under a
+multi-node job) leaves its peers blocked in their next collective. The process group's
+timeout cannot end that quickly: after a rollout the ranks reach the next collective
+minutes apart (one rank's generation or evaluation runs longer than another's), so a
+timeout short enough to catch a hang would kill healthy jobs across a rollout. A pulse
+does not care where the main thread is: a daemon thread on every rank writes a counter to
+``<run>/alive/<launch>/rank<R>`` every ``PULSE_S`` seconds and reads its peers'. A stopped
+process stops all of its threads, so its counter stops; a rank blocked in a collective or
+busy generating keeps pulsing. When a peer's counter has not moved for
+``dist.peer_timeout_s``, the watching rank records why in progress.json and exits
+(ExitCode.STALLED): torchrun then ends the other ranks, the job ends, and the monitor
+resubmits from the last complete checkpoint.
+
+The files are compared by content, never by mtime: nodes' clocks may differ, and each
+rank judges a peer by its own monotonic clock. A rank that ends normally writes
+``rank<R>.done`` first, so that its peers do not mistake its exit for a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PULSE_S = 2.0
+"""Seconds between a rank's pulses (and its looks at its peers')."""
+HOST = socket.gethostname()
+
+
+@dataclass
+class PeerSeen:
+    """What a rank last saw of one peer's pulse file."""
+
+    content: str | None = None
+    """The file's text (``<pid> <counter> <host>``); None before the peer first pulsed."""
+    changed_at: float = 0.0
+    """When (this rank's monotonic clock) the content last changed."""
+    done: bool = False
+    """The peer announced a normal end."""
+
+
+def lost_peers(seen: dict[int, PeerSeen], now: float, timeout_s: float) -> list[int]:
+    """The peers whose pulse has not moved for ``timeout_s`` (pure). A peer that never
+    pulsed is not judged here (starting up is the process group's to time out), nor one
+    that ended normally."""
+    return sorted(
+        rank
+        for rank, s in seen.items()
+        if s.content is not None and not s.done and now - s.changed_at > timeout_s
+    )
+
+
+def lost_reason(ranks: list[int], timeout_s: float, step: int, waiting: str | None = None) -> str:
+    """The one line progress.json gets (pure); ``waiting``: where the watching rank was
+    blocked (:func:`waiting_in`)."""
+    who = ", ".join(f"rank {r}" for r in ranks)
+    where = f"; the others waited in {waiting}" if waiting else ""
+    return (
+        f"{who} stopped answering (no pulse for {timeout_s:g} s) at step {step}{where}: a "
+        "hung or lost process; the job ends so that it can be resubmitted from the last "
+        "checkpoint"
+    )
+
+
+def waiting_in(entries: list[dict]) -> str | None:
+    """Where this rank waits, from its flight recorder's entries (pure): the oldest
+    collective not completed, by name and the two innermost lines of ours that issued it,
+    e.g. ``nccl:all_reduce from train/distributed/dist.py:91 (all_reduce_max) <
+    train/rollout/collect.py:94 (collect)``; None if none is open."""
+    open_ = [e for e in entries if e.get("state") != "completed" and not e.get("retired")]
+    if not open_:
+        return None
+    e = open_[0]
+    what = str(e.get("profiling_name") or "a collective")
+    ours = [f for f in e.get("frames", []) if "grpo_hpc" in str(f.get("filename", ""))]
+    if not ours:
+        return what
+    # the innermost two of our frames: a helper (dist.barrier) and what called it
+    where = [f"{str(f['filename']).split('grpo_hpc/')[-1]}:{f.get('line')} ({f.get('name')})"
+             for f in ours[:2]]  # fmt: skip
+    return f"{what} from " + " < ".join(where)
+
+
+@dataclass
+class Liveness:
+    """The pulse thread of one rank. ``on_lost`` runs in that thread with the lost ranks;
+    it is expected not to return (it records the reason and exits the process)."""
+
+    directory: Path
+    rank: int
+    world_size: int
+    timeout_s: float
+    on_lost: Callable[[list[int]], None]
+    pulse_s: float = PULSE_S
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _seen: dict[int, PeerSeen] = field(default_factory=dict, init=False, repr=False)
+    _count: int = field(default=0, init=False, repr=False)
+
+    def path(self, rank: int) -> Path:
+        return self.directory / f"rank{rank}"
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._seen = {r: PeerSeen() for r in range(self.world_size) if r != self.rank}
+        self._pulse()
+        self._thread = threading.Thread(target=self._loop, name="grpo-liveness", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """A normal end: peers stop watching this rank, then the thread stops."""
+        try:
+            _write(self.directory / f"rank{self.rank}.done", f"{os.getpid()}\n")
+        except OSError:
+            pass  # the run directory went away; nobody is left to watch
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.pulse_s)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.pulse_s):
+            try:
+                self._pulse()
+                lost = self._look(time.monotonic())
+            except OSError:
+                continue  # a full or flaky filesystem: the next pulse tries again
+            if lost:
+                self.on_lost(lost)
+                return
+
+    def _pulse(self) -> None:
+        self._count += 1
+        _write(self.path(self.rank), f"{os.getpid()} {self._count} {HOST}\n")
+
+    def local_pid(self, rank: int) -> int | None:
+        """A lost peer's pid when it runs on this host (None elsewhere, or unknown): torchrun
+        gives a stopped worker 30 s to answer SIGTERM before it kills it; the watcher need
+        not wait for that."""
+        s = self._seen.get(rank)
+        parts = (s.content or "").split() if s is not None else []
+        if len(parts) == 3 and parts[2] == HOST and parts[0].isdigit():
+            return int(parts[0])
+        return None
+
+    def _look(self, now: float) -> list[int]:
+        for rank, s in self._seen.items():
+            if s.done:
+                continue
+            if (self.directory / f"rank{rank}.done").exists():
+                s.done = True
+                continue
+            try:
+                content = self.path(rank).read_text()
+            except FileNotFoundError:
+                continue
+            if content != s.content:
+                s.content, s.changed_at = content, now
+        return lost_peers(self._seen, now, self.timeout_s)
+
+
+def _write(path: Path, text: str) -> None:
+    """Temp file then rename: a peer never reads half a pulse."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def clear_other_launches(alive_dir: Path, launch: str) -> None:
+    """Rank 0 at start: the pulse folders of earlier launches of this run are stale."""
+    if not alive_dir.is_dir():
+        return
+    for d in alive_dir.iterdir():
+        if d.name != launch:
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,31 @@
+"""Which AdamW implementation the trainer uses where (a pure decision, pinned here; the GPU
+test ``tests/e2e/test_gpu.py::test_sharded_adamw_matches_unsharded`` steps it for real)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_hpc.config.schema import Config
+from grpo_hpc.train.algo.optimization import _fused
+from grpo_hpc.train.distributed.dist import DistInfo
+
+
+@pytest.mark.parametrize(
+    ("device", "strategy", "offload", "fused"),
+    [
+        ("cuda", "ddp", False, True),
+        # FSDP2 on the GPU: fused, not torch's default foreach, whose sqrt of the second
+        # moments is a temporary as large as a whole fp32 state.
+        ("cuda", "fsdp", False, True),
+        ("cuda", "fsdp", True, False),  # the step runs on the CPU shards
+        ("cpu", "ddp", False, False),
+        ("cpu", "fsdp", False, False),
+    ],
+)
+def test_fused_adamw_where_the_parameters_are_on_the_gpu(
+    device: str, strategy: str, offload: bool, fused: bool
+) -> None:
+    cfg = Config()
+    cfg.dist.strategy, cfg.dist.cpu_offload = strategy, offload
+    assert _fused(DistInfo(0, 2, 0, torch.device(device)), cfg) is fused
