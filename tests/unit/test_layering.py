@@ -2,7 +2,8 @@
 a new import that points the wrong way fails here, not in a newcomer's head.
 
 The packages stand in layers (docs/ARCHITECTURE.md draws them); a module imports its own
-package and the layers below, never one above or beside it.
+package and the layers below, never one above or beside it. Inside train/ the same: the loop
+(trainer.py, __main__.py) on top, and beneath it packages in layers of their own.
 """
 
 from __future__ import annotations
@@ -34,6 +35,28 @@ ALLOWED_UP = {
     # The trainer writes final/ with grpo-export's own writer: one writer of that format.
     ("train/trainer.py", "grpo_hpc.export"),
     ("train/trainer.py", "grpo_hpc.export.run"),
+}
+# Inside train/: the loop (trainer.py, __main__.py, the only modules at its top) imports any
+# of these packages; none of them imports the loop. A package imports its own modules and
+# the layers below it, never one above or beside it, but for the step's work (algo/,
+# rollout/, rewards/), whose packages import one another.
+TRAIN_LAYER = {
+    "distributed": 0,  # the ranks: process group, wrapping, agreement, each rank's CPUs
+    "measure": 1,  # progress and metrics (tracking), the step's row, profiler, stall sampler
+    "algo": 2,  # the step's work: advantages, loss, the update
+    "rollout": 2,  # the step's work: generation, the native engine, one step's rollouts
+    "rewards": 2,  # the step's work: rewards, verifier, sandbox
+    "state": 3,  # its state on disk: checkpoints, their space, state digests
+    "supervision": 3,  # signals, pulses, breakers, the gc schedule, fault injection
+    "evaluation": 3,  # held-out scoring (shared with grpo-eval) and the trainer's run of it
+    "setup": 3,  # the model and tokenizer, each auto setting resolved for this device
+}
+TRAIN_LOOP = ("__init__.py", "__main__.py", "trainer.py")
+TRAIN_TOGETHER = {"algo", "rollout", "rewards"}
+# Imports inside train/ that point up on purpose, each with its reason.
+TRAIN_ALLOWED_UP = {
+    # One step's metrics row is made of the step's selection (its rewards, its batches).
+    ("train/measure/step_report.py", "grpo_hpc.train.algo.batching"),
 }
 
 
@@ -80,6 +103,45 @@ def test_imports_point_down() -> None:
             if other is None or other == own or (rel, m) in ALLOWED_UP:
                 continue
             if LAYER[other] >= LAYER[own]:
+                wrong.append(f"{rel} imports {m}")
+    assert wrong == []
+
+
+def test_train_top_holds_the_loop_and_packages_only() -> None:
+    """train/'s top level: the loop and its entry point; everything else in a package of a
+    layer of TRAIN_LAYER."""
+    train = PKG / "train"
+    assert sorted(p.name for p in train.glob("*.py")) == sorted(TRAIN_LOOP)
+    packages = {p.name for p in train.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(TRAIN_LAYER)
+
+
+def test_train_packages_point_down_and_never_import_the_loop() -> None:
+    """Inside train/: no package imports trainer.py or __main__.py, nor a package above its
+    own or beside it (the step's work, algo/ rollout/ rewards/, excepted among itself)."""
+    loop = {f"grpo_hpc.train.{m.removesuffix('.py')}" for m in TRAIN_LOOP if m != "__init__.py"}
+    wrong = []
+    for rel in modules():
+        parts = rel.split("/")
+        if parts[0] != "train" or len(parts) < 3:
+            continue
+        own = parts[1]
+        for m in imports_of(rel):
+            names = m.split(".")
+            if names[:2] != ["grpo_hpc", "train"] or len(names) < 3:
+                continue
+            other = names[2]
+            if m in loop or other in {n.removesuffix(".py") for n in TRAIN_LOOP}:
+                wrong.append(f"{rel} imports the loop: {m}")
+            elif other == own or any(
+                rel == r and (m == a or m.startswith(f"{a}.")) for r, a in TRAIN_ALLOWED_UP
+            ):
+                continue
+            elif other not in TRAIN_LAYER:
+                wrong.append(f"{rel} imports {m}, in no package of TRAIN_LAYER")
+            elif own in TRAIN_TOGETHER and other in TRAIN_TOGETHER:
+                continue
+            elif TRAIN_LAYER[other] >= TRAIN_LAYER[own]:
                 wrong.append(f"{rel} imports {m}")
     assert wrong == []
 
