@@ -253,11 +253,26 @@ def kill_job_processes(node: str) -> list[int]:
     return pids
 
 
-def kill_node(node: str) -> list[int]:
-    """SIGKILL everything on a node, its slurmd included: the node is dead to Slurm."""
+def kill_node(node: str, down_within_s: float = 90.0) -> list[int]:
+    """A node lost as a powered-off node is lost: everything on it, its slurmd included,
+    stops answering at once (SIGSTOP), and is SIGKILLed only once slurmctld has set the
+    node DOWN (SlurmdTimeout). Killing at once would let the kernel close the dead
+    ranks' sockets: the surviving rank fails within a second, and whether its job then ends
+    FAILED or NODE_FAIL is a race against slurmctld's ping (the test flipped on load)."""
     pids = list(node_processes(node))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    wait_for(f"slurmctld to set {node} DOWN", lambda: _node_down(node), down_within_s)
     kill_pids(pids)
     return pids
+
+
+def _node_down(node: str) -> bool:
+    """slurmctld has set the node DOWN (sinfo's ``down*``): its jobs are NODE_FAIL by now."""
+    return _run("sinfo", "-h", "-N", "-n", node, "-o", "%t").strip().startswith("down")
 
 
 def restart_nodes(nodes: int = 2) -> None:
