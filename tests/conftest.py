@@ -14,10 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """scripts/test.sh runs the suite on three pytest-xdist workers (``--dist loadgroup``).
+    """scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``).
     The tests of the real Slurm cluster share its two CPU slots and its two namespace nodes
     (which some of them kill and restart): they run one after another on one worker, while
-    the other workers run the rest. The two tests of the session's converted SmolLM2 share
+    the other worker runs the rest. The two tests of the session's converted SmolLM2 share
     one worker too, so that it is converted once."""
     for item in items:
         if item.path.is_relative_to(REPO / "tests" / "integration"):
