@@ -10,6 +10,11 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
   three to host memory (FSDP2 CPUOffloadPolicy);
 - DDP's gradient buckets (one more fp32 copy of the trainable gradients, multi-GPU only)
   and a fixed DDP_RANKS_FIXED_BYTES measured on two ranks;
+- parameters from config.json as transformers builds them (tests/unit/memory/
+  test_memory_families.py holds the count equal for every bench/shapes config): explicit
+  head_dim, tied embeddings, q/k norms, Gemma 3's four norms per layer, fused projections
+  (the same count), and every expert of a mixture of experts with its router (all trained:
+  gradients and AdamW moments for each);
 - the low-precision casts of fp32 weights that backward keeps (the layers that are not
   checkpointed, plus one in flight; the update's autocast keeps no cache); under FSDP2
   the all-gathered bf16/fp16 layers instead (two decoder layers in flight, and the
@@ -53,50 +58,144 @@ ROW_BUCKET, SPAN_BUCKET = 8, 64
 """The native engine pads rows and cache slots to these multiples."""
 
 
+QK_NORM_PER_HEAD = ("qwen3", "qwen3_moe", "gemma3_text")
+"""model_types whose q and k RMSNorms have one ``head_dim`` weight each, shared by the heads."""
+QK_NORM_WHOLE = ("olmo2",)
+"""model_types whose q and k RMSNorms span the whole projection (heads x head_dim)."""
+FOUR_NORMS = ("gemma3_text",)
+"""model_types with four hidden-sized norms per layer (before and after attention and the
+MLP) where the others have two (OLMo 2's two sit after attention and the MLP, not before)."""
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What memory depends on in a decoder-only transformer's config.json."""
 
     hidden: int
+    """``hidden_size``."""
     layers: int
+    """``num_hidden_layers``."""
     heads: int
+    """Query heads."""
     kv_heads: int
+    """Key/value heads (GQA)."""
     head_dim: int
+    """``head_dim`` where the config sets one (Qwen3, Gemma 3, Llama 3.2: not always
+    hidden / heads), else hidden / heads."""
     intermediate: int
+    """The dense MLP's width (``intermediate_size``)."""
     vocab: int
+    """``vocab_size``."""
     tied: bool
+    """Input embedding and LM head share one matrix (``tie_word_embeddings``)."""
     model_type: str = "llama"
+    """HF ``model_type``: decides the q/k/v biases, q/k norms and norms per layer."""
+    qkv_bias: bool = False
+    """Biases on q, k and v (Qwen2)."""
+    o_bias: bool = False
+    """A bias on the attention output too (``attention_bias`` outside Qwen2)."""
+    qk_norm: int = 0
+    """Weights of the q and k RMSNorms of one layer (QK_NORM_PER_HEAD, QK_NORM_WHOLE)."""
+    norms: int = 2
+    """Hidden-sized RMSNorm weights per decoder layer (FOUR_NORMS: 4)."""
+    experts: int = 0
+    """Routed experts of a mixture-of-experts layer (0: dense model)."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (``num_experts_per_tok``)."""
+    expert_intermediate: int = 0
+    """One expert's MLP width (``moe_intermediate_size``)."""
+    sparse_layers: int = 0
+    """Layers whose MLP is the experts (the others keep the dense MLP)."""
 
     @classmethod
     def from_config(cls, cfg: dict) -> ModelShape:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        layers = int(cfg["num_hidden_layers"])
+        mtype = str(cfg.get("model_type", "llama"))
+        qk_norm = 0
+        if mtype in QK_NORM_PER_HEAD:
+            qk_norm = 2 * head_dim
+        elif mtype in QK_NORM_WHOLE:
+            qk_norm = (heads + kv_heads) * head_dim
+        # Qwen3-MoE's num_experts, Mixtral's num_local_experts (whose experts are
+        # intermediate_size wide)
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        sparse = 0
+        if experts:
+            step = int(cfg.get("decoder_sparse_step") or 1)
+            dense_only = set(cfg.get("mlp_only_layers") or [])
+            sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        bias = bool(cfg.get("attention_bias"))
         return cls(
             hidden=hidden,
-            layers=int(cfg["num_hidden_layers"]),
+            layers=layers,
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
             intermediate=int(cfg["intermediate_size"]),
             vocab=int(cfg["vocab_size"]),
             tied=bool(cfg.get("tie_word_embeddings", False)),
-            model_type=str(cfg.get("model_type", "llama")),
+            model_type=mtype,
+            qkv_bias=mtype == "qwen2" or bias,
+            o_bias=bias and mtype != "qwen2",
+            qk_norm=qk_norm,
+            norms=4 if mtype in FOUR_NORMS else 2,
+            experts=experts,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            expert_intermediate=(
+                int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]) if experts else 0
+            ),
+            sparse_layers=sparse,
         )
 
     @property
-    def layer_params(self) -> int:
+    def attn_params(self) -> int:
+        """One layer's attention (fused q/k/v as Phi-3's counts the same), its q/k norms and
+        the layer's norms; partial rotary and sliding windows own no weights."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.model_type == "qwen2" else 0)
-        return attn + 3 * h * self.intermediate + 2 * h
+        bias = (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        return h * (q + 2 * kv) + q * h + bias + self.qk_norm + self.norms * h
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """gate, up and down (fused gate/up counts the same)."""
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def sparse_mlp_params(self) -> int:
+        """Every expert's gate, up and down, and the router: all of them are trained, so
+        all of them have gradients and AdamW moments, whichever few a token uses."""
+        h = self.hidden
+        return self.experts * (3 * h * self.expert_intermediate + h)
+
+    @property
+    def layer_params(self) -> int:
+        """The largest decoder layer (the unit FSDP2 gathers and autocast casts)."""
+        mlp = self.sparse_mlp_params if self.sparse_layers else self.dense_mlp_params
+        return self.attn_params + mlp
+
+    @property
+    def active_intermediate(self) -> int:
+        """MLP width a token's activations take in the largest layer: its routed experts'
+        together in a mixture of experts, else the dense MLP's."""
+        if self.sparse_layers:
+            return self.experts_per_token * self.expert_intermediate
+        return self.intermediate
 
     @property
     def embed_params(self) -> int:
-        """Embedding plus an untied LM head (the root module under FSDP2)."""
+        """Embedding plus an untied LM head (the root module under FSDP2) and the final
+        norm."""
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embed_params
+        dense = self.layers - self.sparse_layers
+        mlp = dense * self.dense_mlp_params + self.sparse_layers * self.sparse_mlp_params
+        return self.layers * self.attn_params + mlp + self.embed_params
 
     def packed_adapted_params(self, targets: tuple[str, ...]) -> int:
         """Weights the native engine packs as folded copies under LoRA on ``targets`` (the
@@ -307,6 +406,21 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+def family_saved(shape: ModelShape) -> int:
+    """Elements per token a decoder layer keeps for backward beyond the calibrated Qwen2.5
+    layer (whose query and attention output are hidden-sized, with two norms and no q/k
+    norms): the query and attention output where heads x head_dim exceeds hidden (Qwen3
+    0.6B: twice), each extra norm's input and output (Gemma 3), the q/k norms' inputs, a
+    router's logits. Counted from the shapes, not yet measured (no ladder row of these
+    families: docs/models.md)."""
+    h, q = shape.hidden, shape.heads * shape.head_dim
+    kv = shape.kv_heads * shape.head_dim
+    wider_q = 2 * max(0, q - h)
+    extra_norms = 2 * (shape.norms - 2) * h
+    qk_norms = q + kv if shape.qk_norm else 0
+    return wider_q + extra_norms + qk_norms + shape.experts
+
+
 def micro_tokens(s: Settings) -> int:
     """Padded tokens of the largest micro-batch (every row at full length: the worst case,
     and what a random or rambling policy produces). Packed micro-batches (``algo.packing``)
@@ -366,11 +480,14 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     slots = s.prompt_tokens + s.max_new_tokens
     rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
     slots = _round_up(slots, SPAN_BUCKET) if native else slots
+    # Every layer at full capacity, sliding-window layers too (Gemma 3, Mistral/Ministral):
+    # the native engine's KVCache is one [layers, rows, kv_heads, capacity, head_dim] tensor
+    # (train/rollout/native/forward.py), and HF generate's cache is held to the same bound.
     kv = rows * slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
     # The native engine keeps its cache across steps; HF generate's lives while it generates.
     kv_resident, kv_transient = (kv, 0) if native else (0, kv)
     tokens = micro_tokens(s)
-    h, i = shape.hidden, shape.intermediate
+    h, i = shape.hidden, shape.active_intermediate  # a token's routed experts under MoE
     # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
     resid = c if (lora or s.fsdp) else 4
     # Bytes per token one decoder layer keeps for backward: gate, up, silu(gate) and their
@@ -381,6 +498,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     per_layer = mlp_saved * c * i + (LORA_HIDDEN_SAVED if lora else 20) * c * h
     if s.compiled_layers and not lora:  # LoRA layers were not measured compiled
         per_layer = COMPILED_INTERMEDIATE_SAVED * c * i + COMPILED_HIDDEN_SAVED * c * h
+    per_layer += c * family_saved(shape)
     if s.gradient_checkpointing:
         # Checkpointed layers keep their input; the others keep everything; one layer is
         # being recomputed at a time.
