@@ -23,6 +23,12 @@ fp32 instead, on both sides (the fix MiniMax-M1 reported for the same mismatch).
 
 :func:`fused_logp_head` installs this as the model's LM head for one forward, so the
 forward still goes through the DDP/FSDP wrapper (hooks, gradient sync, unsharding).
+The head is ``h W^T`` exactly: a tied head (Llama 3.2, Qwen3, Gemma 3, Phi-4-mini, SmolLM3)
+is the embedding matrix itself, so its gradient reaches the embedding through the same
+parameter, and Gemma's ``sqrt(hidden)`` scale belongs to the embedding's forward, not the
+head. A model whose logits are more than that (a bias, Gemma's
+``final_logit_softcapping``, a logit scale) is refused (:func:`head_problem`), never scored
+without it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from grpo_hpc.core.errors import ConfigError
 
 DEFAULT_CHUNK_TOKENS = 1024
 
@@ -251,6 +259,32 @@ def linear_logp(
     return _LinearLogp.apply(h, weight, ids.long(), chunk, 1.0 / t, scoring.fp32)
 
 
+LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": None,  # Gemma 2/3: z = c tanh(z / c)
+    "logit_scale": 1.0,  # Cohere: z = s z
+    "logits_scaling": 1.0,  # Granite: z = z / s
+}
+"""Config fields (with their neutral value) of transformers models that transform the
+logits after the head's product: the fused head computes ``h W^T`` only."""
+
+
+def head_problem(model: torch.nn.Module) -> str | None:
+    """Why the fused head cannot score ``model`` exactly (one line), or None."""
+    inner = getattr(model, "module", model)
+    head = inner.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        return "the model has no linear LM head"
+    if getattr(head, "bias", None) is not None:
+        return "its LM head has a bias"
+    config = inner.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field, neutral in LOGIT_TRANSFORMS.items():
+        value = getattr(text, field, neutral)
+        if value is not None and value != neutral:
+            return f"its config sets {field}={value!r} (logits transformed after the head)"
+    return None
+
+
 @dataclass
 class HeadResult:
     logp: torch.Tensor | None = None
@@ -275,6 +309,9 @@ def fused_logp_head(
     ``scoring``: the temperature of the softmax and the precision of the product.
     ``packed``: the forward is one sequence holding every row ([1, N] hidden states), and
     ``positions`` index into it."""
+    problem = head_problem(model)
+    if problem is not None:
+        raise ConfigError(f"the update's fused log-prob head cannot score this model: {problem}")
     inner = getattr(model, "module", model)  # DDP keeps the HF model in .module
     head = inner.get_output_embeddings()
     result = HeadResult()

@@ -22,6 +22,14 @@ runs an attention function of its own, registered with transformers under
 - elsewhere (CPU, fp32, a torch without varlen) it runs SDPA once per row, causal;
 - any forward without those arguments (HF ``generate``, evaluation) is plain ``sdpa``.
 
+Every keyword transformers passes to an attention function either changes the math or it
+does not, and a packed forward honours each one or refuses it (:func:`_window`), never
+drops it: a dropped keyword would make the update's log-probs differ from the rollout's.
+``scaling`` (Gemma's ``query_pre_attn_scalar``) scales the scores; ``sliding_window`` W
+(Mistral, Ministral's and Gemma 3's local layers) lets query i see keys i-W+1..i, as
+transformers' ``sliding_window_overlay`` does (``kv_idx > q_idx - W``); dropout, logit
+soft-capping, bidirectional attention or an explicit mask are refused.
+
 While a packed forward runs (:func:`packed_forward`), the mask builder registered with the
 function returns no mask at all, so the dense mask is never made.
 """
@@ -39,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from grpo_hpc.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +171,7 @@ def packed_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    if kwargs.get("sliding_window") is not None or dropout:
-        raise NotImplementedError("packed attention supports neither sliding windows nor dropout")
+    window = _window(module, query, key, attention_mask, dropout, kwargs)
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
     if q.is_cuda and torch.is_autocast_enabled("cuda"):
         # What autocast does to SDPA's inputs (the padded path): the rotary embedding
@@ -174,32 +183,104 @@ def packed_attention(
     varlen = varlen_kernel()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = varlen(q, k, v, cu, int(kwargs["max_length_q"]), scaling)
+        out = varlen(q, k, v, cu, int(kwargs["max_length_q"]), scaling, window)
     else:
-        out = _per_row(q, k, v, cu.tolist(), scaling)
+        out = _per_row(q, k, v, cu.tolist(), scaling, window)
     return out.unsqueeze(0), None
 
 
+INERT = frozenset(
+    {
+        "cu_seq_lens_k",  # equal to cu_seq_lens_q (Packed.model_kwargs)
+        "max_length_q",
+        "max_length_k",
+        "position_ids",  # already applied by the rotary embedding before attention
+        "use_cache",
+        "output_attentions",
+        "output_router_logits",  # Qwen3-MoE: the router's outputs, not attention's
+    }
+)
+"""Keywords transformers passes to attention functions that change nothing a packed
+forward computes (the row boundaries are read as ``cu_seq_lens_q``)."""
+
+
+def _window(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> int | None:
+    """The layer's sliding window (None: plain causal) after refusing, loudly, whatever of
+    the call a packed forward cannot honour (an unknown keyword with a value may change the
+    math, so it is refused too, naming itself)."""
+    known = INERT | {"cu_seq_lens_q", "sliding_window", "softcap", "is_causal"}
+    problems = [f"{k}={v!r}" for k, v in kwargs.items() if k not in known and v is not None]
+    if dropout:
+        problems.append(f"attention dropout {dropout}")
+    if kwargs.get("softcap") is not None:
+        problems.append(f"attention logit soft-capping {kwargs['softcap']}")
+    if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
+        problems.append("bidirectional attention")
+    if attention_mask is not None:  # the mask builder gives none while packed
+        problems.append("an attention mask")
+    if query.shape[2] != key.shape[2]:
+        problems.append("a key/value cache")
+    window = kwargs.get("sliding_window")
+    if window is not None and (type(window) is not int or window < 1):
+        problems.append(f"sliding_window={window!r}")
+    if problems:
+        raise ConfigError(
+            f"packed attention (algo.packing) cannot honour {', '.join(problems)} of "
+            f"{type(module).__name__}: set algo.packing=false"
+        )
+    return window
+
+
 def _per_row(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bounds: list[int],
+    scale: float | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal SDPA row by row: exact anywhere, one call per row (the fallback)."""
+    """Causal SDPA row by row, within ``window`` keys when given: exact anywhere, one call
+    per row (the fallback)."""
     groups = q.shape[1] // k.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         qi, ki, vi = (x[a:b].transpose(0, 1) for x in (q, k, v))  # [heads, n, D]
         if groups > 1:
             ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        outs.append(sdpa(qi, ki, vi, is_causal=True, scale=scale).transpose(0, 1))
+        if window is not None and b - a > window:  # a row within the window: plain causal
+            out = sdpa(qi, ki, vi, attn_mask=window_mask(b - a, window, q.device), scale=scale)
+        else:
+            out = sdpa(qi, ki, vi, is_causal=True, scale=scale)
+        outs.append(out.transpose(0, 1))
     return torch.cat(outs, 0)
+
+
+def window_mask(n: int, window: int, device: torch.device) -> torch.Tensor:
+    """[n, n] boolean: query i sees key j where ``i - window < j <= i`` (transformers'
+    causal mask with its ``sliding_window_overlay``)."""
+    i = torch.arange(n, device=device)
+    behind = i[:, None] - i[None, :]  # how far key j lies behind query i
+    return (behind >= 0) & (behind < window)
 
 
 @functools.cache
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """PyTorch's varlen flash attention behind one signature, or None. Its keywords changed
     between releases (``is_causal`` in 2.10, ``window_size`` later; ``enable_gqa`` and
-    ``scale`` not everywhere), so they are chosen from the installed signature."""
+    ``scale`` not everywhere), so they are chosen from the installed signature.
+
+    A sliding window W is flash attention's ``window_size=(W - 1, 0)``: query i sees keys
+    i-(W-1)..i+0, W keys with itself, as transformers' own flash path passes it
+    (``(W - 1, W - 1)`` with causal, the same keys). A torch whose kernel takes no window
+    runs windowed layers row by row (:func:`_per_row`), exact but slower."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -214,9 +295,20 @@ def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     gqa, has_scale = "enable_gqa" in params, "scale" in params
 
     def call(  # q [T, H, D], k/v [T, Hkv, D], cu [R+1], n the longest row
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, scale: Any
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        n: int,
+        scale: Any,
+        window: int | None = None,
     ) -> torch.Tensor:
         extra: dict[str, Any] = dict(causal)
+        if window is not None and window < n:  # a window no row fills changes nothing
+            if "window_size" not in params:
+                _no_window_kernel()
+                return _per_row(q, k, v, cu.tolist(), scale, window)
+            extra = {"window_size": (window - 1, 0)}
         groups = q.shape[1] // k.shape[1]
         if groups > 1 and gqa:
             extra["enable_gqa"] = True
@@ -225,11 +317,20 @@ def varlen_kernel() -> Callable[..., torch.Tensor] | None:
         default = q.shape[-1] ** -0.5
         if scale is not None and abs(scale - default) > 1e-12:
             if not has_scale:
-                return _per_row(q, k, v, cu.tolist(), scale)
+                return _per_row(q, k, v, cu.tolist(), scale, window)
             extra["scale"] = scale
         return varlen_attn(q, k, v, cu, cu, n, n, **extra)
 
     return call
+
+
+@functools.cache
+def _no_window_kernel() -> None:
+    """Say once per process that windowed layers run row by row."""
+    log.warning(
+        "this torch's varlen_attn takes no window_size: packed sliding-window layers run "
+        "attention row by row (exact, slower)"
+    )
 
 
 def use_packed_attention(model: torch.nn.Module) -> str:
