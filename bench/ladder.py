@@ -26,6 +26,8 @@ estimator now resolves differently.
     python -m bench.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json
     python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json
     python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+    # the model families of docs/models.md (FAMILY_SHAPES), one GPU
+    python -m bench.ladder --shapes families --out bench/results/ladder_families_h100_<date>.json
     python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json --merge OUT/ladder_b.json
 """
 
@@ -44,6 +46,7 @@ from bench.common import SHAPES as COMMON_SHAPES
 from bench.common import build_model, env_info, write_result
 from bench.ladder_parts.plan import (  # noqa: F401  (re-exported: tests, bench/mem_probe.py)
     BUDGETS,
+    FAMILY_SHAPES,
     HERE,
     MODES,
     SHAPES,
@@ -103,7 +106,12 @@ def main() -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="names in bench/shapes")
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        default=list(SHAPES),
+        help=f"names in bench/shapes; 'families' stands for {', '.join(FAMILY_SHAPES)}",
+    )
     p.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) per row: 1 or 2")
     p.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -135,6 +143,7 @@ def main() -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.shapes = [n for s in args.shapes for n in (FAMILY_SHAPES if s == "families" else [s])]
     if args.child:
         sys.exit(child(args.child, args.cap_gib))
     if args.merge:
