@@ -1,7 +1,8 @@
-"""Model-size ladder: which Qwen2.5 shapes fit which GPU budget, how fast a GRPO step is there,
-and how close the memory estimator (grpo_hpc.memory.estimate) comes to the measured peak.
+"""Model-size ladder: which shapes fit which GPU budget, how fast a GRPO step is there, and how
+close the memory estimator (grpo_hpc.memory.estimate) comes to the measured peak.
 
-For each shape (bench/shapes: 0.5B, 1.5B, 3B, 7B; random weights built on the GPU) x budget
+For each shape (bench/shapes: by default Qwen2.5 0.5B, 1.5B, 3B, 7B; ``--shapes families``:
+one shape per model family of docs/models.md; random weights built on the GPU) x budget
 x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 512 new tokens.
 
 - ``h100``: bf16 autocast, each GPU capped at 80 GiB (the h100x2 profile: DDP, FSDP2 where
