@@ -92,6 +92,11 @@ def _key(row: dict) -> tuple[str, str, str, int]:
     return row["shape"], row["budget"], row["mode"], row.get("gpus", 1)
 
 
+def expand_shapes(names: list[str]) -> list[str]:
+    """``--shapes`` as names in bench/shapes: ``families`` stands for FAMILY_SHAPES."""
+    return [n for name in names for n in (FAMILY_SHAPES if name == "families" else [name])]
+
+
 def merge_rows(base: list[dict], others: list[list[dict]]) -> list[dict]:
     """``base``'s rows with those that each of ``others`` holds differently (pure). Each
     other is a copy of ``base`` that another ladder ran on (two 2-GPU ladders side by side
@@ -144,7 +149,7 @@ def main() -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.shapes = [n for s in args.shapes for n in (FAMILY_SHAPES if s == "families" else [s])]
+    args.shapes = expand_shapes(args.shapes)
     if args.child:
         sys.exit(child(args.child, args.cap_gib))
     if args.merge:
