@@ -18,12 +18,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
-"""HF ``model_type``s whose decoder layer the native engine implements (RMSNorm, rotary
-attention with optional q/k/v bias, SwiGLU MLP)."""
+SUPPORTED_TYPES = (
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "olmo2",
+    "smollm3",
+    "ministral",
+    "phi3",
+    "gemma3_text",
+)
+"""HF ``model_type``s whose decoder layer the native engine implements: one layer written
+once (grpo_hpc.train.rollout.native.forward) whose switches each family sets: q/k/v bias
+(qwen2), q/k RMSNorm per head (qwen3, gemma3_text) or over the whole projection (olmo2),
+norms before and/or after attention and MLP (olmo2: after only; gemma3_text: both, as
+``1 + w``), sliding-window layers (mistral, ministral, gemma3_text, qwen2/qwen3 with
+``use_sliding_window``), layers without rotary (smollm3), per-layer-type rotary tables
+(gemma3_text), partial rotary and fused q/k/v and gate/up weights (phi3), scaled
+embeddings and GELU-tanh MLP (gemma3_text)."""
 
-MISTRAL_DEFAULT_WINDOW = 4096
-"""transformers' ``MistralConfig.sliding_window`` when config.json leaves it out."""
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+"""MLP activations the native engine computes (``hidden_activation`` or ``hidden_act``)."""
 
 HF_SLOWDOWN = "9-13x"
 """How much slower HF ``generate`` decodes than the native engine on a GPU, as measured:
@@ -41,26 +57,37 @@ def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     return getattr(cfg, key, default)
 
 
+def _rope_types(cfg: Mapping[str, Any] | Any) -> list[str]:
+    """Every rotary type a config names: ``rope_parameters`` (transformers 5; one dict, or
+    one per layer type as Gemma 3's) or the older ``rope_scaling``."""
+    rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
+    dicts = [v for v in rope.values() if isinstance(v, Mapping)] or [rope]
+    return [str(d.get("rope_type", d.get("type", "default"))) for d in dicts]
+
+
 def native_problem(cfg: Mapping[str, Any] | Any) -> str | None:
     """Why the native engine cannot decode a model of this config (a ``config.json`` dict
-    or a transformers config object), as a phrase ("model_type 'qwen3' (...)"); None when
-    it can. The trainer's check (grpo_hpc.train.rollout.native.weights.shape_of) is this
-    one, plus what only the loaded model shows (its LoRA adapters)."""
+    or a transformers config object), as a phrase ("model_type 'gpt2'"); None when it can.
+    The trainer's check (grpo_hpc.train.rollout.native.weights.shape_of) is this one, plus
+    what only the loaded model shows (its LoRA adapters, biases it cannot fold)."""
     mtype = _get(cfg, "model_type")
     if mtype not in SUPPORTED_TYPES:
-        return f"model_type {mtype!r} (native engine knows {', '.join(SUPPORTED_TYPES)})"
-    act = _get(cfg, "hidden_act", "silu")
-    if act != "silu":
-        return f"activation {act!r} (native engine knows silu)"
-    # a config object carries transformers' default; a config.json may leave it out
-    window = _get(
-        cfg, "sliding_window", MISTRAL_DEFAULT_WINDOW if isinstance(cfg, Mapping) else None
-    )
-    if _get(cfg, "use_sliding_window", False) or (mtype == "mistral" and window):
-        return "sliding-window attention"
-    rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
-    if str(rope.get("rope_type", rope.get("type", "default"))).startswith("dynamic"):
+        moe = any(_get(cfg, k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        return f"model_type {mtype!r}" + (" (a mixture of experts)" if moe else "")
+    # Gemma names it hidden_activation (its config.json may carry an unused hidden_act too)
+    act = _get(cfg, "hidden_activation") or _get(cfg, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        return f"activation {act!r} (native engine knows {', '.join(ACTIVATIONS)})"
+    if any(t.startswith("dynamic") for t in _rope_types(cfg)):
         return "dynamic rotary scaling"
+    if _get(cfg, "attn_logit_softcapping") or _get(cfg, "final_logit_softcapping"):
+        return "logit soft-capping"
+    if _get(cfg, "use_bidirectional_attention"):
+        return "bidirectional attention"
+    if mtype != "qwen2" and _get(cfg, "attention_bias"):
+        return "attention biases (qwen2's q/k/v biases only)"
+    if _get(cfg, "mlp_bias"):
+        return "MLP biases"
     return None
 
 
@@ -93,7 +120,8 @@ def choose(setting: str, model_type: str | None, problem: str | None, cuda: bool
     if problem and setting == "native":
         refusal = (
             f"rollout.engine=native cannot decode {problem}: use rollout.engine=hf or auto "
-            f"(HF generate), or a {'/'.join(SUPPORTED_TYPES)} model without a sliding window"
+            f"(HF generate: rollouts about {HF_SLOWDOWN} slower on a GPU); the native engine "
+            f"decodes model_types {', '.join(SUPPORTED_TYPES)}"
         )
         return EngineChoice("native", f" ({model_type}): refused, {problem}", refusal)
     if setting == "native":

@@ -16,16 +16,29 @@ from grpo_hpc.config.rollout_engine import (
 
 QWEN2 = {"model_type": "qwen2", "hidden_act": "silu", "use_sliding_window": False}
 QWEN3 = {"model_type": "qwen3", "hidden_act": "silu"}
-SILU, DYNAMIC = "native engine knows silu", "dynamic rotary scaling"
+GPT2 = {"model_type": "gpt2", "activation_function": "gelu_new"}
+QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_act": "silu", "num_experts": 128}
+"""Qwen3-30B-A3B's architecture (tests/fixtures/families/qwen3_moe)."""
+ACTS, DYNAMIC = "native engine knows silu, gelu_pytorch_tanh", "dynamic rotary scaling"
+KNOWN = (
+    "the native engine decodes model_types llama, qwen2, mistral, qwen3, olmo2, smollm3, "
+    "ministral, phi3, gemma3_text"
+)
 
 
 @pytest.mark.parametrize(
     ("setting", "cfg", "cuda", "engine", "line"),
     [
         ("auto", QWEN2, True, "native", "rollout: native (qwen2)"),
+        ("auto", QWEN3, True, "native", "rollout: native (qwen3)"),
         (
-            "auto", QWEN3, True, "hf",
-            "rollout: HF generate, model_type qwen3 has no native implementation: "
+            "auto", GPT2, True, "hf",
+            "rollout: HF generate, model_type gpt2 has no native implementation: "
+            f"rollouts about {HF_SLOWDOWN} slower",
+        ),
+        (
+            "auto", QWEN3_MOE, True, "hf",
+            "rollout: HF generate, model_type qwen3_moe has no native implementation: "
             f"rollouts about {HF_SLOWDOWN} slower",
         ),
         (
@@ -34,16 +47,16 @@ SILU, DYNAMIC = "native engine knows silu", "dynamic rotary scaling"
             "GPU only)",
         ),
         (
-            "auto", QWEN3, False, "hf",
-            "rollout: HF generate (rollout.engine=auto on a CPU; model_type qwen3 has no "
+            "auto", QWEN3_MOE, False, "hf",
+            "rollout: HF generate (rollout.engine=auto on a CPU; model_type qwen3_moe has no "
             "native implementation either)",
         ),
         ("native", QWEN2, True, "native", "rollout: native (qwen2)"),
         ("native", QWEN2, False, "native", "rollout: native (qwen2), on a CPU"),
         ("hf", QWEN2, True, "hf", "rollout: HF generate (rollout.engine=hf)"),
-        ("hf", QWEN3, True, "hf", "rollout: HF generate (rollout.engine=hf)"),
+        ("hf", QWEN3_MOE, True, "hf", "rollout: HF generate (rollout.engine=hf)"),
         ("hf", QWEN2, False, "hf", "rollout: HF generate (rollout.engine=hf)"),
-        ("hf", QWEN3, False, "hf", "rollout: HF generate (rollout.engine=hf)"),
+        ("hf", GPT2, False, "hf", "rollout: HF generate (rollout.engine=hf)"),
     ],
 )  # fmt: skip
 def test_decision_table(setting: str, cfg: dict, cuda: bool, engine: str, line: str) -> None:
@@ -52,12 +65,22 @@ def test_decision_table(setting: str, cfg: dict, cuda: bool, engine: str, line: 
 
 
 @pytest.mark.parametrize("cuda", [True, False])
-def test_explicit_native_that_cannot_run_is_refused_in_one_line(cuda: bool) -> None:
-    choice = choose_for_config("native", QWEN3, cuda)
+@pytest.mark.parametrize(
+    ("cfg", "what"),
+    [
+        (QWEN3_MOE, "model_type 'qwen3_moe' (a mixture of experts)"),
+        (GPT2, "model_type 'gpt2'"),
+    ],
+)
+def test_explicit_native_that_cannot_run_is_refused_in_one_line(
+    cfg: dict, what: str, cuda: bool
+) -> None:
+    """The refusal says what cannot be decoded, the path to take instead and its cost,
+    and what the native engine does decode."""
+    choice = choose_for_config("native", cfg, cuda)
     assert choice.refusal == (
-        "rollout.engine=native cannot decode model_type 'qwen3' (native engine knows llama, "
-        "qwen2, mistral): use rollout.engine=hf or auto (HF generate), or a "
-        "llama/qwen2/mistral model without a sliding window"
+        f"rollout.engine=native cannot decode {what}: use rollout.engine=hf or auto (HF "
+        f"generate: rollouts about {HF_SLOWDOWN} slower on a GPU); {KNOWN}"
     )
     assert "\n" not in choice.refusal
 
@@ -67,39 +90,73 @@ def test_explicit_native_that_cannot_run_is_refused_in_one_line(cuda: bool) -> N
     [
         ({"model_type": "llama"}, None),
         ({"model_type": "mistral", "sliding_window": None}, None),
-        # transformers' MistralConfig default (4096) when config.json leaves it out
-        ({"model_type": "mistral"}, "sliding-window attention"),
-        ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window attention"),
-        ({"model_type": "qwen2", "use_sliding_window": True}, "sliding-window attention"),
-        ({"model_type": "qwen2", "sliding_window": 4096}, None),  # off without use_...
-        ({"model_type": "llama", "hidden_act": "gelu"}, f"activation 'gelu' ({SILU})"),
+        ({"model_type": "mistral"}, None),  # transformers' default window (4096): decoded
+        ({"model_type": "mistral", "sliding_window": 4096}, None),
+        ({"model_type": "qwen2", "use_sliding_window": True}, None),
+        ({"model_type": "ministral", "sliding_window": 4096}, None),
+        ({"model_type": "qwen3", "head_dim": 128}, None),
+        ({"model_type": "olmo2"}, None),
+        ({"model_type": "smollm3", "no_rope_layers": [1, 1, 1, 0]}, None),
+        ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, None),
+        ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh"}, None),
+        # Gemma's MLP reads hidden_activation; a leftover hidden_act does not count
+        ({"model_type": "gemma3_text", "hidden_act": "silu", "hidden_activation": "gelu"},
+         f"activation 'gelu' ({ACTS})"),
+        ({"model_type": "gemma3_text", "final_logit_softcapping": 30.0}, "logit soft-capping"),
+        ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "logit soft-capping"),
+        ({"model_type": "gemma3_text", "final_logit_softcapping": None}, None),
+        ({"model_type": "gemma3_text", "use_bidirectional_attention": True},
+         "bidirectional attention"),
+        ({"model_type": "gemma3_text", "rope_parameters": {
+            "full_attention": {"rope_type": "dynamic"}, "sliding_attention": {}}}, DYNAMIC),
+        ({"model_type": "gemma3", "text_config": {}}, "model_type 'gemma3'"),
+        ({"model_type": "llama", "hidden_act": "gelu"}, f"activation 'gelu' ({ACTS})"),
         ({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic"}}, DYNAMIC),
         ({"model_type": "llama", "rope_scaling": {"type": "dynamic"}}, DYNAMIC),
         ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3"}}, None),
-        ({}, "model_type None (native engine knows llama, qwen2, mistral)"),
+        ({"model_type": "llama", "attention_bias": True},
+         "attention biases (qwen2's q/k/v biases only)"),
+        ({"model_type": "qwen2", "attention_bias": True}, None),
+        ({"model_type": "llama", "mlp_bias": True}, "MLP biases"),
+        (QWEN3_MOE, "model_type 'qwen3_moe' (a mixture of experts)"),
+        ({"model_type": "mixtral", "num_local_experts": 8},
+         "model_type 'mixtral' (a mixture of experts)"),
+        ({}, "model_type None"),
     ],
 )  # fmt: skip
 def test_native_problem_from_config_json(cfg: dict, problem: str | None) -> None:
     assert native_problem(cfg) == problem
 
 
-def test_mistral_sliding_window_refused_for_native_and_told_for_auto() -> None:
-    cfg = {"model_type": "mistral", "sliding_window": 4096}
-    assert choose_for_config("native", cfg, True).refusal.startswith(
-        "rollout.engine=native cannot decode sliding-window attention: "
-    )
-    assert choose_for_config("auto", cfg, True).line == (
-        "rollout: HF generate, the native engine does not decode sliding-window attention: "
-        f"rollouts about {HF_SLOWDOWN} slower"
-    )
+def test_the_fixture_families_configs() -> None:
+    """The reduced-size configs the equality tests decode (tests/fixtures/families): every
+    family native but the mixture of experts, whose auto line names HF generate and its
+    cost."""
+    import json
+
+    from tests.fixtures.families.make import FAMILIES, HERE
+
+    for name in FAMILIES:
+        cfg = json.loads((HERE / name / "config.json").read_text())
+        assert cfg["model_type"] in SUPPORTED_TYPES or name == "qwen3_moe"
+        line = choose_for_config("auto", cfg, True).line
+        assert line == (
+            f"rollout: HF generate, model_type qwen3_moe has no native implementation: "
+            f"rollouts about {HF_SLOWDOWN} slower"
+            if name == "qwen3_moe"
+            else f"rollout: native ({cfg['model_type']})"
+        )
 
 
 def test_a_transformers_config_object_is_read_as_the_trainer_sees_it() -> None:
-    from transformers import MistralConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3MoeConfig
 
     assert native_problem(Qwen2Config()) is None
-    assert native_problem(MistralConfig()) == "sliding-window attention"  # default 4096
-    assert native_problem(MistralConfig(sliding_window=None)) is None
+    assert native_problem(MistralConfig()) is None  # default window 4096: decoded
+    assert native_problem(Gemma3TextConfig()) is None
+    assert native_problem(Gemma3TextConfig(final_logit_softcapping=30.0)) == "logit soft-capping"
+    moe = "model_type 'qwen3_moe' (a mixture of experts)"
+    assert native_problem(Qwen3MoeConfig()) == moe
 
 
 def test_one_source_of_truth_for_the_native_engine() -> None:

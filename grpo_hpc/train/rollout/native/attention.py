@@ -1,7 +1,11 @@
 """Decode-step attention over the static KV cache: one new query token per row, grouped
-query heads (GQA), keys masked where they are a row's left padding or not yet written.
+query heads (GQA), keys masked where they are a row's left padding, outside a sliding
+window, or not yet written.
 
-Two implementations of the same function ``attend(q, keys, vals, bias, left_pad, pos)``:
+Two implementations of the same function ``attend(q, keys, vals, bias, lower, pos,
+scale)``: a row sees the slots ``[lower, pos]`` (``lower``: its left padding, or in a
+sliding-window layer ``max(left_pad, pos - window + 1)``); ``scale`` multiplies the
+scores (``head_dim ** -0.5`` unless the family sets its own: Gemma 3).
 
 - :func:`grouped_attention`, plain tensor operations: the ``heads / kv_heads`` query heads
   that share a KV head are the rows of one batched matrix product for the scores and one
@@ -11,7 +15,8 @@ Two implementations of the same function ``attend(q, keys, vals, bias, left_pad,
   (row, KV head) streams that head's keys and values once, block by block, with the
   running maximum and sum of the softmax (online softmax, as in flash-decoding, without
   splitting the span: 64 rows x 2 KV heads already fill an H100's 132 SMs), and skips
-  the blocks that are all left padding. The mask comes from ``left_pad`` and ``pos``.
+  the blocks that lie wholly below ``lower`` (left padding, or keys that left the
+  window). The mask comes from ``lower`` and ``pos``.
   The scores stay in fp32 (the plain path rounds them to bf16 first), so the two differ
   by bf16 rounding; tests/e2e/test_native_gpu.py bounds the difference.
 
@@ -39,15 +44,17 @@ def grouped_attention(
     keys: torch.Tensor,
     vals: torch.Tensor,
     bias: torch.Tensor,
-    left_pad: torch.Tensor,
+    lower: torch.Tensor,
     pos: torch.Tensor,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; keys/vals [B, kv, span, d]; ``bias`` [B, 1, 1, span] (0 or -inf)
-    masks; returns [B, heads * d] in q's dtype. ``left_pad``/``pos`` are unused here (the
-    fused kernel's mask)."""
+    masks; returns [B, heads * d] in q's dtype. ``lower``/``pos`` are unused here (the
+    fused kernel's mask); ``scale``: of the scores (None: ``d ** -0.5``)."""
     b, kv, _, d = keys.shape
     qg = q.view(b, kv, q.shape[1] // kv, d)  # the query heads that share one KV head
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * d**-0.5 + bias
+    scale = d**-0.5 if scale is None else scale
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale + bias
     return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), vals).reshape(b, -1)
 
 
@@ -140,7 +147,9 @@ def _fused_op(
     vals: torch.Tensor,
     left_pad: torch.Tensor,
     pos: torch.Tensor,
+    scale: float | None = None,
 ) -> torch.Tensor:
+    # ``left_pad``: each row's first visible slot (the window's start in windowed layers)
     b, heads, d = q.shape
     kv = keys.shape[1]
     out = torch.empty(b, heads * d, dtype=q.dtype, device=q.device)
@@ -160,7 +169,7 @@ def _fused_op(
         vals.stride(0),
         vals.stride(1),
         vals.stride(2),
-        d**-0.5,
+        d**-0.5 if scale is None else scale,
         GROUP=group,
         GROUP_PAD=_group_pad(group),
         D=d,
@@ -170,7 +179,7 @@ def _fused_op(
 
 
 @_fused_op.register_fake
-def _(q, keys, vals, left_pad, pos):  # noqa: ANN001, ANN202
+def _(q, keys, vals, left_pad, pos, scale=None):  # noqa: ANN001, ANN202
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
 
@@ -179,10 +188,12 @@ def fused_attention(
     keys: torch.Tensor,
     vals: torch.Tensor,
     bias: torch.Tensor,
-    left_pad: torch.Tensor,
+    lower: torch.Tensor,
     pos: torch.Tensor,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """:func:`grouped_attention` as one Triton kernel (needs :func:`fused_available`);
-    the mask is taken from ``left_pad`` [B] and ``pos`` [1], ``bias`` is unused. The
-    keys' and values' last dimension must be contiguous (a cache view is)."""
-    return _fused_op(q.contiguous(), keys, vals, left_pad, pos)
+    the mask is taken from ``lower`` [B] (first visible slot per row) and ``pos`` [1],
+    ``bias`` is unused. The keys' and values' last dimension must be contiguous (a cache
+    view is)."""
+    return _fused_op(q.contiguous(), keys, vals, lower, pos, scale)

@@ -160,6 +160,7 @@ class NativeEngine:
         deadline = time.monotonic() + self.timeout_s
         if self.packed is None:  # released before the last update
             self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
+        self.packed.shape.check_length(length + self.max_new_tokens)  # longrope's limit
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)

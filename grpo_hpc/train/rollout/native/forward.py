@@ -1,14 +1,36 @@
 """Decoder math of the native engine: prefill of the prompts and one decode step.
 
+One decoder layer, written once, for every family of ``SUPPORTED_TYPES``
+(grpo_hpc.config.rollout_engine): llama (Llama 2/3, 3.x rotary scaling), qwen2, qwen3,
+mistral and ministral (sliding windows), olmo2, smollm3, phi3, gemma3_text. What differs
+between them is data, fields of the packed :class:`~weights.Shape` and which optional
+weights a layer has, never a class of its own:
+
+- norms: before attention and MLP (``pre_norms``), after them (``post_norms``: OLMo 2
+  alone, Gemma 3 both); q/k RMSNorm per head or over the whole projection (``qk_norm``);
+- rotary: one table per layer type (``rope``: Gemma 3's local and global bases), an
+  all-zero table for layers without rotary (SmolLM3), the first ``rotary_dim`` dimensions
+  of a head only (Phi-3's partial rotary), the model's own frequencies and attention
+  scaling (llama3, linear, longrope's short factors);
+- attention: a per-layer sliding window (``window``), the family's score scale
+  (``attn_scale``: Gemma's ``query_pre_attn_scalar``);
+- embeddings scaled after the lookup (Gemma), SiLU or GELU-tanh gating in the MLP.
+
 Numerics follow transformers under autocast, so that greedy tokens match HF ``generate``:
 the residual stream and RMSNorm are fp32, matrix products take compute-dtype (bf16/fp16)
-inputs, rotary embedding is applied in fp32 and rounded once when it enters the cache.
+inputs, rotary embedding is applied in fp32 and rounded once when it enters the cache; a
+post-norm's output is rounded to the compute dtype before it joins the residual, as HF's
+norm returns its input's dtype. In fp32 on the CPU every family's greedy tokens equal HF
+``generate``'s (tests/unit/train/rollout/test_native_families.py).
 
 Attention at decode is grouped-query aware without expanding the KV heads: the query of
 each KV head's group of ``heads / kv_heads`` heads attends to that head's cache directly
 (:mod:`attention`: two batched matrix products, or one Triton kernel in bf16/fp16 on
 CUDA), over the cache prefix ``[0, span)`` only, where ``span`` is the caller's length
-bucket. Masked keys are the left padding of each row and the not-yet-written tail.
+bucket. Masked keys are the left padding of each row, keys that left a sliding window,
+and the not-yet-written tail. The decode functions (:class:`DecodeFns`) branch only on
+which arguments are None and on tensor sizes, both fixed per model, so each compiles to
+one full graph and the step replays as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -21,12 +43,15 @@ import torch.nn.functional as F
 
 from grpo_hpc.train.rollout.native import attention
 from grpo_hpc.train.rollout.native.sampling import Pick, pick
-from grpo_hpc.train.rollout.native.weights import LayerWeights, Packed
+from grpo_hpc.train.rollout.native.weights import Packed
 
 
 @dataclass
 class KVCache:
-    """Static cache: ``k``/``v`` are [layers, rows, kv_heads, capacity, head_dim]."""
+    """Static cache: ``k``/``v`` are [layers, rows, kv_heads, capacity, head_dim], every
+    layer at full capacity, sliding-window layers too (a windowed layer's slots older
+    than its window are kept and masked, not reused): one tensor per K and V, static
+    addresses for the CUDA graphs. Holds k after rotary (and q/k norm), v as projected."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -50,42 +75,87 @@ class KVCache:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's LlamaRMSNorm in fp32: ``w * x / sqrt(mean(x^2) + eps)``."""
+    """HF's RMSNorm in fp32: ``w * x / sqrt(mean(x^2) + eps)`` (Gemma's ``1 + w`` is
+    folded into the packed weight)."""
+    x = x.float()
     var = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(var + eps))
 
 
-def rope_tables(packed: Packed, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [..., head_dim] (fp32) for integer ``positions``."""
-    freqs = positions.float().unsqueeze(-1) * packed.inv_freq
+def rope_tables(packed: Packed, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """cos/sin [..., rotary_dim] (fp32) of every rotary table for integer ``positions``."""
+    freqs = positions.float().unsqueeze(-1).unsqueeze(-2) * packed.inv_freq  # [.., T, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * packed.rope_scale, emb.sin() * packed.rope_scale
+    cos, sin = emb.cos(), emb.sin()
+    return [
+        (cos[..., i, :] * scale, sin[..., i, :] * scale)
+        for i, scale in enumerate(packed.rope_scale)
+    ]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [..., heads, d] by positions (cos/sin [..., d], broadcast over heads)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x.float() * cos.unsqueeze(-2) + rot.float() * sin.unsqueeze(-2)
+    """Rotate ``x`` [..., heads, d] by positions (cos/sin [..., r], broadcast over heads):
+    the first ``r`` dimensions of each head (r < d: partial rotary, the rest passes through
+    as HF's Phi-3 does). Returns fp32."""
+    r = cos.shape[-1]
+    x = x.float()
+    xr = x[..., :r]
+    half = r // 2
+    rot = torch.cat((-xr[..., half:], xr[..., :half]), dim=-1)
+    out = xr * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
+    return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
 
-def _qkv(
-    lw: LayerWeights, h: torch.Tensor, packed: Packed
+def qk_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """q or k [..., heads, d] after their RMSNorm (fp32): over each head when the weight
+    has ``d`` entries (Qwen3, Gemma 3), else over the whole projection (OLMo 2); ``x``
+    itself without a weight. The weight's size is static, so this branch is too."""
+    if weight is None:
+        return x
+    if weight.shape[0] == x.shape[-1]:
+        return rms_norm(x, weight, eps)
+    return rms_norm(x.flatten(-2), weight, eps).view(x.shape)
+
+
+def split_qkv(
+    qkv: torch.Tensor, heads: int, kv_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused projection, split into q [.., heads, d], k and v [.., kv_heads, d]."""
-    s = packed.shape
-    qkv = F.linear(h, lw.wqkv, lw.bqkv)
-    nq, nkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    q = qkv[..., :nq].unflatten(-1, (s.heads, s.head_dim))
-    k = qkv[..., nq : nq + nkv].unflatten(-1, (s.kv_heads, s.head_dim))
-    v = qkv[..., nq + nkv :].unflatten(-1, (s.kv_heads, s.head_dim))
+    """The fused projection's output [..., (heads + 2 kv) d] as q [.., heads, d], k and v
+    [.., kv_heads, d]."""
+    d = qkv.shape[-1] // (heads + 2 * kv_heads)
+    q = qkv[..., : heads * d].unflatten(-1, (heads, d))
+    k = qkv[..., heads * d : (heads + kv_heads) * d].unflatten(-1, (kv_heads, d))
+    v = qkv[..., (heads + kv_heads) * d :].unflatten(-1, (kv_heads, d))
     return q, k, v
 
 
-def _mlp(lw: LayerWeights, x: torch.Tensor, packed: Packed, dtype: torch.dtype) -> torch.Tensor:
-    h = rms_norm(x, lw.post_norm, packed.shape.eps).to(dtype)
-    gate, up = F.linear(h, lw.wgu).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, lw.wdown).float()
+def _maybe_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return x if weight is None else rms_norm(x, weight, eps)
+
+
+def _joined(y: torch.Tensor, norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """A sublayer's output (compute dtype) as it joins the fp32 residual stream: after its
+    post-norm where the family has one, rounded to the compute dtype as HF's norm returns
+    its input's dtype (OLMo 2, Gemma 3; a no-op in fp32)."""
+    if norm is None:
+        return y.float()
+    return rms_norm(y, norm, eps).to(y.dtype).float()
+
+
+def _mlp(
+    x: torch.Tensor,
+    norm: torch.Tensor | None,
+    wgu: torch.Tensor,
+    wdown: torch.Tensor,
+    out_norm: torch.Tensor | None,
+    eps: float,
+    gelu: bool,
+) -> torch.Tensor:
+    """``x`` plus the MLP of ``x`` (SwiGLU, or GELU-tanh gated for Gemma)."""
+    h = _maybe_norm(x, norm, eps).to(wgu.dtype)
+    gate, up = F.linear(h, wgu).chunk(2, dim=-1)
+    act = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
+    return x + _joined(F.linear(act * up, wdown), out_norm, eps)
 
 
 def prefill(
@@ -104,19 +174,26 @@ def prefill(
     n, length = ids.shape
     pos = torch.arange(length, device=ids.device)
     key_ok = pos.unsqueeze(0) >= left_pad.unsqueeze(1)  # [P, L]
-    # Causal, no padding keys; a padding query may see itself so no softmax row is empty.
-    allowed = (pos.unsqueeze(1) >= pos.unsqueeze(0)) & key_ok.unsqueeze(1)
-    allowed |= torch.eye(length, dtype=torch.bool, device=ids.device)
-    cos, sin = rope_tables(packed, (pos.unsqueeze(0) - left_pad.unsqueeze(1)).clamp(min=0))
-    x = packed.embed[ids].float()
+    causal = pos.unsqueeze(1) >= pos.unsqueeze(0)
+    masks = {}
+    for window in set(s.window) | {0}:
+        near = causal if not window else causal & (pos.unsqueeze(1) - pos.unsqueeze(0) < window)
+        # No padding keys; a padding query may see itself so no softmax row is empty.
+        allowed = near & key_ok.unsqueeze(1)
+        masks[window] = (
+            allowed | torch.eye(length, dtype=torch.bool, device=ids.device)
+        ).unsqueeze(1)
+    tables = rope_tables(packed, (pos.unsqueeze(0) - left_pad.unsqueeze(1)).clamp(min=0))
+    x = packed.embed[ids].float() * s.embed_scale
     group = s.heads // s.kv_heads
     rows = cache.k.shape[1]
     for li, lw in enumerate(packed.layers):
-        h = rms_norm(x, lw.in_norm, s.eps).to(dtype)
-        q, k, v = _qkv(lw, h, packed)
-        q = apply_rope(q, cos, sin).to(dtype).transpose(1, 2)  # [P, heads, L, d]
-        k = apply_rope(k, cos, sin).to(dtype).transpose(1, 2)
-        v = v.transpose(1, 2)
+        h = _maybe_norm(x, lw.attn_norm, s.eps).to(dtype)
+        q, k, v = split_qkv(F.linear(h, lw.wqkv, lw.bqkv), s.heads, s.kv_heads)
+        cos, sin = tables[s.layer_rope(li)]
+        q = apply_rope(qk_norm(q, lw.q_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
+        k = apply_rope(qk_norm(k, lw.k_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
+        v = v.transpose(1, 2)  # [P, kv_heads, L, d]
         need = n * rows_per_prompt
         cache.k[li, :need, :, :length] = k.repeat_interleave(rows_per_prompt, 0)
         cache.v[li, :need, :, :length] = v.repeat_interleave(rows_per_prompt, 0)
@@ -127,19 +204,22 @@ def prefill(
             q,
             k.repeat_interleave(group, 1),
             v.repeat_interleave(group, 1),
-            attn_mask=allowed.unsqueeze(1),
+            attn_mask=masks[s.layer_window(li)],
+            scale=s.attn_scale or None,
         )
-        x = x + F.linear(out.transpose(1, 2).flatten(2), lw.wo).float()
-        x = _mlp(lw, x, packed, dtype)
+        x = x + _joined(F.linear(out.transpose(1, 2).flatten(2), lw.wo), lw.attn_out_norm, s.eps)
+        x = _mlp(x, lw.mlp_norm, lw.wgu, lw.wdown, lw.mlp_out_norm, s.eps, s.gelu)
     last = rms_norm(x[:, -1], packed.final_norm, s.eps).to(packed.lm_head.dtype)
     return F.linear(last, packed.lm_head)
 
 
 def attn_in(
     x: torch.Tensor,
-    norm: torch.Tensor,
+    norm: torch.Tensor | None,
     wqkv: torch.Tensor,
     bqkv: torch.Tensor | None,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
     eps: float,
@@ -149,36 +229,38 @@ def attn_in(
     cache_v: torch.Tensor,
     pos: torch.Tensor,
 ) -> torch.Tensor:
-    """Decode-step attention input of one layer: norm, fused q/k/v projection, rotary; k
-    and v written into this layer's cache (``cache_k``/``cache_v`` [B, kv_heads, capacity,
-    d]) at slot ``pos``. Returns q [B, heads, d] in the compute dtype. Writing the cache
-    here lets the compiled step store k and v from the kernel that rotates them, instead
-    of two more kernels per layer (0.2 ms of a 3B model's step at 64 rows, profile24)."""
+    """Decode-step attention input of one layer: norm (if the family has pre-norms), fused
+    q/k/v projection, q/k norms (if any), rotary; k and v written into this layer's cache
+    (``cache_k``/``cache_v`` [B, kv_heads, capacity, d]) at slot ``pos``. Returns q [B,
+    heads, d] in the compute dtype. Writing the cache here lets the compiled step store k
+    and v from the kernel that rotates them, instead of two more kernels per layer (0.2 ms
+    of a 3B model's step at 64 rows, profile24). Every branch is on an argument being None
+    or on a size: static for a compiled graph."""
     dtype = wqkv.dtype
-    qkv = F.linear(rms_norm(x, norm, eps).to(dtype), wqkv, bqkv)
-    d = cos.shape[-1]
-    q = qkv[:, : heads * d].unflatten(-1, (heads, d))
-    k = qkv[:, heads * d : (heads + kv_heads) * d].unflatten(-1, (kv_heads, d))
-    v = qkv[:, (heads + kv_heads) * d :].unflatten(-1, (kv_heads, d))
-    cache_k.index_copy_(2, pos, apply_rope(k, cos, sin).to(dtype).unsqueeze(2))
+    qkv = F.linear(_maybe_norm(x, norm, eps).to(dtype), wqkv, bqkv)
+    q, k, v = split_qkv(qkv, heads, kv_heads)
+    k = apply_rope(qk_norm(k, k_norm, eps), cos, sin).to(dtype)
+    cache_k.index_copy_(2, pos, k.unsqueeze(2))
     cache_v.index_copy_(2, pos, v.unsqueeze(2))
-    return apply_rope(q, cos, sin).to(dtype)
+    return apply_rope(qk_norm(q, q_norm, eps), cos, sin).to(dtype)
 
 
 def out_mlp(
     x: torch.Tensor,
     out: torch.Tensor,
     wo: torch.Tensor,
-    norm: torch.Tensor,
+    attn_out_norm: torch.Tensor | None,
+    norm: torch.Tensor | None,
     wgu: torch.Tensor,
     wdown: torch.Tensor,
+    mlp_out_norm: torch.Tensor | None,
     eps: float,
+    gelu: bool,
 ) -> torch.Tensor:
-    """Rest of the layer after the attention (``out`` [B, heads * d]): output projection,
-    MLP; returns the new residual stream (fp32)."""
-    x = x + F.linear(out, wo).float()
-    gate, up = F.linear(rms_norm(x, norm, eps).to(wo.dtype), wgu).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, wdown).float()
+    """Rest of the layer after the attention (``out`` [B, heads * d]): output projection
+    (and its post-norm), MLP (with its norms); returns the new residual stream (fp32)."""
+    x = x + _joined(F.linear(out, wo), attn_out_norm, eps)
+    return _mlp(x, norm, wgu, wdown, mlp_out_norm, eps, gelu)
 
 
 @dataclass
@@ -228,21 +310,33 @@ def decode_step(
 ) -> torch.Tensor:
     """One token for every row: ``tokens`` [B] sit at cache slot ``pos`` (a 1-element
     device tensor, so CUDA graphs can replay this for any position in the bucket);
-    attention reads slots ``[0, span)``. Returns logits [B, V] (compute dtype)."""
+    attention reads slots ``[0, span)``. Returns logits [B, V] (compute dtype).
+
+    A row sees slots from ``lower`` to ``pos``: ``lower`` is its left padding, or, in a
+    sliding-window layer, ``max(left_pad, pos - window + 1)`` (the window counts the
+    current token, as HF's mask does). One mask per distinct window of the model, built
+    once per step from device tensors (no host branch on positions)."""
     s = packed.shape
     b = tokens.shape[0]
-    cos, sin = rope_tables(packed, pos - left_pad)  # [B, d]
-    slots = torch.arange(span, device=tokens.device)
-    ok = (slots.unsqueeze(0) >= left_pad.unsqueeze(1)) & (slots.unsqueeze(0) <= pos)
-    bias = torch.zeros(ok.shape, dtype=torch.float32, device=tokens.device)
-    bias = bias.masked_fill(~ok, float("-inf")).view(b, 1, 1, span)
-    x = packed.embed[tokens].float()
+    tables = rope_tables(packed, pos - left_pad)  # each [B, r]
+    slots = torch.arange(span, device=tokens.device).unsqueeze(0)
+    masks = {}
+    for window in set(s.window) | {0}:
+        lower = left_pad if not window else torch.maximum(left_pad, pos - (window - 1))
+        ok = (slots >= lower.unsqueeze(1)) & (slots <= pos)
+        bias = torch.zeros(ok.shape, dtype=torch.float32, device=tokens.device)
+        masks[window] = (bias.masked_fill(~ok, float("-inf")).view(b, 1, 1, span), lower)
+    scale = s.attn_scale or s.head_dim**-0.5
+    x = packed.embed[tokens].float() * s.embed_scale
     for li, lw in enumerate(packed.layers):
+        cos, sin = tables[s.layer_rope(li)]
         q = fns.attn_in(
             x,
-            lw.in_norm,
+            lw.attn_norm,
             lw.wqkv,
             lw.bqkv,
+            lw.q_norm,
+            lw.k_norm,
             cos,
             sin,
             s.eps,
@@ -253,7 +347,19 @@ def decode_step(
             pos,
         )
         keys, vals = cache.k[li, :, :, :span], cache.v[li, :, :, :span]
-        out = fns.attend(q, keys, vals, bias, left_pad, pos)
-        x = fns.out_mlp(x, out, lw.wo, lw.post_norm, lw.wgu, lw.wdown, s.eps)
+        bias, lower = masks[s.layer_window(li)]
+        out = fns.attend(q, keys, vals, bias, lower, pos, scale)
+        x = fns.out_mlp(
+            x,
+            out,
+            lw.wo,
+            lw.attn_out_norm,
+            lw.mlp_norm,
+            lw.wgu,
+            lw.wdown,
+            lw.mlp_out_norm,
+            s.eps,
+            s.gelu,
+        )
     h = rms_norm(x, packed.final_norm, s.eps).to(packed.lm_head.dtype)
     return F.linear(h, packed.lm_head)

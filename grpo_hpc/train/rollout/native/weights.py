@@ -5,14 +5,19 @@ Why a packed copy and not the parameters themselves: training keeps fp32 master 
 (autocast computes in bf16/fp16), and decoding reads every weight once per token, so it
 must read the low-precision version. Packing once per rollout casts the weights a single
 time (autocast would cast them again for every token), fuses q/k/v and gate/up into one
-matrix each (fewer, larger matrix products per layer), and gives CUDA graphs fixed
-addresses. Under FSDP2 each sharded parameter is gathered here, once per rollout, not
-once per token. The refill is a device-local copy of ~2 bytes per parameter.
+matrix each (fewer, larger matrix products per layer; Phi-3 stores them fused already),
+and gives CUDA graphs fixed addresses. Under FSDP2 each sharded parameter is gathered
+here, once per rollout, not once per token. The refill is a device-local copy of ~2 bytes
+per parameter. Norm weights (input, post-attention, pre/post-feedforward, q/k) are fp32
+copies, Gemma's ``1 + w`` added in; the rotary tables are the model's own
+(:mod:`architecture`, which also reads the :class:`Shape` that tells the families of
+``SUPPORTED_TYPES`` apart).
 
 A LoRA policy (peft) is folded in at the refill: each adapted projection is packed as
 ``W + scaling * B @ A`` (summed in fp32 over the active, unmerged adapters), so decoding
-costs what it costs for full fine-tuning. Plain LoRA on the decoder's projections only;
-other variants (DoRA, LoRA on embeddings, biased adapters) raise UnsupportedModel.
+costs what it costs for full fine-tuning. Plain LoRA on the decoder's projections only
+(``PROJECTIONS``: Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` included); other
+variants (DoRA, LoRA on embeddings, biased adapters) raise UnsupportedModel.
 
 No second copy of a frozen base (LoRA on one GPU or DDP): a weight the engine would only
 copy unchanged (a frozen, unsharded tensor already in the engine's dtype and device, of a
@@ -28,52 +33,46 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_hpc.config.rollout_engine import (  # noqa: F401 - SUPPORTED_TYPES re-exported
+from grpo_hpc.config.rollout_engine import (  # noqa: F401 - re-exported
     SUPPORTED_TYPES,
     native_problem,
 )
-
-
-class UnsupportedModel(ValueError):
-    """The model's architecture is not one the native engine implements."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the decode math needs to know about the architecture."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    eps: float
-    qkv_bias: bool
-    tied: bool
-
-    @property
-    def qkv_out(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
+from grpo_hpc.train.rollout.native.architecture import (  # noqa: F401 - re-exported
+    PROJECTIONS,
+    Shape,
+    UnsupportedModel,
+    base_model,
+    norms,
+    rope_tables,
+    shape_of,
+)
 
 
 @dataclass
 class LayerWeights:
-    in_norm: torch.Tensor
-    """[H] fp32 RMSNorm weight before attention."""
+    attn_norm: torch.Tensor | None
+    """[H] fp32 RMSNorm weight before attention (None without pre-norms: OLMo 2)."""
     wqkv: torch.Tensor
     """[(heads + 2 kv_heads) * head_dim, H] fused q/k/v projection."""
     bqkv: torch.Tensor | None
     """Fused q/k/v bias (Qwen2) or None."""
+    q_norm: torch.Tensor | None
+    """fp32 RMSNorm weight of q: [head_dim] per head or [heads * head_dim] over the whole
+    projection (``Shape.qk_norm``); None without."""
+    k_norm: torch.Tensor | None
+    """fp32 RMSNorm weight of k, as ``q_norm``."""
     wo: torch.Tensor
     """[H, heads * head_dim] attention output projection."""
-    post_norm: torch.Tensor
-    """[H] fp32 RMSNorm weight before the MLP."""
+    attn_out_norm: torch.Tensor | None
+    """[H] fp32 RMSNorm weight of the attention's output (post-norms), else None."""
+    mlp_norm: torch.Tensor | None
+    """[H] fp32 RMSNorm weight before the MLP (None without pre-norms)."""
     wgu: torch.Tensor
     """[2 I, H] fused gate/up projection."""
     wdown: torch.Tensor
     """[H, I] MLP down projection."""
+    mlp_out_norm: torch.Tensor | None
+    """[H] fp32 RMSNorm weight of the MLP's output (post-norms), else None."""
 
 
 @dataclass
@@ -88,33 +87,12 @@ class Packed:
     """[V, H]; the same tensor as ``embed`` when the model ties them (and the head has the
     compute dtype); fp32 with ``algo.fp32_lm_head``."""
     inv_freq: torch.Tensor
-    """[head_dim / 2] fp32 rotary inverse frequencies (the model's own, scaling included)."""
-    rope_scale: float
-    """Rotary attention scaling (1.0 except for some scaled-rope variants)."""
-
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The decoder-layer linears the packed weights hold (LoRA may adapt any of these)."""
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The HF causal LM inside a peft wrapper (its LoRA layers in place), else ``model``."""
-    get = getattr(model, "get_base_model", None)
-    return get() if callable(get) else model
-
-
-def _check_lora(model: torch.nn.Module) -> None:
-    """Plain LoRA on the packed projections only (what :func:`lora_delta` folds)."""
-    for name, mod in model.named_modules():
-        if not hasattr(mod, "lora_A"):
-            continue
-        if name.rsplit(".", 1)[-1] not in PROJECTIONS:
-            raise UnsupportedModel(f"LoRA on {name} (native engine folds {PROJECTIONS})")
-        variant = getattr(mod, "lora_variant", {})
-        if any(a in variant for a in mod.active_adapters) or getattr(mod, "fan_in_fan_out", 0):
-            raise UnsupportedModel(f"a LoRA variant on {name} (native engine folds plain LoRA)")
-        if any(getattr(b, "bias", None) is not None for b in mod.lora_B.values()):
-            raise UnsupportedModel(f"LoRA with a bias on {name}")
+    """[tables, rotary_dim / 2] fp32 rotary inverse frequencies, one row per rotary table
+    (``Shape.rope``): the model's own, scaling included (llama3, linear, longrope's short
+    factors), copied from its rotary module."""
+    rope_scale: tuple[float, ...]
+    """Per table: the factor cos and sin are multiplied by (HF's ``attention_scaling``:
+    1.0 except for scaled variants such as longrope and yarn)."""
 
 
 def lora_delta(part: torch.nn.Module) -> torch.Tensor | None:
@@ -138,31 +116,6 @@ def _weight(part: torch.nn.Module) -> torch.Tensor:
     w = _full(part.weight)
     d = lora_delta(part)
     return w if d is None else w.float() + d
-
-
-def shape_of(model: torch.nn.Module) -> Shape:
-    """Read the architecture from an HF causal LM (or a peft LoRA model around one); raise
-    UnsupportedModel otherwise."""
-    model = base_model(model)
-    _check_lora(model)
-    cfg = getattr(model, "config", None)
-    if problem := native_problem(cfg):  # what config.json tells (grpo-submit asks too)
-        raise UnsupportedModel(problem)
-    heads = cfg.num_attention_heads
-    layer0 = model.model.layers[0]
-    return Shape(
-        layers=cfg.num_hidden_layers,
-        hidden=cfg.hidden_size,
-        heads=heads,
-        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        intermediate=cfg.intermediate_size,
-        vocab=cfg.vocab_size,
-        eps=float(cfg.rms_norm_eps),
-        qkv_bias=layer0.self_attn.q_proj.bias is not None,
-        tied=model.lm_head.weight is model.model.embed_tokens.weight
-        or bool(getattr(cfg, "tie_word_embeddings", False)),
-    )
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -248,29 +201,41 @@ def allocate(
     layers = []
     for layer in model.model.layers:
         att, mlp = layer.self_attn, layer.mlp
+        norm_bufs = {
+            role: None if m is None else w(s.hidden, dt=torch.float32)
+            for role, m in norms(layer, s).items()
+        }
+        if s.fused_proj:  # already one matrix each in the model (Phi-3)
+            wqkv = own_or(att.qkv_proj, s.qkv_out, s.hidden)
+            wgu = own_or(mlp.gate_up_proj, 2 * s.intermediate, s.hidden)
+        else:
+            wqkv = fused_or([att.q_proj, att.k_proj, att.v_proj], s.qkv_out, s.hidden)
+            wgu = fused_or([mlp.gate_proj, mlp.up_proj], 2 * s.intermediate, s.hidden)
+        qk = s.qk_norm != ""
         layers.append(
             LayerWeights(
-                in_norm=w(s.hidden, dt=torch.float32),
-                wqkv=fused_or([att.q_proj, att.k_proj, att.v_proj], s.qkv_out, s.hidden),
+                wqkv=wqkv,
                 bqkv=w(s.qkv_out) if s.qkv_bias else None,
+                q_norm=w(att.q_norm.weight.numel(), dt=torch.float32) if qk else None,
+                k_norm=w(att.k_norm.weight.numel(), dt=torch.float32) if qk else None,
                 wo=own_or(att.o_proj, s.hidden, q_dim),
-                post_norm=w(s.hidden, dt=torch.float32),
-                wgu=fused_or([mlp.gate_proj, mlp.up_proj], 2 * s.intermediate, s.hidden),
+                wgu=wgu,
                 wdown=own_or(mlp.down_proj, s.hidden, s.intermediate),
+                **norm_bufs,
             )
         )
     embed = own_or(model.model.embed_tokens, s.vocab, s.hidden)
     head_dtype = head_dtype or dtype
     share = s.tied and head_dtype == dtype
-    rot = model.model.rotary_emb
+    tables, _ = rope_tables(model)
     return Packed(
         shape=s,
         embed=embed,
         layers=layers,
         final_norm=w(s.hidden, dt=torch.float32),
         lm_head=embed if share else own_or(model.lm_head, s.vocab, s.hidden, dt=head_dtype),
-        inv_freq=rot.inv_freq.detach().float().to(device).clone(),
-        rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
+        inv_freq=torch.stack([t for t, _ in tables]).to(device),
+        rope_scale=tuple(scale for _, scale in tables),
     )
 
 
@@ -278,6 +243,15 @@ def _put(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst[:] = src`` unless ``dst`` is ``src``'s own memory (a weight read in place)."""
     if dst.data_ptr() != src.data_ptr():
         dst.copy_(src)
+
+
+def _put_norm(dst: torch.Tensor | None, norm: torch.nn.Module | None, offset: float) -> None:
+    """An fp32 norm weight, plus the family's offset (Gemma: 1 + w, summed in fp32 as HF
+    sums it)."""
+    if dst is not None and norm is not None:
+        dst.copy_(_full(norm.weight))
+        if offset:
+            dst.add_(offset)
 
 
 @torch.no_grad()
@@ -289,12 +263,22 @@ def refill(packed: Packed, model: torch.nn.Module) -> None:
     _put(packed.embed, _full(inner.embed_tokens.weight))
     if packed.lm_head is not packed.embed:  # untied, or tied but a head of its own dtype
         _put(packed.lm_head, _full(model.lm_head.weight))
-    packed.final_norm.copy_(_full(inner.norm.weight))
+    _put_norm(packed.final_norm, inner.norm, s.norm_offset)
     nq, nkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     for dst, layer in zip(packed.layers, inner.layers, strict=True):
         att, mlp = layer.self_attn, layer.mlp
-        dst.in_norm.copy_(_full(layer.input_layernorm.weight))
-        dst.post_norm.copy_(_full(layer.post_attention_layernorm.weight))
+        for role, norm in norms(layer, s).items():
+            _put_norm(getattr(dst, role), norm, s.norm_offset)
+        _put_norm(dst.q_norm, getattr(att, "q_norm", None), s.norm_offset)
+        _put_norm(dst.k_norm, getattr(att, "k_norm", None), s.norm_offset)
+        _put(dst.wo, _weight(att.o_proj))
+        _put(dst.wdown, _weight(mlp.down_proj))
+        if s.fused_proj:
+            _put(dst.wqkv, _weight(att.qkv_proj))
+            if dst.bqkv is not None:
+                dst.bqkv.copy_(_full(att.qkv_proj.bias))
+            _put(dst.wgu, _weight(mlp.gate_up_proj))
+            continue
         for part, lo, hi in ((att.q_proj, 0, nq), (att.k_proj, nq, nq + nkv)):
             _put(dst.wqkv[lo:hi], _weight(part))
             if dst.bqkv is not None:
@@ -302,7 +286,5 @@ def refill(packed: Packed, model: torch.nn.Module) -> None:
         _put(dst.wqkv[nq + nkv :], _weight(att.v_proj))
         if dst.bqkv is not None:
             dst.bqkv[nq + nkv :].copy_(_full(att.v_proj.bias))
-        _put(dst.wo, _weight(att.o_proj))
         _put(dst.wgu[: s.intermediate], _weight(mlp.gate_proj))
         _put(dst.wgu[s.intermediate :], _weight(mlp.up_proj))
-        _put(dst.wdown, _weight(mlp.down_proj))
