@@ -280,7 +280,12 @@ def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     A sliding window W is flash attention's ``window_size=(W - 1, 0)``: query i sees keys
     i-(W-1)..i+0, W keys with itself, as transformers' own flash path passes it
     (``(W - 1, W - 1)`` with causal, the same keys). A torch whose kernel takes no window
-    runs windowed layers row by row (:func:`_per_row`), exact but slower."""
+    runs windowed layers row by row (:func:`_per_row`), exact but slower.
+
+    None without CUDA: the kernel is CUDA's, and importing it costs 0.4 s of CPU in every
+    trainer process (the CPU tests start dozens)."""
+    if not torch.cuda.is_available():
+        return None
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

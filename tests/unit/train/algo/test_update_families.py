@@ -293,6 +293,7 @@ def test_varlen_call_passes_the_window_as_flash_attention_expects(
         return q
 
     monkeypatch.setattr(varlen_mod, "varlen_attn", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     packing.varlen_kernel.cache_clear()
     try:
         call = packing.varlen_kernel()
