@@ -112,15 +112,15 @@ def _plain_logp(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
     """[R, NEW] log-probs of the completion tokens from HF's own forward, written here
     without the update's code: each row's real tokens from position 0 (right padding and
     an attention mask), the full logits, log_softmax in fp32."""
-    width = max(p + c for p, c in ROWS)
-    ids = torch.zeros(len(ROWS), width, dtype=torch.long)
+    width, dev = max(p + c for p, c in ROWS), batch.input_ids.device
+    ids = torch.zeros(len(ROWS), width, dtype=torch.long, device=dev)
     mask = torch.zeros_like(ids)
     for r, (p, c) in enumerate(ROWS):
         ids[r, : p + c] = batch.input_ids[r, PROMPT - p : PROMPT + c]
         mask[r, : p + c] = 1
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     logp = torch.log_softmax(logits.float(), -1)
-    out = torch.zeros(len(ROWS), NEW)
+    out = torch.zeros(len(ROWS), NEW, device=dev)
     for r, (p, c) in enumerate(ROWS):
         # completion token t (at p + t) is predicted at position p + t - 1
         picked = logp[r, p - 1 : p + c - 1].gather(-1, ids[r, p : p + c, None])[:, 0]
