@@ -114,6 +114,37 @@ def test_sampled_logp_equals_a_plain_forward(family) -> None:  # noqa: ANN001
     torch.testing.assert_close(batch.sampled_logp[mask], logp[mask], atol=2e-5, rtol=0)
 
 
+def test_decode_step_compiles_as_full_graphs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU each decode function is compiled with ``fullgraph=True`` (a graph break
+    raises): traced here with dynamo's eager backend, for the families that take every
+    branch (Gemma 3: all four norms, per-head q/k norm, GELU; OLMo 2: post-norms only,
+    q/k norm over the projection; Phi-3: partial rotary), giving the eager tokens."""
+    import torch._dynamo.config as dynamo_config
+
+    from grpo_hpc.train.rollout.native import attention, forward
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 64)  # as the engine sets it
+
+    def full(fn):  # noqa: ANN001, ANN202
+        return torch.compile(fn, fullgraph=True, dynamic=False, backend="eager")
+
+    for name in ("gemma3", "olmo2", "phi3"):
+        model, tok = _load(name, tmp_path_factory)
+        fns = forward.DecodeFns(
+            full(forward.attn_in),
+            full(attention.grouped_attention),
+            full(forward.out_mlp),
+            full(forward.pick),
+        )
+        traced = NativeEngine(model, tok, 8, 1.0, 1.0, 60)
+        traced.fns = fns
+        got = traced.generate(PROMPTS, 1, greedy=True)
+        want = NativeEngine(model, tok, 8, 1.0, 1.0, 60).generate(PROMPTS, 1, greedy=True)
+        assert torch.equal(got.input_ids, want.input_ids), name
+
+
 def test_family_features_reach_the_packed_shape(tmp_path_factory: pytest.TempPathFactory) -> None:
     """What each family's config says shows in the engine's Shape (read from the loaded
     model): the equality tests above then prove the math that uses it."""
