@@ -161,7 +161,10 @@ def shape_of(model: torch.nn.Module) -> Shape:
     tables, rope = rope_tables(model)
     act = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
     emb = inner.embed_tokens
-    scale = getattr(emb, "embed_scale", None)  # Gemma: HF rounds it to the weight's dtype
+    scale = getattr(emb, "embed_scale", None)  # Gemma's sqrt(hidden), an fp32 buffer
+    if scale is not None:  # HF rounds it to the weight's dtype (from the float if kept)
+        raw = getattr(emb, "scalar_embed_scale", None)
+        scale = scale if raw is None else torch.tensor(raw, dtype=scale.dtype)
     return Shape(
         layers=cfg.num_hidden_layers,
         hidden=cfg.hidden_size,
