@@ -272,8 +272,9 @@ def head_problem(model: torch.nn.Module) -> str | None:
     """Why the fused head cannot score ``model`` exactly (one line), or None."""
     inner = getattr(model, "module", model)
     head = inner.get_output_embeddings()
-    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        return "the model has no linear LM head"
+    if not isinstance(head, torch.nn.Linear):  # FSDP2's wrapped class is still a Linear
+        # e.g. LoRA on lm_head (peft's lora.Linear): h W^T alone would skip its adapter
+        return f"its LM head is a {type(head).__name__}, not a plain linear layer"
     if getattr(head, "bias", None) is not None:
         return "its LM head has a bias"
     config = inner.config

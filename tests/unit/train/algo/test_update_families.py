@@ -361,3 +361,17 @@ def test_fused_head_refuses_logits_transformed_after_the_head(
         _packed_logp(model, batch)
     setattr(cfg, field, None if field == "final_logit_softcapping" else 1.0)
     assert head_problem(model) is None
+
+
+def test_fused_head_refuses_an_adapter_on_the_head() -> None:
+    """LoRA on ``lm_head`` makes the head a peft layer whose ``weight`` is the frozen base:
+    scoring with it alone would drop the adapter's B A from every logit."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def lora(targets: list[str]) -> torch.nn.Module:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(FIXTURES / "olmo2"))
+        return get_peft_model(model, LoraConfig(r=2, target_modules=targets))
+
+    assert head_problem(lora(["q_proj"])) is None
+    assert "not a plain linear layer" in (head_problem(lora(["q_proj", "lm_head"])) or "")
