@@ -42,6 +42,19 @@ def torchrun_cmd(paths: RunPaths, nproc: int) -> list[str]:
     ]
 
 
+def trainer_cmd(paths: RunPaths, nproc: int) -> list[str]:
+    """The command that trains ``paths``: torchrun for several processes; the trainer itself
+    for one. One process trains exactly the same without torchrun (``dist.init`` joins a
+    process group only for a world of two or more, and torchrun adds nothing else for one
+    worker), and each torchrun launcher costs ~2.5 s of CPU (its imports, its agent): on the
+    2-core test machine, that was minutes of the suite. The launcher itself stays under test:
+    :func:`start` (signals and kills as Slurm sends them), every multi-process run,
+    tests/e2e/test_submit_local.py and the real-Slurm tests launch through torchrun."""
+    if nproc > 1:
+        return torchrun_cmd(paths, nproc)
+    return [sys.executable, "-m", "grpo_hpc.train", str(paths.root)]
+
+
 def env() -> dict[str, str]:
     return {
         **os.environ,
@@ -53,10 +66,11 @@ def env() -> dict[str, str]:
 
 
 def train(paths: RunPaths, nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run torchrun to the end. Like the launcher, take the exit code from progress.json:
-    torchrun reports 1 for any failed worker, whatever the worker's own code was."""
+    """Train to the end (:func:`trainer_cmd`). Like the launcher, take the exit code from
+    progress.json: torchrun reports 1 for any failed worker, whatever the worker's own code
+    was."""
     proc = subprocess.run(
-        torchrun_cmd(paths, nproc), capture_output=True, text=True, env=env(), timeout=timeout
+        trainer_cmd(paths, nproc), capture_output=True, text=True, env=env(), timeout=timeout
     )
     proc.returncode = exit_code_from_progress(paths, proc.returncode)
     return proc
@@ -73,7 +87,7 @@ def training(
     Output goes to files, not pipes, so a run that prints much never blocks on a full pipe."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
-            torchrun_cmd(paths, nproc),
+            trainer_cmd(paths, nproc),
             stdout=out,
             stderr=err,
             text=True,
