@@ -43,6 +43,8 @@ PROMPT, NEW = 12, 28
 # (real prompt tokens, completion tokens): rows of 40, 4, 29, 29, 12 and 19 tokens, most
 # longer than the window; an empty completion and a one-token prompt too.
 ROWS = [(12, 28), (3, 1), (9, 20), (1, 28), (12, 0), (5, 14)]
+ATOL = 1e-5
+"""fp32 tolerance of a log-prob (and, relative to each parameter's largest, a gradient)."""
 
 
 def test_every_family_of_issue_53_is_here() -> None:
@@ -199,12 +201,12 @@ def test_packed_fused_update_equals_plain_hf_forward(
     # The values compared are far from trivial: spread log-probs, far from uniform.
     real = ref[mask]
     assert real.std() > 0.5 and (real + math.log(plain.config.vocab_size)).abs().mean() > 0.5
-    torch.testing.assert_close(got * mask, ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got * mask, ref, rtol=0, atol=ATOL)
     assert ref_grads.keys() == got_grads.keys() == {n for n, _ in plain.named_parameters()}
     for name, g in ref_grads.items():
         scale = float(g.abs().max())
         assert scale > 0, name  # every parameter is trained (each expert routed to, too)
-        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=2e-5 * scale, msg=name)
+        torch.testing.assert_close(got_grads[name], g, rtol=ATOL, atol=ATOL * scale, msg=name)
     # Each layer's window reached the packed attention as the family's config says.
     layers = plain.config.num_hidden_layers
     assert len(windows) == layers
@@ -236,7 +238,8 @@ def test_a_dropped_window_or_query_scale_is_seen(tmp_path: Path, family: str, dr
     with torch.no_grad():
         ref, wrong = _plain_logp(plain, batch), _packed_logp(mutant, batch)
     mask = batch.completion_mask.bool()
-    assert float((wrong - ref)[mask].abs().max()) > 100 * 2e-5
+    miss = float((wrong - ref)[mask].abs().max())
+    assert miss > 1000 * ATOL, miss
 
 
 def test_windowed_rows_per_row_attention_is_transformers_sliding_mask() -> None:
