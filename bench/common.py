@@ -1,5 +1,10 @@
 """Shared by the benchmarks: model shapes, the random model builder, environment facts,
-completion-length summaries and the result writer (``bench/results/<name>.json``)."""
+completion-length summaries and the result writer (``bench/results/<name>.json``).
+
+A shape is a name of ``SHAPES`` (the Qwen2.5 dimensions as a random Llama, as every earlier
+result measured them) or of a published config under ``bench/shapes/<name>/config.json``
+(every model family of docs/models.md: random weights of that very architecture, as the
+trainer's ``random:`` loader builds them)."""
 
 from __future__ import annotations
 
@@ -18,16 +23,55 @@ SHAPES = {
     "qwen2.5-7b": (3584, 28, 28, 4, 18944, 152064),
     "tiny": (64, 2, 4, 2, 128, 1024),
 }
+SHAPES_DIR = Path(__file__).parent / "shapes"
+
+
+def shape_names() -> list[str]:
+    """Every shape a benchmark's ``--shape`` takes: ``SHAPES`` and each bench/shapes dir."""
+    return sorted(set(SHAPES) | {p.parent.name for p in SHAPES_DIR.glob("*/config.json")})
+
+
+def shape_dir(shape: str) -> Path | None:
+    """``bench/shapes/<shape>`` for a published config outside ``SHAPES``, else None (a
+    ``SHAPES`` name keeps its random Llama, so that earlier results stay comparable)."""
+    if shape in SHAPES:
+        return None
+    d = SHAPES_DIR / shape
+    if not (d / "config.json").is_file():
+        raise ValueError(f"unknown shape {shape!r}: not in SHAPES nor {d}/config.json")
+    return d
 
 
 def build_model(out: Path, shape: str) -> None:
     """A randomly initialised Llama of ``shape`` with a WordLevel tokenizer over its whole
     vocabulary (weights do not change the cost; a random model almost never emits EOS,
-    so completions run to the length cap: the worst case)."""
+    so completions run to the length cap: the worst case). A bench/shapes name: random
+    weights of its config.json, saved (fp32) with the char tokenizer."""
     from grpo_hpc.train.setup.models import LlamaShape, save_random_llama
 
+    d = shape_dir(shape)
+    if d is not None:
+        save_random_config(out, d)
+        return
     h, n_layers, heads, kv, inter, vocab = SHAPES[shape]
     save_random_llama(out, LlamaShape(h, n_layers, heads, kv, inter), seed=0, vocab_size=vocab)
+
+
+def save_random_config(out: Path, config_dir: Path) -> None:
+    """Save the trainer's ``random:<config_dir>`` model (fp32, initialised on the GPU when
+    there is one: seconds at 8B) and its char tokenizer to ``out``, atomically, for the
+    programs that load a directory (TRL, a child ``grpo_step``)."""
+    import torch
+
+    from grpo_hpc.train.setup.models import RANDOM, load_model_and_tokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = load_model_and_tokenizer(Path(f"{RANDOM}{config_dir}"), "sdpa", device)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    del model
+    tmp.rename(out)
 
 
 def untiny_overrides() -> list[str]:

@@ -21,6 +21,37 @@ steps. ``tok_per_s`` counts useful tokens (up to and including each row's EOS);
         --engines native native-nocompact
 
 shows finished-row compaction before and after in one run (same seeds: same tokens).
+
+Model families (issue 53): ``--shape`` takes any bench/shapes name too (qwen3-1.7b,
+llama-3.2-1b, gemma-3-1b, phi-4-mini, olmo-2-1b, smollm3-3b, ministral-8b, ...), and
+``--shape-dir DIR`` any directory with a config.json (tests/fixtures/families/<family> for
+a CPU dry run): random weights of that config built as the trainer's ``random:DIR`` loader
+builds them, in the compute dtype (bf16 on a GPU), on the device. One run gives the
+native engine's and HF ``generate``'s tok/s (``--hf-reps`` keeps HF's slow rollouts few)
+and the bf16 agreement at full size:
+
+    python -m bench.decode --shape qwen3-1.7b --batch 64 --max-new 256 --engines native hf \
+        --hf-reps 1 --prompts 32 --agree-new 128 --out bench/results/x.json
+
+``--init varied`` (the default for these shapes) re-draws the weights as the CPU family
+test does (tests/unit/train/rollout/test_native_families.py): at HF's default init a
+random model's greedy text is one token repeated, and agreement on it would prove little.
+Every matrix ~ N(0, 0.3) (Gemma: 0.02, its embeddings are scaled by sqrt(hidden)), norm
+weights ~ N(1, 0.3) (Gemma, which scales by 1 + w: N(0, 2)), the EOS row of the head zero
+(no row ends early: every rollout runs to the cap). ``--init default`` keeps HF's init.
+
+Agreement (``agreement``): greedy tokens of the native engine and of HF ``generate`` from
+the same prompts (``--agree-new`` tokens, ``--agree-rows`` rows): per row the first
+completion position where they differ (min / median over rows, the length where none
+does) and the fraction of rows identical for the whole length; at each row's first
+difference, HF's margin there: top-1 minus top-2 of a plain HF forward's logits over HF's
+own prefix (in the compute dtype, upcast). Rule: a difference is a **near-tie** when that
+margin is at most max(0.125, two bf16 steps at the top-1 logit's magnitude) -- two correct
+bf16 implementations may then pick either token; a larger margin is a real disagreement.
+A second judge needs no fixed threshold (``exact_check``): the same weights in fp32 give
+the two tokens' exact logits there; the difference is **within bf16 error** when they are
+at most max(0.125, twice HF's own bf16 forward's largest logit error at that position)
+apart. ``hf_distinct_tokens_median`` says whether the tokens vary (1: degenerate text).
 """
 
 from __future__ import annotations
@@ -35,7 +66,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import SHAPES, build_model, env_info, write_result
+from bench.common import build_model, env_info, shape_dir, shape_names, write_result
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks.problems import load_problems, prompt_text
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
@@ -43,9 +74,12 @@ from grpo_hpc.train.rollout.engines import HFEngine
 from grpo_hpc.train.rollout.native.engine import NativeEngine
 from grpo_hpc.train.rollout.native.forward import DecodeFns
 from grpo_hpc.train.rollout.native.sampling import pick
-from grpo_hpc.train.setup.models import load_model_and_tokenizer
+from grpo_hpc.train.setup.models import RANDOM, load_model_and_tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+NEAR_TIE = 0.125
+"""A first difference is a near-tie when HF's top-1 minus top-2 logit there is at most
+max(NEAR_TIE, two bf16 steps at the top-1 logit's magnitude)."""
 
 
 def hbm_bandwidth(device: torch.device) -> float:
@@ -65,11 +99,18 @@ def hbm_bandwidth(device: torch.device) -> float:
 
 
 def roofline(model: torch.nn.Module, batch: int, prompt: int, new: int, bw: float) -> float:
+    """Sliding-window layers (``config.layer_types``) read at most a window of slots;
+    ``head_dim`` is the config's where it sets one (Qwen3, Gemma 3)."""
     cfg = model.config
     weight_bytes = sum(p.numel() for p in model.parameters()) * 2  # bf16; tied head once
-    kv_per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 2
-    kv_per_slot *= cfg.hidden_size // cfg.num_attention_heads
-    kv_bytes = batch * kv_per_slot * (prompt + new / 2)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    slots = prompt + new / 2
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    layer_slots = sum(
+        min(slots, window) if t == "sliding_attention" and window else slots for t in types
+    )
+    kv_bytes = batch * 2 * cfg.num_key_value_heads * head_dim * 2 * layer_slots
     return batch / ((weight_bytes + kv_bytes) / bw)
 
 
@@ -147,28 +188,143 @@ def gsm8k_prompts(tok, n: int) -> list[str]:  # noqa: ANN001
     return [prompt_text(tok, p["question"]) for p in train]
 
 
+def vary_init(model: torch.nn.Module, eos: int, seed: int = 0) -> None:
+    """Re-draw a random model's weights as the CPU family test does (module docstring):
+    tokens that vary, every norm mattering, no EOS (its head row zero)."""
+    gemma = model.config.model_type.startswith("gemma")
+    std = 0.02 if gemma else 0.3
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(0.0 if gemma else 1.0, 2.0 if gemma else 0.3)
+            elif p.dim() >= 2:
+                p.normal_(0.0, std)
+        emb = model.get_input_embeddings()
+        if emb.padding_idx is not None:
+            emb.weight[emb.padding_idx] = 0.0
+        model.get_output_embeddings().weight[eos] = 0.0
+
+
+def bf16_step(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers at ``x``'s magnitude (8 significant bits)."""
+    return 2.0 ** (torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)
+
+
+def forward_logits(model, ids, mask, autocast, rows: int = 8):  # noqa: ANN001, ANN201
+    """A plain forward's logits (fp32), ``rows`` rows at a time (a 262k vocabulary at
+    full size would not fit at once), yielded per chunk with its first row."""
+    for i in range(0, ids.shape[0], rows):
+        with torch.no_grad(), autocast():
+            out = model(input_ids=ids[i : i + rows], attention_mask=mask[i : i + rows])
+        yield i, out.logits.float()
+
+
+def first_differences(model, a, b, autocast) -> dict:  # noqa: ANN001
+    """Per row, the first completion position where HF's greedy tokens (``a``) and the
+    native engine's (``b``) differ (the compared length where none does); at each, HF's
+    top-1 minus top-2 logit over HF's own prefix (``margin``), the native token's logit
+    below HF's there (``gap``), and the near-tie rule of the module docstring."""
+    ca, cb = a.input_ids[:, a.prompt_len :], b.input_ids[:, b.prompt_len :]
+    n = min(ca.shape[1], cb.shape[1])
+    diff = ca[:, :n] != cb[:, :n]
+    first = torch.where(
+        diff.any(1), diff.int().argmax(1), torch.full_like(diff[:, 0], n, dtype=torch.long)
+    )
+    diverged = []
+    for i, logits in forward_logits(model, a.input_ids, a.attention_mask, autocast):
+        for r in range(logits.shape[0]):
+            row, t = i + r, int(first[i + r])
+            if t == n:
+                continue
+            at = logits[r, a.prompt_len - 1 + t]
+            top2 = at.topk(2).values
+            margin = (top2[0] - top2[1]).item()
+            tie = margin <= max(NEAR_TIE, 2 * bf16_step(top2[0]).item())
+            gap = (at[ca[row, t]] - at[cb[row, t]]).item()
+            diverged.append({"row": row, "pos": t, "margin": margin, "gap": gap, "near_tie": tie})
+    exact_check(model, a, diverged, ca, cb, autocast)
+    distinct = [len(set(r.tolist())) for r in ca[:, :n]]
+    return {
+        "compared_tokens": n,
+        "rows": ca.shape[0],
+        "identical_frac": (first == n).float().mean().item(),
+        "first_diff_min": int(first.min()),
+        "first_diff_median": statistics.median(first.tolist()),
+        "near_tie_frac": (
+            sum(d["near_tie"] for d in diverged) / len(diverged) if diverged else None
+        ),
+        "margin_max": max((d["margin"] for d in diverged), default=None),
+        "within_bf16_error_frac": (
+            sum(d.get("within_bf16_error", True) for d in diverged) / len(diverged)
+            if diverged
+            else None
+        ),
+        "diverged": diverged,
+        "hf_distinct_tokens_median": statistics.median(distinct),
+        "hf_distinct_tokens_min": min(distinct),
+    }
+
+
+def exact_check(model, a, diverged: list[dict], ca, cb, autocast) -> None:  # noqa: ANN001
+    """A second judge of each first difference, free of the margin's fixed threshold: the
+    same weights in fp32 (bf16 values upcast exactly; the model is put back after) give
+    the two tokens' exact logits there (``gap_fp32``: HF's token minus native's) and how
+    far HF's own low-precision forward errs at that position (``hf_lowp_error``: largest
+    |logit| difference over the vocabulary). ``within_bf16_error``: |gap_fp32| is at most
+    max(0.125, 2 x hf_lowp_error) -- the two tokens are closer than the precision can tell
+    apart. Nothing to judge in fp32 runs (no difference from rounding)."""
+    low = next(model.parameters()).dtype
+    rows = sorted({d["row"] for d in diverged})
+    if not rows or (low == torch.float32 and not autocast().is_enabled()):
+        return
+    by_row = {d["row"]: d for d in diverged}
+    ids, mask = a.input_ids[rows], a.attention_mask[rows]
+    at = [a.prompt_len - 1 + by_row[row]["pos"] for row in rows]
+    lowp = [
+        lg[r, at[i + r]]
+        for i, lg in forward_logits(model, ids, mask, autocast)
+        for r in range(lg.shape[0])
+    ]
+    model.float()
+    try:
+        off = lambda: torch.autocast(ids.device.type, enabled=False)  # noqa: E731
+        for i, exact in forward_logits(model, ids, mask, off):
+            for r in range(exact.shape[0]):
+                d = by_row[rows[i + r]]
+                x = exact[r, at[i + r]]
+                gap = (x[ca[d["row"], d["pos"]]] - x[cb[d["row"], d["pos"]]]).item()
+                err = (lowp[i + r] - x).abs().max().item()
+                d |= {"gap_fp32": gap, "hf_lowp_error": err}
+                d["within_bf16_error"] = abs(gap) <= max(NEAR_TIE, 2 * err)
+    finally:
+        model.to(low)
+
+
 def agreement(model, tok, native, hf, prompts, autocast, device) -> dict:  # noqa: ANN001
-    """Greedy: identical sequences vs HF, and whether every native greedy token is an
-    argmax of a plain forward pass up to ``tol`` (bf16 near-ties may flip either way).
-    Sampling: native log-probs vs the training forward's, on the native tokens."""
+    """Greedy: where native's tokens first differ from HF ``generate``'s and whether each
+    first difference is a near-tie (``first_differences``), and whether every native
+    greedy token is an argmax of a plain forward pass over its own prefix (``gap``:
+    top-1 minus the chosen token's logit). Sampling: native log-probs vs the training
+    forward's, on the native tokens."""
     a = hf.generate(prompts, 1, greedy=True)
     b = native.generate(prompts, 1, greedy=True)
-    n = min(a.input_ids.shape[1], b.input_ids.shape[1])
-    same = (a.input_ids[:, :n] == b.input_ids[:, :n]).all(1).float().mean().item()
-    with torch.no_grad(), autocast():
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
-    p = b.prompt_len
-    pred = logits[:, p - 1 : -1]
-    chosen = pred.gather(-1, b.input_ids[:, p:, None])[..., 0]
-    gap = (pred.max(-1).values - chosen)[b.completion_mask.bool()]
-    s = native.generate(prompts, 4)
+    firsts = first_differences(model, a, b, autocast)
+    gaps = []
+    for i, logits in forward_logits(model, b.input_ids, b.attention_mask, autocast):
+        pred = logits[:, b.prompt_len - 1 : -1]
+        chosen = pred.gather(-1, b.input_ids[i : i + len(pred), b.prompt_len :, None])[..., 0]
+        gaps.append((pred.max(-1).values - chosen)[b.completion_mask[i : i + len(pred)].bool()])
+    gap = torch.cat(gaps)
+    s = native.generate(prompts, max(1, 64 // len(prompts)))
     mb = MicroBatch(s, torch.arange(s.input_ids.shape[0]), torch.zeros(s.input_ids.shape[0]))
     with torch.no_grad(), autocast():
         lp, _ = completion_logp(model, mb)
     m = s.completion_mask.bool()
     diff = (lp - s.sampled_logp)[m].abs()
     return {
-        "greedy_identical_to_hf": same,
+        "greedy_identical_to_hf": firsts["identical_frac"],
+        "first_difference": firsts,
         "greedy_argmax_gap_max": gap.max().item(),
         "greedy_argmax_gap_mean": gap.mean().item(),
         "logp_absdiff_max": diff.max().item(),
@@ -176,11 +332,53 @@ def agreement(model, tok, native, hf, prompts, autocast, device) -> dict:  # noq
     }
 
 
+def agreement_line(agree: dict) -> str:
+    """One line of the agreement for the log."""
+    f = agree["first_difference"]
+    ties = "-" if f["near_tie_frac"] is None else f"{100 * f['near_tie_frac']:.0f}%"
+    margin = "-" if f["margin_max"] is None else f"{f['margin_max']:.3f}"
+    w = f["within_bf16_error_frac"]
+    within = "-" if w is None else f"{100 * w:.0f}%"
+    return (
+        f"agreement: {f['rows']} rows x {f['compared_tokens']} greedy tokens: "
+        f"{100 * f['identical_frac']:.0f}% identical to HF generate; first difference "
+        f"min {f['first_diff_min']} median {f['first_diff_median']}; near-ties {ties} of "
+        f"the differences (largest HF margin {margin}), within bf16 error {within}; HF "
+        f"distinct tokens per row median "
+        f"{f['hf_distinct_tokens_median']}; native logp vs forward max "
+        f"{agree['logp_absdiff_max']:.3f}"
+    )
+
+
+def load_shape(args: argparse.Namespace, d: str, device, dtype):  # noqa: ANN001, ANN201
+    """The model and tokenizer ``args`` name: a real ``--model``, a bench/shapes config or
+    ``--shape-dir`` (random, in ``dtype``, on ``device``; ``--init varied`` re-draws it),
+    or a ``SHAPES`` Llama (built, saved, loaded in fp32 as before)."""
+    config_dir = args.shape_dir or (None if args.model else shape_dir(args.shape))
+    if config_dir is None:
+        if args.model is None:
+            build_model(Path(d) / "m", args.shape)
+        return load_model_and_tokenizer(args.model or Path(d) / "m", "sdpa", device)
+    model, tok = load_model_and_tokenizer(Path(f"{RANDOM}{config_dir}"), "sdpa", device, dtype)
+    if args.init == "varied":
+        vary_init(model, tok.eos_token_id)
+    return model, tok
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--shape", choices=shape_names(), default="qwen2.5-0.5b")
+    p.add_argument(
+        "--shape-dir", type=Path, help="random weights of DIR/config.json instead of --shape"
+    )
+    p.add_argument(
+        "--init",
+        choices=["varied", "default"],
+        default="varied",
+        help="a config's random weights: the CPU family test's (tokens vary) or HF's init",
+    )
     p.add_argument("--precision", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     p.add_argument(
@@ -191,6 +389,9 @@ def main() -> None:
     p.add_argument("--distinct", type=int, default=8, help="GSM8K prompts per rollout")
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--hf-reps", type=int, help="timed HF generate rollouts (default --reps)")
+    p.add_argument("--agree-new", type=int, default=64, help="greedy tokens compared")
+    p.add_argument("--agree-rows", type=int, default=16, help="greedy rows compared")
     p.add_argument(
         "--engines",
         nargs="+",
@@ -204,10 +405,22 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.precision] if device.type == "cuda" else torch.float32
     with tempfile.TemporaryDirectory() as d:
-        if args.model is None:
-            build_model(Path(d) / "m", args.shape)
-        model, tok = load_model_and_tokenizer(args.model or Path(d) / "m", "sdpa", device)
+        model, tok = load_shape(args, d, device, dtype)
     model.eval()
+    random_config = args.shape_dir or (None if args.model else shape_dir(args.shape))
+    if random_config is not None:
+        params = sum(p.numel() for p in model.parameters()) / 1e9
+        init = (
+            "re-drawn as tests/unit/train/rollout/test_native_families.py does (tokens vary)"
+            if args.init == "varied"
+            else "HF's default"
+        )
+        print(
+            f"model: random {model.config.model_type} of {random_config}/config.json, "
+            f"{params:.2f}B parameters in {next(model.parameters()).dtype} on {device}; "
+            f"init {init}",
+            flush=True,
+        )
     low = dtype != torch.float32
 
     def autocast():  # noqa: ANN202
@@ -227,23 +440,30 @@ def main() -> None:
         roof = roofline(model, batch, plen, args.max_new, bw)
         for name in args.engines:
             engine = engines[name]
-            r = time_engine(engine, prompts, batch, args.reps, device)
+            reps = args.hf_reps if name == "hf" and args.hf_reps else args.reps
+            r = time_engine(engine, prompts, batch, reps, device)
             r |= {"engine": name, "batch": batch, "roofline_tok_per_s": roof}
             r["roofline_frac"] = r["tok_per_s"] / roof
             rows.append(r)
             print(json.dumps(r), flush=True)
     agree = None
     if not args.no_agreement:
-        short = NativeEngine(model, tok, 64, 1.0, 1.0, 3600, dtype=dtype)
-        hf_short = HFEngine(model, tok, 64, 1.0, 1.0, 3600, autocast=autocast)
-        agree = agreement(model, tok, short, hf_short, prompts * 2, autocast, device)
+        n = args.agree_new
+        short = NativeEngine(model, tok, n, 1.0, 1.0, 3600, dtype=dtype)
+        hf_short = HFEngine(model, tok, n, 1.0, 1.0, 3600, autocast=autocast)
+        agree_prompts = (prompts * -(-args.agree_rows // len(prompts)))[: args.agree_rows]
+        agree = agreement(model, tok, short, hf_short, agree_prompts, autocast, device)
         print(json.dumps(agree))
+        print(agreement_line(agree), flush=True)
     result = {
         "benchmark": "decode",
         "config": vars(args)
         | {
             "out": str(args.out) if args.out else None,
             "model": str(args.model or ""),
+            "shape_dir": str(random_config) if random_config else None,
+            "model_type": model.config.model_type,
+            "weights_dtype": str(next(model.parameters()).dtype),
             "prompt_len": plen,
         },
         "hbm_bytes_per_s": bw,
