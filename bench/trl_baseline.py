@@ -29,6 +29,15 @@ mean completion length and the share cut at the cap (``lengths``)::
     python -m bench.trl_baseline --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
         --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
         --variants default= --out bench/results/x.json
+
+Model families (issue 53): ``--shape`` takes a bench/shapes config too (random weights of
+it, saved once in fp32 with the char tokenizer; both sides train that directory), e.g.
+Qwen3-1.7B's default step against TRL on one H100::
+
+    python -m bench.trl_baseline --shape qwen3-1.7b --micro 16 --engine native \
+        --variants default= --out bench/results/x.json
+
+``--shape-dir DIR`` takes any directory with a config.json (a CPU dry run at fixture size).
 """
 
 from __future__ import annotations
@@ -45,7 +54,15 @@ import time
 from pathlib import Path
 
 from bench import trl_multi
-from bench.common import SHAPES, build_model, env_info, length_summary, write_result
+from bench.common import (
+    SHAPES,
+    build_model,
+    env_info,
+    length_summary,
+    save_random_config,
+    shape_names,
+    write_result,
+)
 
 
 def digit_fraction(completions: list, **kwargs: object) -> list[float]:
@@ -269,7 +286,8 @@ def run_ours(
         sys.executable,
         "-m",
         "bench.grpo_step",
-        f"--shape={args.shape}",
+        # a bench/shapes config is not grpo_step's to build: it trains the saved model
+        *([f"--shape={args.shape}"] if args.shape in SHAPES and not args.shape_dir else []),
         f"--model-dir={model}",
         f"--precision={args.precision}",
         f"--prompts={args.prompts}",
@@ -350,7 +368,13 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument(
+        "--shape",
+        choices=shape_names(),
+        default="qwen2.5-0.5b",
+        help="a Qwen2.5 shape (a random Llama) or a bench/shapes config (e.g. qwen3-1.7b: "
+        "random weights of it, saved once, trained by both sides)",
+    )
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-new", type=int, default=256)
@@ -379,6 +403,12 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="TRL with peft LoRA on q/k/v/o")
     p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
     p.add_argument(
+        "--shape-dir",
+        type=Path,
+        help="random weights of DIR/config.json instead of --shape (a CPU dry run: "
+        "tests/fixtures/families/qwen3)",
+    )
+    p.add_argument(
         "--nproc",
         type=int,
         default=1,
@@ -405,7 +435,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         model = args.model_dir or work / "model"
-        if not args.model_dir:
+        if args.shape_dir and not args.model_dir:
+            save_random_config(model, args.shape_dir)
+        elif not args.model_dir:
             build_model(model, args.shape)
         trl = None if args.skip_trl else trl_side(args, model, work)
         # written after each side, so that a call cut at its time limit keeps what ran
