@@ -276,7 +276,9 @@ def exact_check(model, a, diverged: list[dict], ca, cb, autocast) -> None:  # no
     apart. Nothing to judge in fp32 runs (no difference from rounding)."""
     low = next(model.parameters()).dtype
     rows = sorted({d["row"] for d in diverged})
-    if not rows or (low == torch.float32 and not autocast().is_enabled()):
+    with autocast():
+        lowered = torch.is_autocast_enabled(a.input_ids.device.type)
+    if not rows or (low == torch.float32 and not lowered):
         return
     by_row = {d["row"]: d for d in diverged}
     ids, mask = a.input_ids[rows], a.attention_mask[rows]

@@ -7,6 +7,9 @@
 # SUBJECT picks the stage file bench/gpu/SUBJECT.sh; each lists its stages at its top:
 #   random  random weights of the Qwen shapes: decode, update, step, trl, ladder, profile,
 #           multi, dcp, the GPU tests, ... (OUT STAGE...)
+#   families  the model families of issue 53 (bench/shapes configs, random weights): the
+#           families' GPU tests, decode vs HF generate per family, Qwen3-1.7B vs TRL:
+#           tests_native, tests_update, decode, decode2, trl (OUT STAGE...)
 #   real    the real SmolLM2-135M-Instruct: setup, model, decode, parity, learn2, gsm8k,
 #           reallen, ... (OUT STAGE...)
 #   memory  a run's GPU memory under bench/mem_probe.py: 7b, 7b_sync, 7b_int8, small, ...
@@ -16,13 +19,14 @@
 #   faults  the GPU fault campaign on the Slurm GPU node (OUT [bench.gpu_faults arguments])
 #   code    the code task on one GPU, then the sandbox's throughput there (OUT)
 #   export  a GSM8K run exported and scored by grpo-eval against the trainer's figure ([OUT])
-#   prep    run HERE, not on the GPU machine: the GGUF parts and wheels a call carries (no OUT)
+#   prep    run HERE, not on the GPU machine: the GGUF parts and wheels a call carries (no OUT;
+#           `prep wheels`: the wheels alone)
 # Shared helpers (wheels, import path, NVLink multicast off): bench/gpu/env.sh.
-usage="usage: bash bench/gpu.sh random|real|memory|slurm|faults|code|export|prep OUT [STAGE...]"
+usage="usage: bash bench/gpu.sh random|families|real|memory|slurm|faults|code|export|prep OUT [STAGE...]"
 subject=${1:?$usage}
 shift
 case $subject in
-random | real | memory | slurm | faults | code | export | prep) ;;
+random | families | real | memory | slurm | faults | code | export | prep) ;;
 *)
     echo "unknown subject $subject; $usage" >&2
     exit 2

