@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import statistics
 import tempfile
@@ -449,6 +450,10 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), flush=True)
     agree = None
+    engines.clear()  # their packed weights and caches: room for the fp32 judge at 8B
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if not args.no_agreement:
         n = args.agree_new
         short = NativeEngine(model, tok, n, 1.0, 1.0, 3600, dtype=dtype)
