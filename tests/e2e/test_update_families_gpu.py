@@ -68,10 +68,14 @@ def _logp_and_grads(
 def _error(
     got: tuple[torch.Tensor, dict[str, torch.Tensor]],
     exact: tuple[torch.Tensor, dict[str, torch.Tensor]],
+    tokens: int,
 ) -> tuple[float, dict[str, float]]:
-    """Largest log-prob error, and each gradient's relative error (norm of the difference
-    over the exact gradient's norm)."""
-    logp = float((got[0] - exact[0]).abs().max())
+    """The mean log-prob error over the ``tokens`` completion tokens, and each gradient's
+    relative error (norm of the difference over the exact gradient's norm). A mean, not a
+    maximum: in bf16 the mixture of experts routes a few tokens to other experts than fp32
+    does (0.63 at the worst token on an H100, on every path alike), and where those land
+    differs from path to path."""
+    logp = float((got[0] - exact[0]).abs().sum()) / tokens
     grads = {
         n: float((got[1][n] - g).norm() / g.norm().clamp_min(1e-12)) for n, g in exact[1].items()
     }
@@ -88,9 +92,10 @@ def family(
 def _as_close(
     errors: tuple[float, dict[str, float]], padded: tuple[float, dict[str, float]]
 ) -> None:
-    """``errors`` no worse than the padded bf16 path's ``padded``, up to twice it plus a
-    bf16 step (two roundings of the same math land apart by about one)."""
-    assert errors[0] <= 2 * padded[0] + 0.02, (errors[0], padded[0])
+    """``errors`` no worse than the reference bf16 path's ``padded``, up to twice it plus a
+    little (two roundings of the same math land apart by about one rounding step; a window
+    off by one key is caught: :func:`test_a_window_off_by_one_is_caught`)."""
+    assert errors[0] <= 2 * padded[0] + 0.005, (errors[0], padded[0])
     for name, e in errors[1].items():
         assert e <= 2 * padded[1][name] + 0.02, (name, e, padded[1][name])
 
@@ -110,11 +115,13 @@ def test_packed_varlen_update_is_as_exact_as_the_padded_one(
     plain, _ = load_model_and_tokenizer(path, "sdpa", CUDA)
     packed = copy.deepcopy(plain)
     packing.use_packed_attention(packed)
-    plain.train(), packed.train()
+    plain.train()
+    packed.train()
     batch = _on_gpu(_batch(plain.config.vocab_size))
     exact = _logp_and_grads(plain, batch, packed=False, bf16=False)
-    padded = _error(_logp_and_grads(plain, batch, packed=False, bf16=True), exact)
-    got = _error(_logp_and_grads(packed, batch, packed=True, bf16=True), exact)
+    tokens = int(batch.completion_mask.sum())
+    padded = _error(_logp_and_grads(plain, batch, packed=False, bf16=True), exact, tokens)
+    got = _error(_logp_and_grads(packed, batch, packed=True, bf16=True), exact, tokens)
     # Every packed attention call, the windowed ones included, ran on the varlen kernel.
     assert not fallbacks, f"{name}: {len(fallbacks)} calls fell back to per-row SDPA"
     _as_close(got, padded)
@@ -127,14 +134,49 @@ def test_compiled_layers_are_as_exact_as_eager(family: tuple[str, Path]) -> None
     plain, _ = load_model_and_tokenizer(path, "sdpa", CUDA)
     eager = copy.deepcopy(plain)
     packing.use_packed_attention(eager)
-    compiled = copy.deepcopy(eager)
-    assert compile_layers(compiled) == plain.config.num_hidden_layers
-    for m in (plain, eager, compiled):
+    compiled_model = copy.deepcopy(eager)
+    assert compile_layers(compiled_model) == plain.config.num_hidden_layers
+    for m in (plain, eager, compiled_model):
         m.train()
     batch = _on_gpu(_batch(plain.config.vocab_size))
     exact = _logp_and_grads(plain, batch, packed=False, bf16=False)
-    eager_err = _error(_logp_and_grads(eager, batch, packed=True, bf16=True), exact)
+    tokens = int(batch.completion_mask.sum())
+    eager_err = _error(_logp_and_grads(eager, batch, packed=True, bf16=True), exact, tokens)
     counters.clear()
-    compiled_err = _error(_logp_and_grads(compiled, batch, packed=True, bf16=True), exact)
+    compiled = _logp_and_grads(compiled_model, batch, packed=True, bf16=True)
+    compiled_err = _error(compiled, exact, tokens)
     assert counters["stats"]["unique_graphs"] > 0, name  # compiled code is what ran
     _as_close(compiled_err, eager_err)
+
+
+def test_a_window_off_by_one_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 comparison can fail: the kernel handed one key more than the window
+    (``window_size=(W, 0)``, the reading of its docstring's "(W, 0) for a window of size
+    W" that transformers' masks disagree with) is not as exact as the padded path."""
+    import inspect
+
+    import torch.nn.attention.varlen as varlen_mod
+
+    kernel = varlen_mod.varlen_attn
+
+    def one_more(*args: object, window_size: tuple[int, int] = (-1, -1), **kw: object):  # noqa: ANN202
+        if window_size != (-1, 0):
+            window_size = (window_size[0] + 1, 0)
+        return kernel(*args, window_size=window_size, **kw)
+
+    one_more.__signature__ = inspect.signature(kernel)  # type: ignore[attr-defined]
+    monkeypatch.setattr(varlen_mod, "varlen_attn", one_more)
+    packing.varlen_kernel.cache_clear()
+    try:
+        plain, _ = load_model_and_tokenizer(_family_dir(tmp_path, "mistral"), "sdpa", CUDA)
+        packed = copy.deepcopy(plain)
+        packing.use_packed_attention(packed)
+        batch = _on_gpu(_batch(plain.config.vocab_size))
+        exact = _logp_and_grads(plain, batch, packed=False, bf16=False)
+        tokens = int(batch.completion_mask.sum())
+        padded = _error(_logp_and_grads(plain, batch, packed=False, bf16=True), exact, tokens)
+        wrong = _error(_logp_and_grads(packed, batch, packed=True, bf16=True), exact, tokens)
+    finally:
+        packing.varlen_kernel.cache_clear()
+    with pytest.raises(AssertionError):
+        _as_close(wrong, padded)
