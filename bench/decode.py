@@ -39,6 +39,12 @@ random model's greedy text is one token repeated, and agreement on it would prov
 Every matrix ~ N(0, 0.3) (Gemma: 0.02, its embeddings are scaled by sqrt(hidden)), norm
 weights ~ N(1, 0.3) (Gemma, which scales by 1 + w: N(0, 2)), the EOS row of the head zero
 (no row ends early: every rollout runs to the cap). ``--init default`` keeps HF's init.
+``--init scaled`` (what ``bench/gpu.sh families`` runs) is the same recipe with each
+matrix's std times sqrt(64 / its input width): the recipe was drawn for the 64-wide
+fixtures, and at full width it makes activations so large that bf16 itself is noise (on
+an H100 at Qwen3-1.7B: HF's own bf16 forward off fp32 by ~3 logits with ``varied``,
+~0.55 with ``scaled``; both give 125-128 distinct tokens in 128, ``default`` gave Qwen3-0.6B
+3 distinct in 24 on the CPU).
 
 Agreement (``agreement``): greedy tokens of the native engine and of HF ``generate`` from
 the same prompts (``--agree-new`` tokens, ``--agree-rows`` rows): per row the first
@@ -189,9 +195,16 @@ def gsm8k_prompts(tok, n: int) -> list[str]:  # noqa: ANN001
     return [prompt_text(tok, p["question"]) for p in train]
 
 
-def vary_init(model: torch.nn.Module, eos: int, seed: int = 0) -> None:
+FIXTURE_WIDTH = 64
+"""hidden_size of tests/fixtures/families, where the CPU test's recipe was drawn."""
+
+
+def vary_init(model: torch.nn.Module, eos: int, seed: int = 0, scaled: bool = False) -> None:
     """Re-draw a random model's weights as the CPU family test does (module docstring):
-    tokens that vary, every norm mattering, no EOS (its head row zero)."""
+    tokens that vary, every norm mattering, no EOS (its head row zero). ``scaled``: each
+    matrix's std times sqrt(64 / its input width), so that every unit's input is as large
+    as in the 64-wide fixture at any width (the recipe as drawn makes a full-width model's
+    activations ~width/64 times larger, and bf16's error with them)."""
     gemma = model.config.model_type.startswith("gemma")
     std = 0.02 if gemma else 0.3
     torch.manual_seed(seed)
@@ -200,7 +213,7 @@ def vary_init(model: torch.nn.Module, eos: int, seed: int = 0) -> None:
             if "norm" in n:
                 p.normal_(0.0 if gemma else 1.0, 2.0 if gemma else 0.3)
             elif p.dim() >= 2:
-                p.normal_(0.0, std)
+                p.normal_(0.0, std * (FIXTURE_WIDTH / p.shape[-1]) ** 0.5 if scaled else std)
         emb = model.get_input_embeddings()
         if emb.padding_idx is not None:
             emb.weight[emb.padding_idx] = 0.0
@@ -363,8 +376,8 @@ def load_shape(args: argparse.Namespace, d: str, device, dtype):  # noqa: ANN001
             build_model(Path(d) / "m", args.shape)
         return load_model_and_tokenizer(args.model or Path(d) / "m", "sdpa", device)
     model, tok = load_model_and_tokenizer(Path(f"{RANDOM}{config_dir}"), "sdpa", device, dtype)
-    if args.init == "varied":
-        vary_init(model, tok.eos_token_id)
+    if args.init != "default":
+        vary_init(model, tok.eos_token_id, scaled=args.init == "scaled")
     return model, tok
 
 
@@ -378,7 +391,7 @@ def main() -> None:
     )
     p.add_argument(
         "--init",
-        choices=["varied", "default"],
+        choices=["varied", "scaled", "default"],
         default="varied",
         help="a config's random weights: the CPU family test's (tokens vary) or HF's init",
     )
@@ -413,11 +426,13 @@ def main() -> None:
     random_config = args.shape_dir or (None if args.model else shape_dir(args.shape))
     if random_config is not None:
         params = sum(p.numel() for p in model.parameters()) / 1e9
-        init = (
-            "re-drawn as tests/unit/train/rollout/test_native_families.py does (tokens vary)"
-            if args.init == "varied"
-            else "HF's default"
-        )
+        init = {
+            "varied": "re-drawn as tests/unit/train/rollout/test_native_families.py does "
+            "(tokens vary)",
+            "scaled": "re-drawn as tests/unit/train/rollout/test_native_families.py does, "
+            "each matrix's std times sqrt(64 / its input width) (tokens vary)",
+            "default": "HF's default",
+        }[args.init]
         print(
             f"model: random {model.config.model_type} of {random_config}/config.json, "
             f"{params:.2f}B parameters in {next(model.parameters()).dtype} on {device}; "
