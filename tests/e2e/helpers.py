@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -159,12 +160,30 @@ def descendants(pid: int) -> list[int]:
 
 
 def signal_job(pid: int, sig: int) -> None:
-    """Signal every process of the 'job' (torchrun starts workers in their own sessions)."""
-    for p in descendants(pid):
+    """Signal every process of the 'job' (torchrun starts workers in their own sessions).
+    A SIGKILL returns once every one of them is dead (gone or a zombie): a killed process
+    holds its files, the run directory's lock among them, until the kernel has torn it
+    down, and a test that trains the run again at once must find it free, as a job
+    resubmitted after a kill does (minutes later on a cluster)."""
+    pids = descendants(pid)
+    for p in pids:
         try:
             os.kill(p, sig)
         except ProcessLookupError:
             pass
+    if sig == signal.SIGKILL:
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs still (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def assert_same(a: object, b: object) -> None:
