@@ -20,6 +20,7 @@ from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.submit import torch_build
 
 ROWS_CHECKED = 5
 """First rows of a local data file that must parse (reading all of a big file is the job's)."""
@@ -254,11 +255,32 @@ def _precision_problem(precision: str, profile: Profile) -> str | None:
     return f"profile {profile.name!r}: {problem}" if problem else None
 
 
+def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[str]:
+    """The installed torch has code for the profile's GPUs (``gpu_capability``), or one
+    line naming the torch build that has (grpo_hpc.submit.torch_build); a profile that
+    names no capability, a CPU build and no torch are not checked (see :func:`torch_note`)."""
+    capability = profile.capability
+    if capability is None or build is None:
+        return []
+    problem = torch_build.arch_problem(build, capability, profile.name)
+    return [problem] if problem else []
+
+
+def torch_note(profile: Profile) -> str | None:
+    """The informational ``torch:`` line where the check above could not look (a CPU torch
+    on a login node, as on CI), for a profile that names its GPUs' capability."""
+    if profile.capability is None:
+        return None
+    return torch_build.note(torch_build.installed_build())
+
+
 def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
     """Every check, in the order a user would fix them."""
     off = offline(profile)
+    build = torch_build.installed_build() if profile.capability is not None else None
     return (
         check_values(cfg, profile)
+        + check_torch(profile, build)
         + check_model(cfg.model, off, cache)
         + check_data(cfg.data, off, cache)
     )

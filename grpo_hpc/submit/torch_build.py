@@ -1,0 +1,170 @@
+"""Whether the installed torch carries kernels for a profile's GPUs, asked on the login node.
+
+A torch without kernels for the GPU fails at its first CUDA op with ``no kernel image is
+available for execution on the device``: on a cluster that is after the queue wait, at
+step 0. ``torch.cuda.get_arch_list()`` names the architectures a build was compiled for and
+answers without a GPU (torch 2.13 returns ``[]`` only when torch was built without CUDA;
+older releases returned ``[]`` without a GPU too, which reads here as "not checked").
+
+The rule (:func:`runs_on`) is pure; :func:`installed_build` is the thin shell that reads
+torch, and imports it only when torch/version.py says it is a CUDA build (a CPU build, as
+on this project's CI, answers from that file alone), so a login-node command loads no
+torch it does not need.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ARCH_LIST_ENV = "GRPO_HPC_TORCH_ARCH_LIST"
+"""Test/diagnostic override: the arch list as ``sm_80 sm_90`` (space or comma separated),
+read instead of torch's; its CUDA version is ``GRPO_HPC_TORCH_CUDA`` (default ``12.8``)."""
+CUDA_ENV = "GRPO_HPC_TORCH_CUDA"
+
+# PyTorch's CUDA support matrix (RELEASE.md): for 2.11 the CUDA 12.8 builds dropped Volta
+# (7.0) and the CUDA 13 builds never had it; the CUDA 12.6 builds keep Maxwell (5.0)
+# through Hopper (9.0), Volta included. Sources: RFC pytorch/pytorch#172352, PR #175253
+# (2.11 matrix), PR #182849 (2.12: 12.6.3 still lists Volta; 12.8 gone), PR #197555 (2.12,
+# 2.13 and 2.14 share that matrix). The index URL form is pytorch.org's "previous
+# versions" page (``--index-url https://download.pytorch.org/whl/cu126``).
+LEGACY_CUDA = "12.6"
+LEGACY_INDEX = "https://download.pytorch.org/whl/cu126"
+LEGACY_MAX_CAPABILITY = (9, 0)
+"""The newest GPU generation the CUDA 12.6 builds carry (Hopper); above it, cu126 is no fix."""
+
+_ARCH = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What the installed torch was compiled for."""
+
+    version: str
+    """``torch.__version__``, e.g. ``2.11.0+cu128``."""
+    cuda: str | None
+    """``torch.version.cuda`` (None: a CPU build)."""
+    arch_list: tuple[str, ...]
+    """``torch.cuda.get_arch_list()``, e.g. ``('sm_75', 'sm_80', 'compute_120')``."""
+
+
+def _parse(entry: str) -> tuple[str, int, int, str] | None:
+    """``sm_86`` -> ('sm', 8, 6, ''); ``sm_90a`` -> ('sm', 9, 0, 'a'); None if unreadable."""
+    m = _ARCH.match(entry.strip().lower())
+    if m is None or len(m.group(2)) < 2:
+        return None
+    digits = m.group(2)
+    return m.group(1), int(digits[:-1]), int(digits[-1]), m.group(3)
+
+
+def runs_on(arch_list: list[str] | tuple[str, ...], capability: tuple[int, int]) -> bool:
+    """Whether a build compiled for ``arch_list`` has code a GPU of ``capability`` runs.
+
+    A GPU of compute capability (M, m) runs a cubin ``sm_Mn`` with n <= m (binary
+    compatibility holds within one major version only: a 7.0 cubin runs on 7.5, never a
+    7.5 cubin on 7.0, nor an 8.0 one on 9.0) and PTX ``compute_XY`` with XY <= Mm (the
+    driver compiles PTX just in time for any newer GPU). An arch-specific ``sm_90a`` runs
+    on exactly 9.0 (source: NVIDIA's CUDA C++ Programming Guide, "Binary Compatibility"
+    and "PTX Compatibility"; the ``a`` suffix, "Feature Availability"). A family-specific
+    ``f`` entry is treated as a plain cubin of its version.
+    """
+    major, minor = capability
+    for entry in arch_list:
+        parsed = _parse(entry)
+        if parsed is None:
+            continue
+        kind, a_major, a_minor, suffix = parsed
+        if kind == "compute":
+            if (a_major, a_minor) <= (major, minor):
+                return True
+        elif suffix == "a":
+            if (a_major, a_minor) == (major, minor):
+                return True
+        elif a_major == major and a_minor <= minor:
+            return True
+    return False
+
+
+def fix_for(capability: tuple[int, int]) -> str:
+    """What to install instead, for a GPU of ``capability`` (one clause)."""
+    if LEGACY_MAX_CAPABILITY[0] >= capability[0] >= 5:
+        return (
+            f"install a CUDA {LEGACY_CUDA} build of torch (it still has kernels for "
+            f"{capability[0]}.{capability[1]}): pip install torch --index-url {LEGACY_INDEX}"
+        )
+    return "install a torch build whose CUDA support matrix lists this GPU (pytorch.org)"
+
+
+def arch_problem(build: TorchBuild, capability: tuple[int, int], profile: str) -> str | None:
+    """The one-line refusal when ``build`` has no code for the profile's GPUs, else None
+    (a CPU build or an empty arch list is not checked: see :func:`note`)."""
+    if build.cuda is None or not build.arch_list or runs_on(build.arch_list, capability):
+        return None
+    cap = f"{capability[0]}.{capability[1]}"
+    return (
+        f"profile {profile!r}: its GPUs (compute capability {cap}) cannot run the installed "
+        f"torch {build.version} (CUDA {build.cuda}, built for {' '.join(build.arch_list)}); "
+        f"the job would fail at its first kernel: {fix_for(capability)}"
+    )
+
+
+def note(build: TorchBuild | None) -> str | None:
+    """The informational line where nothing could be checked (a CPU build on a login
+    node, an older torch that lists no architectures without a GPU), else None."""
+    if build is None:
+        return "torch: not installed here: the compute nodes' torch is not checked"
+    if build.cuda is None:
+        return (
+            f"torch: a CPU build here ({build.version}): the GPU architectures of the "
+            "compute nodes' torch are not checked"
+        )
+    if not build.arch_list:
+        return (
+            f"torch: {build.version} lists no CUDA architectures without a GPU: the "
+            "compute nodes' torch is not checked"
+        )
+    return None
+
+
+def split_arch_list(text: str) -> tuple[str, ...]:
+    """``"sm_80 sm_90"`` or ``"sm_80,sm_90"`` -> ('sm_80', 'sm_90')."""
+    return tuple(e for e in re.split(r"[\s,;]+", text) if e)
+
+
+def _version_file_cuda(version_py: Path) -> tuple[str | None, str | None]:
+    """(``__version__``, ``cuda``) read from torch/version.py without importing torch."""
+    found: dict[str, str | None] = {}
+    for node in ast.parse(version_py.read_text(encoding="utf-8")).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            found[target.id] = node.value.value
+    return found.get("__version__"), found.get("cuda")
+
+
+def installed_build() -> TorchBuild | None:
+    """The installed torch's build (None: no torch here). ``GRPO_HPC_TORCH_ARCH_LIST``
+    overrides it (tests, and a user asking "would this arch list do?")."""
+    override = os.environ.get(ARCH_LIST_ENV)
+    if override is not None:
+        cuda = os.environ.get(CUDA_ENV, "12.8")
+        return TorchBuild(f"from ${ARCH_LIST_ENV}", cuda or None, split_arch_list(override))
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    version_py = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        version, cuda = _version_file_cuda(version_py)
+    except (OSError, SyntaxError):  # an unusual install: ask torch itself
+        version, cuda = None, "unknown"
+    if cuda is None:  # a CPU build: nothing to import torch for
+        return TorchBuild(version or importlib.metadata.version("torch"), None, ())
+    import torch  # a CUDA build: only torch itself knows its arch list
+
+    return TorchBuild(torch.__version__, torch.version.cuda, tuple(torch.cuda.get_arch_list()))

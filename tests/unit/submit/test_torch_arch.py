@@ -1,0 +1,95 @@
+"""The installed torch against a profile's GPUs (grpo_hpc.submit.torch_build): the rule on
+recorded arch lists, and grpo-submit refusing a torch without kernels for supercloud's V100s
+(issue 55)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.submit import torch_build
+from grpo_hpc.submit.torch_build import TorchBuild, arch_problem, note, runs_on
+from tests.conftest import run_cli
+
+# torch.cuda.get_arch_list() of the published builds (PyTorch's CUDA support matrix,
+# RELEASE.md for 2.11-2.14): CUDA 12.8 from 2.11 on has no Volta; CUDA 12.6 keeps it.
+CU128_2_11 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+CU130 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
+V100, T4, A100, H100 = (7, 0), (7, 5), (8, 0), (9, 0)
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "capability", "runs"),
+    [
+        (CU128_2_11, V100, False),  # the trap of issue 55
+        (CU128_2_11, A100, True),
+        (CU128_2_11, H100, True),
+        (CU126, V100, True),
+        (CU130, V100, False),  # PTX for 12.0 cannot be compiled down for an older GPU
+        (("compute_70",), V100, True),  # PTX is JIT-compiled for its own or a newer GPU
+        (("compute_70",), H100, True),
+        (("compute_75",), V100, False),
+        (("sm_75",), V100, False),  # cubins run within a major, only on a newer minor
+        (("sm_75",), T4, True),
+        (("sm_70",), T4, True),
+        (("sm_80",), H100, False),  # never across a major
+        (("sm_90a",), H100, True),  # arch-specific: that GPU exactly
+        (("sm_90a",), (10, 0), False),
+        ((), V100, False),
+    ],
+)
+def test_runs_on(arch_list: tuple[str, ...], capability: tuple[int, int], runs: bool) -> None:
+    assert runs_on(arch_list, capability) is runs
+
+
+def test_refusal_names_the_build_and_the_fix() -> None:
+    line = arch_problem(TorchBuild("2.11.0+cu128", "12.8", CU128_2_11), V100, "supercloud")
+    assert line is not None and "\n" not in line
+    assert "compute capability 7.0" in line and "2.11.0+cu128" in line
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cu126" in line
+    assert arch_problem(TorchBuild("2.11.0+cu126", "12.6", CU126), V100, "supercloud") is None
+
+
+def test_a_cpu_build_is_noted_not_refused() -> None:
+    cpu = TorchBuild("2.13.0+cpu", None, ())
+    assert arch_problem(cpu, V100, "supercloud") is None
+    assert note(cpu) == (
+        "torch: a CPU build here (2.13.0+cpu): the GPU architectures of the compute nodes' "
+        "torch are not checked"
+    )
+    # an older CUDA torch lists nothing without a GPU: not checked, and said so
+    assert arch_problem(TorchBuild("2.4.0+cu121", "12.1", ()), V100, "supercloud") is None
+    assert note(TorchBuild("2.4.0+cu121", "12.1", ())) is not None
+    assert note(TorchBuild("2.11.0+cu126", "12.6", CU126)) is None
+
+
+def test_override_is_read_instead_of_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(torch_build.ARCH_LIST_ENV, "sm_70, sm_80")
+    build = torch_build.installed_build()
+    assert build is not None and build.arch_list == ("sm_70", "sm_80") and build.cuda == "12.8"
+
+
+def submit(logs: Path, arch_list: str):
+    env = {torch_build.ARCH_LIST_ENV: arch_list, "GRPO_HPC_LOGS": str(logs)}
+    args = ("--profile", "supercloud", "--config", "tiny", "--dry-run", "--name", "d")
+    return run_cli("grpo_hpc.cli.submit:main", *args, env=env)
+
+
+def test_dry_run_refuses_a_torch_without_sm70(logs_dir: Path) -> None:
+    result = submit(logs_dir, "sm_80 sm_90")
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    refused = [ln for ln in result.stdout.splitlines() if ln.startswith("# refused")]
+    assert len(refused) == 1 and "compute capability 7.0" in refused[0], result.stdout
+    assert "whl/cu126" in refused[0]
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("grpo-submit: error: profile 'supercloud'")
+    assert not logs_dir.exists() or not any(logs_dir.iterdir()), "a run directory was left"
+
+
+def test_dry_run_accepts_a_torch_with_sm70(logs_dir: Path) -> None:
+    result = submit(logs_dir, "sm_70 sm_80")
+    assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+    assert "# refused" not in result.stdout and "torch:" not in result.stdout
