@@ -2,9 +2,11 @@
 
 A torch without kernels for the GPU fails at its first CUDA op with ``no kernel image is
 available for execution on the device``: on a cluster that is after the queue wait, at
-step 0. ``torch.cuda.get_arch_list()`` names the architectures a build was compiled for and
-answers without a GPU (torch 2.13 returns ``[]`` only when torch was built without CUDA;
-older releases returned ``[]`` without a GPU too, which reads here as "not checked").
+step 0. ``torch.cuda.get_arch_list()`` names the architectures a build was compiled for;
+it answers without a GPU only since pytorch/pytorch#180356 (2026-04, ``_is_compiled()``
+instead of ``is_available()``): older releases, 2.11 among them, return ``[]`` on a
+GPU-less login node, so the shell below falls back to the call underneath it,
+``torch._C._cuda_getArchFlags()`` (there since 1.6, pytorch/pytorch#41173).
 
 The rule (:func:`runs_on`) is pure; :func:`installed_build` is the thin shell that reads
 torch, and imports it only when torch/version.py says it is a CUDA build (a CPU build, as
@@ -68,10 +70,12 @@ def runs_on(arch_list: list[str] | tuple[str, ...], capability: tuple[int, int])
     A GPU of compute capability (M, m) runs a cubin ``sm_Mn`` with n <= m (binary
     compatibility holds within one major version only: a 7.0 cubin runs on 7.5, never a
     7.5 cubin on 7.0, nor an 8.0 one on 9.0) and PTX ``compute_XY`` with XY <= Mm (the
-    driver compiles PTX just in time for any newer GPU). An arch-specific ``sm_90a`` runs
-    on exactly 9.0 (source: NVIDIA's CUDA C++ Programming Guide, "Binary Compatibility"
-    and "PTX Compatibility"; the ``a`` suffix, "Feature Availability"). A family-specific
-    ``f`` entry is treated as a plain cubin of its version.
+    driver compiles PTX just in time for any newer GPU). Source: NVIDIA's CUDA C++
+    Programming Guide, "Binary Compatibility" ("a cubin generated for compute capability
+    X.y will only execute on devices of compute capability X.z where z >= y") and "PTX
+    Compatibility"/"Just-in-Time Compilation". An arch-specific ``sm_90a`` runs on exactly
+    9.0 (the guide's "Feature Availability"); a family-specific ``f`` entry is treated as a
+    plain cubin of its version.
     """
     major, minor = capability
     for entry in arch_list:
@@ -167,4 +171,10 @@ def installed_build() -> TorchBuild | None:
         return TorchBuild(version or importlib.metadata.version("torch"), None, ())
     import torch  # a CUDA build: only torch itself knows its arch list
 
-    return TorchBuild(torch.__version__, torch.version.cuda, tuple(torch.cuda.get_arch_list()))
+    arch_list = torch.cuda.get_arch_list()
+    if not arch_list and torch.version.cuda:  # a torch before #180356, on a GPU-less node
+        try:
+            arch_list = (torch._C._cuda_getArchFlags() or "").split()
+        except (AttributeError, RuntimeError):
+            arch_list = []  # not checked: note() says so
+    return TorchBuild(torch.__version__, torch.version.cuda, tuple(arch_list))

@@ -4,6 +4,7 @@ recorded arch lists, and grpo-submit refusing a torch without kernels for superc
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,43 @@ def test_override_is_read_instead_of_torch(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(torch_build.ARCH_LIST_ENV, "sm_70, sm_80")
     build = torch_build.installed_build()
     assert build is not None and build.arch_list == ("sm_70", "sm_80") and build.cuda == "12.8"
+
+
+FAKE_TORCH = """
+from . import version
+__version__ = version.__version__
+class cuda:  # a torch before pytorch/pytorch#180356 on a GPU-less login node
+    @staticmethod
+    def get_arch_list():
+        return []
+class _C:
+    @staticmethod
+    def _cuda_getArchFlags():
+        return "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"
+"""
+
+
+def test_older_torch_on_a_login_node_is_read_underneath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11+cu128's get_arch_list() is [] without a GPU: the shell reads the flags
+    beneath it, so the trap of issue 55 is still refused on a GPU-less login node."""
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.11.0+cu128'\ncuda: Optional[str] = '12.8'\n"
+    )
+    (pkg / "__init__.py").write_text(FAKE_TORCH)
+    monkeypatch.delenv(torch_build.ARCH_LIST_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # the fake stands in for torch during this test only: setitem's undo restores a real
+    # torch imported before, or removes the fake
+    for name in {"torch", "torch.version", *(m for m in sys.modules if m.startswith("torch."))}:
+        monkeypatch.setitem(sys.modules, name, None)
+        del sys.modules[name]
+    build = torch_build.installed_build()
+    assert build == TorchBuild("2.11.0+cu128", "12.8", CU128_2_11)
+    assert arch_problem(build, V100, "supercloud") is not None
 
 
 def submit(logs: Path, arch_list: str):
