@@ -39,8 +39,9 @@ echo "== ruff"
 echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
 # The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores
-# (today about 18: it is CPU-bound, ~26 CPU-minutes of 36 on two cores; three workers
-# measured no faster, 18 min 30 s against 17 min 55 s). Two pytest-xdist workers: the
+# (today 16 min 29 s from a fresh clone, 18 CPU-minutes; 20 min with a busy process per
+# core; one-process trainer runs are forked from a server that imported the trainer once,
+# tests/e2e/trainer_fork.py; three workers measured no faster than two). Two pytest-xdist workers: the
 # real-Slurm tests (tests/integration, ~10 min, mostly waiting on Slurm and the monitor) run
 # one after another on one worker; both workers share the other tests (tests/conftest.py
 # groups them). `-n 0` as an argument runs
