@@ -39,7 +39,7 @@ echo "== ruff"
 echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
 # The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores
-# (today 16 min 29 s from a fresh clone, 18 CPU-minutes; 20 min with a busy process per
+# (today 13 min 46 s from a fresh clone, 15.4 CPU-minutes; 20 min with a busy process per
 # core; one-process trainer runs are forked from a server that imported the trainer once,
 # tests/e2e/trainer_fork.py; three workers measured no faster than two). Two pytest-xdist workers: the
 # real-Slurm tests (tests/integration, ~10 min, mostly waiting on Slurm and the monitor) run
