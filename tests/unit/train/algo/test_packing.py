@@ -45,18 +45,23 @@ def _model_dir(tmp: Path, arch: str) -> Path:
     return out
 
 
-def _batch(vocab: int) -> RolloutBatch:
-    """Left-padded prompts then right-padded completions, as the rollout engines return."""
+def padded_batch(vocab: int, rows: list[tuple[int, int]], prompt: int, new: int) -> RolloutBatch:
+    """Left-padded prompts then right-padded completions, as the rollout engines return:
+    ``rows`` of (prompt tokens, completion tokens) within ``prompt`` + ``new`` columns."""
     g = torch.Generator().manual_seed(3)
-    n = len(ROWS)
-    ids = torch.zeros(n, PROMPT + NEW, dtype=torch.long)
+    n = len(rows)
+    ids = torch.zeros(n, prompt + new, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    cmask = torch.zeros(n, NEW, dtype=torch.long)
-    for r, (p, c) in enumerate(ROWS):
-        ids[r, PROMPT - p : PROMPT + c] = torch.randint(10, vocab, (p + c,), generator=g)
-        mask[r, PROMPT - p : PROMPT + c] = 1
+    cmask = torch.zeros(n, new, dtype=torch.long)
+    for r, (p, c) in enumerate(rows):
+        ids[r, prompt - p : prompt + c] = torch.randint(10, vocab, (p + c,), generator=g)
+        mask[r, prompt - p : prompt + c] = 1
         cmask[r, :c] = 1
-    return RolloutBatch(ids, mask, cmask, prompt_len=PROMPT, texts=[""] * n, pad_token_id=0)
+    return RolloutBatch(ids, mask, cmask, prompt_len=prompt, texts=[""] * n, pad_token_id=0)
+
+
+def _batch(vocab: int) -> RolloutBatch:
+    return padded_batch(vocab, ROWS, PROMPT, NEW)
 
 
 def _grads(model: torch.nn.Module, batch: RolloutBatch, algo: AlgoConfig) -> tuple[dict, dict]:

@@ -29,6 +29,7 @@ from grpo_hpc.train.algo.logp_head import head_problem
 from grpo_hpc.train.algo.update import completion_logp, split
 from grpo_hpc.train.rollout.types import RolloutBatch
 from grpo_hpc.train.setup.models import char_tokenizer, load_model_and_tokenizer
+from tests.unit.train.algo.test_packing import padded_batch
 
 FIXTURES = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "families"
 FAMILIES = sorted(p.parent.name for p in FIXTURES.glob("*/config.json"))
@@ -97,17 +98,7 @@ def _family_dir(tmp: Path, family: str) -> Path:
 
 
 def _batch(vocab: int) -> RolloutBatch:
-    """Left-padded prompts then right-padded completions, as the rollout engines return."""
-    g = torch.Generator().manual_seed(3)
-    n = len(ROWS)
-    ids = torch.zeros(n, PROMPT + NEW, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    cmask = torch.zeros(n, NEW, dtype=torch.long)
-    for r, (p, c) in enumerate(ROWS):
-        ids[r, PROMPT - p : PROMPT + c] = torch.randint(10, vocab, (p + c,), generator=g)
-        mask[r, PROMPT - p : PROMPT + c] = 1
-        cmask[r, :c] = 1
-    return RolloutBatch(ids, mask, cmask, prompt_len=PROMPT, texts=[""] * n, pad_token_id=0)
+    return padded_batch(vocab, ROWS, PROMPT, NEW)
 
 
 def _plain_logp(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
