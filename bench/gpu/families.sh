@@ -25,6 +25,8 @@ device_env
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 start=$SECONDS
 day=$(date +%F)
+# the device in result names (h100, h200, ...), from the GPU the call got
+dev=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE "[ahlv][0-9]+s?" | head -1 | tr "[:upper:]" "[:lower:]")}
 decode_shapes() { # one bench.decode process per shape; JSON per shape as bench/results names it
     for shape in "$@"; do
         if ((SECONDS - start > ${DECODE_TIME_BUDGET:-400})); then
@@ -34,7 +36,7 @@ decode_shapes() { # one bench.decode process per shape; JSON per shape as bench/
         echo "-- $shape $(date +%T)"
         timeout "${DECODE_TIMEOUT:-190}" python3 -m bench.decode --shape "$shape" --batch 64 \
             --max-new 256 --engines native hf --reps 3 --hf-reps 1 --prompts 32 \
-            --agree-rows 32 --agree-new 128 --init "${DECODE_INIT:-scaled}" --out "$out/decode_${shape}_h100_$day.json" 2>&1 |
+            --agree-rows 32 --agree-new 128 --init "${DECODE_INIT:-scaled}" --out "$out/decode_${shape}_${dev:-gpu}_$day.json" 2>&1 |
             grep -E "^(model|agreement|native |hf |engine)|Error|error:" ||
             echo "$shape: no result (timed out or failed)"
     done
@@ -60,7 +62,7 @@ for stage in "$@"; do
     trl) # TRL once, then grpo_hpc's defaults on the same saved random Qwen3-1.7B
         timeout "${TRL_TIMEOUT:-570}" python3 -m bench.trl_baseline --shape "${TRL_SHAPE:-qwen3-1.7b}" \
             --micro 16 --engine native --variant-timeout 240 --variants "default=" \
-            --out "$out/trl_vs_grpo_hpc_${TRL_SHAPE:-qwen3-1.7b}_h100_$day.json" 2>&1 |
+            --out "$out/trl_vs_grpo_hpc_${TRL_SHAPE:-qwen3-1.7b}_${dev:-gpu}_$day.json" 2>&1 |
             grep -v "it/s\]" | tail -6 ;;
     *) echo "unknown stage $stage" ;;
     esac
