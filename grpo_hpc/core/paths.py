@@ -10,6 +10,8 @@ Layout of ``logs/<run>/``::
     metrics.jsonl          one line per training step
     samples.jsonl          a few completions of each step, as written and scored
     events.jsonl           monitor decisions and actions
+    best.json              the best evaluation so far: step, metric, score, checkpoint (core.best)
+    eval_samples/step_N.jsonl  each evaluation's held-out completions, scored
     training_output.log    combined stdout/stderr of the torchrun processes
     job_summary.txt        human summary written when an attempt ends
     monitor.lock           per-run lock held by a monitor pass (and by a resubmission)
@@ -107,6 +109,19 @@ class RunPaths:
     @property
     def samples(self) -> Path:
         return self.root / "samples.jsonl"
+
+    @property
+    def best(self) -> Path:
+        """The best evaluation so far (grpo_hpc.core.best)."""
+        return self.root / "best.json"
+
+    @property
+    def eval_samples(self) -> Path:
+        """Each held-out evaluation's completions, one file per evaluated step."""
+        return self.root / "eval_samples"
+
+    def eval_samples_at(self, step: int) -> Path:
+        return self.eval_samples / f"step_{step}.jsonl"
 
     @property
     def events(self) -> Path:

@@ -1,0 +1,73 @@
+"""Keep-best on the trainer's side: after each held-out evaluation, the record of the best
+step (``logs/<run>/best.json``) is updated when the evaluation beats it.
+
+The record's format is ``grpo_hpc.core.best`` (re-exported here: ``BestRecord``,
+``read_best``, ``write_best``, ``better``), so login-node readers (grpo-status, the
+monitor) need no torch; this module adds what the trainer decides with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_hpc.core.best import BestRecord, Mode, better, read_best, write_best
+from grpo_hpc.core.paths import RunPaths
+
+__all__ = [
+    "BestRecord",
+    "Mode",
+    "better",
+    "next_best",
+    "read_best",
+    "record_evaluation",
+    "write_best",
+]
+
+
+def next_best(
+    old: BestRecord | None,
+    step: int,
+    metric: str,
+    score: float,
+    *,
+    mode: Mode = "max",
+    split: str = "",
+    problems: int = 0,
+) -> tuple[BestRecord, bool]:
+    """(the record after an evaluation at ``step``, whether it is a new best): pure.
+
+    A record of another metric (the config changed between attempts) is not comparable:
+    the new evaluation replaces it. The count of evaluations carries on either way."""
+    count = (old.evaluations if old else 0) + 1
+    if old is not None and old.metric == metric and not better(score, old.score, mode):
+        return BestRecord(**{**old.__dict__, "evaluations": count}), False
+    new = BestRecord(
+        step=step,
+        metric=metric,
+        score=score,
+        checkpoint=RunPaths(Path(".")).checkpoint(step).name,
+        mode=mode,
+        split=split,
+        problems=problems,
+        evaluations=count,
+    )
+    return new, True
+
+
+def record_evaluation(
+    run_dir: Path,
+    step: int,
+    metric: str,
+    score: float,
+    *,
+    mode: Mode = "max",
+    split: str = "",
+    problems: int = 0,
+) -> bool:
+    """Rank 0, after an evaluation at ``step``: update ``best.json``; True when this step
+    is the new best (its checkpoint must then be saved and kept)."""
+    record, improved = next_best(
+        read_best(run_dir), step, metric, score, mode=mode, split=split, problems=problems
+    )
+    write_best(run_dir, record)
+    return improved
