@@ -1,0 +1,271 @@
+"""Collapse detection: has the run stopped learning? Pure functions over what a run logs.
+
+The trainer feeds each step's all-reduced metrics (:meth:`Watch.after_step`) and each
+held-out accuracy (:meth:`Watch.after_eval`) into a :class:`Watch`; :func:`verdict` says
+which signal fired, at which step and why, in one line, or None. Every rank computes the
+same verdict from the same all-reduced numbers, so every rank acts at the same step.
+
+Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.py`` on the
+29 recorded seeds of the learning benchmark at its stalling settings; docs/ALGORITHM.md):
+
+- ``all_cut``: every completion cut at the cap under ``algo.mask_truncated`` for
+  ``training.cut_off_patience`` steps in a row (the former cut-off circuit breaker).
+- ``no_signal``: at least ``collapse_patience`` of the last ``collapse_window`` steps
+  trained nothing (zero gradient: every completion cut and masked, or every group without
+  reward variance).
+- ``pinned``: the mean share of completions cut at the cap over the last
+  ``collapse_window`` steps at least ``pinned_share`` (lengths pinned at the cap).
+- ``entropy``: the policy's entropy below ``entropy_floor`` for ``collapse_window``
+  logged steps in a row (a policy that stopped exploring).
+- ``eval_drop``: held-out accuracy down to ``1 - eval_drop`` of its reference (the best
+  of the start and the peak so far) at ``eval_patience`` consecutive evaluations.
+- ``reward_hacking``: the mean training reward rose between the last evaluations while
+  held-out accuracy fell at each of them (``eval_patience`` of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+SIGNALS = ("all_cut", "no_signal", "pinned", "entropy", "eval_drop", "reward_hacking")
+"""Every signal, in the order :func:`verdict` checks them."""
+ACTIONS = ("flag", "stop", "rollback")
+"""What ``training.on_collapse`` may say."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a signal fires (defaults: the calibrated ones; 0 disables a count)."""
+
+    cut_off_patience: int = 10
+    """``all_cut``: consecutive steps with every completion cut and masked."""
+    window: int = 10
+    """Steps looked back over by ``no_signal``, ``pinned`` and ``entropy``."""
+    patience: int = 8
+    """``no_signal``: steps of the window that trained nothing."""
+    pinned_share: float = 0.97
+    """``pinned``: mean cut share over the window."""
+    entropy_floor: float = 0.01
+    """``entropy``: nats per token (healthy recorded seeds went down to 0.03)."""
+    eval_drop: float = 0.5
+    """``eval_drop``: share of the reference accuracy lost (0.5: down to half of it). A
+    share, not points: healthy recorded seeds wobbled by 0.1-0.16 below a peak of 0.8."""
+    eval_patience: int = 3
+    """Consecutive evaluations for ``eval_drop`` and ``reward_hacking``."""
+    reward_rise: float = 0.05
+    """``reward_hacking``: rise of the mean reward between two evaluations."""
+    hack_fall: float = 0.15
+    """``reward_hacking``: held-out accuracy lost over those evaluations (points)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A collapse signal that fired."""
+
+    signal: str
+    """One of :data:`SIGNALS`."""
+    step: int
+    """The step at which it fired."""
+    why: str
+    """One line: what was seen."""
+
+    def line(self) -> str:
+        return f"collapse ({self.signal}) at step {self.step}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What the signals need of the run so far (small; saved in each checkpoint)."""
+
+    dead: tuple[bool, ...] = ()
+    """Whether each of the last steps trained nothing (newest last)."""
+    cut: tuple[float, ...] = ()
+    """Share of completions cut at the cap, last steps."""
+    all_cut: int = 0
+    """Consecutive steps, to the last, with every completion cut and masked."""
+    low_entropy: int = 0
+    """Consecutive logged entropies below the floor."""
+    evals: tuple[tuple[int, float, float], ...] = ()
+    """(step, held-out accuracy, mean training reward since the evaluation before)."""
+    reward_sum: float = 0.0
+    """Sum of the step mean rewards since the last evaluation."""
+    reward_steps: int = 0
+    """Steps summed in ``reward_sum``."""
+    fired: tuple[str, ...] = field(default=())
+    """Signals already reported in this attempt (each is reported once per attempt)."""
+
+    def after_step(
+        self,
+        reward: float,
+        grad_norm: float | None,
+        cut: float,
+        entropy: float | None,
+        masked: bool,
+        window: int = Thresholds.window,
+        entropy_floor: float = Thresholds.entropy_floor,
+    ) -> Watch:
+        """The watch once a step with these all-reduced metrics has run."""
+        every_cut = masked and cut >= 1.0
+        dead = every_cut or grad_norm == 0.0
+        low = self.low_entropy + 1 if entropy is not None and entropy < entropy_floor else 0
+        return replace(
+            self,
+            dead=(*self.dead, dead)[-window:],
+            cut=(*self.cut, cut)[-window:],
+            all_cut=self.all_cut + 1 if every_cut else 0,
+            low_entropy=low if entropy is not None else self.low_entropy,
+            reward_sum=self.reward_sum + reward,
+            reward_steps=self.reward_steps + 1,
+        )
+
+    def after_eval(self, step: int, accuracy: float) -> Watch:
+        """The watch once the held-out accuracy at ``step`` is known."""
+        mean = self.reward_sum / self.reward_steps if self.reward_steps else float("nan")
+        evals = (*self.evals, (step, accuracy, mean))
+        return replace(self, evals=evals, reward_sum=0.0, reward_steps=0)
+
+    def restarted(self) -> Watch:
+        """After a rollback: the step window and the reports start afresh; the evaluations
+        so far stay (the reference keeps the best accuracy seen)."""
+        return Watch(evals=self.evals)
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able, for a checkpoint (:meth:`from_state` reads it back)."""
+        return asdict(self)
+
+    @staticmethod
+    def from_state(state: dict[str, Any] | None) -> Watch:
+        if not state:
+            return Watch()
+        s = dict(state)
+        for key in ("dead", "cut", "fired"):
+            s[key] = tuple(s.get(key, ()))
+        s["evals"] = tuple(tuple(e) for e in s.get("evals", ()))
+        return Watch(**s)
+
+
+def verdict(w: Watch, th: Thresholds, step: int) -> Verdict | None:
+    """The first signal that fires now and has not been reported in this attempt (pure)."""
+    for signal in SIGNALS:
+        if signal in w.fired:
+            continue
+        why = _CHECKS[signal](w, th)
+        if why:
+            return Verdict(signal, step, why)
+    return None
+
+
+def _all_cut(w: Watch, th: Thresholds) -> str | None:
+    if th.cut_off_patience and w.all_cut >= th.cut_off_patience:
+        return (
+            f"every completion ran to the length cap for {w.all_cut} consecutive steps and "
+            "algo.mask_truncated trains none of them, so nothing trained: raise "
+            "rollout.max_new_tokens (or set algo.mask_truncated=false)"
+        )
+    return None
+
+
+def _no_signal(w: Watch, th: Thresholds) -> str | None:
+    n = sum(w.dead)
+    if th.patience and len(w.dead) >= th.window and n >= th.patience:
+        cut = sum(w.cut) / len(w.cut)
+        return (
+            f"{n} of the last {len(w.dead)} steps trained nothing (zero gradient; "
+            f"{cut:.0%} of completions cut at the cap): no learning signal left"
+        )
+    return None
+
+
+def _pinned(w: Watch, th: Thresholds) -> str | None:
+    if len(w.cut) >= th.window and th.pinned_share and sum(w.cut) / len(w.cut) >= th.pinned_share:
+        return (
+            f"{sum(w.cut) / len(w.cut):.0%} of completions cut at the length cap over the "
+            f"last {len(w.cut)} steps: lengths pinned at rollout.max_new_tokens"
+        )
+    return None
+
+
+def _entropy(w: Watch, th: Thresholds) -> str | None:
+    if th.window and w.low_entropy >= th.window:
+        return (
+            f"policy entropy below {th.entropy_floor} nats/token for {w.low_entropy} steps: "
+            "the policy has stopped exploring"
+        )
+    return None
+
+
+def _eval_drop(w: Watch, th: Thresholds) -> str | None:
+    n = th.eval_patience
+    if not n or len(w.evals) < n + 1:
+        return None
+    ref = max(acc for _, acc, _ in w.evals[:-n])
+    last = w.evals[-n:]
+    if ref > 0 and all(acc <= ref * (1 - th.eval_drop) for _, acc, _ in last):
+        shown = ", ".join(f"{acc:.2f} at step {s}" for s, acc, _ in last)
+        return f"held-out accuracy fell from {ref:.2f} (start or peak) to {shown}"
+    return None
+
+
+def _reward_hacking(w: Watch, th: Thresholds) -> str | None:
+    n = th.eval_patience
+    if not n or len(w.evals) < n + 1:
+        return None
+    seq = w.evals[-(n + 1) :]
+    falls = all(b[1] < a[1] for a, b in zip(seq, seq[1:], strict=False))
+    rewards = [r for _, _, r in seq[1:]]
+    rises = all(b - a >= th.reward_rise for a, b in zip(rewards, rewards[1:], strict=False))
+    if falls and rises and len(rewards) > 1 and seq[0][1] - seq[-1][1] >= th.hack_fall:
+        return (
+            f"mean reward rose {rewards[0]:.2f} -> {rewards[-1]:.2f} while held-out accuracy "
+            f"fell {seq[0][1]:.2f} -> {seq[-1][1]:.2f}: the reward is being gamed"
+        )
+    return None
+
+
+_CHECKS = {
+    "all_cut": _all_cut,
+    "no_signal": _no_signal,
+    "pinned": _pinned,
+    "entropy": _entropy,
+    "eval_drop": _eval_drop,
+    "reward_hacking": _reward_hacking,
+}
+
+
+def reported(w: Watch, v: Verdict) -> Watch:
+    """The watch once ``v`` has been acted on."""
+    return replace(w, fired=(*w.fired, v.signal))
+
+
+def replay(
+    steps: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    th: Thresholds,
+    masked: bool = True,
+) -> list[Verdict]:
+    """Every verdict a recorded run would have drawn, in order (pure). ``steps``: rows
+    with step, reward, grad_norm, cut, entropy; ``evals``: rows with step, accuracy (the
+    learning benchmark's result files)."""
+    w, out = Watch(), []
+    by_step = {int(e["step"]): float(e["accuracy"]) for e in evals}
+    if 0 in by_step:
+        w = w.after_eval(0, by_step[0])
+    for row in steps:
+        s = int(row["step"])
+        w = w.after_step(
+            float(row.get("reward") or 0.0),
+            row.get("grad_norm"),
+            float(row.get("cut") or 0.0),
+            row.get("entropy"),
+            masked,
+            th.window,
+            th.entropy_floor,
+        )
+        if s in by_step:
+            w = w.after_eval(s, by_step[s])
+        v = verdict(w, th, s)
+        if v is not None:
+            out.append(v)
+            w = reported(w, v)
+    return out
