@@ -217,11 +217,14 @@ fp32 scale per block of 256 values (its default block size). 7B full-parameter o
 with it: 54.9 GiB measured, 60.8 GiB estimated
 (bench/results/archive/trl_ladder_7b_h100x4_2026-11-26.md)."""
 
-LORA_HIDDEN_SAVED = 10
-"""Hidden-sized tensors a LoRA decoder layer keeps per token for backward. Fitted on the
-2-GPU ladder (bench/results/ladder_h100_2026-11-26.json, six LoRA rows 0.5B-7B, bf16 and fp16):
-fewer than
-full fine-tuning's ~20, since a frozen linear keeps its weight, not its input."""
+LORA_HIDDEN_SAVED = 12
+"""Hidden-sized tensors a LoRA decoder layer keeps per token for backward: fewer than full
+fine-tuning's ~20, since a frozen linear keeps its weight, not its input. Fitted on the
+1- and 2-GPU ladder (bench/results/ladder_h100_2026-11-26.json, LoRA rows 0.5B-7B, bf16 and
+fp16) and the model families' rows (bench/results/ladder_families_h200_2026-11-28.json):
+10 left Qwen3-1.7B's measured peak above the line a plan must fit under (23.15 GiB against
+22.70), and every LoRA row but Phi-4-mini's 0.5-2.1 GiB above the estimate; at 12 every
+row is under the line and within 15 % (tests/unit/memory/test_memory_ladder.py)."""
 DDP_RANKS_FIXED_BYTES = int(0.45 * GIB)
 """What a DDP step on two ranks held beyond the same step on one GPU, besides the gradient
 buckets: 0.43-0.46 GiB at every LoRA shape of the ladder, 0.5B to 7B, where the buckets

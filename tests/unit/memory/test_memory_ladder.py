@@ -1,6 +1,7 @@
-"""The memory estimator against the model-size ladder measured on a GPU
-(bench/results/ladder_h100_2026-11-26.json, written by bench/ladder.py): within 15 % of every
-measured peak,
+"""The memory estimator against the model-size ladders measured on a GPU
+(bench/results/ladder_h100_2026-11-26.json, Qwen2.5 0.5B-7B on one and two GPUs, and
+bench/results/ladder_families_h200_2026-11-28.json, the model families of docs/models.md;
+written by bench/ladder.py): within 15 % of every measured peak,
 no measured peak above the line a plan must fit under (the stated headroom), and no row
 the estimator let run ran out of memory."""
 
@@ -12,21 +13,30 @@ from pathlib import Path
 from grpo_hpc.memory import estimate as memory
 
 ROOT = Path(__file__).resolve().parents[3]
-LADDER = ROOT / "bench" / "results" / "ladder_h100_2026-11-26.json"
+LADDERS = [
+    ROOT / "bench" / "results" / "ladder_h100_2026-11-26.json",
+    ROOT / "bench" / "results" / "ladder_families_h200_2026-11-28.json",
+]
 TOLERANCE = 0.15
 
 
 def _gpu_rows() -> list[dict]:
-    """The ladder's current GPU rows. The ladder is committed: a missing file or one with no
-    GPU row is a broken reference, and fails (it was a skip, which a rename would hide)."""
-    assert LADDER.exists(), f"{LADDER.relative_to(ROOT)} is absent: bench/ladder.py on a GPU"
-    rows = json.loads(LADDER.read_text())["rows"]
-    # A stale row measured code that has changed since (its reason says what); the ladder
-    # runs it again.
-    measured = [
-        r for r in rows if r.get("measured") and r.get("device") == "cuda" and not r.get("stale")
-    ]
-    assert measured, f"{LADDER.relative_to(ROOT)} has no row measured on a GPU"
+    """The ladders' current GPU rows. The ladders are committed: a missing file or one with
+    no GPU row is a broken reference, and fails (it was a skip, which a rename would hide)."""
+    measured = []
+    for ladder in LADDERS:
+        name = ladder.relative_to(ROOT)
+        assert ladder.exists(), f"{name} is absent: bench/ladder.py on a GPU"
+        rows = json.loads(ladder.read_text())["rows"]
+        # A stale row measured code that has changed since (its reason says what); the
+        # ladder runs it again.
+        mine = [
+            r
+            for r in rows
+            if r.get("measured") and r.get("device") == "cuda" and not r.get("stale")
+        ]
+        assert mine, f"{name} has no row measured on a GPU"
+        measured += mine
     return measured
 
 
