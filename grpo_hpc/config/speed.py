@@ -47,6 +47,8 @@ class Where:
     """A LoRA policy (model.lora_rank > 0)."""
     varlen: bool
     """PyTorch's varlen flash attention is importable (grpo_hpc.train.algo.packing)."""
+    packable: bool = True
+    """The model's attention can run packed (:func:`packing_problem` found nothing)."""
 
 
 def _measured(where: Where) -> bool:
@@ -63,7 +65,18 @@ def packing_on(setting: bool | str, where: Where) -> bool:
     """``algo.packing`` resolved."""
     if setting != AUTO:
         return bool(setting)
-    return _measured(where) and where.precision in ("bf16", "fp16") and where.varlen
+    fast = _measured(where) and where.precision in ("bf16", "fp16") and where.varlen
+    return fast and where.packable
+
+
+def packing_problem(model_config: dict | None) -> str | None:
+    """What of a model's ``config.json`` the packed attention cannot honour (one phrase), or
+    None: attention logit soft-capping (Gemma 2), which neither the varlen kernel nor SDPA
+    computes. ``auto`` then leaves packing off; an explicit ``true`` is refused by the packed
+    attention itself at the first forward (grpo_hpc.train.algo.packing)."""
+    if model_config and model_config.get("attn_logit_softcapping"):
+        return "attention logit soft-capping"
+    return None
 
 
 def precision_problem(where: Where) -> str | None:

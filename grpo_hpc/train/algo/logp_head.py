@@ -26,9 +26,11 @@ forward still goes through the DDP/FSDP wrapper (hooks, gradient sync, unshardin
 The head is ``h W^T`` exactly: a tied head (Llama 3.2, Qwen3, Gemma 3, Phi-4-mini, SmolLM3)
 is the embedding matrix itself, so its gradient reaches the embedding through the same
 parameter, and Gemma's ``sqrt(hidden)`` scale belongs to the embedding's forward, not the
-head. A model whose logits are more than that (a bias, Gemma's
-``final_logit_softcapping``, a logit scale) is refused (:func:`head_problem`), never scored
-without it.
+head. A model whose logits are more than that (a bias, Gemma 2's
+``final_logit_softcapping``, a logit scale, an adapter on the head) is refused here
+(:func:`head_problem`), never scored without it: the update scores such a model from its
+own logits instead (grpo_hpc.train.algo.update, slower and with [rows, tokens, vocab]
+logits in memory).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from grpo_hpc.config.schema import AlgoConfig
-from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head
+from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head, head_problem
 from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
 from grpo_hpc.train.algo.packing import host_to_device, pack, packed_forward
 from grpo_hpc.train.distributed.dist import DistInfo, all_reduce_max, all_reduce_sum
@@ -146,6 +146,17 @@ def completion_logp(
     # Token t of the completion is predicted at position start + t - 1.
     pos = start.unsqueeze(1) - 1 + torch.arange(c, device=ids.device)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    if head_problem(model) is not None:
+        logp, ent = _model_logits_logp(
+            model,
+            dict(input_ids=ids[:, :width], attention_mask=mask[:, :width]),
+            pos,
+            targets,
+            scoring,
+        )
+        pad = (0, c_all - c)
+        entropy = torch.nn.functional.pad(ent, pad) if with_entropy else None
+        return torch.nn.functional.pad(logp, pad), entropy
     with fused_logp_head(model, pos, targets, scoring=scoring) as head:
         model(input_ids=ids[:, :width], attention_mask=mask[:, :width], use_cache=False)
     assert head.logp is not None and head.entropy is not None
@@ -164,14 +175,53 @@ def _packed_logp(
     c = max(max(n for _, n in mb.lengths), 1)
     packed = pack(b.input_ids[mb.rows], b.prompt_len, list(mb.lengths), c)
     targets = b.input_ids[mb.rows, b.prompt_len : b.prompt_len + c]
+    pad = (0, c_all - c)
+    if head_problem(model) is not None:
+        with packed_forward():
+            logp, ent = _model_logits_logp(
+                model, packed.model_kwargs(), packed.head_positions, targets, scoring
+            )
+        entropy = torch.nn.functional.pad(ent, pad) if with_entropy else None
+        return torch.nn.functional.pad(logp, pad), entropy
     head_ctx = fused_logp_head(model, packed.head_positions, targets, scoring=scoring, packed=True)
     with head_ctx as head:
         with packed_forward():
             model(**packed.model_kwargs(), use_cache=False)
     assert head.logp is not None and head.entropy is not None
-    pad = (0, c_all - c)
     entropy = torch.nn.functional.pad(head.entropy, pad) if with_entropy else None
     return torch.nn.functional.pad(head.logp, pad), entropy
+
+
+def _model_logits_logp(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    positions: torch.Tensor,
+    targets: torch.Tensor,
+    scoring: Scoring,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies ([B, C], fp32) from the model's own logits, for a model
+    whose logits are more than its head's product ``h W^T`` (:func:`logp_head.head_problem`:
+    Gemma 2's final soft-capping, a logit scale, a head bias, a LoRA adapter on the head).
+    The fused head would score such a model wrongly, so the forward computes the logits as
+    HF does, at the cost the fused head exists to avoid: ``[rows, kept, vocab]`` logits,
+    kept from the first completion position on (``logits_to_keep``). ``positions`` index
+    the forward's sequence (row by row; a packed forward is one row). ``scoring.fp32`` does
+    not apply: the logits are the model's, in its compute dtype, taken to fp32 here."""
+    first = int(positions.min())
+    width = inputs["input_ids"].shape[1]
+    out = model(**inputs, use_cache=False, logits_to_keep=width - first)
+    logits = out.logits  # [rows, width - first, vocab]
+    rel = positions - first
+    if logits.shape[0] == 1 and positions.shape[0] > 1:  # packed: one sequence
+        picked = logits[0][rel]
+    else:
+        picked = logits[torch.arange(rel.shape[0], device=rel.device)[:, None], rel]
+    z = picked.float() / scoring.temperature  # [B, C, vocab]
+    lse = torch.logsumexp(z, -1)
+    logp = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(z, -1) * z).sum(-1)
+    return logp, entropy
 
 
 @torch.no_grad()

@@ -24,6 +24,8 @@ def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
         precision=cfg.dist.precision,
         lora=cfg.model.lora_rank > 0,
         varlen=packing.varlen_kernel() is not None,
+        packable=auto_speed.packing_problem(memory_plan.read_config_json(cfg.model.name_or_path))
+        is None,
     )
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,7 +232,12 @@ def load_model_and_tokenizer(
         return _random_model(Path(str(path)[len(RANDOM) :]), attn, device, dtype)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+        model = with_attention(
+            attn,
+            lambda a: AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=a
+            ),
+        )
     except OSError as e:
         raise ConfigError(
             f"cannot load model {str(path)!r}: {str(e).splitlines()[0]} "
@@ -258,9 +264,37 @@ def _random_model(
     cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), device:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+        model = with_attention(
+            attn,
+            lambda a: AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=a),
+        )
     tok.padding_side = "left"
     return model, tok
+
+
+NO_SDPA = (
+    "does not support an attention implementation through "
+    "torch.nn.functional.scaled_dot_product_attention"
+)
+"""transformers' refusal of SDPA for an architecture that cannot use it (Gemma 2: its
+attention logits are soft-capped, which SDPA cannot do)."""
+
+
+def with_attention(attn: str, load: Callable[[str], torch.nn.Module]) -> torch.nn.Module:
+    """``load(attn)``; where transformers refuses SDPA for the architecture, eager attention
+    instead, said in one line: the profile's ``sdpa`` is a speed choice, and a run must not
+    die at step 0, after its wait in the queue, for a model HF itself trains eagerly."""
+    try:
+        return load(attn)
+    except ValueError as e:
+        if attn != "sdpa" or NO_SDPA not in str(e):
+            raise
+    print(
+        "[Model] transformers has no SDPA attention for this architecture: eager attention "
+        "(model.attn_implementation=eager says so in the config)",
+        flush=True,
+    )
+    return load("eager")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

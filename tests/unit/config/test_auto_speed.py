@@ -93,3 +93,18 @@ def test_bf16_is_refused_on_a_gpu_without_it(change: dict, refused: bool) -> Non
     assert (why is not None) is refused
     if refused:
         assert "compute capability 7.0" in why and "dist.precision=fp16" in why
+
+
+def test_auto_packing_stays_off_for_attention_it_cannot_honour() -> None:
+    """Gemma 2's attention logits are soft-capped: the packed attention would refuse it at
+    the first forward, so ``auto`` leaves packing off there (compiling is unaffected)."""
+    gemma2 = {"model_type": "gemma2", "attn_logit_softcapping": 50.0}
+    assert "soft-capping" in (auto_speed.packing_problem(gemma2) or "")
+    assert (
+        auto_speed.packing_problem({"model_type": "gemma2", "attn_logit_softcapping": None}) is None
+    )
+    assert auto_speed.packing_problem(None) is None  # config.json not on this machine
+    capped = dataclasses.replace(H100, packable=False)
+    assert packing_on("auto", H100) and not packing_on("auto", capped)
+    assert packing_on(True, capped)  # explicit: taken as given (refused at the forward)
+    assert compile_on("auto", capped)

@@ -25,7 +25,7 @@ import torch
 
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.algo import packing
-from grpo_hpc.train.algo.logp_head import head_problem
+from grpo_hpc.train.algo.logp_head import fused_logp_head, head_problem
 from grpo_hpc.train.algo.update import completion_logp, split
 from grpo_hpc.train.rollout.types import RolloutBatch
 from grpo_hpc.train.setup.models import char_tokenizer, load_model_and_tokenizer
@@ -343,7 +343,9 @@ def test_fused_head_refuses_logits_transformed_after_the_head(
     tmp_path: Path, field: str, value: float
 ) -> None:
     """Gemma 2/3's final soft-capping (and Cohere's, Granite's logit scales) would be
-    dropped by a head that computes h W^T: refused before any forward."""
+    dropped by a head that computes h W^T: the fused head refuses before any forward, and
+    the update scores such a model's own logits instead
+    (tests/unit/train/algo/test_update_model_logits.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(FIXTURES / "gemma3")
@@ -351,8 +353,13 @@ def test_fused_head_refuses_logits_transformed_after_the_head(
     model = AutoModelForCausalLM.from_config(cfg)
     assert field in (head_problem(model) or "")
     batch = _batch(cfg.vocab_size)
-    with pytest.raises(ConfigError, match=field):
-        _packed_logp(model, batch)
+    (mb,) = split(batch, list(range(len(ROWS))), torch.zeros(len(ROWS)), 8, 0, packing=False)
+    targets = batch.input_ids[:, PROMPT:]
+    positions = torch.zeros_like(targets)
+    with pytest.raises(ConfigError, match=field), fused_logp_head(model, positions, targets):
+        pass
+    logp, _ = completion_logp(model, mb)  # the model's own logits: no refusal
+    assert bool(torch.isfinite(logp).all())
     setattr(cfg, field, None if field == "final_logit_softcapping" else 1.0)
     assert head_problem(model) is None
 
