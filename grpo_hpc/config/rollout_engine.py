@@ -41,11 +41,12 @@ embeddings and GELU-tanh MLP (gemma3_text)."""
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 """MLP activations the native engine computes (``hidden_activation`` or ``hidden_act``)."""
 
-HF_SLOWDOWN = "9-13x"
-"""How much slower HF ``generate`` decodes than the native engine on a GPU, as measured:
-one H100, Qwen2.5-0.5B shape, bf16, 256 new tokens: 31,778 against 2,357 tok/s at 64 rows
-(13.5x), 74,436 against 8,066 at 256 rows (9.2x) (bench/README.md, "Rollout speed per
-engine"; bench/results/decode_qwen2.5-0.5b_h100_2026-11-23.json)."""
+HF_SLOWDOWN = "7-14x"
+"""How much slower HF ``generate`` decodes than the native engine on a GPU, as measured at
+64 rows x 256 new tokens in bf16 over the families the engine decodes: 7.2x (Ministral-8B)
+to 14.3x (Gemma-3-1B), Qwen2.5-0.5B 13.5x (one H100 or H200, 2026-11-23 to 11-28:
+docs/models.md, "On a GPU"; bench/results/decode_*.json). At 256 rows the gap narrows
+(Qwen2.5-0.5B: 9.2x)."""
 
 ENGINES = ("auto", "native", "hf")
 

@@ -35,7 +35,7 @@ but the mixture of experts (docs/models.md). Ministral-8B-Instruct-2410's config
 ``mistral`` (with a 32768-token sliding window)."""
 HF_GENERATE = {
     "qwen3-30b-a3b": "HF generate, model_type qwen3_moe has no native implementation: "
-    "rollouts about 9-13x slower",
+    "rollouts about 7-14x slower",
 }
 """Shape -> its rollout: line's text where HF generate decodes: what it takes and what that
 costs (grpo_hpc.config.rollout_engine.HF_SLOWDOWN, measured)."""

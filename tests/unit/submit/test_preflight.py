@@ -355,7 +355,7 @@ def test_cli_refuses_native_for_an_unsupported_model_before_anything_queues(
     [line] = _errors(result)
     assert line == (
         "grpo-submit: error: rollout.engine=native cannot decode model_type 'gemma2': use "
-        "rollout.engine=hf or auto (HF generate: rollouts about 9-13x slower on a GPU); the "
+        "rollout.engine=hf or auto (HF generate: rollouts about 7-14x slower on a GPU); the "
         "native engine decodes model_types llama, qwen2, mistral, qwen3, olmo2, smollm3, "
         "ministral, phi3, gemma3_text"
     )
