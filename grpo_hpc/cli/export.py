@@ -8,16 +8,26 @@ import time
 from pathlib import Path
 
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.core.best import read_best
 from grpo_hpc.core.errors import ConfigError, ExitCode
-from grpo_hpc.core.paths import logs_root
+from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.export import plan as export_plan
 from grpo_hpc.export.plan import ExportOptions, fmt_bytes, read_provenance
-from grpo_hpc.export.run import check_out, export_run, final_step, link_final, plan_export
+from grpo_hpc.export.run import (
+    check_out,
+    chosen_final_step,
+    export_final,
+    export_run,
+    final_step,
+    link_final,
+    plan_export,
+)
 
 EXAMPLES = """examples:
   grpo-export demo-a                      # where the finished run's final/ is (written if missing)
   grpo-export demo-a demo-a-hf            # newest complete checkpoint -> a HF directory
   grpo-export gsm8k-a out/ --step 200 --dtype bf16 --max-shard-size 2GB
+  grpo-export gsm8k-a out/ --best         # the best evaluation's checkpoint (best.json)
   grpo-export lora-a lora-a-adapter --adapter   # a LoRA run's PEFT adapter alone
   grpo-export gsm8k-a out/ --dry-run      # what would be written, and how big
 
@@ -48,6 +58,11 @@ def _parser() -> Parser:
     )
     p.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
     p.add_argument(
+        "--best",
+        action="store_true",
+        help="the checkpoint of the best evaluation so far (best.json; grpo-status shows it)",
+    )
+    p.add_argument(
         "--dtype",
         choices=sorted(export_plan.DTYPES),
         help="dtype written (default: the run's compute dtype, dist.precision)",
@@ -76,13 +91,21 @@ def _export(argv: list[str]) -> int:
         max_shard = export_plan.parse_size(args.max_shard_size)
     except ValueError as e:
         raise ConfigError(f"--max-shard-size: {e}") from None
-    opts = ExportOptions(args.step, args.dtype, args.adapter, max_shard, args.force)
+    if args.best and args.step is not None:
+        raise ConfigError("--best or --step, not both: --best is the best evaluation's step")
+    if args.best and args.out is None:
+        raise ConfigError(
+            "give OUT for --best (a finished run's final/ is the best already, with "
+            "training.final=best: grpo-export RUN says where)"
+        )
+    step = best_step(paths) if args.best else args.step
+    opts = ExportOptions(step, args.dtype, args.adapter, max_shard, args.force)
     out = args.out
     if out is None:
         if args.step is not None or args.adapter or args.dtype:
             raise ConfigError("give OUT: final/ holds the final weights in the run's dtype only")
-        step = final_step(paths)
-        if step is None:
+        last = final_step(paths)
+        if last is None:
             raise ConfigError(
                 f"run {paths.name} has not finished: give OUT to export its newest checkpoint"
             )
@@ -90,7 +113,8 @@ def _export(argv: list[str]) -> int:
             prov = read_provenance(paths.final) or {}
             print(f"final model of {paths.name} (step {prov.get('step', '?')}): {paths.final}")
             return ExitCode.OK
-        out, opts = paths.final, ExportOptions(step, force=args.force)
+        print(f"final model of {paths.name}: {export_final(paths, last)}")
+        return ExitCode.OK
     if args.dry_run:
         check_out(out.resolve(), opts.force)
         plan, _ = plan_export(paths, out.resolve(), opts, dry_run=True)
@@ -104,10 +128,23 @@ def _export(argv: list[str]) -> int:
         f"{fmt_bytes(plan.weight_bytes)} in {len(plan.files)} file(s), {seconds:.1f} s) "
         f"to {plan.out}"
     )
-    if plan.kind != "lora-adapter" and opts.dtype is None and plan.step == final_step(paths):
+    final = chosen_final_step(paths)
+    if plan.kind != "lora-adapter" and opts.dtype is None and plan.step == final:
         if link_final(paths, plan.out):
             print(f"also the run's final model: {paths.final}")
     return ExitCode.OK
+
+
+def best_step(paths: RunPaths) -> int:
+    """The step of the run's best evaluation (``--best``); ConfigError when there is none."""
+    best = read_best(paths.root)
+    if best is None or not best.checkpoint:
+        why = "no evaluation recorded" if best is None else "none beat step 0's"
+        raise ConfigError(
+            f"run {paths.name} has no best checkpoint ({why}: training.eval_every and "
+            "data.num_val choose one): export --step N or the newest checkpoint"
+        )
+    return best.step
 
 
 def main(argv: list[str] | None = None) -> int:

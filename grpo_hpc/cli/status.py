@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,16 +16,17 @@ from rich.table import Table
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.fsutil import read_jsonl
-from grpo_hpc.core.paths import logs_root
+from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.core.runs import (
     resolve_run,
 )
 from grpo_hpc.monitor.decision import MonitorPolicy
-from grpo_hpc.status.report import collect_detail, collect_rows, run_beta
+from grpo_hpc.status.report import collect_detail, collect_rows, last_eval_samples, run_beta
 from grpo_hpc.status.view import (
     FULL_WIDTH,
     build_details,
     build_table,
+    eval_samples_lines,
     row_flags,
 )
 
@@ -34,6 +36,7 @@ EXAMPLES = """examples:
   grpo-status --json | jq '.[] | select(.flags != [])'
   grpo-status gsm8k-a               # one run: jobs, events, health, last sample, rewards
   grpo-status gsm8k-a --plot reward.png
+  grpo-status gsm8k-a --samples     # the last evaluation's worst and best completions
   grpo-status gsm8k-a gsm8k-b       # several named runs, one line each
 
 FLAG: stalled (heartbeat older than --heartbeat-timeout), zero reward, failed, backoff,
@@ -66,6 +69,11 @@ def _parser() -> Parser:
         "when algo.beta > 0) as a PNG",
     )
     p.add_argument(
+        "--samples",
+        action="store_true",
+        help="RUN's last evaluation: its worst and best completions (eval_samples/)",
+    )
+    p.add_argument(
         "--heartbeat-timeout",
         type=float,
         metavar="S",
@@ -89,6 +97,10 @@ def _status(argv: list[str]) -> int:
         write_png(data, args.plot, single.name)
         print(f"wrote {args.plot}")
         return ExitCode.OK
+    if args.samples:
+        if single is None:
+            raise ConfigError("--samples needs exactly one RUN")
+        return _samples(single)
     if args.json:
         now, rows = time.time(), collect_rows(root, args.runs)
         hb = args.heartbeat_timeout
@@ -116,6 +128,20 @@ def _status(argv: list[str]) -> int:
                 live.update(render(), refresh=True)
         except KeyboardInterrupt:
             return ExitCode.OK
+
+
+def _samples(paths: RunPaths) -> int:
+    """Print the run's last evaluation's worst and best completions, cut to the terminal."""
+    got = last_eval_samples(paths)
+    if got is None:
+        print(
+            f"{paths.name}: no evaluation samples yet (written at each evaluation: "
+            "training.eval_every)"
+        )
+        return ExitCode.OK
+    width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
+    print("\n".join(eval_samples_lines(*got, width=width)))
+    return ExitCode.OK
 
 
 def main(argv: list[str] | None = None) -> int:

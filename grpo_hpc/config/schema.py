@@ -58,7 +58,16 @@ class DataConfig:
     num_train: int = 2000
     """Problems generated (arithmetic) or the cap taken from a file (0 = all)."""
     num_eval: int = 32
-    """Held-out problems for periodic greedy evaluation (0 disables)."""
+    """Test problems, held out from training: what ``grpo-eval RUN`` reports. The
+    trainer's evaluation scores them only when there is no validation split
+    (``num_val=0``); 0 and no validation disables it."""
+    num_val: int = 32
+    """Validation problems, held out from training and from the test problems: what the
+    trainer's evaluation (``training.eval_every``) scores to choose the best checkpoint
+    (keep-best; ``training.final``). GSM8K: the last ``num_val`` rows of its train split;
+    arithmetic: drawn from a seed of their own, minus any train or test question; other
+    sources: the last ``num_val`` training problems (at most half). 0: the evaluation
+    scores the test problems, as before, and chooses nothing (``final/`` is the last)."""
     min_terms: int = 2
     """Arithmetic generator: fewest terms in a sum."""
     max_terms: int = 2
@@ -248,7 +257,18 @@ class TrainingConfig:
     ``final/``. A failed export warns and leaves the run finished; ``grpo-export RUN``
     writes it later."""
     eval_every: int = 0
-    """Greedy held-out evaluation every N steps (0 disables)."""
+    """Greedy evaluation every N steps (0 disables) on the validation problems
+    (``data.num_val``), and at step 0. One that beats the best so far saves a checkpoint
+    of its step, kept by retention and named in ``logs/<run>/best.json`` (keep-best)."""
+    select_metric: str = "auto"
+    """What keep-best compares: ``accuracy`` (math, the run's correctness judge),
+    ``accuracy_strict`` (an answer line required), ``pass@1`` (code), or ``auto``
+    (accuracy for math problems, pass@1 for code). Higher is better; never the reward."""
+    final: str = "best"
+    """What ``final/`` holds when the run finishes: ``best`` (the checkpoint of the best
+    evaluation, the last step's model beside it in ``last/``) or ``last``. Without an
+    evaluation that beat step 0 (``eval_every=0``, ``data.num_val=0``, or none better than
+    the start), ``final/`` is the last step's model."""
     eval_samples: int = 1
     """Code problems: completions per held-out problem. 1 judges the greedy one (pass@1);
     n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k."""

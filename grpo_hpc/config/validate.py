@@ -18,6 +18,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dist.backend": ("auto", "nccl", "gloo"),
     "optim.state": ("fp32", "int8"),
     "wandb.mode": ("offline", "online", "disabled"),
+    "training.final": ("best", "last"),
+    "training.select_metric": ("auto", "accuracy", "accuracy_strict", "pass@1"),
 }
 
 

@@ -26,7 +26,9 @@ Layout of ``logs/<run>/``::
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
     tiny_model/            the random ``tiny`` model a run built for itself
-    final/                 the finished run's model as a Hugging Face directory (export.run)
+    final/                 the finished run's model as a Hugging Face directory (export.run):
+                           the best evaluation's by default (training.final)
+    last/                  beside a best final/: the last step's model
 """
 
 from __future__ import annotations
@@ -181,6 +183,11 @@ class RunPaths:
         """The finished run's model as a Hugging Face directory: written by the trainer
         after the final checkpoint verifies (training.export_final), or by grpo-export."""
         return self.root / "final"
+
+    @property
+    def last(self) -> Path:
+        """The last step's model beside a ``final/`` that holds the best one (keep-best)."""
+        return self.root / "last"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step-{step}"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_hpc.config.load import load_resolved
+from grpo_hpc.core.best import BestRecord, read_best
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.manifest import verify_checkpoint
 from grpo_hpc.core.paths import RunPaths
@@ -159,15 +160,16 @@ def final_step(paths: RunPaths) -> int | None:
     return rec.step if rec.step in paths.checkpoint_steps() else None
 
 
-def link_final(paths: RunPaths, exported: Path) -> bool:
-    """Give a finished run its ``final/`` from an export of its final weights (hard links,
-    a copy across filesystems), when it has none yet. True when it wrote one."""
-    if paths.final.exists():
+def link_final(paths: RunPaths, exported: Path, to: Path | None = None) -> bool:
+    """Give a finished run its ``final/`` (or ``to``) from an export of the same weights
+    (hard links, a copy across filesystems), when it has none yet. True when it wrote one."""
+    to = to or paths.final
+    if to.exists():
         return False
-    tmp = paths.final.with_name(f".{paths.final.name}.tmp-{os.getpid()}")
+    tmp = to.with_name(f".{to.name}.tmp-{os.getpid()}")
     try:
         shutil.copytree(exported, tmp, copy_function=_link_or_copy)
-        tmp.rename(paths.final)
+        tmp.rename(to)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         return False
@@ -181,11 +183,49 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def export_final(paths: RunPaths, step: int) -> Path:
-    """The trainer's call after its final checkpoint verified: ``logs/<run>/final/``."""
-    opts = ExportOptions(step=step, force=True, verified=True)
-    export_run(paths, paths.final, opts)
-    return paths.final
+def final_steps(
+    mode: str, best: BestRecord | None, last: int, complete: list[int]
+) -> tuple[int, int | None]:
+    """(the step ``final/`` holds, the step ``last/`` holds or None for no ``last/``):
+    pure. ``training.final=best`` with a recorded best whose checkpoint is there: the best
+    in ``final/``, the last step beside it (the same step when the best was the last);
+    otherwise (``last``, no evaluation, none better than step 0, its checkpoint gone)
+    ``final/`` is the last step's model, as without keep-best."""
+    if mode == "best" and best is not None and best.checkpoint and best.step in complete:
+        return best.step, last
+    return last, None
+
+
+def chosen_final_step(paths: RunPaths) -> int | None:
+    """The step a finished run's ``final/`` holds (or would hold), else None."""
+    last = final_step(paths)
+    if last is None:
+        return None
+    mode = load_resolved(paths.config).training.final
+    return final_steps(mode, read_best(paths.root), last, paths.checkpoint_steps())[0]
+
+
+def export_final(paths: RunPaths, step: int) -> str:
+    """The trainer's call after its final checkpoint (``step``) verified, and grpo-export
+    RUN's for a finished run: ``final/`` (the best model, training.final=best) and ``last/``
+    beside it. Returns what it wrote, in words."""
+    mode = load_resolved(paths.config).training.final
+    best = read_best(paths.root)
+    final, last = final_steps(mode, best, step, paths.checkpoint_steps())
+    # The last step's checkpoint was verified by the trainer; the best's is verified here.
+    export_run(paths, paths.final, ExportOptions(step=final, force=True, verified=final == step))
+    if last is None:
+        return f"{paths.final} (step {final}, the last)"
+    if last == final:  # the same weights: hard links, no second export
+        shutil.rmtree(paths.last, ignore_errors=True)
+        link_final(paths, paths.final, paths.last)
+    else:
+        export_run(paths, paths.last, ExportOptions(step=last, force=True, verified=True))
+    assert best is not None
+    return (
+        f"{paths.final} (step {final}, the best: {best.metric} {best.score:.3f}); "
+        f"the last step's ({last}) in {paths.last}"
+    )
 
 
 # ----------------------------------------------------------------------- command line

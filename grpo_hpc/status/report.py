@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo_hpc.config.load import load_resolved
+from grpo_hpc.core.best import read_best
 from grpo_hpc.core.errors import ConfigError, SlurmUnavailableError
 from grpo_hpc.core.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.core.paths import RunPaths
@@ -64,6 +65,9 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         row.heartbeat = rec.heartbeat
         if rec.last_checkpoint is not None:
             row.last_checkpoint = max(rec.last_checkpoint, row.last_checkpoint or 0)
+    best = read_best(paths.root)
+    if best is not None:
+        row.best_step, row.best_metric, row.best_score = best.step, best.metric, best.score
     prov = read_provenance(paths.final)
     if prov is not None:
         row.final_model, row.final_step = str(paths.final), prov.get("step")
@@ -131,6 +135,19 @@ def collect_detail(
         paths.checkpoint_steps(),
         next(iter(tail_jsonl(paths.samples)[-1:]), None),
     )
+
+
+def last_eval_samples(paths: RunPaths) -> tuple[int, list[dict]] | None:
+    """(step, rows) of the newest evaluation's completions (``eval_samples/``), or None."""
+    steps = []
+    for p in paths.eval_samples.glob("step_*.jsonl"):
+        tail = p.stem.removeprefix("step_")
+        if tail.isdigit():
+            steps.append(int(tail))
+    if not steps:
+        return None
+    step = max(steps)
+    return step, read_jsonl(paths.eval_samples_at(step))
 
 
 def run_beta(paths: RunPaths) -> float | None:

@@ -79,6 +79,12 @@ class RunRow:
     """``logs/<run>/final/``, the finished run's Hugging Face directory, once written."""
     final_step: int | None = None
     """The checkpoint step ``final/`` was exported from (its grpo_export.json)."""
+    best_step: int | None = None
+    """The step of the best validation evaluation so far (best.json; keep-best)."""
+    best_metric: str | None = None
+    """What it was compared on (``accuracy``, ``pass@1``)."""
+    best_score: float | None = None
+    """Its score."""
 
 
 def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
@@ -120,9 +126,11 @@ def _eta(row: RunRow) -> str:
     return fmt_age(max(0, row.max_steps - (row.step or 0)) * row.sec_per_step)
 
 
-COLUMNS = "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD EVAL KL TOK/S HB ATT CKPT ETA FLAG".split()
+COLUMNS = (
+    "RUN JOB PROFILE SLURM NODES TRAIN STEP REWARD EVAL BEST KL TOK/S HB ATT CKPT ETA FLAG".split()
+)
 # Dropped first when the terminal is narrow (the rest still fits in 80 columns).
-OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES", "EVAL")
+OPTIONAL_COLUMNS = ("PROFILE", "KL", "TOK/S", "CKPT", "ATT", "ETA", "NODES", "EVAL", "BEST")
 HELD_OUT_METRICS = ("eval/pass@1", "eval/accuracy")
 """Metrics the EVAL column shows, the first one a metrics line has (pass@1: code tasks)."""
 
@@ -161,6 +169,13 @@ def _held_out_cell(row: RunRow) -> str:
     return f"{name} {row.held_out:.3f}"
 
 
+def best_cell(row: RunRow) -> str:
+    """The best evaluation, score at step (``0.625@12``): narrow, for the table."""
+    if row.best_step is None or row.best_score is None:
+        return "-"
+    return f"{row.best_score:.3f}@{row.best_step}"
+
+
 FULL_WIDTH = 150
 
 
@@ -179,6 +194,8 @@ def build_table(
     shown = columns_for_width(width)
     if all(r.held_out is None for r in rows):  # no run has evaluated: no EVAL column
         shown = [c for c in shown if c != "EVAL"]
+    if all(r.best_step is None for r in rows):  # nor a BEST one where none selects
+        shown = [c for c in shown if c != "BEST"]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
     for name in shown:
@@ -199,6 +216,7 @@ def build_table(
             step_bar(row.step, row.max_steps),
             reward,
             _held_out_cell(row),
+            best_cell(row),
             _num(row.kl, ".4f"),
             _num(row.tokens_per_s, ".0f"),
             fmt_age(hb),
@@ -244,7 +262,49 @@ def final_line(row: RunRow) -> str:
     if row.final_model is None:
         return "final model: none yet (written when the run finishes; grpo-export RUN)"
     step = f"step {row.final_step}" if row.final_step is not None else "step ?"
+    if row.final_step is not None and row.final_step == row.best_step:
+        step += ", the best; the last step's model in last/"
     return f"final model: {row.final_model} ({step}; grpo-eval {row.final_model})"
+
+
+def best_line(row: RunRow) -> str:
+    """The best validation evaluation so far and its checkpoint (pure)."""
+    if row.best_step is None or row.best_score is None:
+        return "best: none (training.eval_every with a validation split, data.num_val)"
+    if row.best_step == 0:
+        return f"best: the start (step 0, {row.best_metric} {row.best_score:.3f}): none beat it"
+    return (
+        f"best: step {row.best_step}, {row.best_metric} {row.best_score:.3f} on validation "
+        f"(checkpoint step-{row.best_step}; grpo-export {row.run} OUT --best)"
+    )
+
+
+def eval_samples_lines(
+    step: int, rows: list[dict[str, Any]], n: int = 3, width: int = 100
+) -> list[str]:
+    """An evaluation's worst and best ``n`` completions, one line each within ``width``
+    (pure): the wrong ones first (verdict 0), then the right ones; question, gold, the
+    answer read from the completion, and the completion, each cut to fit."""
+    ranked = sorted(rows, key=lambda r: float(r.get("verdict") or 0.0))
+    worst = [r for r in ranked if not r.get("verdict")][:n]
+    best = [r for r in reversed(ranked) if r.get("verdict")][:n]
+    right = sum(1 for r in rows if r.get("verdict"))
+    out = [f"evaluation at step {step}: {right}/{len(rows)} right"]
+    for title, part in (("worst", worst), ("best", best)):
+        out.append(f"{title} {len(part)}:" if part else f"{title}: none")
+        for r in part:
+            mark = "right" if r.get("verdict") else "wrong"
+            got = "" if r.get("gold") is None else f" gold {r['gold']}, got {r.get('answer')}"
+            head = f"  {mark}{got} | "
+            q = " ".join(str(r.get("question", "")).split())
+            c = " ".join(str(r.get("completion", "")).split())
+            room = max(width - len(head), 20)
+            out.append(head + _cut(f"{_cut(q, room // 2)} => {c}", room))
+    return out
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
 
 def health_line(row: RunRow) -> str:
@@ -296,6 +356,7 @@ def build_details(d: RunDetail, now: float) -> Group:
         Text(sample_line(d.sample)),
         Text(f"complete checkpoints: {ckpts}"),
         Text(final),
+        Text(best_line(d.row)),
         Text("reward/mean per step\n" + "\n".join(text_plot(d.rewards))),
     ]
     return Group(*(x for part in parts for x in (part, Text(""))))

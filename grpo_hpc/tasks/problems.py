@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ WORDS = ["apples", "books", "coins", "marbles", "stamps", "pencils", "shells", "
 NAMES = ["Ada", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goran", "Hana"]
 
 
-def arithmetic_problems(n: int, cfg: DataConfig, seed: int) -> list[Problem]:
+def arithmetic_problems(n: int, cfg: DataConfig, seed: int | str) -> list[Problem]:
     """Easy word problems: sums of ``min_terms..max_terms`` operands (difficulty knobs)."""
     rng = random.Random(seed)
     out = []
@@ -105,20 +105,54 @@ def load_hf(spec: str, split: str) -> list[Problem]:
     return [row_to_problem(r, f"{spec}[{i}]") for i, r in enumerate(ds)]
 
 
+@dataclass(frozen=True)
+class Splits:
+    """A run's problems: ``train`` (sampled for rollouts), ``validation`` (scored by the
+    trainer's evaluation to choose the best checkpoint) and ``test`` (held out, reported
+    by ``grpo-eval``; scored during training only when there is no validation split).
+    The three are disjoint: a score chosen on validation is never the figure reported."""
+
+    train: list[Problem]
+    validation: list[Problem]
+    test: list[Problem]
+
+
 def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """(train, eval) problems. Eval problems are held out from training."""
-    if cfg.source == "gsm8k":
-        return load_gsm8k(cfg)
-    if cfg.source == "humaneval":
-        return code_data.load_humaneval(cfg.num_train, cfg.num_eval)
+    """(train, test) problems. Test problems are held out from training; so are the
+    validation problems (:func:`load_splits`), which are in neither."""
+    splits = load_splits(cfg, seed)
+    return splits.train, splits.test
+
+
+def load_splits(cfg: DataConfig, seed: int) -> Splits:
+    """Train, validation (``data.num_val``) and test (``data.num_eval``) problems.
+
+    Validation comes from the end of the source's training rows, never trained on, so that
+    ``num_train`` problems still train where there are enough (GSM8K: the last ``num_val``
+    of its train split; HumanEval: of its 123 training problems; a file or ``hf:`` source:
+    its last rows, after the test rows at its start). The arithmetic generator's is drawn
+    from a seed of its own, minus any question of the other two, so its train and test
+    problems are those of a run without one. At most half the training rows validate."""
     if cfg.source == "arithmetic":
         problems = arithmetic_problems(cfg.num_train + cfg.num_eval, cfg, seed)
-    elif cfg.source.startswith("hf:"):
-        problems = load_hf(cfg.source[3:], cfg.split)
+        train, test = _split_test(problems, cfg)
+        return Splits(train, arithmetic_validation(cfg, seed, train + test), test)
+    if cfg.source == "gsm8k":
+        pool = load_file(GSM8K_DIR / "train.jsonl")
+        test = load_file(GSM8K_DIR / "test.jsonl")[: cfg.num_eval]
+    elif cfg.source == "humaneval":
+        pool, test = code_data.load_humaneval(0, cfg.num_eval)
     else:
-        problems = load_file(Path(cfg.source).expanduser())
-    if cfg.source != "arithmetic" and cfg.num_train:
-        problems = problems[: cfg.num_train + cfg.num_eval]
+        rows = load_hf(cfg.source[3:], cfg.split) if cfg.source.startswith("hf:") else None
+        rows = rows if rows is not None else load_file(Path(cfg.source).expanduser())
+        pool, test = _split_test(rows, replace(cfg, num_train=0))
+    n_val = min(cfg.num_val, len(pool) // 2)
+    rest, validation = pool[: len(pool) - n_val], pool[len(pool) - n_val :]
+    return Splits(rest[: cfg.num_train or None], validation, test)
+
+
+def _split_test(problems: list[Problem], cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """(train, test): the first ``num_eval`` rows (at most half) are the test problems."""
     n_eval = min(cfg.num_eval, len(problems) // 2)
     train, evals = problems[n_eval:], problems[:n_eval]
     if not train:
@@ -126,12 +160,18 @@ def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Probl
     return train, evals
 
 
-def load_gsm8k(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
-    """The packaged GSM8K: train split (first ``num_train``, 0 = all 7,473) and the
-    first ``num_eval`` problems of the test split (1,319 for all of it)."""
-    train = load_file(GSM8K_DIR / "train.jsonl")
-    test = load_file(GSM8K_DIR / "test.jsonl")
-    return train[: cfg.num_train or None], test[: cfg.num_eval]
+def arithmetic_validation(cfg: DataConfig, seed: int, others: list[Problem]) -> list[Problem]:
+    """``cfg.num_val`` generated problems from a seed of their own, none of whose
+    questions is among ``others`` (the run's train and test problems)."""
+    seen = {p["question"] for p in others}
+    out: list[Problem] = []
+    for p in arithmetic_problems(4 * cfg.num_val + 64, cfg, f"validation-{seed}"):
+        if len(out) == cfg.num_val:
+            break
+        if p["question"] not in seen:
+            seen.add(p["question"])
+            out.append(p)
+    return out
 
 
 def default_instruction(problems: list[Problem]) -> str:

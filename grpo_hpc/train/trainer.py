@@ -36,7 +36,7 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.distributed import dist
-from grpo_hpc.train.evaluation.held_out import HeldOutEval
+from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric
 from grpo_hpc.train.measure import stall_sampler
 from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
 from grpo_hpc.train.measure.stall_sampler import StallSampler
@@ -47,7 +47,7 @@ from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.setup import autos, models
-from grpo_hpc.train.state import checkpoint, state_digest
+from grpo_hpc.train.state import best, checkpoint, state_digest
 from grpo_hpc.train.supervision import breakers, faults
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
@@ -100,7 +100,10 @@ class Trainer:
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
                 f"of the {info.world_size} processes (each rank trains whole groups)"
             )
-        self.train_set, self.eval_set = data.load_problems(cfg.data, cfg.training.seed)
+        splits = data.load_splits(cfg.data, cfg.training.seed)  # evaluated: validation, else test
+        self.train_set, self.eval_set = splits.train, splits.validation or splits.test
+        metric = select_metric(cfg.training.select_metric, splits)
+        self.keep_best = best.KeepBest(self.paths, info, metric, f"{cfg.data.source} validation")
         if not cfg.data.system_prompt:  # code problems ask for code, not an answer line
             cfg.data.system_prompt = data.default_instruction(self.train_set)
         self.sampler = data.Sampler(len(self.train_set), cfg.training.seed)
@@ -443,9 +446,12 @@ class Trainer:
         when a stop agreed between two chunks dropped it."""
         self.evaluating = True  # no abort mid-chunk: the ranks agree on a stop between chunks
         try:
-            return self.held_out.run(self.step)
+            result = self.held_out.run(self.step)
         finally:
             self.evaluating = False
+        if result is not None:  # keep-best: a new best saves this step's checkpoint
+            self.keep_best.after_evaluation(self.step, result.metrics, result.problems, self.save)
+        return result is not None
 
 
 def _finite(x: float | None) -> float | None:

@@ -16,7 +16,7 @@ from tests.e2e.helpers import make_run, train
 
 def test_code_run_logs_held_out_pass_at_k(tmp_path: Path) -> None:
     paths = make_run(
-        tmp_path, "code", "data.source=humaneval", "data.num_train=8", "data.num_eval=2",
+        tmp_path, "code", "data.source=humaneval", "data.num_train=8", "data.num_val=2",
         "reward.correctness=0", "reward.code=1", "rollout.max_new_tokens=16",
         "training.max_steps=2", "training.eval_every=2", "training.eval_samples=2",
         "training.save_every_steps=0", "algo.micro_batch_tokens=auto",
@@ -51,7 +51,7 @@ def test_two_ranks_split_the_held_out_problems(tmp_path: Path) -> None:
     """Under two processes each rank judges its share (3 problems: 2 + 1 and a padding
     repeat that is not counted); the logged figures are over the 3 problems."""
     paths = make_run(
-        tmp_path, "code2", "data.source=humaneval", "data.num_train=8", "data.num_eval=3",
+        tmp_path, "code2", "data.source=humaneval", "data.num_train=8", "data.num_val=3",
         "reward.correctness=0", "reward.code=1", "rollout.max_new_tokens=8",
         "training.max_steps=1", "training.eval_every=1", "training.eval_samples=2",
         "training.save_every_steps=0", nproc=2,

@@ -444,6 +444,7 @@ def stopped_in_evaluation(
                     "training.max_steps=3",
                     "training.eval_every=2",
                     "data.num_eval=1500",
+                    "data.num_val=0",  # the evaluation scores the 1,500 test problems
                     "training.save_every_steps=5",
                 ),
                 step,

@@ -1,6 +1,7 @@
 """The trainer's held-out evaluation during training: each rank generates its share of the
-held-out set, the ranks sum their counts, and the tracker logs eval/accuracy (or
-eval/pass@k for code problems).
+held-out set (the validation split, ``data.num_val``; the test split only when there is
+none), the ranks sum their counts, and the tracker logs eval/accuracy (or eval/pass@k for
+code problems) and every completion, scored, to ``eval_samples/step_N.jsonl``.
 
 The building blocks (shares, chunks, generation, judging, pass@k) are
 :mod:`grpo_hpc.train.evaluation.scoring`'s, shared with ``grpo-eval``; this module adds what only a
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.config.schema import Config
+from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.distributed import dist
@@ -28,6 +30,55 @@ from grpo_hpc.train.rollout.types import RolloutEngine
 
 class EvaluationStopped(Exception):
     """Every rank agreed to stop between two evaluation chunks."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What one evaluation scored (the same on every rank: the counts are summed)."""
+
+    step: int
+    metrics: dict[str, float]
+    """``accuracy`` and ``accuracy_strict`` (math), ``pass@k`` (code): what keep-best may
+    select on (training.select_metric)."""
+    problems: int
+    code: bool
+
+
+def select_metric(select: str, splits: data.Splits) -> str | None:
+    """The metric keep-best compares (pure): ``training.select_metric``, ``auto`` being
+    ``pass@1`` for code problems and ``accuracy`` otherwise; None without a validation
+    split (the evaluation then scores the test problems, which must choose nothing)."""
+    if not splits.validation:
+        return None
+    code = all(scoring.is_code_problem(p) for p in splits.validation)
+    metric = select if select != "auto" else ("pass@1" if code else "accuracy")
+    if code != (metric == "pass@1"):
+        kind = "code problems report pass@k" if code else "math problems report accuracy"
+        raise ConfigError(
+            f"training.select_metric={select}: this run's {kind}; use auto (the default)"
+        )
+    return metric
+
+
+def sample_rows(
+    step: int, problems: list[data.Problem], texts: list[str], verdicts: list[float], reward: Any
+) -> list[dict[str, Any]]:
+    """One row per completion, for a person to read (pure): the question, the completion,
+    the answer the judge read from it (None for code, which is run, not read), the gold and
+    the verdict (1.0 correct / passed every test)."""
+    from grpo_hpc.tasks.answers import extract_answer
+
+    n = len(texts) // max(len(problems), 1)
+    rows = []
+    for i, text in enumerate(texts):
+        p = problems[i // n]
+        code = scoring.is_code_problem(p)
+        answer = None if code else extract_answer(text, not reward.require_marker)
+        rows.append(
+            {"step": step, "question": p["question"], "completion": text, "answer": answer,
+             "gold": None if code else p.get("gold"), "verdict": float(verdicts[i])}
+        )  # fmt: skip
+    return rows
 
 
 @dataclass(frozen=True)
@@ -44,7 +95,7 @@ class HeldOutEval:
     """True when the ranks agree to stop (a collective: every rank calls it as often)."""
 
     @torch.no_grad()
-    def run(self, step: int) -> bool:
+    def run(self, step: int) -> EvalResult | None:
         """Greedy accuracy on the held-out set (split across ranks), logged as eval/accuracy;
         for code problems pass@1 (and pass@k with training.eval_samples), as eval/pass@k.
         False when a stop was agreed between two chunks: the evaluation is dropped (a long
@@ -53,9 +104,19 @@ class HeldOutEval:
         try:
             return self._evaluate(step)
         except EvaluationStopped:
-            return False
+            return None
 
-    def _evaluate(self, step: int) -> bool:
+    def _samples(self, step: int, mine: list, texts: list[str], verdicts: list[float]) -> None:
+        """Every rank's completions, scored, to rank 0 (one gather per evaluation: a few
+        hundred short strings), written there as ``eval_samples/step_N.jsonl``."""
+        rows = sample_rows(step, mine, texts, verdicts, self.cfg.reward)
+        if self.info.enabled:
+            parts: list[Any] = [None] * self.info.world_size
+            torch.distributed.all_gather_object(parts, rows)
+            rows = [r for part in parts for r in part]
+        self.tracker.log_eval_samples(step, rows)
+
+    def _evaluate(self, step: int) -> EvalResult | None:
         info, cfg = self.info, self.cfg
         start, stop, pad = scoring.rank_share(len(self.eval_set), info.rank, info.world_size)
         mine = self.eval_set[start:stop]
@@ -74,15 +135,19 @@ class HeldOutEval:
         t0 = time.monotonic()
         if all(scoring.is_code_problem(p) for p in self.eval_set):
             return self._evaluate_code(step, mine, prompts, chunk, progress, t0)
-        texts = scoring.generate_greedy(self.engine, prompts, chunk, progress)
-        score = scoring.score_eval(texts[: len(mine)], [p["gold"] for p in mine], cfg.reward)
+        texts = scoring.generate_greedy(self.engine, prompts, chunk, progress)[: len(mine)]
+        golds = [p["gold"] for p in mine]
+        verdicts = scoring.judge(texts, golds, cfg.reward)
+        score = scoring.score_eval(texts, golds, cfg.reward, verdicts)
         total, strict, n = dist.all_reduce_sum(
             [float(score.correct), float(score.strict), float(len(mine))], info
         )
         acc = total / max(n, 1)
         seconds = time.monotonic() - t0
         self.tracker.log_eval(step, acc, int(total), int(n), strict / max(n, 1), seconds)
-        return True
+        self._samples(step, mine, texts, verdicts)
+        metrics = {"accuracy": acc, "accuracy_strict": strict / max(n, 1)}
+        return EvalResult(step, metrics, int(n), code=False)
 
     def _evaluate_code(
         self,
@@ -92,7 +157,7 @@ class HeldOutEval:
         chunk: int,
         progress: scoring.Progress,
         t0: float,
-    ) -> bool:
+    ) -> EvalResult:
         """pass@1 (and pass@k with training.eval_samples > 1) of held-out code problems,
         judged in the code reward's sandbox."""
         n = self.cfg.training.eval_samples
@@ -113,4 +178,5 @@ class HeldOutEval:
         rates = {k: v / max(problems, 1) for k, v in zip(ks, totals, strict=False)}
         seconds = time.monotonic() - t0
         self.tracker.log_pass_at_k(step, rates, int(passed), int(problems) * n, seconds)
-        return True
+        self._samples(step, mine, texts, judged)
+        return EvalResult(step, {f"pass@{k}": v for k, v in rates.items()}, int(problems), True)

@@ -59,9 +59,15 @@ def judge(texts: Sequence[str], golds: Sequence[str], reward: RewardConfig) -> l
     return rewards.score_correctness(texts, golds, reward.timeout_s, reward.require_marker)[0]
 
 
-def score_eval(texts: Sequence[str], golds: Sequence[str], reward: RewardConfig) -> EvalScore:
-    """Score held-out completions against their golds with the run's reward settings."""
-    scores = judge(texts, golds, reward)
+def score_eval(
+    texts: Sequence[str],
+    golds: Sequence[str],
+    reward: RewardConfig,
+    scores: Sequence[float] | None = None,
+) -> EvalScore:
+    """Score held-out completions against their golds with the run's reward settings
+    (``scores``: their :func:`judge` verdicts, when the caller has them already)."""
+    scores = judge(texts, golds, reward) if scores is None else list(scores)
     if reward.require_marker:
         strict = scores
     else:

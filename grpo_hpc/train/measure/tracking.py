@@ -127,6 +127,20 @@ class Tracker:
             f"with an answer line {strict:.3f} ({seconds:.0f} s)",
         )
 
+    def log_eval_samples(self, step: int, rows: list[dict]) -> None:
+        """An evaluation's completions, scored (``eval_samples/step_N.jsonl``, rewritten
+        whole: a resumed run that evaluates the step again replaces it), and a W&B table."""
+        if not self.is_main:
+            return
+        text = "".join(jsonl_line(r) for r in rows)
+        atomic_write_text(self.paths.eval_samples_at(step), text, sync=False)
+        if self._wandb is not None and rows:
+            import wandb
+
+            cols = [k for k in rows[0] if k != "step"]
+            table = wandb.Table(columns=cols, data=[[r[k] for k in cols] for r in rows])
+            self._wandb.log({"eval/samples": table}, step=step)
+
     def log_save(self, step: int, seconds: dict[str, float]) -> None:
         """A checkpoint's time, in parts (:class:`grpo_hpc.train.state.checkpoint.SaveClock`):
         one ``ckpt/*`` row in metrics.jsonl and one console line (rank 0's own times)."""

@@ -8,13 +8,17 @@ monitor) need no torch; this module adds what the trainer decides with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_hpc.core.best import BestRecord, Mode, better, read_best, write_best
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.train.distributed.dist import DistInfo, all_reduce_max
 
 __all__ = [
     "BestRecord",
+    "KeepBest",
     "Mode",
     "better",
     "next_best",
@@ -71,3 +75,39 @@ def record_evaluation(
     )
     write_best(run_dir, record)
     return improved
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """The trainer's keep-best: after each evaluation, a new best saves its step's
+    checkpoint and only then names it in ``best.json`` (the record never names a
+    checkpoint that is not complete). ``metric`` None: nothing is selected (no validation
+    split: the evaluation scored the test problems, which must not choose the model)."""
+
+    paths: RunPaths
+    info: DistInfo
+    metric: str | None
+    split: str = ""
+
+    def after_evaluation(
+        self, step: int, metrics: dict[str, float], problems: int, save: Callable[[], None]
+    ) -> bool:
+        """Collective (every rank calls it): True when ``step`` is the new best. Rank 0
+        decides; the ranks agree before saving, which every rank takes part in."""
+        if self.metric is None:
+            return False
+        score = float(metrics[self.metric])
+        old = read_best(self.paths.root) if self.info.is_main else None
+        record, improved = next_best(
+            old, step, self.metric, score, split=self.split, problems=problems
+        )
+        improved = all_reduce_max(float(improved and self.info.is_main), self.info) > 0
+        if improved and step > 0:
+            save()  # before the record: best.json never names a checkpoint that is not there
+        if self.info.is_main:
+            if step == 0:  # the start: a baseline to beat, with no checkpoint of its own
+                record = BestRecord(**{**record.__dict__, "checkpoint": ""})
+            write_best(self.paths.root, record)
+            if improved:
+                print(f"[Best] step {step}: {self.metric} {score:.3f}", flush=True)
+        return improved

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from grpo_hpc.core.best import read_best
 from grpo_hpc.core.errors import RunDirBusyError
 from grpo_hpc.core.fsutil import fsync_dir, fsync_file
 from grpo_hpc.core.manifest import is_complete, mark_complete, verify_checkpoint, write_manifest
@@ -265,10 +266,24 @@ def final_weights_problems(paths: RunPaths, step: int) -> list[str]:
     return verify_checkpoint(ckpt)
 
 
+def pruned(complete: list[int], keep_last: int, protected: set[int]) -> list[int]:
+    """The complete checkpoints retention deletes (pure): all but the newest ``keep_last``
+    (0 keeps all), never a ``protected`` one (the best evaluation's: keep-best)."""
+    old = complete[:-keep_last] if keep_last > 0 else []
+    return [s for s in old if s not in protected]
+
+
+def protected_steps(paths: RunPaths) -> set[int]:
+    """Checkpoints retention must keep whatever their age: the best evaluation's."""
+    best = read_best(paths.root)
+    return {best.step} if best is not None and best.checkpoint else set()
+
+
 def prune(paths: RunPaths, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints, and stale partials."""
+    """Delete all but the newest ``keep_last`` complete checkpoints (but the best one),
+    and stale partials."""
     complete = paths.checkpoint_steps()
-    for step in complete[:-keep_last] if keep_last > 0 else []:
+    for step in pruned(complete, keep_last, protected_steps(paths)):
         shutil.rmtree(paths.checkpoint(step), ignore_errors=True)
     newest = complete[-1] if complete else -1
     for step in paths.checkpoint_steps(complete_only=False):

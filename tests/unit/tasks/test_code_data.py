@@ -55,8 +55,11 @@ def _fenced(code: str) -> str:
 
 
 def test_humaneval_loads_with_a_fixed_held_out_split() -> None:
-    train, held = data.load_problems(DataConfig(source="humaneval", num_train=0, num_eval=100), 0)
-    assert (len(train), len(held)) == (123, 41)
+    splits = data.load_splits(DataConfig(source="humaneval", num_train=0, num_eval=100), 0)
+    train, held = splits.train, splits.test
+    # 123 training problems: the last data.num_val (32) validate, never trained on
+    assert (len(train), len(splits.validation), len(held)) == (91, 32, 41)
+    assert {p["task_id"] for p in train}.isdisjoint(p["task_id"] for p in splits.validation)
     assert {p["task_id"] for p in train}.isdisjoint(p["task_id"] for p in held)
     assert [p["task_id"] for p in held[:3]] == ["HumanEval/0", "HumanEval/4", "HumanEval/8"]
     first = held[0]
@@ -92,7 +95,7 @@ def test_mbpp_setup_code_runs_before_the_solution() -> None:
 def test_humaneval_rows_in_a_file_load_like_the_package(tmp_path: Path) -> None:
     rows = code_data.humaneval_rows()[:4]
     path = _jsonl(tmp_path / "he.jsonl", rows)
-    problems, _ = data.load_problems(DataConfig(source=str(path), num_eval=0), 0)
+    problems, _ = data.load_problems(DataConfig(source=str(path), num_eval=0, num_val=0), 0)
     assert problems == [code_data.humaneval_problem(r, "") for r in rows]
 
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 
 from grpo_hpc.config.load import build_config
-from grpo_hpc.tasks.problems import GSM8K_DIR, load_problems
+from grpo_hpc.tasks.problems import GSM8K_DIR, load_problems, load_splits
 from grpo_hpc.train.rewards.functions import gold_value, score_correctness_batch
 
 # The checksums the dataset's README states (original release, unchanged).
@@ -26,7 +26,12 @@ def test_gsm8k_config_trains_on_train_and_holds_out_test() -> None:
     cfg = build_config("gsm8k", ["data.num_eval=1319"])
     assert cfg.data.source == "gsm8k"
     train, held_out = load_problems(cfg.data, seed=0)
-    assert (len(train), len(held_out)) == (7473, 1319)
+    # the last 200 of the 7,473 train rows validate (keep-best), never trained on
+    assert (len(train), len(held_out)) == (7273, 1319)
+    validation = load_splits(cfg.data, seed=0).validation
+    rows = (GSM8K_DIR / "train.jsonl").read_text().splitlines()
+    assert validation[0]["question"] == json.loads(rows[-200])["question"]
+    assert not {p["question"] for p in validation} & {p["question"] for p in train + held_out}
     # The first test problem, its gold from '#### 18'.
     first = json.loads((GSM8K_DIR / "test.jsonl").read_text().splitlines()[0])
     assert held_out[0] == {"question": first["question"], "gold": "18"}
