@@ -89,6 +89,16 @@ class KeepBest:
     metric: str | None
     split: str = ""
 
+    def _standing(self) -> BestRecord | None:
+        """The recorded best, unless its checkpoint is gone (set aside by ``grpo-submit
+        --resume --from-step``, or deleted by hand): a best that cannot be handed over is
+        not one to beat."""
+        old = read_best(self.paths.root)
+        if old is not None and old.checkpoint and old.step not in self.paths.checkpoint_steps():
+            print(f"[Best] step {old.step}'s checkpoint is gone: comparing afresh", flush=True)
+            return BestRecord(**{**old.__dict__, "score": float("nan")})
+        return old
+
     def after_evaluation(
         self, step: int, metrics: dict[str, float], problems: int, save: Callable[[], None]
     ) -> bool:
@@ -97,7 +107,7 @@ class KeepBest:
         if self.metric is None:
             return False
         score = float(metrics[self.metric])
-        old = read_best(self.paths.root) if self.info.is_main else None
+        old = self._standing() if self.info.is_main else None
         record, improved = next_best(
             old, step, self.metric, score, split=self.split, problems=problems
         )
