@@ -93,7 +93,8 @@ def _status(argv: list[str]) -> int:
         from grpo_hpc.status.plot import plot_data, write_png
 
         metrics, jobs = read_jsonl(single.metrics), read_jsonl(single.jobs)
-        data = plot_data(metrics, jobs, beta=run_beta(single))
+        events = read_jsonl(single.events)
+        data = plot_data(metrics, jobs, beta=run_beta(single), events=events)
         write_png(data, args.plot, single.name)
         print(f"wrote {args.plot}")
         return ExitCode.OK

@@ -18,6 +18,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dist.backend": ("auto", "nccl", "gloo"),
     "optim.state": ("fp32", "int8"),
     "wandb.mode": ("offline", "online", "disabled"),
+    "training.on_collapse": ("flag", "stop", "rollback"),
     "training.final": ("best", "last"),
     "training.select_metric": ("auto", "accuracy", "accuracy_strict", "pass@1"),
 }
@@ -69,9 +70,13 @@ def validate(cfg: Config) -> None:
             f"training.gc_every_steps={cfg.training.gc_every_steps} must be >= 0 "
             "(0 = Python's automatic garbage collection)"
         )
-    for key in ("zero_reward_patience", "cut_off_patience"):
+    for key in ("zero_reward_patience", "cut_off_patience", "collapse_patience"):
         if getattr(cfg.training, key) < 0:
             raise ConfigError(f"training.{key} must be >= 0 (0 = no breaker)")
+    if cfg.training.collapse_retries < 0 or cfg.training.collapse_window < 1:
+        raise ConfigError(
+            "training.collapse_retries must be >= 0 and training.collapse_window >= 1"
+        )
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")

@@ -9,6 +9,8 @@ local executor, and "ended" includes LOCAL_EXITED):
 situation                                    action                 class
 ===========================================  =====================  =====================
 run already STOPPED/DONE (events.jsonl)      NONE                   -
+own exit_code 3 after this job's collapse    STOP (never resubmit)  collapsed
+  STOP event (training.on_collapse)
 own exit_code 3 / 2                          STOP (never resubmit)  circuit_breaker /
                                                                     config_error
 own exit_code 6, or ended OUT_OF_MEMORY      STOP (never resubmit   out_of_memory
@@ -83,6 +85,10 @@ class FailureClass(str, enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"
     """CUDA out-of-memory (trainer exit 6) or Slurm's OUT_OF_MEMORY: the same settings
     would fail again."""
+    COLLAPSED = "collapsed"
+    """The trainer stopped the run because it had stopped learning (a ``collapse`` event
+    with action STOP in events.jsonl, exit 3): resubmitting would go on from the same
+    collapsed state."""
     MANUAL = "manual"
     """A person resubmitted (grpo-submit --resume): no retry budget is spent."""
 
@@ -104,6 +110,8 @@ ENDED_CLASS = {
     "CANCELLED": C.PREEMPTED, "NODE_FAIL": C.NODE_FAIL, "BOOT_FAIL": C.NODE_FAIL,
 }  # fmt: skip
 MAX_SUBMIT_ERRORS = 5
+COLLAPSE_PHASE = "collapse"
+"""``phase`` of the trainer's collapse events (grpo_hpc/train/supervision/on_collapse.py)."""
 
 
 @dataclass
@@ -158,6 +166,8 @@ class RunHistory:
     """STOP or DONE if a pass ended the run for the current job (sticky)."""
     final_reason: str = ""
     """The reason logged with ``final``."""
+    collapse_stop: str | None = None
+    """The reason of the current job's collapse STOP event (the trainer's), if any."""
 
     @property
     def failures(self) -> int:
@@ -209,6 +219,9 @@ def decide(
     if history.final is not None:
         return Action(ActionKind.NONE, reason=f"run already {history.final.value}")
     own = own_progress(progress, job)
+    if own is not None and own.exit_code == ExitCode.CIRCUIT_BREAKER and history.collapse_stop:
+        why = f"{history.collapse_stop}; never resubmitted (the best checkpoint is kept)"
+        return Action(ActionKind.STOP, C.COLLAPSED, why)
     if own is not None and own.exit_code in (ExitCode.CIRCUIT_BREAKER, ExitCode.CONFIG_ERROR):
         cls = C.CIRCUIT_BREAKER if own.exit_code == ExitCode.CIRCUIT_BREAKER else C.CONFIG_ERROR
         why = f"{cls.value} at step {own.step}: {own.reason or 'no reason given'}"
@@ -348,6 +361,8 @@ def history_from(events: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Ru
                 counted.add(job)
                 bucket = RETRY_BUCKET_BY_VALUE[ev["class"]]
                 h.retries[bucket] = h.retries.get(bucket, 0) + 1
+        elif ev.get("phase") == COLLAPSE_PHASE and job == current and kind == "STOP":
+            h.collapse_stop = str(ev.get("reason", ""))
         elif ev.get("phase") == "decision" and job == current:
             if kind == ActionKind.WAIT.value and h.last_failure_time is None:
                 h.last_failure_time = float(ev["time"])

@@ -33,6 +33,8 @@ CODE_REWARD = ("reward/code", "code reward (every test passes)")
 """Drawn in the correctness panel of a run that logs the code reward and no correctness."""
 KL = "kl"
 """The KL-to-reference panel's key: drawn only for a run that has a reference policy."""
+COLLAPSE_PHASE = "collapse"
+"""``phase`` of the trainer's collapse events in events.jsonl (train/supervision/on_collapse.py)."""
 NO_REFERENCE = "no KL panel: algo.beta = 0,\nthe run has no reference policy"
 """Written where the KL panel would be in a run without a reference."""
 
@@ -47,6 +49,8 @@ class PlotData:
     """(step, reward/std) for the spread band (runs logged before it existed have none)."""
     attempts: list[tuple[int, float]] = field(default_factory=list)
     """(attempt number, step position) of every attempt after the first."""
+    collapses: list[tuple[int, str]] = field(default_factory=list)
+    """(step, "signal: action") of every collapse event (events.jsonl, phase collapse)."""
     reference: bool = True
     """Whether the run trains against a reference policy (``algo.beta`` > 0): without one
     its logged KL is 0 by construction, and the KL panel is left out."""
@@ -67,11 +71,15 @@ def has_reference(beta: float | None) -> bool:
 
 
 def plot_data(
-    metrics: list[dict[str, Any]], jobs: list[dict[str, Any]], beta: float | None = None
+    metrics: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    beta: float | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> PlotData:
     """The series of every panel (pure); ``beta`` is the run's ``algo.beta`` (None: unknown,
     see :func:`has_reference`). An attempt's line sits just before the first step logged
-    after its submission (or after the last step when it has logged none yet)."""
+    after its submission (or after the last step when it has logged none yet); a collapse
+    (``events``: the run's events.jsonl) is a red line at the step it was detected."""
     data = PlotData()
     pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
     for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
@@ -86,7 +94,17 @@ def plot_data(
         after = [s for t, s in timed if t >= submitted]
         data.attempts.append((int(job.get("attempt", 0)), (after[0] if after else last + 1) - 0.5))
     data.reference = has_reference(beta)
+    data.collapses = collapse_marks(events or [])
     return data
+
+
+def collapse_marks(events: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(step, "signal: action") of the trainer's collapse events (pure)."""
+    return [
+        (int(e["step"]), f"{e.get('signal', '?')}: {str(e.get('action', '')).lower()}")
+        for e in events
+        if e.get("phase") == COLLAPSE_PHASE and isinstance(e.get("step"), int)
+    ]
 
 
 def panel(data: PlotData, key: str, title: str) -> tuple[str, str, str]:
@@ -154,6 +172,7 @@ def build_figure(data: PlotData, title: str) -> Any:
                     fontsize=7,
                     color="grey",
                 )
+        _collapse_lines(ax, data, key == "reward/mean")
         if key in BOUNDED:
             ax.set_ylim(-0.03, 1.03)
         ax.set_title(label, fontsize=10)
@@ -163,6 +182,23 @@ def build_figure(data: PlotData, title: str) -> Any:
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _collapse_lines(ax: Any, data: PlotData, labelled: bool) -> None:
+    """A red line at each detected collapse; its signal and action in the first panel."""
+    for step, what in data.collapses:
+        ax.axvline(step, color="red", ls="-", lw=1.0, alpha=0.7)
+        if labelled:
+            ax.annotate(
+                f"collapse ({what})",
+                (step, 0.02),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="bottom",
+                ha="right",
+                fontsize=7,
+                color="red",
+            )
 
 
 def _step_range(data: PlotData) -> tuple[float, float]:

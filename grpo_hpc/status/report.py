@@ -29,6 +29,7 @@ from grpo_hpc.monitor.decision import history_from
 from grpo_hpc.status.view import (
     RunDetail,
     RunRow,
+    collapse_flag,
     held_out_figure,
     last_measured,
 )
@@ -55,6 +56,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         if last:
             row.monitor_action, row.monitor_class = last[-1].get("action"), last[-1].get("class")
             row.monitor_reason = last[-1].get("reason")
+        row.collapse = collapse_flag(events)
         final = history_from(events, jobs).final
         row.monitor_action = final.value if final else row.monitor_action
     rec = read_progress(paths.progress)

@@ -75,6 +75,9 @@ class RunRow:
     """Its class (crash, budget_exhausted, circuit_breaker, ...)."""
     monitor_reason: str | None = None
     """Its reason line."""
+    collapse: str | None = None
+    """The newest collapse the trainer detected (events.jsonl): ``signal@step action``,
+    e.g. ``no_signal@10 rollback 1``; None: none."""
     final_model: str | None = None
     """``logs/<run>/final/``, the finished run's Hugging Face directory, once written."""
     final_step: int | None = None
@@ -101,10 +104,25 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
         flags.append(f"stalled {fmt_age(now - row.heartbeat)}")
     if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
         flags.append("failed")
+    if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already
+        flags.append(f"COLLAPSE {row.collapse}")
     trend = row.reward_trend if len(row.reward_trend) >= 3 else []
     if (trend and not any(trend)) or (not trend and row.reward_mean == 0):
         flags.append("zero reward")
     return flags
+
+
+def collapse_flag(events: list[dict[str, Any]]) -> str | None:
+    """``signal@step action`` of the newest collapse the trainer logged in events.jsonl
+    (phase ``collapse``; grpo_hpc/train/supervision/on_collapse.py), or None (pure)."""
+    marks = [e for e in events if e.get("phase") == "collapse"]
+    if not marks:
+        return None
+    e = marks[-1]
+    action = str(e.get("action", "")).lower()
+    if action == "rollback":
+        action += f" {e.get('rollbacks', '?')}"
+    return f"{e.get('signal', '?')}@{e.get('step', '?')} {action}"
 
 
 def _style(flags: list[str], row: RunRow) -> str:

@@ -48,7 +48,7 @@ from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.setup import autos, models
 from grpo_hpc.train.state import best, checkpoint, state_digest
-from grpo_hpc.train.supervision import breakers, faults
+from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
 
@@ -67,6 +67,7 @@ class Trainer:
         self.tracker = Tracker(paths, cfg, info.is_main)
         self.step = 0
         self.streaks = breakers.Streaks()
+        self.collapse = on_collapse.CollapseGuard(cfg, paths, _ROLLBACK_TOOLS)
         self.last_save = time.monotonic()
         self.gc = GcSchedule(cfg.training.gc_every_steps)
         steps = window(cfg.training.profile_from, cfg.training.profile_steps)
@@ -202,8 +203,9 @@ class Trainer:
         self.opt.sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = state["step"]
-        # cut_streak: checkpoints from before its breaker have none
-        self.streaks = breakers.Streaks(state["zero_streak"], state.get("cut_streak", 0))
+        self.streaks = breakers.Streaks(state["zero_streak"])
+        # the collapse watch, its rollbacks and seed (older checkpoints: the cut-off streak)
+        self.collapse.load(state.get("collapse"), state.get("cut_streak", 0))
         if rng is not None:
             checkpoint.set_rng_state(rng)
         if faults.digests_on(self.cfg.faults):
@@ -226,7 +228,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "scheduler": self.opt.sched.state_dict(),
             "zero_streak": self.streaks.zero_reward,
-            "cut_streak": self.streaks.all_cut,
+            "collapse": self.collapse.state(),
         }
 
     def _write_digest(self, name: str, rng: dict) -> None:
@@ -337,6 +339,8 @@ class Trainer:
             raise CircuitBreakerError(why)
         if t.eval_every and self.step % t.eval_every == 0 and self.eval_set:
             self.evaluate()  # a stop during it is answered by the loop: save, exit 5
+        # before the save: a checkpoint of this step holds a rollback's state (seed, count)
+        self.collapse.act(self)  # flag, stop (exit 3) or roll back: training.on_collapse
         due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
         due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
         if dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0 or (
@@ -425,9 +429,8 @@ class Trainer:
         # float(): torchao keeps its learning rate as a tensor (no recompile when it changes)
         lr = float(self.opt.sched.get_last_lr()[0])
         m = self.reporter.row(self.step, stats, sel, scored, times, t0, lr, verify)
-        self.streaks = self.streaks.after(
-            m["reward/mean"], m["rollout/truncated"], self.cfg.algo.mask_truncated
-        )
+        self.streaks = self.streaks.after(m["reward/mean"])
+        self.collapse.observe_step(m, stats)
         self.tracker.update(
             step=self.step,
             epoch=self.sampler.epoch,
@@ -451,7 +454,17 @@ class Trainer:
             self.evaluating = False
         if result is not None:  # keep-best: a new best saves this step's checkpoint
             self.keep_best.after_evaluation(self.step, result.metrics, result.problems, self.save)
+            self.collapse.observe_eval(self.step, on_collapse.score_of(result.metrics))
         return result is not None
+
+
+_ROLLBACK_TOOLS = on_collapse.Tools(
+    best.read_best,
+    checkpoint.load,
+    checkpoint.seed_all,
+    models.materialize,
+    models.load_model_and_tokenizer,
+)
 
 
 def _finite(x: float | None) -> float | None:

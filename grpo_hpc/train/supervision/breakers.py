@@ -1,6 +1,12 @@
 """Circuit breakers: when going on with a run cannot help, stop it (exit 3, checkpoint
 saved) with a line that says why and what to change. Pure: the trainer feeds each step's
-all-reduced metrics in, so every rank trips at the same step."""
+all-reduced metrics in, so every rank trips at the same step.
+
+A broken rollout or reward (zero reward) is a breaker: no setting of the run helps. A run
+that trains nothing because every completion is cut at the cap under the overlong mask
+(``training.cut_off_patience``) is a collapse: the collapse detector's ``all_cut`` signal
+(grpo_hpc/train/supervision/collapse.py), acted on as ``training.on_collapse`` says
+(``stop``, the default, is this breaker's former behaviour: exit 3, checkpoint saved)."""
 
 from __future__ import annotations
 
@@ -15,17 +21,10 @@ class Streaks:
 
     zero_reward: int = 0
     """Mean reward exactly 0 (a dead rollout or reward: ``training.zero_reward_patience``)."""
-    all_cut: int = 0
-    """Every completion cut off at the length cap while ``algo.mask_truncated`` trains none
-    of them, so the step trained nothing (``training.cut_off_patience``)."""
 
-    def after(self, reward_mean: float, truncated: float, masked: bool) -> Streaks:
-        """The streaks once a step with this mean reward and share of cut-off completions
-        (``rollout/truncated``) has run; ``masked``: ``algo.mask_truncated``."""
-        return Streaks(
-            zero_reward=self.zero_reward + 1 if reward_mean == 0 else 0,
-            all_cut=self.all_cut + 1 if masked and truncated >= 1.0 else 0,
-        )
+    def after(self, reward_mean: float) -> Streaks:
+        """The streaks once a step with this mean reward has run."""
+        return Streaks(zero_reward=self.zero_reward + 1 if reward_mean == 0 else 0)
 
 
 def tripped(streaks: Streaks, cfg: Config) -> str | None:
@@ -35,12 +34,5 @@ def tripped(streaks: Streaks, cfg: Config) -> str | None:
         return (
             f"mean reward was 0 for {streaks.zero_reward} consecutive steps: the rollout or "
             "reward is broken (check the model, the prompts and the reward function)"
-        )
-    if t.cut_off_patience and streaks.all_cut >= t.cut_off_patience:
-        return (
-            f"every completion ran to rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
-            f"for {streaks.all_cut} consecutive steps and algo.mask_truncated trains none of "
-            "them, so nothing trained: raise rollout.max_new_tokens (or set "
-            "algo.mask_truncated=false)"
         )
     return None

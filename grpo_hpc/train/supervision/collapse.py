@@ -55,6 +55,8 @@ class Thresholds:
     """Consecutive evaluations for ``eval_drop`` and ``reward_hacking``."""
     reward_rise: float = 0.05
     """``reward_hacking``: rise of the mean reward between two evaluations."""
+    cap: int = 0
+    """``rollout.max_new_tokens``, named in ``all_cut``'s line (0: not said)."""
     hack_fall: float = 0.15
     """``reward_hacking``: held-out accuracy lost over those evaluations (points)."""
 
@@ -158,8 +160,9 @@ def verdict(w: Watch, th: Thresholds, step: int) -> Verdict | None:
 
 def _all_cut(w: Watch, th: Thresholds) -> str | None:
     if th.cut_off_patience and w.all_cut >= th.cut_off_patience:
+        cap = f"rollout.max_new_tokens={th.cap}" if th.cap else "the length cap"
         return (
-            f"every completion ran to the length cap for {w.all_cut} consecutive steps and "
+            f"every completion ran to {cap} for {w.all_cut} consecutive steps and "
             "algo.mask_truncated trains none of them, so nothing trained: raise "
             "rollout.max_new_tokens (or set algo.mask_truncated=false)"
         )

@@ -1,0 +1,254 @@
+"""What the trainer does when :mod:`grpo_hpc.train.supervision.collapse` says the run has
+stopped learning: ``training.on_collapse`` = flag | stop | rollback.
+
+The decision is pure (:func:`action_for`); :class:`CollapseGuard` is the thin shell the
+trainer calls twice (after each step's metrics, after each evaluation) and whose state a
+checkpoint keeps (the watch, the rollbacks so far and the sampling seed in use), so a
+resumed run knows its attempts and its seed. Every detection is one ``collapse`` event in
+``events.jsonl`` (the monitor's format: time, job_id, phase, action, class, reason), read
+by grpo-status (the COLLAPSE flag), its plot (a vertical line) and the monitor (a run
+stopped for collapse is never resubmitted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from grpo_hpc.config.schema import Config
+from grpo_hpc.core.errors import CircuitBreakerError
+from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.train.supervision import collapse
+from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
+
+EVENT_PHASE = "collapse"
+"""``phase`` of a collapse event in events.jsonl (the monitor's are intent/decision/done)."""
+EVENT_CLASS = "collapsed"
+SEED_STRIDE = 1000
+"""Rollback k samples with ``training.seed + k * SEED_STRIDE``: far from the seeds that
+other runs of a seed sweep use (consecutive seeds)."""
+
+
+def thresholds(cfg: Config) -> Thresholds:
+    """The detector's thresholds from the config (the rest are the calibrated defaults)."""
+    t = cfg.training
+    return Thresholds(
+        cut_off_patience=t.cut_off_patience,
+        window=t.collapse_window,
+        patience=t.collapse_patience,
+        cap=cfg.rollout.max_new_tokens,
+    )
+
+
+def action_for(on_collapse: str, rollbacks: int, retries: int) -> str:
+    """flag, stop or rollback for a verdict (pure): a rollback past the budget stops."""
+    if on_collapse == "rollback" and rollbacks >= retries:
+        return "stop"
+    return on_collapse
+
+
+def rollback_seed(seed: int, attempt: int) -> int:
+    """The sampling seed of rollback ``attempt`` (1, 2, ...): pure, so a resume knows it."""
+    return seed + attempt * SEED_STRIDE
+
+
+class TrainerLike(Protocol):
+    cfg: Config
+    paths: RunPaths
+    step: int
+    model: torch.nn.Module
+    info: Any
+    opt: Any
+    tracker: Any
+
+    def save(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What a rollback needs of the packages beside this one (train/state, train/setup),
+    handed in by the trainer (a package of this layer imports none beside it)."""
+
+    read_best: Callable[[Path], Any]
+    """train.state.best.read_best: the best evaluation's record, or None."""
+    load_checkpoint: Callable[..., Any]
+    """train.state.checkpoint.load: model and optimizer in place."""
+    seed_all: Callable[[int], None]
+    """train.state.checkpoint.seed_all."""
+    materialize: Callable[..., Path]
+    """train.setup.models.materialize: the model's directory."""
+    load_model: Callable[..., Any]
+    """train.setup.models.load_model_and_tokenizer."""
+
+
+@dataclass
+class CollapseGuard:
+    """The trainer's collapse watch and what it did about it."""
+
+    cfg: Config
+    paths: RunPaths
+    tools: Tools | None = None
+    """None: rollback is not possible (a rollback then stops)."""
+    watch: Watch = field(default_factory=Watch)
+    rollbacks: int = 0
+    """Rollbacks so far (``training.collapse_retries`` is the budget)."""
+    seed: int | None = None
+    """Sampling seed drawn by the last rollback (None: ``training.seed``)."""
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps."""
+        return {"watch": self.watch.to_state(), "rollbacks": self.rollbacks, "seed": self.seed}
+
+    def load(self, state: dict[str, Any] | None, legacy_cut_streak: int = 0) -> None:
+        """From a checkpoint (one from before this guard carries only the cut-off streak)."""
+        if not state:
+            self.watch = Watch(all_cut=legacy_cut_streak)
+            return
+        self.watch = Watch.from_state(state.get("watch"))
+        self.rollbacks, self.seed = int(state.get("rollbacks", 0)), state.get("seed")
+
+    def observe_step(self, m: dict[str, Any], stats: dict[str, Any]) -> None:
+        """A step's all-reduced metrics (the same on every rank)."""
+        th = thresholds(self.cfg)
+        self.watch = self.watch.after_step(
+            float(m["reward/mean"]),
+            stats.get("grad_norm"),
+            float(m["rollout/truncated"]),
+            stats.get("entropy"),
+            self.cfg.algo.mask_truncated,
+            th.window,
+            th.entropy_floor,
+        )
+
+    def observe_eval(self, step: int, accuracy: float | None) -> None:
+        if accuracy is not None:
+            self.watch = self.watch.after_eval(step, accuracy)
+
+    def act(self, trainer: TrainerLike) -> None:
+        """After a step: flag, stop (raises CircuitBreakerError, exit 3, checkpoint saved)
+        or roll back, as the verdict and ``training.on_collapse`` say."""
+        v = collapse.verdict(self.watch, thresholds(self.cfg), trainer.step)
+        if v is None:
+            return
+        self.watch = collapse.reported(self.watch, v)
+        t = self.cfg.training
+        what = action_for(t.on_collapse, self.rollbacks, t.collapse_retries)
+        if what == "rollback" and self._rollback(trainer, v):
+            return
+        if what == "flag":
+            self._event(trainer, v, "FLAG", "flagged (training.on_collapse=flag); training goes on")
+            return
+        spent = (
+            f" after {self.rollbacks} rollback(s), training.collapse_retries spent"
+            if t.on_collapse == "rollback"
+            else ""
+        )
+        note = f"stopped (training.on_collapse={t.on_collapse}{spent}); checkpoint saved"
+        trainer.save()
+        self._event(trainer, v, "STOP", note)
+        raise CircuitBreakerError(f"{v.line()}; {note}")
+
+    def _rollback(self, trainer: TrainerLike, v: Verdict) -> bool:
+        """Back to the best checkpoint (or the start) with a new sampling seed; False when
+        it cannot (the caller stops instead)."""
+        if self.tools is None:
+            return False
+        best = self.tools.read_best(self.paths.root)
+        target = best.step if best is not None else 0
+        ckpt = self.paths.checkpoint(target)
+        if target and not ckpt.is_dir():
+            target = 0  # the best's checkpoint is gone: start afresh rather than guess
+        if target == 0 and not _can_restart(self.cfg):
+            return False
+        if target:
+            _load_checkpoint_weights(trainer, ckpt, self.tools)
+        else:
+            _load_start_weights(trainer, self.tools)
+        self.rollbacks += 1
+        self.seed = rollback_seed(self.cfg.training.seed, self.rollbacks)
+        self.tools.seed_all(self.seed + trainer.info.rank)
+        self.watch = self.watch.restarted()
+        t = self.cfg.training
+        note = (
+            f"rollback {self.rollbacks}/{t.collapse_retries} to step {target} "
+            f"({'best checkpoint' if target else 'the start'}) with sampling seed {self.seed}; "
+            "nothing else changed"
+        )
+        self._event(trainer, v, "ROLLBACK", note, to_step=target, seed=self.seed)
+        trainer.tracker.update(reason=f"{v.line()}; {note}")
+        return True
+
+    def _event(
+        self, trainer: TrainerLike, v: Verdict, action: str, note: str, **extra: Any
+    ) -> None:
+        if trainer.info.is_main:
+            print(f"[Collapse] {v.line()}; {note}", flush=True)
+            append_jsonl(
+                self.paths.events,
+                {
+                    "time": time.time(),
+                    "job_id": str(trainer.tracker.record.job_id),
+                    "slurm_state": None,
+                    "phase": EVENT_PHASE,
+                    "action": action,
+                    "class": EVENT_CLASS,
+                    "reason": f"{v.line()}; {note}",
+                    "signal": v.signal,
+                    "step": v.step,
+                    "rollbacks": self.rollbacks,
+                    **extra,
+                },
+            )
+
+
+def _can_restart(cfg: Config) -> bool:
+    """Rolling back to the start reloads the base weights whole: not for a LoRA policy."""
+    return cfg.model.lora_rank == 0
+
+
+def _load_checkpoint_weights(trainer: TrainerLike, ckpt: Path, tools: Tools) -> None:
+    """Model and optimizer of the best checkpoint, in place; the step count, the learning
+    rate schedule and the sampler go on (the step budget counts over every attempt)."""
+    tools.load_checkpoint(
+        ckpt,
+        trainer.model,
+        trainer.opt.optim,
+        trainer.info,
+        trainable_only=bool(trainer.cfg.model.lora_rank),
+    )
+
+
+def _load_start_weights(trainer: TrainerLike, tools: Tools) -> None:
+    """The model's starting weights (its directory, read again) and a fresh optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    cfg = trainer.cfg
+    model_dir = tools.materialize(cfg.model, trainer.paths.root, cfg.training.seed)
+    fresh, _ = tools.load_model(model_dir, cfg.model.attn_implementation, torch.device("cpu"))
+    set_model_state_dict(
+        trainer.model, fresh.state_dict(), options=StateDictOptions(full_state_dict=True)
+    )
+    _restart_optimizer(trainer.opt.optim)
+
+
+def _restart_optimizer(optim: torch.optim.Optimizer) -> None:
+    """Every state tensor to zero: for Adam(W), the state of its first step (moments 0,
+    step 0). Zeroed rather than dropped: a checkpoint of an empty optimizer state is
+    filled by torch with one step on zero gradients (trainer.save's comment)."""
+    for state in optim.state.values():
+        for key, value in list(state.items()):
+            if torch.is_tensor(value):
+                value.zero_()
+            elif isinstance(value, (int, float)):
+                state[key] = type(value)(0)
+
+
+def score_of(metrics: dict[str, float]) -> float | None:
+    """The held-out figure the detector watches: accuracy (math) or pass@1 (code)."""
+    return metrics.get("accuracy", metrics.get("pass@1"))

@@ -1,0 +1,117 @@
+"""A real tiny run that stops learning, caught and acted on (training.on_collapse).
+
+Under ``algo.mask_truncated`` the tiny model seldom ends within its 8 tokens, so nearly
+every step trains nothing (zero gradient): the collapse detector's ``no_signal`` fires
+once ``collapse_patience`` of the last ``collapse_window`` steps were such steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from grpo_hpc.core.best import BestRecord, write_best
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.fsutil import read_jsonl
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.core.runs import JobView
+from grpo_hpc.monitor.decision import ActionKind, FailureClass, decide, history_from
+from grpo_hpc.status.plot import plot_data
+from grpo_hpc.status.view import collapse_flag
+
+from .helpers import make_run, train
+
+DEAD = ("algo.mask_truncated=true", "training.cut_off_patience=0", "training.collapse_window=2")
+
+
+def _steps(paths: RunPaths) -> list[dict]:
+    return [m for m in read_jsonl(paths.metrics) if "loss" in m]
+
+
+def _collapses(paths: RunPaths) -> list[dict]:
+    return [e for e in read_jsonl(paths.events) if e.get("phase") == "collapse"]
+
+
+def _dead_from_the_start(paths: RunPaths, n: int) -> None:
+    """The precondition: the first ``n`` steps trained nothing."""
+    assert [m["grad_norm"] for m in _steps(paths)[:n]] == [0.0] * n, _steps(paths)
+
+
+def test_a_flagged_collapse_is_an_event_a_status_flag_and_a_plot_line(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "flag", *DEAD, "training.collapse_patience=2",
+                     "training.on_collapse=flag", "training.max_steps=3")  # fmt: skip
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _dead_from_the_start(paths, 2)
+    (ev,) = _collapses(paths)  # reported once per attempt, though it holds on
+    assert (ev["action"], ev["signal"], ev["step"]) == ("FLAG", "no_signal", 2)
+    assert "2 of the last 2 steps trained nothing" in ev["reason"]
+    assert "[Collapse] collapse (no_signal) at step 2" in result.stdout
+    assert read_progress(paths.progress).state is TrainState.FINISHED
+    assert collapse_flag(read_jsonl(paths.events)) == "no_signal@2 flag"
+    assert plot_data(_steps(paths), [], events=read_jsonl(paths.events)).collapses == [
+        (2, "no_signal: flag")
+    ]
+
+
+def test_a_stopped_collapse_ends_with_its_reason_and_is_never_resubmitted(tmp_path: Path) -> None:
+    paths = make_run(
+        tmp_path, "stop", *DEAD, "training.collapse_patience=2", "training.max_steps=6"
+    )  # fmt: skip  (on_collapse: stop, the default)
+    result = train(paths)
+    assert result.returncode == ExitCode.CIRCUIT_BREAKER, result.stderr[-3000:]
+    _dead_from_the_start(paths, 2)
+    rec = read_progress(paths.progress)
+    assert rec.state is TrainState.FAILED and rec.step == 2 and paths.latest_checkpoint() == 2
+    assert rec.reason.startswith("collapse (no_signal) at step 2")
+    assert "stopped (training.on_collapse=stop); checkpoint saved" in rec.reason
+    (ev,) = _collapses(paths)
+    assert ev["action"] == "STOP" and ev["job_id"] == str(rec.job_id)
+    job = JobView(job_id=str(rec.job_id), state="COMPLETED", submitted_at=rec.started_at)
+    history = history_from(read_jsonl(paths.events), [{"job_id": str(rec.job_id)}])
+    action = decide(rec, job, history, rec.heartbeat + 60)
+    assert (action.kind, action.failure_class) == (ActionKind.STOP, FailureClass.COLLAPSED)
+
+
+def _adam_steps(paths: RunPaths, step: int) -> set[float]:
+    optim = torch.load(paths.checkpoint(step) / "optim.pt", weights_only=False)
+    return {float(st["step"]) for st in optim["state"].values()}
+
+
+def test_rollback_goes_back_to_the_best_checkpoint_with_a_new_seed(tmp_path: Path) -> None:
+    """The best checkpoint (step 2, named in best.json as keep-best writes it) is loaded at
+    the step-4 collapse: its optimizer, 2 steps old, is 4 steps old at step 6, not 6. The
+    rollback is an event, and the checkpoint of its step carries its count and seed, so a
+    resumed run knows them. (With the retry spent, a next collapse stops: the action table
+    in tests/unit/train/supervision/test_collapse.py.)"""
+    paths = make_run(tmp_path, "rb", *DEAD, "training.collapse_window=4",
+                     "training.collapse_patience=4", "training.on_collapse=rollback",
+                     "training.collapse_retries=1", "training.max_steps=6",
+                     "training.keep_last=5")  # fmt: skip
+    write_best(paths.root, BestRecord(step=2, metric="accuracy", score=0.5, checkpoint="step-2"))
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _dead_from_the_start(paths, 4)
+    (rollback,) = _collapses(paths)
+    assert (rollback["action"], rollback["step"], rollback["to_step"]) == ("ROLLBACK", 4, 2)
+    assert rollback["seed"] == 1000
+    assert "rollback 1/1 to step 2 (best checkpoint)" in rollback["reason"]
+    assert "[Collapse] collapse (no_signal) at step 4" in result.stdout
+    state = torch.load(paths.checkpoint(4) / "trainer.pt", weights_only=False)
+    assert state["collapse"]["rollbacks"] == 1 and state["collapse"]["seed"] == 1000
+    assert _adam_steps(paths, 2) == {2.0} and _adam_steps(paths, 6) == {4.0}
+    assert "rollback 1/1" in (read_progress(paths.progress).reason or "")
+
+
+def test_rollback_without_a_best_checkpoint_starts_afresh(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, "rb0", *DEAD, "training.collapse_patience=2",
+                     "training.on_collapse=rollback", "training.max_steps=3")  # fmt: skip
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _dead_from_the_start(paths, 2)
+    (ev,) = _collapses(paths)
+    assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
+    assert "to step 0 (the start)" in ev["reason"]
+    assert read_progress(paths.progress).state is TrainState.FINISHED
+    assert _adam_steps(paths, 2) == {0.0} and _adam_steps(paths, 3) == {1.0}  # Adam restarted

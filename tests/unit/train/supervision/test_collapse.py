@@ -1,0 +1,100 @@
+"""The collapse detector (grpo_hpc/train/supervision/collapse.py) on recorded runs and on
+made-up ones, and the pure part of acting on it (on_collapse.py). The real trainer flags,
+stops and rolls back in tests/e2e/test_collapse_run.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.train.supervision.collapse import Thresholds, Watch, replay, reported, verdict
+from grpo_hpc.train.supervision.on_collapse import action_for, rollback_seed
+
+RECORDED = Path(__file__).parents[4] / "bench/results/learning_2term_mask_h100x4_2026-11-27.json"
+
+
+def _seed(n: int) -> dict:
+    runs = json.loads(RECORDED.read_text())["systems"]["grpo_hpc"]
+    return next(r for r in runs if r["seed"] == n)
+
+
+@pytest.mark.parametrize("seed", [0, 13])
+def test_a_recorded_cap_stall_is_caught_within_a_few_steps(seed: int) -> None:
+    run = _seed(seed)
+    assert run["evals"][-1]["accuracy"] < 0.05  # the precondition: it did collapse
+    verdicts = replay(run["steps"], run["evals"], Thresholds())
+    assert verdicts and verdicts[0].signal == "no_signal" and verdicts[0].step == 10
+    assert "of the last 10 steps trained nothing" in verdicts[0].line()
+
+
+@pytest.mark.parametrize("seed", [1, 24])
+def test_a_recorded_healthy_seed_draws_no_verdict(seed: int) -> None:
+    run = _seed(seed)
+    assert run["evals"][-1]["accuracy"] > 0.8
+    assert sum(1 for s in run["steps"] if s["grad_norm"] == 0) >= 4  # it had quiet steps
+    assert replay(run["steps"], run["evals"], Thresholds()) == []
+
+
+def test_a_late_fall_from_the_peak_is_caught_by_the_evaluations() -> None:
+    """Seed 10 rose to 0.40 at step 5 and fell to 0 with gradients still flowing."""
+    run = _seed(10)
+    verdicts = replay(run["steps"], run["evals"], Thresholds())
+    assert [(v.signal, v.step) for v in verdicts][:1] == [("eval_drop", 20)]
+    assert "fell from 0.40" in verdicts[0].why
+
+
+def _steps(w: Watch, n: int, **kw: float | None) -> Watch:
+    row = {"reward": 0.1, "grad_norm": 1.0, "cut": 0.5, "entropy": 1.0} | kw
+    for _ in range(n):
+        w = w.after_step(row["reward"], row["grad_norm"], row["cut"], row["entropy"], True)
+    return w
+
+
+def test_every_completion_cut_and_masked_is_the_former_cut_off_breaker() -> None:
+    th = Thresholds(cut_off_patience=3, patience=0, cap=48)
+    w = _steps(Watch(), 2, cut=1.0, grad_norm=0.0)
+    assert w.all_cut == 2 and verdict(w, th, 2) is None
+    v = verdict(_steps(w, 1, cut=1.0, grad_norm=0.0), th, 3)
+    assert v is not None and v.signal == "all_cut"
+    assert "rollout.max_new_tokens=48 for 3 consecutive steps" in v.why
+    assert "raise rollout.max_new_tokens" in v.why
+    assert _steps(w, 1, cut=0.97).all_cut == 0  # one finished completion resets it
+    unmasked = Watch().after_step(0.1, 1.0, 1.0, 1.0, masked=False)
+    assert unmasked.all_cut == 0  # without the mask a cut completion still trains
+    off = Thresholds(cut_off_patience=0, patience=0, pinned_share=0)  # 0 disables each
+    assert verdict(_steps(Watch(), 50, cut=1.0, grad_norm=0.0), off, 50) is None
+
+
+def test_entropy_and_reward_hacking_fire_on_their_shapes() -> None:
+    th = Thresholds(window=4)
+    low = _steps(Watch(), 4, entropy=0.001)
+    v = verdict(low, th, 4)
+    assert v is not None and v.signal == "entropy"
+    w = Watch().after_eval(0, 0.6)
+    for step, (reward, acc) in enumerate([(0.3, 0.7), (0.5, 0.6), (0.7, 0.5), (0.9, 0.4)], 1):
+        w = _steps(w, 5, reward=reward).after_eval(step * 5, acc)
+    hacked = verdict(w, th, 20)
+    assert hacked is not None and hacked.signal == "reward_hacking" and "0.70 -> 0.40" in hacked.why
+
+
+def test_each_signal_is_reported_once_and_the_watch_survives_a_checkpoint() -> None:
+    th = Thresholds()
+    w = _steps(Watch(), 10, grad_norm=0.0, cut=0.99)
+    v = verdict(w, th, 10)
+    assert v is not None and v.signal == "no_signal"
+    w = reported(w, v)
+    again = verdict(w, th, 10)
+    assert again is None or again.signal != "no_signal"
+    w = w.after_eval(10, 0.2)
+    assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
+    assert w.restarted() == Watch(evals=w.evals)
+
+
+def test_the_action_table() -> None:
+    assert action_for("flag", 0, 2) == "flag"
+    assert action_for("stop", 0, 2) == "stop"
+    assert action_for("rollback", 1, 2) == "rollback"
+    assert action_for("rollback", 2, 2) == "stop"  # the retry budget is spent
+    assert rollback_seed(7, 2) == 2007
