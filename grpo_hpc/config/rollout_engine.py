@@ -66,9 +66,33 @@ def _rope_types(cfg: Mapping[str, Any] | Any) -> list[str]:
     return [str(d.get("rope_type", d.get("type", "default"))) for d in dicts]
 
 
-def native_problem(cfg: Mapping[str, Any] | Any) -> str | None:
+def rope_limit(cfg: Mapping[str, Any] | Any) -> int:
+    """Longest sequence the native engine's rotary tables hold for: longrope's
+    ``original_max_position_embeddings`` (Phi-3/Phi-4-mini: HF switches to the long factors
+    past it, which the native engine does not implement), else 0 (any length)."""
+    rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
+    if not isinstance(rope, Mapping) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return 0
+    limit = rope.get("original_max_position_embeddings")
+    return int(limit or _get(cfg, "original_max_position_embeddings", 0) or 0)
+
+
+def length_problem(cfg: Mapping[str, Any] | Any, tokens: int) -> str | None:
+    """Why the native engine cannot decode sequences of ``tokens`` (prompt + completion)
+    for this model (one phrase), or None: past :func:`rope_limit`."""
+    limit = rope_limit(cfg)
+    if limit and tokens > limit:
+        return (
+            f"sequences of {tokens} tokens (prompt + rollout.max_new_tokens) past longrope's "
+            f"original_max_position_embeddings={limit} (its long factors are not native)"
+        )
+    return None
+
+
+def native_problem(cfg: Mapping[str, Any] | Any, tokens: int = 0) -> str | None:
     """Why the native engine cannot decode a model of this config (a ``config.json`` dict
     or a transformers config object), as a phrase ("model_type 'gpt2'"); None when it can.
+    ``tokens``: the longest sequence (prompt + completion) it will decode, where known.
     The trainer's check (grpo_hpc.train.rollout.native.weights.shape_of) is this one, plus
     what only the loaded model shows (its LoRA adapters, biases it cannot fold)."""
     mtype = _get(cfg, "model_type")
@@ -89,7 +113,7 @@ def native_problem(cfg: Mapping[str, Any] | Any) -> str | None:
         return "attention biases (qwen2's q/k/v biases only)"
     if _get(cfg, "mlp_bias"):
         return "MLP biases"
-    return None
+    return length_problem(cfg, tokens)
 
 
 @dataclass(frozen=True)
@@ -143,9 +167,12 @@ def choose(setting: str, model_type: str | None, problem: str | None, cuda: bool
     return EngineChoice("native", f" ({model_type})")
 
 
-def choose_for_config(setting: str, cfg: Mapping[str, Any] | Any, cuda: bool) -> EngineChoice:
-    """:func:`choose` for a model's config (a config.json dict or a transformers config)."""
-    return choose(setting, _get(cfg, "model_type"), native_problem(cfg), cuda)
+def choose_for_config(
+    setting: str, cfg: Mapping[str, Any] | Any, cuda: bool, tokens: int = 0
+) -> EngineChoice:
+    """:func:`choose` for a model's config (a config.json dict or a transformers config);
+    ``tokens``: the longest sequence to decode, where known."""
+    return choose(setting, _get(cfg, "model_type"), native_problem(cfg, tokens), cuda)
 
 
 def undecided(why: str) -> EngineChoice:

@@ -20,6 +20,7 @@ from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.memory import estimate as memory_estimate
 from grpo_hpc.submit import torch_build
 
 ROWS_CHECKED = 5
@@ -136,7 +137,10 @@ def rollout_choice(cfg: Config, profile: Profile) -> rollout_engine.EngineChoice
     found, why = model_config_json(cfg.model)
     if found is None:
         return rollout_engine.undecided(why)
-    return rollout_engine.choose_for_config(setting, found, gpu)
+    # The longest sequence as the memory estimate assumes it (a GSM8K chat prompt is at
+    # most ~320 tokens): what Phi-3's longrope limit is checked against here.
+    tokens = memory_estimate.PROMPT_TOKENS + cfg.rollout.max_new_tokens
+    return rollout_engine.choose_for_config(setting, found, gpu, tokens)
 
 
 def _first_rows(path: Path, n: int) -> list[tuple[int, object]]:

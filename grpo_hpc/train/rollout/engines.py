@@ -135,18 +135,19 @@ def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201
         del head.forward  # back to the class's forward
 
 
-def choose_engine(name: str, model: torch.nn.Module) -> EngineChoice:
+def choose_engine(name: str, model: torch.nn.Module, tokens: int = 0) -> EngineChoice:
     """``rollout.engine`` decided for this model on its device, by the rule grpo-submit
     applies to config.json (grpo_hpc.config.rollout_engine.choose): ``auto`` -> ``native``
-    on CUDA when the architecture is supported, else ``hf``. An explicit ``native`` that
-    cannot run is a configuration error (said in one line)."""
+    on CUDA when the architecture is supported (and sequences of ``tokens``, the longest
+    prompt + completion, within its rotary tables: Phi-3's longrope), else ``hf``. An
+    explicit ``native`` that cannot run is a configuration error (said in one line)."""
     from grpo_hpc.core.errors import ConfigError
     from grpo_hpc.train.rollout.native.weights import UnsupportedModel, shape_of
 
     why = None
     if name != "hf":
         try:
-            shape_of(model)  # a peft LoRA policy is folded into the packed weights
+            shape_of(model).check_length(tokens)  # LoRA folds into the packed weights
         except UnsupportedModel as e:
             why = str(e)
     mtype = getattr(getattr(model, "config", None), "model_type", None)
@@ -158,7 +159,7 @@ def choose_engine(name: str, model: torch.nn.Module) -> EngineChoice:
 
 def pick_engine(name: str, model: torch.nn.Module, opts: EngineOptions) -> str:
     """``native`` or ``hf``: :func:`choose_engine`'s engine."""
-    return choose_engine(name, model).engine
+    return choose_engine(name, model, opts.max_prompt_tokens + opts.max_new_tokens).engine
 
 
 def build_engine(
@@ -175,7 +176,7 @@ def build_engine(
     attribute says which and why (the training log's [Speed] line)."""
     common = (model, tokenizer, opts.max_new_tokens, opts.temperature, opts.top_p)
     hooks = {"tick": tick, "abort": abort}
-    choice = choose_engine(name, model)
+    choice = choose_engine(name, model, opts.max_prompt_tokens + opts.max_new_tokens)
     if choice.engine == "hf":
         engine: RolloutEngine = HFEngine(
             *common,

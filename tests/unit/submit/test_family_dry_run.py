@@ -90,3 +90,29 @@ def test_the_console_script_refuses_native_for_a_mixture_of_experts(logs_dir: Pa
     assert len(lines) == 1 and lines[0].startswith(f"grpo-submit: error: {said}")
     assert f"# refused at submission: {said}" in result.stdout
     assert not logs_dir.exists()
+
+
+def test_phi_past_its_longrope_limit_is_told_before_queueing(
+    logs_dir: Path,
+    capsys,  # noqa: ANN001
+) -> None:
+    """Phi-4-mini's longrope switches to its long factors past 4096 positions, which the
+    native engine does not implement: at a length cap that takes sequences past it, the
+    submission says HF generate decodes (it was found at the first rollout), and an explicit
+    native engine is refused in one line."""
+    args = ["--profile", "h100x2", "--config", "gsm8k", "--dry-run", "--name", "d"]
+    shape = f"model.name_or_path=random:{SHAPES / 'phi-4-mini'}"
+    assert main([*args, shape, "rollout.max_new_tokens=3700"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout: native (phi3)" in out  # 320 + 3700 tokens: within 4096
+    assert main([*args, shape, "rollout.max_new_tokens=3800"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rollout:")]
+    assert line == [
+        "rollout: HF generate, the native engine does not decode sequences of 4120 tokens "
+        "(prompt + rollout.max_new_tokens) past longrope's original_max_position_embeddings="
+        "4096 (its long factors are not native): rollouts about 7-14x slower"
+    ]
+    code = main([*args, shape, "rollout.max_new_tokens=3800", "rollout.engine=native"])
+    assert code == 2
+    assert "rollout.engine=native cannot decode sequences of 4120 tokens" in capsys.readouterr().err
+    assert not logs_dir.exists()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_hpc.config.rollout_engine import native_problem
+from grpo_hpc.config.rollout_engine import native_problem, rope_limit
 
 
 class UnsupportedModel(ValueError):
@@ -206,12 +206,8 @@ def _windows(cfg: object) -> tuple[int, ...]:
 
 def _rope_limit(cfg: object) -> int:
     """``original_max_position_embeddings`` for longrope (its short factors hold up to
-    there), else 0."""
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type") != "longrope":
-        return 0
-    limit = rope.get("original_max_position_embeddings")
-    return int(limit or getattr(cfg, "original_max_position_embeddings", 0) or 0)
+    there), else 0: the rule grpo-submit applies to config.json."""
+    return rope_limit(cfg)
 
 
 def _inv_freq(rot: torch.nn.Module, prefix: str) -> torch.Tensor:
