@@ -176,11 +176,17 @@ def test_longrope_past_its_short_factors_is_refused(tmp_path_factory) -> None:  
     """Phi-3's longrope: HF switches to the long factors past
     original_max_position_embeddings (1024 here); the native engine refuses such
     sequences in one line rather than decode them differently."""
+    from grpo_hpc.core.errors import ConfigError
+    from grpo_hpc.train.rollout.engines import choose_engine
     from grpo_hpc.train.rollout.native.weights import UnsupportedModel
 
     model, tok = _load("phi3", tmp_path_factory)
     with pytest.raises(UnsupportedModel, match="original_max_position_embeddings=1024"):
         NativeEngine(model, tok, 1024, 1.0, 1.0, 60).generate(PROMPTS, 1, greedy=True)
+    # The trainer decides before the first rollout, with its longest prompt + the cap.
+    assert choose_engine("native", model, 1024).engine == "native"
+    with pytest.raises(ConfigError, match="sequences of 1025 tokens"):
+        choose_engine("native", model, 1025)
 
 
 LORA_TARGETS = {
