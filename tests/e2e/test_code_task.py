@@ -61,3 +61,7 @@ def test_two_ranks_split_the_held_out_problems(tmp_path: Path) -> None:
     evals = [json.loads(x) for x in paths.metrics.read_text().splitlines() if "pass@1" in x]
     assert [m["step"] for m in evals] == [0, 1]
     assert "(0/6 completions passed every test" in result.stdout  # 3 problems x 2 samples
+    # every completion of both ranks' shares in one samples file, the padding left out
+    rows = [json.loads(x) for x in paths.eval_samples_at(1).read_text().splitlines()]
+    assert len(rows) == 6 and {r["verdict"] for r in rows} == {0.0}
+    assert len({r["question"] for r in rows}) == 3 and rows[0]["gold"] is None
