@@ -304,7 +304,7 @@ class Trainer:
         self.tracker.update(TrainState.CHECKPOINTING)  # a heartbeat while it writes
         t0 = time.monotonic()
         try:
-            out = export.export_final(self.paths, self.cfg.training.max_steps)
+            out = export.export_final(self.paths, self.step)  # max_steps, or a collapse stop
         except (GrpoError, OSError, ValueError) as e:
             print(
                 f"[Export] warning: final model not written ({e}); run grpo-export "

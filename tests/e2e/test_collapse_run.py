@@ -66,6 +66,8 @@ def test_a_stopped_collapse_ends_with_its_reason_and_is_never_resubmitted(tmp_pa
     assert rec.state is TrainState.FAILED and rec.step == 2 and paths.latest_checkpoint() == 2
     assert rec.reason.startswith("collapse (no_signal) at step 2")
     assert "stopped (training.on_collapse=stop); checkpoint saved" in rec.reason
+    assert f"the model to hand on in {paths.final}" in rec.reason  # no evaluation: the last
+    assert (paths.final / "config.json").is_file()
     (ev,) = _collapses(paths)
     assert ev["action"] == "STOP" and ev["job_id"] == str(rec.job_id)
     job = JobView(job_id=str(rec.job_id), state="COMPLETED", submitted_at=rec.started_at)
@@ -104,14 +106,27 @@ def test_rollback_goes_back_to_the_best_checkpoint_with_a_new_seed(tmp_path: Pat
     assert "rollback 1/1" in (read_progress(paths.progress).reason or "")
 
 
-def test_rollback_without_a_best_checkpoint_starts_afresh(tmp_path: Path) -> None:
-    paths = make_run(tmp_path, "rb0", *DEAD, "training.collapse_patience=2",
-                     "training.on_collapse=rollback", "training.max_steps=3")  # fmt: skip
-    result = train(paths)
-    assert result.returncode == 0, result.stderr[-3000:]
-    _dead_from_the_start(paths, 2)
-    (ev,) = _collapses(paths)
+def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(tmp_path: Path) -> None:
+    """Rolled back to the start at step 2 (checkpointed with its count, seed and fresh
+    optimizer), killed at the start of step 3, resumed: steps 3-4 and the final weights
+    equal those of a run that was never stopped, to the bit."""
+    args = (*DEAD, "training.collapse_patience=2", "training.on_collapse=rollback",
+            "training.max_steps=4", "faults.enabled=true")  # fmt: skip
+    whole = make_run(tmp_path, "whole", *args)
+    cut = make_run(tmp_path, "cut", *args, "faults.crash_at_step=2")
+    assert train(whole).returncode == 0
+    assert train(cut).returncode != 0 and cut.latest_checkpoint() == 2
+    (ev,) = _collapses(cut)  # before the crash: no best.json, so back to the start
     assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
     assert "to step 0 (the start)" in ev["reason"]
-    assert read_progress(paths.progress).state is TrainState.FINISHED
-    assert _adam_steps(paths, 2) == {0.0} and _adam_steps(paths, 3) == {1.0}  # Adam restarted
+    assert _adam_steps(cut, 2) == {0.0}  # the starting weights with a fresh optimizer
+    cut.config.write_text(cut.config.read_text().replace("crash_at_step: 2", "crash_at_step: -1"))
+    result = train(cut)
+    assert result.returncode == 0, result.stderr[-3000:]
+    keys = ("reward/mean", "loss", "grad_norm", "rollout/truncated")
+    tail = [[m.get(k) for k in keys] for m in _steps(cut) if m["step"] > 2]
+    assert tail == [[m.get(k) for k in keys] for m in _steps(whole) if m["step"] > 2]
+    assert [e["seed"] for e in _collapses(cut)] == [e["seed"] for e in _collapses(whole)]
+    a = torch.load(whole.checkpoint(4) / "model.pt", weights_only=False)
+    b = torch.load(cut.checkpoint(4) / "model.pt", weights_only=False)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -69,6 +69,8 @@ class TrainerLike(Protocol):
 
     def save(self) -> None: ...
 
+    def _export_final(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class Tools:
@@ -152,6 +154,10 @@ class CollapseGuard:
         note = f"stopped (training.on_collapse={t.on_collapse}{spent}); checkpoint saved"
         trainer.save()
         self._event(trainer, v, "STOP", note)
+        if t.save_final and t.export_final and trainer.info.is_main:
+            trainer._export_final()  # final/: the best model (training.final), last/ beside
+            if self.paths.final.is_dir():
+                note += f", the model to hand on in {self.paths.final}"
         raise CircuitBreakerError(f"{v.line()}; {note}")
 
     def _rollback(self, trainer: TrainerLike, v: Verdict) -> bool:
