@@ -1,4 +1,4 @@
-"""Run the real trainer under torchrun on a run directory made by the real submit code."""
+"""Run the real trainer (forked or under torchrun) on a run directory the submit code made."""
 
 from __future__ import annotations
 
@@ -46,16 +46,19 @@ def torchrun_cmd(paths: RunPaths, nproc: int) -> list[str]:
     ]
 
 
-def launch(paths: RunPaths, nproc: int, out: IO[str], err: IO[str]) -> ForkedRun | subprocess.Popen:
-    """Start training ``paths`` with stdout/stderr into ``out``/``err``: torchrun for several
-    processes; for one, the trainer's entry point in a process forked from a server that
-    imported the trainer once (tests/e2e/trainer_fork.py: ~4.5 s of CPU saved per run, and
-    torchrun's ~2.5 s). One process trains the same either way: ``dist.init`` joins a
-    process group only for a world of two or more. The launch path stays under test: every
-    multi-process run, :func:`start`, tests/e2e/test_signals_early.py,
-    tests/e2e/test_submit_local.py and the real-Slurm tests go through torchrun."""
-    if nproc == 1:
-        return ForkedRun(str(paths.root), env(), out, err)
+def launch(
+    paths: RunPaths, nproc: int, out: IO[str], err: IO[str], torchrun: bool = False
+) -> ForkedRun | subprocess.Popen:
+    """Start training ``paths`` with stdout/stderr into ``out``/``err``: by default forked
+    from a server that imported the trainer once (tests/e2e/trainer_fork.py: ~4.5 s of CPU
+    saved per process, and torchrun's ~2.5 s), several processes under an agent that does
+    for them what torchrun does on one node (their environment, the rendezvous store, the
+    others stopped when one fails); under the real torchrun with ``torchrun=True``. The
+    launch path stays under test: :func:`start`, tests/e2e/test_signals_early.py,
+    test_two_processes_train_and_checkpoint[ddp-hf], tests/e2e/test_submit_local.py and
+    the real-Slurm tests go through torchrun."""
+    if not torchrun:
+        return ForkedRun(str(paths.root), env(), out, err, nproc)
     return subprocess.Popen(
         torchrun_cmd(paths, nproc),
         stdout=out,
@@ -76,17 +79,19 @@ def env() -> dict[str, str]:
     }
 
 
-def train(paths: RunPaths, nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+def train(
+    paths: RunPaths, nproc: int = 1, timeout: float = 300, torchrun: bool = False
+) -> subprocess.CompletedProcess:
     """Train to the end (:func:`launch`). Like the launcher, take the exit code from
     progress.json: torchrun reports 1 for any failed worker, whatever the worker's own code
     was."""
-    with training(paths, nproc, timeout) as result:
+    with training(paths, nproc, timeout, torchrun) as result:
         return result()
 
 
 @contextmanager
 def training(
-    paths: RunPaths, nproc: int = 1, timeout: float = 300
+    paths: RunPaths, nproc: int = 1, timeout: float = 300, torchrun: bool = False
 ) -> Iterator[Callable[[], subprocess.CompletedProcess]]:
     """``train`` in the background: yields a function that waits for the run's end and
     returns what ``train`` would have. The run is SIGKILLed if it is still going when the
@@ -98,7 +103,7 @@ def training(
         tempfile.NamedTemporaryFile("w+") as out,
         tempfile.NamedTemporaryFile("w+") as err,
     ):
-        proc = launch(paths, nproc, out, err)
+        proc = launch(paths, nproc, out, err, torchrun)
 
         def result() -> subprocess.CompletedProcess:
             proc.wait(timeout=timeout)

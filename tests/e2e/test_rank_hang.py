@@ -1,7 +1,8 @@
 """A rank that stops answering ends the job within dist.peer_timeout_s (issue 37), on the real
-trainer under torchrun: rank 1 is SIGSTOPped mid-run, as a hung GPU process would be; rank 0
-is then waiting in a collective that would otherwise block for the process group's 30
-minutes. The job must end by itself, recording who stopped and exit 4 (resubmit)."""
+trainer's two ranks (forked as torchrun starts them: trainer_fork.py): rank 1 is SIGSTOPped
+mid-run, as a hung GPU process would be; rank 0 is then waiting in a collective that would
+otherwise block for the process group's 30 minutes. The job must end by itself, recording
+who stopped and exit 4 (resubmit)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_a_stopped_rank_ends_the_job_within_the_peer_timeout(tmp_path: Path) -> 
             done = result()
         finally:
             try:
-                os.kill(victim, signal.SIGKILL)  # torchrun should have; never leave it
+                os.kill(victim, signal.SIGKILL)  # the launcher should have; never leave it
             except ProcessLookupError:
                 pass
         ended_after = time.monotonic() - t0
@@ -75,7 +76,7 @@ def test_a_stopped_rank_ends_the_job_within_the_peer_timeout(tmp_path: Path) -> 
     assert rec.step < 40
     # the pulse's timeout (counted from the last pulse seen, up to a pulse or two before the
     # stop), then the watcher kills the stopped rank (same host): no 30 s SIGTERM grace. The
-    # upper bound leaves a loaded machine a minute for torchrun's teardown: the hang it
+    # upper bound leaves a loaded machine a minute for the launcher's teardown: the hang it
     # guards against is the process group's 30 minutes
     assert TIMEOUT_S - 2 * PULSE_S <= ended_after < TIMEOUT_S + 60, ended_after
     assert "rank 0: rank 1 stopped answering" in done.stderr

@@ -1,4 +1,4 @@
-"""The real trainer under torchrun: DDP/FSDP2, signals, circuit breaker, stalls, bad input."""
+"""The real trainer (forked, or under torchrun): DDP/FSDP2, signals, breaker, stalls, bad input."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def test_two_processes_train_and_checkpoint(tmp_path: Path, strategy: str, engin
         *bind,
         nproc=2,
     )
-    result = train(paths, nproc=2)
+    # the DDP run goes through the real torchrun (the others are forked: trainer_fork.py)
+    result = train(paths, nproc=2, torchrun=strategy == "ddp")
     assert result.returncode == 0, result.stderr[-3000:]
     bound = re.findall(r"\[Dist\] local rank (\d) of 2 bound to CPUs (\S+)", result.stdout)
     if bind:  # one line per rank, and (on 2 or more CPUs) shares apart

@@ -1,28 +1,46 @@
-"""One-process trainer runs forked from a server that has imported the trainer once.
+"""Trainer runs forked from a server that has imported the trainer once.
 
 Every trainer process spends ~4.5 s of CPU importing torch, transformers and the trainer
-before it trains a tiny model for ~1 s: on the 2-core test machine the suite's one-process
-runs spent minutes importing the same modules again. Here a multiprocessing fork server
-(one per pytest worker, started at the first run) imports ``grpo_hpc.train.trainer``
-once; each run is a fresh process forked from it that runs the trainer's own entry point,
+before it trains a tiny model for ~1 s: on the 2-core test machine the suite's runs spent
+minutes importing the same modules again. Here a multiprocessing fork server (one per
+pytest worker, started at the first run) imports ``grpo_hpc.train.trainer`` once; each
+run is a fresh process forked from it that runs the trainer's own entry point,
 ``grpo_hpc.train.__main__.main``, with the run's environment and its output in files.
 
-What differs from ``python -m grpo_hpc.train RUN``: the trainer's imports were done before
-the fork (the entry module itself is imported in the child, so its early signal handlers
-are installed there as in production), and the process is a child of the fork server, not
-of the test. What the launch path adds stays under test elsewhere: torchrun in every
-multi-process run, :func:`tests.e2e.helpers.start` (signals sent as Slurm sends them) and
-test_signals_early (a signal during the imports), tests/e2e/test_submit_local.py and the
-real-Slurm tests.
+A run of several processes (:class:`ForkedRun` with ``nproc > 1``) stands in for
+``torchrun --standalone --nproc-per-node=N -m grpo_hpc.train RUN``: an agent process is
+forked from the server, hosts the rendezvous store and forks the ranks from itself, each
+with the environment torchrun gives a worker (:func:`rank_env`). Like torchrun's agent it
+watches the ranks every 0.1 s; once one has failed (or the agent is sent SIGTERM, SIGINT,
+SIGHUP or SIGQUIT) it sends the others SIGTERM (or that signal), SIGKILL after 30 s, and
+exits 1 (0 when every rank ended with 0). What differs from torchrun, and why the tests
+that use it do not care:
+
+- the imports were done before the fork. The entry module itself is imported in each
+  rank, so its early signal handlers are installed there as in production;
+- the processes are the fork server's descendants, not the test's: ``pid`` is the agent's
+  (one-process runs: the trainer's), and :func:`tests.e2e.helpers.signal_job` reaches
+  every process below it, as it reaches torchrun's workers;
+- the agent neither prints torchrun's failure report nor writes its error files; the
+  tests take the run's exit code and reason from progress.json, as the launcher does;
+- no restarts, no elastic membership, no per-rank log files: the tests use none.
+
+What the launch path itself does stays under test through the real torchrun:
+:func:`tests.e2e.helpers.start` (signals sent as Slurm sends them, kills at random
+moments), test_signals_early (a signal during the imports),
+test_two_processes_train_and_checkpoint[ddp-hf] (an ordinary two-process run, from
+start to end), tests/e2e/test_submit_local.py and the real-Slurm tests.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
-from typing import IO
+import time
+from typing import IO, NoReturn
 
 PRELOAD = [
     "grpo_hpc.train.trainer",
@@ -33,6 +51,15 @@ PRELOAD = [
 """What the server imports once: torch, transformers, the trainer (not its entry module),
 the math-verify package its reward worker imports, the tiny models' architectures (the
 built-in ``tiny`` is a Llama; the tests' other small model a Qwen2)."""
+
+MONITOR_S = 0.1
+"""How often the agent looks at its ranks (torchrun's ``--monitor-interval`` default)."""
+
+SHUTDOWN_GRACE_S = 30.0
+"""From SIGTERM to SIGKILL for the ranks left when one failed (torchrun's shutdown timeout)."""
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""Signals torchrun's agent turns into a shutdown of its workers with the same signal."""
 
 _context: mp.context.ForkServerContext | None = None
 
@@ -45,33 +72,148 @@ def _server() -> mp.context.ForkServerContext:
     return _context
 
 
-def _child(run_dir: str, env: dict[str, str], out_fd_path: str, err_fd_path: str) -> None:
-    """The forked process: its own session (a test kills it with its descendants), the
-    run's environment, stdout/stderr into the given files, then the trainer's entry point.
-    SystemExit carries the trainer's code out as the exit code; multiprocessing's exit
-    then stops the trainer's daemon helpers (the math-verify worker) as Python's would."""
+def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torchrun's agent adds to a worker's environment on a single node (the names of
+    torch/distributed/elastic/agent/server/local_elastic_agent.py): the trainer reads RANK,
+    LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE; torch's env:// rendezvous reads
+    MASTER_ADDR/PORT and joins the store the agent hosts (TORCHELASTIC_USE_AGENT_STORE)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": str(nproc),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "forked",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def group_exit_code(codes: list[int], signalled: bool) -> int:
+    """The agent's exit code, as torchrun's: 0 when every rank ended with 0 and nobody
+    stopped the group, otherwise 1 (the reason is in progress.json)."""
+    return 0 if not signalled and all(c == 0 for c in codes) else 1
+
+
+def _into_files(env: dict[str, str], out_path: str, err_path: str) -> None:
+    """Its own session (a test kills it with its descendants), the run's environment,
+    stdout/stderr appended to the given files."""
     os.setsid()
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out_fd_path), (2, err_fd_path)):
+    for fd, path in ((1, out_path), (2, err_path)):
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
         os.close(target)
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+
+
+def _trainer(run_dir: str) -> NoReturn:
+    """The trainer's entry point. SystemExit carries its code out through the forked
+    process's multiprocessing bootstrap, whose exit then stops the trainer's daemon
+    helpers (the math-verify worker) as Python's would."""
     from grpo_hpc.train.__main__ import main
 
     raise SystemExit(main([run_dir]))
 
 
-class ForkedRun:
-    """A forked trainer with the part of ``subprocess.Popen``'s interface the tests use."""
+def _child(run_dir: str, env: dict[str, str], out_path: str, err_path: str) -> None:
+    """A one-process run: the forked process is the trainer."""
+    _into_files(env, out_path, err_path)
+    _trainer(run_dir)
 
-    def __init__(self, run_dir: str, env: dict[str, str], out: IO[str], err: IO[str]) -> None:
-        self.args = ["<fork of grpo_hpc.train>", run_dir]
-        self._proc = _server().Process(
-            target=_child, args=(run_dir, env, out.name, err.name), name="grpo_hpc.train"
-        )
+
+def _agent(run_dir: str, env: dict[str, str], out_path: str, err_path: str, nproc: int) -> None:
+    """A run of ``nproc`` ranks: fork them (before this process starts any thread), host
+    the rendezvous store, hand its port to the ranks through pipes (the port is only known
+    once the store listens: no free-port guess that another test could take meanwhile),
+    then watch them."""
+    _into_files(env, out_path, err_path)
+    ranks: dict[int, int] = {}
+    pipes: list[int] = []
+    for rank in range(nproc):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (write_end, *pipes):
+                os.close(fd)
+            port = int(os.read(read_end, 16) or b"0")
+            os.close(read_end)
+            os.setsid()  # torchrun starts each worker in its own session
+            os.environ.update(rank_env(rank, nproc, port))
+            _trainer(run_dir)
+        os.close(read_end)
+        pipes.append(write_end)
+        ranks[pid] = rank
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for fd in pipes:
+        os.write(fd, str(store.port).encode())
+        os.close(fd)
+    raise SystemExit(group_exit_code(*supervise(list(ranks))))
+
+
+def supervise(pids: list[int]) -> tuple[list[int], bool]:
+    """torchrun's watch over its workers (children of this process): every
+    :data:`MONITOR_S`, reap the ones that ended; once one failed or this process was sent
+    one of :data:`FORWARDED`, stop the others (that signal or SIGTERM, SIGKILL after
+    :data:`SHUTDOWN_GRACE_S`). Returns each one's exit code (-N: killed by signal N) and
+    whether this process was signalled."""
+    received: list[int] = []
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # one that came early is handled now
+    codes: dict[int, int] = {}
+    kill_at: float | None = None
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        left = [p for p in pids if p not in codes]
+        failed = received or any(c != 0 for c in codes.values())
+        if failed and kill_at is None:
+            _signal(left, received[0] if received else signal.SIGTERM)
+            kill_at = time.monotonic() + SHUTDOWN_GRACE_S
+        elif kill_at is not None and time.monotonic() > kill_at:
+            _signal(left, signal.SIGKILL)
+        if left:
+            time.sleep(MONITOR_S)
+    return [codes[p] for p in pids], bool(received)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class ForkedRun:
+    """A forked trainer run (one process, or an agent and its ``nproc`` ranks) with the
+    part of ``subprocess.Popen``'s interface the tests use."""
+
+    def __init__(
+        self, run_dir: str, env: dict[str, str], out: IO[str], err: IO[str], nproc: int = 1
+    ) -> None:
+        if nproc == 1:
+            self.args = ["<fork of grpo_hpc.train>", run_dir]
+            target, args = _child, (run_dir, env, out.name, err.name)
+        else:
+            self.args = [f"<fork of torchrun --nproc-per-node={nproc} grpo_hpc.train>", run_dir]
+            target, args = _agent, (run_dir, env, out.name, err.name, nproc)
+        self._proc = _server().Process(target=target, args=args, name="grpo_hpc.train")
         self._proc.start()
         self.pid: int = self._proc.pid
 
