@@ -430,7 +430,7 @@ class Trainer:
         lr = float(self.opt.sched.get_last_lr()[0])
         m = self.reporter.row(self.step, stats, sel, scored, times, t0, lr, verify)
         self.streaks = self.streaks.after(m["reward/mean"])
-        self.collapse.observe_step(m, stats)
+        self.collapse.observe_step(m, stats, self.info.is_main)
         self.tracker.update(
             step=self.step,
             epoch=self.sampler.epoch,

@@ -48,6 +48,7 @@ def test_a_flagged_collapse_is_an_event_a_status_flag_and_a_plot_line(tmp_path: 
     assert (ev["action"], ev["signal"], ev["step"]) == ("FLAG", "no_signal", 2)
     assert "2 of the last 2 steps trained nothing" in ev["reason"]
     assert "[Collapse] collapse (no_signal) at step 2" in result.stdout
+    assert "runs like this often stall at the cap" in result.stdout  # said after step 1
     assert read_progress(paths.progress).state is TrainState.FINISHED
     assert collapse_flag(read_jsonl(paths.events)) == "no_signal@2 flag"
     assert plot_data(_steps(paths), [], events=read_jsonl(paths.events)).collapses == [

@@ -147,6 +147,23 @@ class Watch:
         return Watch(**s)
 
 
+STALL_RISK_CUT = 0.75
+"""A first step with at least this share cut at the cap under the overlong mask draws a
+warning: every recorded seed at the learning benchmark's stalling settings had 0.75-0.97
+at step 1, and 6 of its 29 seeds stalled at the cap (docs/ALGORITHM.md)."""
+
+
+def stall_risk(step: int, cut: float, masked: bool, cap: int) -> str | None:
+    """A warning after the first step when the settings are likely to stall (pure)."""
+    if step != 1 or not masked or cut < STALL_RISK_CUT:
+        return None
+    return (
+        f"{cut:.0%} of the first step's completions were cut at rollout.max_new_tokens={cap} "
+        "and algo.mask_truncated trains none of them: runs like this often stall at the cap "
+        "(6 of 29 recorded seeds at 48 tokens); a larger rollout.max_new_tokens avoids it"
+    )
+
+
 def verdict(w: Watch, th: Thresholds, step: int) -> Verdict | None:
     """The first signal that fires now and has not been reported in this attempt (pure)."""
     for signal in SIGNALS:

@@ -115,9 +115,14 @@ class CollapseGuard:
         self.watch = Watch.from_state(state.get("watch"))
         self.rollbacks, self.seed = int(state.get("rollbacks", 0)), state.get("seed")
 
-    def observe_step(self, m: dict[str, Any], stats: dict[str, Any]) -> None:
+    def observe_step(self, m: dict[str, Any], stats: dict[str, Any], is_main: bool) -> None:
         """A step's all-reduced metrics (the same on every rank)."""
         th = thresholds(self.cfg)
+        risk = collapse.stall_risk(
+            int(m["step"]), float(m["rollout/truncated"]), self.cfg.algo.mask_truncated, th.cap
+        )
+        if risk and is_main:
+            print(f"[Collapse] warning: {risk}", flush=True)
         self.watch = self.watch.after_step(
             float(m["reward/mean"]),
             stats.get("grad_norm"),

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.train.supervision.collapse import Thresholds, Watch, replay, reported, verdict
+from grpo_hpc.train.supervision.collapse import (
+    Thresholds,
+    Watch,
+    replay,
+    reported,
+    stall_risk,
+    verdict,
+)
 from grpo_hpc.train.supervision.on_collapse import action_for, rollback_seed
 
 RECORDED = Path(__file__).parents[4] / "bench/results/learning_2term_mask_h100x4_2026-11-27.json"
@@ -90,6 +97,13 @@ def test_each_signal_is_reported_once_and_the_watch_survives_a_checkpoint() -> N
     w = w.after_eval(10, 0.2)
     assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
     assert w.restarted() == Watch(evals=w.evals)
+
+
+def test_a_first_step_mostly_cut_under_the_mask_is_a_stall_risk() -> None:
+    assert "rollout.max_new_tokens=48" in (stall_risk(1, 0.84, True, 48) or "")
+    assert stall_risk(1, 0.5, True, 48) is None  # most completions finished
+    assert stall_risk(1, 0.9, False, 48) is None  # cut completions still train
+    assert stall_risk(2, 0.9, True, 48) is None  # said once, after the first step
 
 
 def test_the_action_table() -> None:
