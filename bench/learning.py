@@ -82,6 +82,9 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
         f"data.min_terms={args.terms}",
         f"data.max_terms={args.terms}",
         f"data.num_eval={args.num_eval}",
+        # The evaluations score the held-out test problems, as TRL's side does: no
+        # validation split, no keep-best selection (the figure's meaning since 2026-11-23).
+        "data.num_val=0",
         "data.max_operand=20",
         f"rollout.prompts_per_step={args.prompts}",
         f"rollout.num_generations={args.G}",
