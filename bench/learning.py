@@ -101,7 +101,9 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
         f"training.num_threads={0 if cuda else 2}",
         "wandb.mode=disabled",
         # Every run trains all its steps, as TRL's do: no stop on a run that stopped finishing
+        # and none on a detected collapse (flagged only: the figure measures the plain run)
         "training.cut_off_patience=0",
+        "training.on_collapse=flag",
     ] + (["reward.overlong=0", "algo.mask_truncated=true"] if args.overlong == "mask" else [])
 
 
