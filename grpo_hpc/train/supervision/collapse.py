@@ -108,6 +108,8 @@ class Watch:
         entropy_floor: float = Thresholds.entropy_floor,
     ) -> Watch:
         """The watch once a step with these all-reduced metrics has run."""
+        if entropy is not None and entropy != entropy:  # NaN: a flat step measured none
+            entropy = None
         every_cut = masked and cut >= 1.0
         dead = every_cut or grad_norm == 0.0
         low = self.low_entropy + 1 if entropy is not None and entropy < entropy_floor else 0

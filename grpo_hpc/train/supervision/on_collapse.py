@@ -24,6 +24,7 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import CircuitBreakerError
 from grpo_hpc.core.fsutil import append_jsonl
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.supervision import collapse
 from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
 
@@ -140,7 +141,7 @@ class CollapseGuard:
     def act(self, trainer: TrainerLike) -> None:
         """After a step: flag, stop (raises CircuitBreakerError, exit 3, checkpoint saved)
         or roll back, as the verdict and ``training.on_collapse`` say."""
-        v = collapse.verdict(self.watch, thresholds(self.cfg), trainer.step)
+        v = _agreed(collapse.verdict(self.watch, thresholds(self.cfg), trainer.step), trainer)
         if v is None:
             return
         self.watch = collapse.reported(self.watch, v)
@@ -216,6 +217,16 @@ class CollapseGuard:
                     **extra,
                 },
             )
+
+
+def _agreed(v: Verdict | None, trainer: TrainerLike) -> Verdict | None:
+    """The verdict every rank acts on. The watch reads all-reduced numbers, so the ranks
+    agree already; one all-reduce makes sure (a rank alone in a rollback would hang)."""
+    mine = collapse.SIGNALS.index(v.signal) + 1 if v is not None else 0
+    agreed = int(dist.all_reduce_max(float(mine), trainer.info))
+    if agreed == mine:
+        return v
+    return Verdict(collapse.SIGNALS[agreed - 1], trainer.step, "seen by another rank")
 
 
 def _can_restart(cfg: Config) -> bool:
