@@ -40,9 +40,9 @@ def seeds_of(path: Path) -> list[tuple[str, dict]]:
     ]
 
 
-def judge(record: dict, th: Thresholds, masked: bool) -> dict:
+def judge(record: dict, th: Thresholds, masked: bool, problems: int = 0) -> dict:
     """One seed's replay: verdicts, the first one, and how to count it."""
-    verdicts = replay(record["steps"], record["evals"], th, masked)
+    verdicts = replay(record["steps"], record["evals"], th, masked, problems)
     final = record["evals"][-1]["accuracy"]
     healthy = final >= HEALTHY
     first = verdicts[0] if verdicts else None
@@ -107,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(name)
         d = json.loads(path.read_text())
         masked = d.get("config", {}).get("overlong") == "mask"
-        for system, rec in [(s, r) for s, r in seeds_of(path)]:
+        problems = int(d.get("config", {}).get("num_eval", 0))
+        for system, rec in seeds_of(path):
             report["files"].setdefault(path.name, {}).setdefault(system, []).append(
-                judge(rec, th, masked)
+                judge(rec, th, masked, problems)
             )
         records = [r for s, r in seeds_of(path) if s == "grpo_hpc"]
         if records:

@@ -454,7 +454,8 @@ class Trainer:
             self.evaluating = False
         if result is not None:  # keep-best: a new best saves this step's checkpoint
             self.keep_best.after_evaluation(self.step, result.metrics, result.problems, self.save)
-            self.collapse.observe_eval(self.step, on_collapse.score_of(result.metrics))
+            score = on_collapse.score_of(result.metrics)
+            self.collapse.observe_eval(self.step, score, result.problems)
         return result is not None
 
 

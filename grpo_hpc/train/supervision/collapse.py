@@ -13,12 +13,16 @@ Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.
 - ``no_signal``: at least ``collapse_patience`` of the last ``collapse_window`` steps
   trained nothing (zero gradient: every completion cut and masked, or every group without
   reward variance).
-- ``pinned``: the mean share of completions cut at the cap over the last
-  ``collapse_window`` steps at least ``pinned_share`` (lengths pinned at the cap).
+- ``pinned``: under ``algo.mask_truncated``, the mean share of completions cut at the cap
+  over the last ``collapse_window`` steps at least ``pinned_share`` (lengths pinned at the
+  cap, so next to nothing trains; without the mask cut completions still train, and a
+  task whose answers need the whole cap is not a stall).
 - ``entropy``: the policy's entropy below ``entropy_floor`` for ``collapse_window``
   logged steps in a row (a policy that stopped exploring).
 - ``eval_drop``: held-out accuracy down to ``1 - eval_drop`` of its reference (the best
-  of the start and the peak so far) at ``eval_patience`` consecutive evaluations.
+  of the start and the peak so far), and by at least ``eval_sigmas`` standard errors of
+  the reference over the problems scored, at ``eval_patience`` consecutive evaluations
+  (a fall that 8 problems' noise explains is none).
 - ``reward_hacking``: the mean training reward rose between the last evaluations while
   held-out accuracy fell at each of them (``eval_patience`` of them).
 """
@@ -51,6 +55,9 @@ class Thresholds:
     eval_drop: float = 0.5
     """``eval_drop``: share of the reference accuracy lost (0.5: down to half of it). A
     share, not points: healthy recorded seeds wobbled by 0.1-0.16 below a peak of 0.8."""
+    eval_sigmas: float = 2.0
+    """``eval_drop``, ``reward_hacking``: a fall counts only beyond this many standard
+    errors of the reference accuracy, sqrt(p (1 - p) / problems)."""
     eval_patience: int = 3
     """Consecutive evaluations for ``eval_drop`` and ``reward_hacking``."""
     reward_rise: float = 0.05
@@ -90,6 +97,8 @@ class Watch:
     """Consecutive logged entropies below the floor."""
     evals: tuple[tuple[int, float, float], ...] = ()
     """(step, held-out accuracy, mean training reward since the evaluation before)."""
+    problems: int = 0
+    """Problems each evaluation scored (0: unknown; the significance test is skipped)."""
     reward_sum: float = 0.0
     """Sum of the step mean rewards since the last evaluation."""
     reward_steps: int = 0
@@ -112,6 +121,7 @@ class Watch:
             entropy = None
         every_cut = masked and cut >= 1.0
         dead = every_cut or grad_norm == 0.0
+        cut = cut if masked else 0.0  # without the mask a cut completion still trains
         low = self.low_entropy + 1 if entropy is not None and entropy < entropy_floor else 0
         return replace(
             self,
@@ -123,11 +133,12 @@ class Watch:
             reward_steps=self.reward_steps + 1,
         )
 
-    def after_eval(self, step: int, accuracy: float) -> Watch:
-        """The watch once the held-out accuracy at ``step`` is known."""
+    def after_eval(self, step: int, accuracy: float, problems: int = 0) -> Watch:
+        """The watch once the held-out accuracy at ``step`` (over ``problems``) is known."""
         mean = self.reward_sum / self.reward_steps if self.reward_steps else float("nan")
         evals = (*self.evals, (step, accuracy, mean))
-        return replace(self, evals=evals, reward_sum=0.0, reward_steps=0)
+        n = problems or self.problems
+        return replace(self, evals=evals, reward_sum=0.0, reward_steps=0, problems=n)
 
     def restarted(self) -> Watch:
         """After a rollback: the step window and the reports start afresh; the evaluations
@@ -217,13 +228,21 @@ def _entropy(w: Watch, th: Thresholds) -> str | None:
     return None
 
 
+def _noise(w: Watch, th: Thresholds, ref: float) -> float:
+    """How far an accuracy may fall below ``ref`` by chance (``eval_sigmas`` SE)."""
+    if not w.problems:
+        return 0.0
+    return th.eval_sigmas * (ref * (1 - ref) / w.problems) ** 0.5
+
+
 def _eval_drop(w: Watch, th: Thresholds) -> str | None:
     n = th.eval_patience
     if not n or len(w.evals) < n + 1:
         return None
     ref = max(acc for _, acc, _ in w.evals[:-n])
     last = w.evals[-n:]
-    if ref > 0 and all(acc <= ref * (1 - th.eval_drop) for _, acc, _ in last):
+    bar = min(ref * (1 - th.eval_drop), ref - _noise(w, th, ref))
+    if ref > 0 and all(acc <= bar for _, acc, _ in last):
         shown = ", ".join(f"{acc:.2f} at step {s}" for s, acc, _ in last)
         return f"held-out accuracy fell from {ref:.2f} (start or peak) to {shown}"
     return None
@@ -237,7 +256,9 @@ def _reward_hacking(w: Watch, th: Thresholds) -> str | None:
     falls = all(b[1] < a[1] for a, b in zip(seq, seq[1:], strict=False))
     rewards = [r for _, _, r in seq[1:]]
     rises = all(b - a >= th.reward_rise for a, b in zip(rewards, rewards[1:], strict=False))
-    if falls and rises and len(rewards) > 1 and seq[0][1] - seq[-1][1] >= th.hack_fall:
+    fall = seq[0][1] - seq[-1][1]
+    big = fall >= max(th.hack_fall, _noise(w, th, seq[0][1]))
+    if falls and rises and len(rewards) > 1 and big:
         return (
             f"mean reward rose {rewards[0]:.2f} -> {rewards[-1]:.2f} while held-out accuracy "
             f"fell {seq[0][1]:.2f} -> {seq[-1][1]:.2f}: the reward is being gamed"
@@ -265,14 +286,15 @@ def replay(
     evals: list[dict[str, Any]],
     th: Thresholds,
     masked: bool = True,
+    problems: int = 0,
 ) -> list[Verdict]:
     """Every verdict a recorded run would have drawn, in order (pure). ``steps``: rows
     with step, reward, grad_norm, cut, entropy; ``evals``: rows with step, accuracy (the
-    learning benchmark's result files)."""
+    learning benchmark's result files); ``problems``: how many each evaluation scored."""
     w, out = Watch(), []
     by_step = {int(e["step"]): float(e["accuracy"]) for e in evals}
     if 0 in by_step:
-        w = w.after_eval(0, by_step[0])
+        w = w.after_eval(0, by_step[0], problems)
     for row in steps:
         s = int(row["step"])
         w = w.after_step(
@@ -285,7 +307,7 @@ def replay(
             th.entropy_floor,
         )
         if s in by_step:
-            w = w.after_eval(s, by_step[s])
+            w = w.after_eval(s, by_step[s], problems)
         v = verdict(w, th, s)
         if v is not None:
             out.append(v)

@@ -134,9 +134,9 @@ class CollapseGuard:
             th.entropy_floor,
         )
 
-    def observe_eval(self, step: int, accuracy: float | None) -> None:
+    def observe_eval(self, step: int, accuracy: float | None, problems: int = 0) -> None:
         if accuracy is not None:
-            self.watch = self.watch.after_eval(step, accuracy)
+            self.watch = self.watch.after_eval(step, accuracy, problems)
 
     def act(self, trainer: TrainerLike) -> None:
         """After a step: flag, stop (raises CircuitBreakerError, exit 3, checkpoint saved)

@@ -74,6 +74,29 @@ def test_every_completion_cut_and_masked_is_the_former_cut_off_breaker() -> None
     assert verdict(_steps(Watch(), 50, cut=1.0, grad_norm=0.0), off, 50) is None
 
 
+def test_a_fall_within_the_noise_of_few_problems_is_no_collapse() -> None:
+    """One right of 8 at the start, none after: not beyond two standard errors."""
+    w = Watch().after_eval(0, 0.125, 8)
+    for step in (5, 10, 15):
+        w = w.after_eval(step, 0.0)
+    assert verdict(w, Thresholds(), 15) is None
+    many = Watch().after_eval(0, 0.2, 256)
+    for step in (5, 10, 15):
+        many = many.after_eval(step, 0.05)
+    v = verdict(many, Thresholds(), 15)
+    assert v is not None and v.signal == "eval_drop"
+
+
+def test_lengths_at_the_cap_without_the_mask_are_no_stall() -> None:
+    w = Watch()
+    for _ in range(12):
+        w = w.after_step(0.1, 1.0, 1.0, 1.0, masked=False)
+    assert verdict(w, Thresholds(), 12) is None
+    masked = _steps(Watch(), 12, cut=0.99)
+    pinned = verdict(masked, Thresholds(), 12)
+    assert pinned is not None and pinned.signal == "pinned"
+
+
 def test_entropy_and_reward_hacking_fire_on_their_shapes() -> None:
     th = Thresholds(window=4)
     low = _steps(Watch(), 4, entropy=0.001)
