@@ -152,11 +152,13 @@ class CollapseGuard:
         if what == "flag":
             self._event(trainer, v, "FLAG", "flagged (training.on_collapse=flag); training goes on")
             return
-        spent = (
-            f" after {self.rollbacks} rollback(s), training.collapse_retries spent"
-            if t.on_collapse == "rollback"
-            else ""
-        )
+        spent = ""
+        if t.on_collapse == "rollback":
+            spent = (
+                f" after {self.rollbacks} rollback(s), training.collapse_retries spent"
+                if self.rollbacks >= t.collapse_retries
+                else ": no best checkpoint, and a LoRA policy cannot go back to the start"
+            )
         note = f"stopped (training.on_collapse={t.on_collapse}{spent}); checkpoint saved"
         trainer.save()
         self._event(trainer, v, "STOP", note)
