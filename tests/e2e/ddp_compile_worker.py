@@ -1,6 +1,7 @@
-"""torchrun worker for ``test_ddp_compile.py``: decoder layers compiled (dynamic shapes)
-inside DDP, as the trainer builds them (``models.compile_layers`` then ``dist.wrap``), give
-each rank the single-process eager gradient of the whole batch after DDP's all-reduce.
+"""A rank of ``test_ddp_compile.py`` (forked as torchrun starts one, or under torchrun):
+decoder layers compiled (dynamic shapes) inside DDP, as the trainer builds them
+(``models.compile_layers`` then ``dist.wrap``), give each rank the single-process eager
+gradient of the whole batch after DDP's all-reduce.
 
 Argument: the tiny model's directory. Each rank trains its own half of the rows in
 micro-batches of 2 (widths differ: one compilation serves them); rank 0 then compares the
@@ -61,6 +62,11 @@ def main(model_dir: Path) -> None:
     # std::thread::join; the gloo thread in ~AsyncBarrierWork waiting for the GIL).
     sys.stdout.flush()
     os._exit(0)
+
+
+def cli(argv: list[str]) -> None:
+    """The entry point for a forked rank (tests/e2e/trainer_fork.py): the model's directory."""
+    main(Path(argv[0]))
 
 
 if __name__ == "__main__":

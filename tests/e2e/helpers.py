@@ -58,7 +58,7 @@ def launch(
     test_two_processes_train_and_checkpoint[ddp-hf], tests/e2e/test_submit_local.py and
     the real-Slurm tests go through torchrun."""
     if not torchrun:
-        return ForkedRun(str(paths.root), env(), out, err, nproc)
+        return ForkedRun([str(paths.root)], env(), out, err, nproc)
     return subprocess.Popen(
         torchrun_cmd(paths, nproc),
         stdout=out,

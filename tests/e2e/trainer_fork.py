@@ -13,7 +13,8 @@ forked from the server, hosts the rendezvous store and forks the ranks from itse
 with the environment torchrun gives a worker (:func:`rank_env`). Like torchrun's agent it
 watches the ranks every 0.1 s; once one has failed (or the agent is sent SIGTERM, SIGINT,
 SIGHUP or SIGQUIT) it sends the others SIGTERM (or that signal), SIGKILL after 30 s, and
-exits 1 (0 when every rank ended with 0). What differs from torchrun, and why the tests
+exits 1 (0 when every rank ended with 0). tests/e2e/test_ddp_compile.py forks its own
+worker's ranks the same way (``entry``). What differs from torchrun, and why the tests
 that use it do not care:
 
 - the imports were done before the fork. The entry module itself is imported in each
@@ -34,6 +35,7 @@ start to end), tests/e2e/test_submit_local.py and the real-Slurm tests.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import signal
@@ -116,22 +118,28 @@ def _into_files(env: dict[str, str], out_path: str, err_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
 
 
-def _trainer(run_dir: str) -> NoReturn:
-    """The trainer's entry point. SystemExit carries its code out through the forked
-    process's multiprocessing bootstrap, whose exit then stops the trainer's daemon
-    helpers (the math-verify worker) as Python's would."""
-    from grpo_hpc.train.__main__ import main
-
-    raise SystemExit(main([run_dir]))
+TRAINER = "grpo_hpc.train.__main__:main"
+"""The trainer's entry point: ``main(argv) -> exit code``."""
 
 
-def _child(run_dir: str, env: dict[str, str], out_path: str, err_path: str) -> None:
+def _enter(entry: str, argv: list[str]) -> NoReturn:
+    """Call ``entry`` (``module:function``, imported here) with ``argv``. SystemExit
+    carries its code out through the forked process's multiprocessing bootstrap, whose
+    exit then stops the trainer's daemon helpers (the math-verify worker) as Python's
+    would; an exception is printed there and ends the process with 1."""
+    module, function = entry.split(":")
+    raise SystemExit(getattr(importlib.import_module(module), function)(argv))
+
+
+def _child(entry: str, argv: list[str], env: dict[str, str], out_path: str, err_path: str) -> None:
     """A one-process run: the forked process is the trainer."""
     _into_files(env, out_path, err_path)
-    _trainer(run_dir)
+    _enter(entry, argv)
 
 
-def _agent(run_dir: str, env: dict[str, str], out_path: str, err_path: str, nproc: int) -> None:
+def _agent(
+    entry: str, argv: list[str], env: dict[str, str], out_path: str, err_path: str, nproc: int
+) -> None:
     """A run of ``nproc`` ranks: fork them (before this process starts any thread), host
     the rendezvous store, hand its port to the ranks through pipes (the port is only known
     once the store listens: no free-port guess that another test could take meanwhile),
@@ -149,7 +157,7 @@ def _agent(run_dir: str, env: dict[str, str], out_path: str, err_path: str, npro
             os.close(read_end)
             os.setsid()  # torchrun starts each worker in its own session
             os.environ.update(rank_env(rank, nproc, port))
-            _trainer(run_dir)
+            _enter(entry, argv)
         os.close(read_end)
         pipes.append(write_end)
         ranks[pid] = rank
@@ -201,19 +209,26 @@ def _signal(pids: list[int], sig: int) -> None:
 
 
 class ForkedRun:
-    """A forked trainer run (one process, or an agent and its ``nproc`` ranks) with the
-    part of ``subprocess.Popen``'s interface the tests use."""
+    """A forked run of ``entry(argv)`` (by default the trainer's: ``argv`` is the run
+    directory), one process or an agent and its ``nproc`` ranks, with the part of
+    ``subprocess.Popen``'s interface the tests use. ``out``/``err`` are named files."""
 
     def __init__(
-        self, run_dir: str, env: dict[str, str], out: IO[str], err: IO[str], nproc: int = 1
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        out: IO[str],
+        err: IO[str],
+        nproc: int = 1,
+        entry: str = TRAINER,
     ) -> None:
         if nproc == 1:
-            self.args = ["<fork of grpo_hpc.train>", run_dir]
-            target, args = _child, (run_dir, env, out.name, err.name)
+            self.args = [f"<fork of {entry}>", *argv]
+            target, args = _child, (entry, argv, env, out.name, err.name)
         else:
-            self.args = [f"<fork of torchrun --nproc-per-node={nproc} grpo_hpc.train>", run_dir]
-            target, args = _agent, (run_dir, env, out.name, err.name, nproc)
-        self._proc = _server().Process(target=target, args=args, name="grpo_hpc.train")
+            self.args = [f"<fork of torchrun --nproc-per-node={nproc} {entry}>", *argv]
+            target, args = _agent, (entry, argv, env, out.name, err.name, nproc)
+        self._proc = _server().Process(target=target, args=args, name=entry)
         self._proc.start()
         self.pid: int = self._proc.pid
 
