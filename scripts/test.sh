@@ -38,12 +38,12 @@ echo "== ruff"
 
 echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
-# The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores
-# (today 13 min 46 s from a fresh clone, 15.4 CPU-minutes; 20 min with a busy process per
-# core; one-process trainer runs are forked from a server that imported the trainer once,
-# tests/e2e/trainer_fork.py; three workers measured no faster than two). Two pytest-xdist workers: the
-# real-Slurm tests (tests/integration, ~10 min, mostly waiting on Slurm and the monitor) run
-# one after another on one worker; both workers share the other tests (tests/conftest.py
-# groups them). `-n 0` as an argument runs
-# everything in one process.
-exec "$PY" -m pytest -q -n 2 --dist loadgroup -m "not gpu" --durations=25 "$@"
+# The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores.
+# Trainer runs are forked from a server that imported the trainer once (tests/e2e/
+# trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
+# spends more of its time waiting (on Slurm, on processes it signals) than computing:
+# three pytest-xdist workers. The real-Slurm tests (tests/integration, ~10 min, mostly
+# waiting on Slurm and the monitor) run one after another on one worker; the other two share
+# the rest (tests/conftest.py groups them). `-n 0` as an argument runs everything in one
+# process.
+exec "$PY" -m pytest -q -n 3 --dist loadgroup -m "not gpu" --durations=25 "$@"
