@@ -241,11 +241,18 @@ def _save_synced(obj: Any, path: Path, clock: SaveClock) -> None:
 def lock_run_dir(paths: RunPaths) -> int:
     """Hold the run directory for this trainer (rank 0) until the process exits; raise
     RunDirBusyError if another trainer holds it. Two trainers on one run directory log every
-    step twice, and one's checkpoint rotation deletes the files the other is writing."""
+    step twice, and one's checkpoint rotation deletes the files the other is writing.
+
+    A POSIX record lock (``lockf``), not ``flock``: it belongs to this process alone, so a
+    child forked after it (the math-verify worker) does not hold it too. Under ``flock`` a
+    child forked while its trainer was being killed kept the lock after the trainer died,
+    and the resubmitted trainer refused the run directory (seen in
+    tests/e2e/test_resume_exact.py, 2026-11-28). Nothing else in this process opens the
+    lock file (closing any descriptor of it would drop a POSIX lock)."""
     fd = os.open(paths.trainer_lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES, by platform
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise RunDirBusyError(

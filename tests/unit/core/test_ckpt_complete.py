@@ -9,6 +9,7 @@ marked it COMPLETE. The tests replay that with the real save and prune functions
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +21,6 @@ import pytest
 import torch
 
 from grpo_hpc.cli.ckpt import main as ckpt_main
-from grpo_hpc.core.errors import RunDirBusyError
 from grpo_hpc.core.manifest import COMPLETE_MARKER, MANIFEST, CheckpointIncompleteError, is_complete
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.train.distributed.dist import DistInfo
@@ -131,12 +131,31 @@ def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
         assert "another trainer (pid" in other.stderr
     finally:
         os.close(held)
-    with pytest.raises(RunDirBusyError):
-        a = checkpoint.lock_run_dir(paths)
-        try:
-            checkpoint.lock_run_dir(paths)  # a second open file in one process conflicts too
-        finally:
-            os.close(a)
+
+
+def test_a_child_of_a_dead_trainer_does_not_hold_its_run_dir(paths: RunPaths) -> None:
+    """A trainer killed while it forked (its math-verify worker) leaves the child alive for
+    a while (here: it closed its output, so that this test does not wait for it); the resubmitted trainer must get the run directory all the same: the lock is
+    the trainer process's own, not shared with what it forked."""
+    code = (
+        "import os, sys, time; from pathlib import Path; from grpo_hpc.core.paths import "
+        "RunPaths; from grpo_hpc.train.state.checkpoint import lock_run_dir\n"
+        "lock_run_dir(RunPaths(Path(sys.argv[1])))\n"
+        "child = os.fork()\n"
+        "if child == 0:\n    os.close(1)\n    os.close(2)\n    time.sleep(60)\n    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    trainer = subprocess.run(
+        [sys.executable, "-c", code, str(paths.root)], capture_output=True, text=True
+    )
+    child = int(trainer.stdout.split()[0])
+    try:
+        os.kill(child, 0)  # the forked child outlives the trainer (the precondition)
+        fd = checkpoint.lock_run_dir(paths)  # a flock would still be held by the child
+        os.close(fd)
+    finally:
+        os.kill(child, signal.SIGKILL)
 
 
 def test_every_file_is_on_disk_before_the_checkpoint_is_marked_complete(
