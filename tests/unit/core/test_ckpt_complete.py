@@ -135,8 +135,9 @@ def test_second_trainer_on_one_run_dir_refuses(paths: RunPaths) -> None:
 
 def test_a_child_of_a_dead_trainer_does_not_hold_its_run_dir(paths: RunPaths) -> None:
     """A trainer killed while it forked (its math-verify worker) leaves the child alive for
-    a while (here: it closed its output, so that this test does not wait for it); the resubmitted trainer must get the run directory all the same: the lock is
-    the trainer process's own, not shared with what it forked."""
+    a while (here it closes its output, so that this test does not wait for it); the
+    resubmitted trainer must get the run directory all the same: the lock is the trainer
+    process's own, not shared with what it forked."""
     code = (
         "import os, sys, time; from pathlib import Path; from grpo_hpc.core.paths import "
         "RunPaths; from grpo_hpc.train.state.checkpoint import lock_run_dir\n"
