@@ -39,8 +39,8 @@ echo "== ruff"
 echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
 # The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores
-# (it does not yet: 16 min 40 s from a fresh clone at aa55ccb on two workers, 18 min 48 s
-# with a busy process per core at 79556e3 on three; 11-12 CPU-minutes, was 15-18).
+# (13 min 45 s from a fresh clone at 5969b23 on three workers, 11.7 CPU-minutes; with a busy
+# process per core not yet: 18 min 48 s at 79556e3).
 # Trainer runs are forked from a server that imported the trainer once (tests/e2e/
 # trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
 # spends more of its time waiting (on Slurm, on processes it signals) than computing:
