@@ -112,6 +112,17 @@ PLAIN = ["dist.compile=false", "algo.packing=false"]
 micro-batches on the GPU): the runs stored under ``grpo_hpc_plain`` and every variant
 below (each is plain with one change), so stored runs keep meaning what they measured."""
 
+NUM_VAL = 128
+"""Validation problems of the keep-best systems: drawn apart from the test problems (the
+same ``--num-eval`` ones every system is scored on), so no figure is selected on."""
+HANDED = [
+    f"data.num_val={NUM_VAL}",
+    "training.cut_off_patience=10",  # the defaults of the detector, not the plain run's 0
+    "training.final=best",
+]
+"""The keep-best systems' settings over the shared ones: grpo_hpc's defaults for a run
+that has a validation split (``training.on_collapse`` is set per system)."""
+
 SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
@@ -123,6 +134,10 @@ SYSTEMS = {
     "grpo_hpc_tis": ("grpo_hpc", [*PLAIN, "algo.tis_cap=2"]),
     "grpo_hpc_fp32head": ("grpo_hpc", [*PLAIN, "algo.fp32_lm_head=true"]),
     "grpo_hpc_eager": ("grpo_hpc", [*PLAIN, "rollout.enforce_eager=true"]),
+    # What a user gets (issue 56): keep-best on a validation split, the collapse detector
+    # acting, final/ (the best validation model) scored on the test problems afterwards
+    "grpo_hpc_stop": ("grpo_hpc", HANDED + ["training.on_collapse=stop"]),
+    "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
@@ -140,11 +155,57 @@ def run_grpo_hpc(
     cmd += ["--nproc-per-node=1", "-m", "grpo_hpc.train", str(paths.root)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
+    handed = HANDED[0] in extra
+    # exit 3: stopped for a collapse (training.on_collapse=stop, or rollbacks spent)
+    if proc.returncode not in ((0, 3) if handed else (0,)):
         raise SystemExit(f"grpo_hpc run failed:\n{proc.stderr[-3000:]}")
     curve = curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
     curve["samples"] = sample_texts(paths)
+    if handed:
+        curve |= handed_over(paths, env, stopped=proc.returncode == 3)
     return curve
+
+
+def handed_over(paths: RunPaths, env: dict[str, str], stopped: bool) -> dict:
+    """What a keep-best run hands the user: ``final/`` scored by ``grpo-eval`` on the test
+    problems (the run's ``data.num_eval``, the problems every system's curve is scored
+    on; its own evaluations scored the validation split), which step it holds, and the
+    run's collapse events (flags, stops, rollbacks)."""
+    out = paths.root / "handed_eval.json"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from grpo_hpc.cli.eval import main; sys.exit(main(sys.argv[1:]))",
+        str(paths.final),
+        "--data",
+        "run",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"grpo-eval of final/ failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    best = json.loads(paths.best.read_text()) if paths.best.exists() else None
+    events = (
+        [json.loads(x) for x in paths.events.read_text().splitlines()]
+        if paths.events.exists()
+        else []
+    )
+    collapses = [
+        {k: e.get(k) for k in ("step", "signal", "action", "rollbacks", "to_step", "seed")}
+        for e in events
+        if e.get("phase") == "collapse"
+    ]
+    return {
+        "handed": {
+            "accuracy": result["accuracy"],
+            "strict": result["accuracy_strict"],
+            "best": best,
+            "stopped": stopped,
+        },
+        "collapses": collapses,
+    }
 
 
 def sample_texts(paths: RunPaths, every: int = 5) -> list[dict]:

@@ -37,12 +37,22 @@ def by_step(runs: list[dict], key: str, field: str) -> dict[int, list[float]]:
     return dict(sorted(out.items()))
 
 
+def handed_accuracy(run: dict) -> float:
+    """Test accuracy of the model a run hands over: ``final/`` scored after a keep-best
+    run (``handed``), else its last evaluation (the last step's model on the test
+    problems). Pure."""
+    if "handed" in run:
+        return run["handed"]["accuracy"]
+    return run["evals"][-1]["accuracy"]
+
+
 def summarize(runs: list[dict], target: float) -> dict:
     """Per system: final held-out accuracy (mean, SE over seeds), time to ``target`` (mean
     over the seeds that reach it in runs that had the machine to themselves, and how many
     seeds reach it at all), the curve as mean/SE per eval step (its clock: of those runs).
     Pure."""
     finals = [r["evals"][-1]["accuracy"] for r in runs if r["evals"]]
+    handed = [handed_accuracy(r) for r in runs if r["evals"] or "handed" in r]
     reached = [r for r in runs if time_to(r["evals"], target) is not None]
     alone = [r for r in runs if r.get("jobs", 1) == 1]  # wall-clock of a run not sharing
     timed = [t for r in alone if (t := time_to(r["evals"], target)) is not None]
@@ -53,6 +63,16 @@ def summarize(runs: list[dict], target: float) -> dict:
         "seeds": [r["seed"] for r in runs],
         "final_accuracy_mean": mean,
         "final_accuracy_se": se,
+        # the model the user is handed, on the test problems: final/ of a keep-best run,
+        # else the last step's (TRL's saved model, grpo_hpc without a validation split)
+        "handed_accuracy_mean": mean_se(handed)[0] if handed else None,
+        "handed_accuracy_se": mean_se(handed)[1] if handed else None,
+        "handed_below_half": sum(a < 0.5 for a in handed),
+        # a keep-best run's own evaluations (its curve) score the validation split
+        "curve_split": "validation" if any("handed" in r for r in runs) else "test",
+        "collapses_acted_on": sum(
+            1 for r in runs for c in r.get("collapses", ()) if c["action"] != "FLAG"
+        ),
         "time_to_target_mean_s": sum(timed) / len(timed) if timed else None,
         "timed_seeds": len(timed),
         "seeds_reaching_target": len(reached),
@@ -174,6 +194,11 @@ def finish(result: dict, path: Path, target: float) -> None:
     plot(result, path.with_suffix(".png"))
     for name, s in result["summary"].items():
         final = f"{s['final_accuracy_mean']:.3f} ± {s['final_accuracy_se']:.3f}"
+        if s.get("handed_accuracy_mean") is not None:
+            final += (
+                f", handed over {s['handed_accuracy_mean']:.3f} ± {s['handed_accuracy_se']:.3f}"
+                f" ({s['handed_below_half']} below 0.5)"
+            )
         t = s["time_to_target_mean_s"]
         reach = f"{t:.1f} s" if t is not None else "never"
         print(

@@ -141,3 +141,21 @@ def test_merge_files_from_several_gpus_into_one_summary(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(other))
     bad = subprocess.run([*cmd[:-2], str(tmp_path / "bad.json")], capture_output=True, text=True)
     assert bad.returncode != 0 and "bad.json holds runs of other settings" in bad.stderr
+
+
+def test_summary_counts_the_handed_over_model_on_the_test_problems() -> None:
+    """A keep-best run's curve scores the validation split; what counts for the user is
+    ``final/`` scored on the test problems (``handed``). A run without one (TRL, grpo_hpc
+    without a validation split) hands over its last step, its last evaluation."""
+    best = _run(1, [(0, 0.0, 0.2), (40, 10.0, 0.1)]) | {
+        "handed": {"accuracy": 0.7, "strict": 0.7, "best": {"step": 15}, "stopped": True},
+        "collapses": [{"step": 14, "signal": "no_signal", "action": "STOP"}],
+    }
+    plain = _run(2, [(0, 0.0, 0.2), (40, 10.0, 0.4)])
+    s = summarize([best, plain], 0.8)
+    assert s["handed_accuracy_mean"] == pytest.approx(0.55)
+    assert s["final_accuracy_mean"] == pytest.approx(0.25)  # the runs' own last evaluations
+    assert s["handed_below_half"] == 1
+    assert s["collapses_acted_on"] == 1
+    assert s["curve_split"] == "validation"
+    assert summarize([plain], 0.8)["curve_split"] == "test"
