@@ -135,7 +135,9 @@ render() {
 multi_node_conf() {
     # The single-node slurm.conf on stdin -> the multi-node one: slurmctld reachable from the
     # namespaces at $HOST_ADDR, one pid/spool/log per slurmd (%n = node name), a short
-    # SlurmdTimeout so a dead node is DOWN (its job NODE_FAIL) within ~20 s, and the nodes.
+    # SlurmdTimeout so a dead node is DOWN (its job NODE_FAIL) within ~15 s, and the nodes.
+    # (SlurmdTimeout=10: slurmctld pings every 3 s; a stopped slurmd's ping fails after
+    # MessageTimeout=10 s. With 20 the test's dead node took ~33 s on the loaded machine.)
     # The new nodes come *before* localhost: while a node named localhost is the only one
     # defined, Slurm's node lookup returns it for any name (and then rejects the next node).
     local i names=() nodes
@@ -149,7 +151,7 @@ multi_node_conf() {
         -e "s|^SlurmdPidFile=\(.*\)/slurmd.pid\$|SlurmdPidFile=\1/slurmd-%n.pid|" \
         -e "s|^SlurmdSpoolDir=\(.*\)/slurmd\$|SlurmdSpoolDir=\1/slurmd-%n|" \
         -e "s|^SlurmdLogFile=\(.*\)/slurmd.log\$|SlurmdLogFile=\1/slurmd-%n.log|" \
-        -e "s|^SlurmdTimeout=.*|SlurmdTimeout=20|" |
+        -e "s|^SlurmdTimeout=.*|SlurmdTimeout=10|" |
         awk -v nodes="$nodes" '/^NodeName=localhost / { print nodes } { print }'
     local IFS=,
     echo "PartitionName=multi Nodes=${names[*]} Default=NO MaxTime=INFINITE State=UP"

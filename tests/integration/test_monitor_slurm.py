@@ -1,8 +1,11 @@
 """grpo-monitor and grpo-status against the real local Slurm cluster and the real trainer.
 
 One module-scoped *fleet* submits every scenario at once and starts one ``grpo-monitor``
-for all of them, so the runs share the cluster's two CPU slots instead of waiting for each
-other; each test then waits (bounded) for its own run and checks what happened:
+for all of them, so the runs share the cluster's CPU slots instead of waiting for each
+other; each test then waits (bounded) for its own run and checks what happened. ``hang``
+runs on partition ``multi`` (one of its idle nodes, when up.sh --nodes 2 made them), the
+rest on ``debug``: the hung attempt waits out its step-0 timeout without holding one of
+``localhost``'s two slots (the fleet took ~138 s on two slots, the hang's jobs ~75 s of them).
 
 * ``hang``     hangs at step 0 (heartbeat alive)   -> stalled_step0, cancelled, resubmitted
 * ``limit``    2-minute time limit; its first attempt hangs (heartbeat alive) after 1 step
@@ -134,13 +137,17 @@ def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
     short = write_profile(
         root / "short.yaml", time_min=LIMIT_TIME_MIN, signal_lead_s=LIMIT_SIGNAL_LEAD_S
     )
+    # hang: on partition multi's idle nodes where there are some (else debug, as the rest)
+    hang = "slurm-local"
+    if slurm_cluster.multi_nodes:
+        hang = str(write_profile(root / "hang.yaml", partition="multi"))
     # Longest first: Slurm starts jobs in submission order on the node's two CPUs.
     submit(
         logs, "limit", FAULTS, f"faults.hang_at_step={LIMIT_HANG_AFTER}",
         f"training.max_steps={LIMIT_STEPS}", f"training.save_every_steps={LIMIT_SAVE_EVERY}",
         profile=str(short),
     )  # fmt: skip
-    submit(logs, "hang", FAULTS, "faults.hang_at_step=0", "training.max_steps=3")
+    submit(logs, "hang", FAULTS, "faults.hang_at_step=0", "training.max_steps=3", profile=hang)
     submit(
         logs, "preempt", FAULTS, "faults.step_sleep=1", f"training.max_steps={PREEMPT_STEPS}",
         f"training.save_every_steps={PREEMPT_SAVE_EVERY}",

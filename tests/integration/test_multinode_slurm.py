@@ -63,8 +63,8 @@ KILLED_JOB_END_S = 60.0
 """Bound for a job to end after one node's job processes were killed (gloo sees the peer go
 at once; measured ~3 s)."""
 DEAD_NODE_JOB_END_S = 90.0
-"""Bound for a job to end after a whole node died: SlurmdTimeout=20 s plus slurmctld's ping
-cycle (measured ~25 s)."""
+"""Bound for a job to end after a whole node died: SlurmdTimeout=10 s plus slurmctld's ping
+cycle and a ping's MessageTimeout (measured ~15 s; ~33 s with SlurmdTimeout=20)."""
 MONITOR_ARGS = [
     "--interval", "1", "--step0-timeout", "120", "--heartbeat-timeout", "120",
     "--max-retries", "3", "--backoff", "1",
@@ -200,7 +200,7 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     # 0. The trainer on grpo-n2 hangs (SIGSTOP): rank 0 waits in its next collective and its
     # heartbeat stops; a monitor with a 20 s heartbeat timeout cancels and resubmits. (That
     # monitor is then replaced by one with a longer timeout, which phase 2 needs: a node's
-    # death takes ~25 s to become NODE_FAIL, and no rank heartbeats meanwhile.)
+    # death takes ~15 s to become NODE_FAIL, and no rank heartbeats meanwhile.)
     hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
                    log=log)  # fmt: skip
     procs.append(hb)
