@@ -156,14 +156,27 @@ def run_grpo_hpc(
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     handed = HANDED[0] in extra
-    # exit 3: stopped for a collapse (training.on_collapse=stop, or rollbacks spent)
-    if proc.returncode not in ((0, 3) if handed else (0,)):
+    # A stop for a collapse (training.on_collapse=stop, or rollbacks spent) is the trainer's
+    # exit 3, which torchrun reports as its own failure: told by the STOP event it wrote
+    stopped = proc.returncode != 0 and handed and _stopped_for_collapse(paths)
+    if proc.returncode != 0 and not stopped:
         raise SystemExit(f"grpo_hpc run failed:\n{proc.stderr[-3000:]}")
     curve = curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
     curve["samples"] = sample_texts(paths)
     if handed:
-        curve |= handed_over(paths, env, stopped=proc.returncode == 3)
+        curve |= handed_over(paths, env, stopped=stopped)
     return curve
+
+
+def _collapse_events(paths: RunPaths) -> list[dict]:
+    if not paths.events.exists():
+        return []
+    rows = [json.loads(x) for x in paths.events.read_text().splitlines()]
+    return [e for e in rows if e.get("phase") == "collapse"]
+
+
+def _stopped_for_collapse(paths: RunPaths) -> bool:
+    return any(e.get("action") == "STOP" for e in _collapse_events(paths))
 
 
 def handed_over(paths: RunPaths, env: dict[str, str], stopped: bool) -> dict:
@@ -187,16 +200,8 @@ def handed_over(paths: RunPaths, env: dict[str, str], stopped: bool) -> dict:
         raise SystemExit(f"grpo-eval of final/ failed:\n{proc.stderr[-3000:]}")
     result = json.loads(out.read_text())
     best = json.loads(paths.best.read_text()) if paths.best.exists() else None
-    events = (
-        [json.loads(x) for x in paths.events.read_text().splitlines()]
-        if paths.events.exists()
-        else []
-    )
-    collapses = [
-        {k: e.get(k) for k in ("step", "signal", "action", "rollbacks", "to_step", "seed")}
-        for e in events
-        if e.get("phase") == "collapse"
-    ]
+    keys = ("step", "signal", "action", "rollbacks", "to_step", "seed")
+    collapses = [{k: e.get(k) for k in keys} for e in _collapse_events(paths)]
     return {
         "handed": {
             "accuracy": result["accuracy"],
