@@ -131,3 +131,19 @@ def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(tmp_path: Pa
     a = torch.load(whole.checkpoint(4) / "model.pt", weights_only=False)
     b = torch.load(cut.checkpoint(4) / "model.pt", weights_only=False)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_sharded_ranks_roll_back_together(tmp_path: Path) -> None:
+    """FSDP2 over two processes: both ranks agree on the verdict (one all-reduce), load the
+    starting weights into their shards and go on with the same new seed; one event, written
+    by rank 0, and the run finishes its step budget."""
+    paths = make_run(tmp_path, "rb2", *DEAD, "training.collapse_patience=2",
+                     "training.on_collapse=rollback", "training.max_steps=3",
+                     "dist.strategy=fsdp", nproc=2)  # fmt: skip
+    result = train(paths, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _dead_from_the_start(paths, 2)
+    (ev,) = _collapses(paths)
+    assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
+    assert [m["step"] for m in _steps(paths)] == [1, 2, 3]
+    assert read_progress(paths.progress).state is TrainState.FINISHED

@@ -131,6 +131,10 @@ class StepOptimizer:
                 "clip_frac_high": 0.0,
                 "entropy": float("nan"),
             }
+            # FSDP2's root keeps its parameters unsharded after a forward (the rollout's):
+            # back to its sharded ones, which the optimizer holds, before giving them
+            # gradients (zeros of the unsharded ones met DTensors in the clip)
+            dist.reshard(self.model)
             for _ in range(cfg.algo.updates_per_batch):
                 for p in self.model.parameters():
                     if p.requires_grad:

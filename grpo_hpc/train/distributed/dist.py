@@ -183,6 +183,16 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
     return DDP(model, device_ids=ids)
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Every FSDP2 module of ``model`` back to its sharded parameters (a no-op for DDP or
+    one process): what ``model.parameters()`` then yields are the optimizer's DTensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def plain_reducer_for_compiled_layers() -> None:
     """Compile each decoder layer under DDP without Dynamo's DDPOptimizer.
 
