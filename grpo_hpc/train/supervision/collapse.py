@@ -141,9 +141,14 @@ class Watch:
         return replace(self, evals=evals, reward_sum=0.0, reward_steps=0, problems=n)
 
     def restarted(self) -> Watch:
-        """After a rollback: the step window and the reports start afresh; the evaluations
-        so far stay (the reference keeps the best accuracy seen)."""
-        return Watch(evals=self.evals)
+        """After a rollback: the step window, the reports and the evaluations start afresh
+        but for the best one, which stays as the reference a later fall is measured from.
+        The failed attempt's evaluations must not count towards the new attempt's
+        ``eval_patience`` (they did until 2026-11-28: a rollback at step 11 saw the drop
+        again at the new attempt's first evaluation and once more a step later, with no
+        new evaluation, and spent the retry budget in 5 steps)."""
+        best = max(self.evals, key=lambda e: e[1], default=None)
+        return Watch(evals=(best,) if best is not None else (), problems=self.problems)
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able, for a checkpoint (:meth:`from_state` reads it back)."""

@@ -119,7 +119,27 @@ def test_each_signal_is_reported_once_and_the_watch_survives_a_checkpoint() -> N
     assert again is None or again.signal != "no_signal"
     w = w.after_eval(10, 0.2)
     assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
-    assert w.restarted() == Watch(evals=w.evals)
+    assert w.restarted() == Watch(evals=w.evals, problems=w.problems)
+
+
+def test_a_rollback_measures_the_new_attempt_by_its_own_evaluations() -> None:
+    """The failed attempt's falling evaluations do not count again after a rollback: the
+    new attempt needs ``eval_patience`` evaluations of its own below the bar, measured from
+    the best accuracy seen before it (seed 115 at 48 tokens was rolled back at step 11,
+    then again at 15 and stopped at 16 on the old attempt's evaluations)."""
+    th = Thresholds()
+    w = Watch().after_eval(0, 0.21, 128)
+    for step, acc in ((5, 0.05), (10, 0.05)):
+        w = _steps(w, 5, grad_norm=0.0, cut=1.0).after_eval(step, acc)
+    w = w.restarted()
+    assert w.evals == ((0, 0.21, w.evals[0][2]),) and w.problems == 128
+    w = _steps(w, 4).after_eval(15, 0.09)
+    assert verdict(w, th, 15) is None  # one evaluation of its own: not yet
+    assert verdict(w, th, 16) is None  # and no new evaluation, no new verdict
+    for step in (20, 25):
+        w = _steps(w, 5).after_eval(step, 0.05)
+    late = verdict(w, th, 25)
+    assert late is not None and late.signal == "eval_drop" and "from 0.21" in late.why
 
 
 def test_a_first_step_mostly_cut_under_the_mask_is_a_stall_risk() -> None:
