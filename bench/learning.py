@@ -138,6 +138,8 @@ SYSTEMS = {
     # acting, final/ (the best validation model) scored on the test problems afterwards
     "grpo_hpc_stop": ("grpo_hpc", HANDED + ["training.on_collapse=stop"]),
     "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
+    # the detector only: which seeds it alarms on, and whether they would have recovered
+    "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }

@@ -58,8 +58,9 @@ def test_a_flagged_collapse_is_an_event_a_status_flag_and_a_plot_line(tmp_path: 
 
 def test_a_stopped_collapse_ends_with_its_reason_and_is_never_resubmitted(tmp_path: Path) -> None:
     paths = make_run(
-        tmp_path, "stop", *DEAD, "training.collapse_patience=2", "training.max_steps=6"
-    )  # fmt: skip  (on_collapse: stop, the default)
+        tmp_path, "stop", *DEAD, "training.collapse_patience=2", "training.max_steps=6",
+        "training.on_collapse=stop",
+    )  # fmt: skip
     result = train(paths)
     assert result.returncode == ExitCode.CIRCUIT_BREAKER, result.stderr[-3000:]
     _dead_from_the_start(paths, 2)

@@ -318,13 +318,15 @@ def test_masked_truncated_completions_train_only_finished_ones(tmp_path: Path) -
 
 def test_steps_that_train_nothing_trip_the_cut_off_breaker(tmp_path: Path) -> None:
     """With algo.mask_truncated, a run whose completions all run to the cap trains nothing;
-    after training.cut_off_patience such steps in a row it stops (exit 3, checkpoint saved)
-    and names the fix. The tiny model seldom ends within its 8 tokens."""
+    after training.cut_off_patience such steps in a row it stops (exit 3, checkpoint saved;
+    ``on_collapse=stop``, the default rollback's last resort) and names the fix. The tiny
+    model seldom ends within its 8 tokens."""
     paths = make_run(
         tmp_path,
         "cut",
         "algo.mask_truncated=true",
         "training.cut_off_patience=2",
+        "training.on_collapse=stop",
         "training.max_steps=12",
     )
     result = train(paths)
