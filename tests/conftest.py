@@ -26,6 +26,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("smollm2"))
 
 
+# torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell
+# 5.0 through Hopper 9.0, Volta included), which covers every profile's gpu_capability.
+CU126_ARCH_LIST = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90"
+
+
+@pytest.fixture(autouse=True)
+def _torch_arch_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpo-submit refuses a torch without kernels for the profile's GPUs, a CPU build
+    included (grpo_hpc.submit.torch_build), and CI's torch is a CPU build: every test
+    (and the CLIs it starts) sees a CUDA 12.6 build's arch list instead, so a dry run of a
+    GPU profile tests what it means to, not this machine's torch. The tests of that check
+    set their own list or remove this one (tests/unit/submit/test_torch_arch.py)."""
+    monkeypatch.setenv("GRPO_HPC_TORCH_ARCH_LIST", CU126_ARCH_LIST)
+    monkeypatch.setenv("GRPO_HPC_TORCH_CUDA", "12.6")
+
+
 @pytest.fixture
 def logs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "logs"

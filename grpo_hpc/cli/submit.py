@@ -99,8 +99,8 @@ def _submit(argv: list[str]) -> int:
         raise ConfigError("--profile is required: e.g. --profile local (see --list-profiles)")
     paths = RunPaths.for_run(args.name or _default_name(args.config), root.resolve())
     plan = plan_submission(paths, load_profile(args.profile), args.config, overrides, args.force)
-    # where the installed torch's GPU architectures could not be checked (a CPU torch on a
-    # login node, as on CI), say so rather than pass silently
+    # where the installed torch's GPU architectures could not be checked (no torch found,
+    # a CUDA torch that lists none), say so rather than pass silently
     torch_note = preflight.torch_note(plan.profile)
     if args.dry_run:  # the plan as the submission would carry it out, and its verdict
         sys.stdout.write(dry_run_text(plan))

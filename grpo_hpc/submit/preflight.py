@@ -261,8 +261,10 @@ def _precision_problem(precision: str, profile: Profile) -> str | None:
 
 def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[str]:
     """The installed torch has code for the profile's GPUs (``gpu_capability``), or one
-    line naming the torch build that has (grpo_hpc.submit.torch_build); a profile that
-    names no capability, a CPU build and no torch are not checked (see :func:`torch_note`)."""
+    line naming the torch build that has (grpo_hpc.submit.torch_build): the job runs this
+    same interpreter, so a torch without kernels for them (a CPU build included) would die
+    at its first kernel, after the queue wait. A profile that names no capability and a
+    missing torch are not checked (see :func:`torch_note`)."""
     capability = profile.capability
     if capability is None or build is None:
         return []
@@ -271,8 +273,9 @@ def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[
 
 
 def torch_note(profile: Profile) -> str | None:
-    """The informational ``torch:`` line where the check above could not look (a CPU torch
-    on a login node, as on CI), for a profile that names its GPUs' capability."""
+    """The informational ``torch:`` line where the check above could not look (no torch
+    found, a CUDA torch that lists no architectures), for a profile that names its GPUs'
+    capability."""
     if profile.capability is None:
         return None
     return torch_build.note(torch_build.installed_build())

@@ -26,19 +26,30 @@ from pathlib import Path
 
 ARCH_LIST_ENV = "GRPO_HPC_TORCH_ARCH_LIST"
 """Test/diagnostic override: the arch list as ``sm_80 sm_90`` (space or comma separated),
-read instead of torch's; its CUDA version is ``GRPO_HPC_TORCH_CUDA`` (default ``12.8``)."""
+read instead of torch's; its CUDA version is ``GRPO_HPC_TORCH_CUDA`` (default ``12.8``; set
+empty for a CPU build). Meant for tests (CI has a CPU torch), for asking "would this
+build's list do?", and for a deliberate run of a profile's settings on other GPUs (issue
+55's V100 settings on an H100); it replaces the check's input, so not for ordinary use."""
 CUDA_ENV = "GRPO_HPC_TORCH_CUDA"
 
 # PyTorch's CUDA support matrix (RELEASE.md): for 2.11 the CUDA 12.8 builds dropped Volta
 # (7.0) and the CUDA 13 builds never had it; the CUDA 12.6 builds keep Maxwell (5.0)
 # through Hopper (9.0), Volta included. Sources: RFC pytorch/pytorch#172352, PR #175253
 # (2.11 matrix), PR #182849 (2.12: 12.6.3 still lists Volta; 12.8 gone), PR #197555 (2.12,
-# 2.13 and 2.14 share that matrix). The index URL form is pytorch.org's "previous
-# versions" page (``--index-url https://download.pytorch.org/whl/cu126``).
+# 2.13 and 2.14 share that matrix). 2.14 is the last release with CUDA 12.6 wheels (RFC
+# #190385; dev-discuss "Notice: CUDA 12.6 wheels will no longer be published from PyTorch
+# 2.15"), hence the pin below: without it a later upgrade from PyPI lands on a build with
+# no Volta. Every CUDA build of 2.11 on (12.8, 13.0, 13.2) starts at Turing (7.5), so a
+# GPU of 7.5 or newer is served by the default index. The index URL form is pytorch.org's
+# "previous versions" page.
 LEGACY_CUDA = "12.6"
 LEGACY_INDEX = "https://download.pytorch.org/whl/cu126"
-LEGACY_MAX_CAPABILITY = (9, 0)
-"""The newest GPU generation the CUDA 12.6 builds carry (Hopper); above it, cu126 is no fix."""
+LEGACY_PIN = "torch<2.15"
+"""The last release line with CUDA 12.6 wheels is 2.14 (RFC pytorch/pytorch#190385)."""
+LEGACY_MIN_CAPABILITY = (5, 0)
+"""The oldest GPU generation the CUDA 12.6 builds carry (Maxwell)."""
+DEFAULT_MIN_CAPABILITY = (7, 5)
+"""From here up (Turing on), the default index's CUDA build has kernels (2.11 on)."""
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
@@ -95,21 +106,34 @@ def runs_on(arch_list: list[str] | tuple[str, ...], capability: tuple[int, int])
 
 
 def fix_for(capability: tuple[int, int]) -> str:
-    """What to install instead, for a GPU of ``capability`` (one clause)."""
-    if LEGACY_MAX_CAPABILITY[0] >= capability[0] >= 5:
+    """What to install instead, for a GPU of ``capability`` (one clause, with the command)."""
+    if capability >= DEFAULT_MIN_CAPABILITY:
+        return "install PyPI's CUDA build of torch (Turing, 7.5, and newer): pip install torch"
+    if capability >= LEGACY_MIN_CAPABILITY:
         return (
-            f"install a CUDA {LEGACY_CUDA} build of torch (it still has kernels for "
-            f"{capability[0]}.{capability[1]}): pip install torch --index-url {LEGACY_INDEX}"
+            f"install a CUDA {LEGACY_CUDA} build of torch, the only one with kernels for "
+            f"{capability[0]}.{capability[1]}: "
+            f'pip install "{LEGACY_PIN}" --index-url {LEGACY_INDEX}'
         )
-    return "install a torch build whose CUDA support matrix lists this GPU (pytorch.org)"
+    return "no published torch build has kernels for this GPU: build torch from source"
 
 
 def arch_problem(build: TorchBuild, capability: tuple[int, int], profile: str) -> str | None:
-    """The one-line refusal when ``build`` has no code for the profile's GPUs, else None
-    (a CPU build or an empty arch list is not checked: see :func:`note`)."""
-    if build.cuda is None or not build.arch_list or runs_on(build.arch_list, capability):
-        return None
+    """The one-line refusal when ``build`` has no code for the profile's GPUs, else None.
+
+    A CPU build is refused too: the job runs the very interpreter ``grpo-submit`` runs in
+    (``sys.executable``), so a CPU torch here is the torch on the GPU nodes. A CUDA build
+    with an empty arch list (an unusual install) is not refused, only noted (:func:`note`).
+    """
     cap = f"{capability[0]}.{capability[1]}"
+    if build.cuda is None:
+        return (
+            f"profile {profile!r}: the installed torch {build.version} is a CPU-only build and "
+            f"the job runs this same Python on GPUs of compute capability {cap}: "
+            f"{fix_for(capability)}"
+        )
+    if not build.arch_list or runs_on(build.arch_list, capability):
+        return None
     return (
         f"profile {profile!r}: its GPUs (compute capability {cap}) cannot run the installed "
         f"torch {build.version} (CUDA {build.cuda}, built for {' '.join(build.arch_list)}); "
@@ -118,16 +142,11 @@ def arch_problem(build: TorchBuild, capability: tuple[int, int], profile: str) -
 
 
 def note(build: TorchBuild | None) -> str | None:
-    """The informational line where nothing could be checked (a CPU build on a login
-    node, an older torch that lists no architectures without a GPU), else None."""
+    """The informational line where nothing could be checked (no torch found, a CUDA
+    torch that lists no architectures), else None (a CPU build is refused instead)."""
     if build is None:
         return "torch: not installed here: the compute nodes' torch is not checked"
-    if build.cuda is None:
-        return (
-            f"torch: a CPU build here ({build.version}): the GPU architectures of the "
-            "compute nodes' torch are not checked"
-        )
-    if not build.arch_list:
+    if build.cuda is not None and not build.arch_list:
         return (
             f"torch: {build.version} lists no CUDA architectures without a GPU: the "
             "compute nodes' torch is not checked"
