@@ -159,20 +159,11 @@ def build_figure(data: PlotData, title: str) -> Any:
                 lo = [m - sd for m, sd in zip(ms, sds, strict=True)]
                 hi = [m + sd for m, sd in zip(ms, sds, strict=True)]
                 ax.fill_between(xs, lo, hi, alpha=0.25, label="± std")
+        first = key == "reward/mean"
         for attempt, x in data.attempts:
-            ax.axvline(x, color="grey", ls="--", lw=0.8)
-            if key == "reward/mean":
-                ax.annotate(
-                    f"attempt {attempt}",
-                    (x, 1),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90,
-                    va="top",
-                    ha="right",
-                    fontsize=7,
-                    color="grey",
-                )
-        _collapse_lines(ax, data, key == "reward/mean")
+            _marker(ax, x, f"attempt {attempt}" if first else None, "grey", "--", top=True)
+        for step, what in data.collapses:
+            _marker(ax, step, f"collapse ({what})" if first else None, "red", "-", top=False)
         if key in BOUNDED:
             ax.set_ylim(-0.03, 1.03)
         ax.set_title(label, fontsize=10)
@@ -184,21 +175,21 @@ def build_figure(data: PlotData, title: str) -> Any:
     return fig
 
 
-def _collapse_lines(ax: Any, data: PlotData, labelled: bool) -> None:
-    """A red line at each detected collapse; its signal and action in the first panel."""
-    for step, what in data.collapses:
-        ax.axvline(step, color="red", ls="-", lw=1.0, alpha=0.7)
-        if labelled:
-            ax.annotate(
-                f"collapse ({what})",
-                (step, 0.02),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                va="bottom",
-                ha="right",
-                fontsize=7,
-                color="red",
-            )
+def _marker(ax: Any, x: float, label: str | None, color: str, ls: str, *, top: bool) -> None:
+    """A vertical line at step ``x`` (where an attempt began: grey, dashed; a detected
+    collapse: red), its label written along it (in the first panel only)."""
+    ax.axvline(x, color=color, ls=ls, lw=0.8 if ls == "--" else 1.0, alpha=1.0 if top else 0.7)
+    if label:
+        ax.annotate(
+            label,
+            (x, 1 if top else 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top" if top else "bottom",
+            ha="right",
+            fontsize=7,
+            color=color,
+        )
 
 
 def _step_range(data: PlotData) -> tuple[float, float]:

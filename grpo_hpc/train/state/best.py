@@ -9,7 +9,7 @@ monitor) need no torch; this module adds what the trainer decides with it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo_hpc.core.best import BestRecord, Mode, better, read_best, write_best
@@ -44,7 +44,7 @@ def next_best(
     the new evaluation replaces it. The count of evaluations carries on either way."""
     count = (old.evaluations if old else 0) + 1
     if old is not None and old.metric == metric and not better(score, old.score, mode):
-        return BestRecord(**{**old.__dict__, "evaluations": count}), False
+        return replace(old, evaluations=count), False
     new = BestRecord(
         step=step,
         metric=metric,
