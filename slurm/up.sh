@@ -137,7 +137,7 @@ multi_node_conf() {
     # namespaces at $HOST_ADDR, one pid/spool/log per slurmd (%n = node name), a short
     # SlurmdTimeout so a dead node is DOWN (its job NODE_FAIL) within ~15 s, and the nodes.
     # (SlurmdTimeout=10: slurmctld pings every 3 s; a stopped slurmd's ping fails after
-    # MessageTimeout=10 s. With 20 the test's dead node took ~33 s on the loaded machine.)
+    # MessageTimeout=5 s. With 20 and 10 the test's dead node took ~33 s on the loaded machine.)
     # The new nodes come *before* localhost: while a node named localhost is the only one
     # defined, Slurm's node lookup returns it for any name (and then rejects the next node).
     local i names=() nodes

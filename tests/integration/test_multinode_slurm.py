@@ -64,7 +64,8 @@ KILLED_JOB_END_S = 60.0
 at once; measured ~3 s)."""
 DEAD_NODE_JOB_END_S = 90.0
 """Bound for a job to end after a whole node died: SlurmdTimeout=10 s plus slurmctld's ping
-cycle and a ping's MessageTimeout (measured ~15 s; ~33 s with SlurmdTimeout=20)."""
+cycle and a failing ping's MessageTimeout=5 s (slurm/up.sh; ~24 s with MessageTimeout=10,
+~33 s with SlurmdTimeout=20 too, on the loaded machine)."""
 MONITOR_ARGS = [
     "--interval", "1", "--step0-timeout", "120", "--heartbeat-timeout", "120",
     "--max-retries", "3", "--backoff", "1",
