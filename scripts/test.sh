@@ -45,8 +45,9 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
 # spends more of its time waiting (on Slurm, on processes it signals) than computing:
 # three pytest-xdist workers. The real-Slurm tests (tests/integration, 7.5-9 min alone by
-# `pytest -n 0 tests/integration`: 445-533 s in six runs at ffdb08d and after; 653 s before,
-# at 1f54112; mostly waiting on Slurm and the monitor) run one after another on one worker;
+# `pytest -n 0 tests/integration`: 445-533 s in six runs at ffdb08d and 890d510, 464 s at
+# load ~1; 492 s at 1f54112 at load ~1, 653 s at load ~3.5; mostly waiting on Slurm and the
+# monitor) run one after another on one worker;
 # the other two share the rest (tests/conftest.py groups them). `-n 0` as an argument runs
 # everything in one process.
 exec "$PY" -m pytest -q -n 3 --dist loadgroup -m "not gpu" --durations=25 "$@"
