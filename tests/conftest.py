@@ -17,13 +17,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``).
     The tests of the real Slurm cluster share its two CPU slots and its two namespace nodes
     (which some of them kill and restart): they run one after another on one worker, while
-    the other worker runs the rest. The two tests of the session's converted SmolLM2 share
-    one worker too, so that it is converted once."""
+    the other workers run the rest (the session's converted SmolLM2 is converted once and
+    shared by every worker: tests/e2e/conftest.py)."""
     for item in items:
         if item.path.is_relative_to(REPO / "tests" / "integration"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "smollm2_cache" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
 
 
 # torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell

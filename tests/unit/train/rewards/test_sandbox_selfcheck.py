@@ -26,11 +26,15 @@ from .bwrap_switch import REQUIRE_ENV, need_bwrap
 
 @pytest.fixture
 def fresh_caches():
-    """proven_isolation/detect are per-process caches: start and end each test clean."""
-    for f in (bwrap.detect, sandbox.proven_isolation, rewards.announce_sandbox):
+    """proven_isolation/detect are per-process caches: start and end each test clean. The
+    cached functions are taken once, before the test: a test that monkeypatches one may
+    still have it patched at this teardown (an autouse fixture that uses monkeypatch
+    makes monkeypatch outlive this one)."""
+    cached = (bwrap.detect, sandbox.proven_isolation, rewards.announce_sandbox)
+    for f in cached:
         f.cache_clear()
     yield
-    for f in (bwrap.detect, sandbox.proven_isolation, rewards.announce_sandbox):
+    for f in cached:
         f.cache_clear()
 
 
