@@ -250,36 +250,15 @@ def _load_checkpoint_weights(trainer: TrainerLike, ckpt: Path, tools: Tools) -> 
 
 def _load_start_weights(trainer: TrainerLike, tools: Tools) -> None:
     """The model's starting weights (its directory, read again) and a fresh optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     cfg = trainer.cfg
     model_dir = tools.materialize(cfg.model, trainer.paths.root, cfg.training.seed)
     fresh, _ = tools.load_model(model_dir, cfg.model.attn_implementation, torch.device("cpu"))
-    copy_full_weights(trainer.model, fresh.state_dict())
+    set_model_state_dict(
+        trainer.model, fresh.state_dict(), options=StateDictOptions(full_state_dict=True)
+    )
     _restart_optimizer(trainer.opt.optim)
-
-
-@torch.no_grad()
-def copy_full_weights(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Whole (unsharded) weights into ``model``'s own tensors, in place. In place because
-    FSDP2 and the optimizer hold the sharded parameters themselves: torch's
-    ``set_model_state_dict`` put new tensors in their stead, and the next step's gradient
-    clip met plain tensors beside DTensors (a two-rank rollback failed so). A DTensor gets
-    its own shard of the whole (``distribute_tensor``: every rank calls it in the same
-    order, the keys' order)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    dist.reshard(model)  # FSDP2's root may still hold the unsharded ones of a forward
-    own = get_model_state_dict(model)  # canonical names (no compile or FSDP wrappers)
-    missing = sorted(set(own) - set(full))
-    if missing:
-        raise RuntimeError(f"the starting weights lack {missing[:3]}: cannot roll back to them")
-    for name, mine in own.items():
-        whole = full[name].to(mine.dtype)
-        if isinstance(mine, DTensor):
-            shard = distribute_tensor(whole.to(mine.device), mine.device_mesh, mine.placements)
-            mine.to_local().copy_(shard.to_local())
-        else:
-            mine.copy_(whole)
 
 
 def _restart_optimizer(optim: torch.optim.Optimizer) -> None:
