@@ -171,14 +171,14 @@ def _oom_outcome(trainer: object) -> tuple[str, float | None]:
     import torch
 
     from grpo_hpc.memory import plan as memory_plan
+    from grpo_hpc.train.distributed import gpu
 
     cfg = trainer.cfg
     phase = trainer.tracker.record.state.value
     injected = cfg.faults.enabled and cfg.faults.oom_at_step == trainer.step
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / memory_plan.GIB
-        capacity = torch.cuda.get_device_properties(trainer.info.device).total_memory
-        capacity /= memory_plan.GIB
+        capacity = gpu.total_gib(trainer.info.device)  # an emulated GPU's: its cap
         if injected:  # the card the fault made of this one (faults.before_update)
             capacity = min(capacity, cfg.faults.oom_gpu_gb)
         seen = f"peak {peak:.1f} GiB allocated of {capacity:.3g} GiB"

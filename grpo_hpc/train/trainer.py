@@ -35,7 +35,7 @@ from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
-from grpo_hpc.train.distributed import dist
+from grpo_hpc.train.distributed import dist, gpu
 from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric
 from grpo_hpc.train.measure import stall_sampler
 from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
@@ -51,6 +51,23 @@ from grpo_hpc.train.state import best, checkpoint, state_digest
 from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
+
+
+def kernels_line(
+    precision: str,
+    scaler: bool,
+    attn: str | None,
+    decode: str,
+    capability: tuple[int, int] | None,
+) -> str:
+    """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
+    say, so that a run's log shows what a GPU of its capability ran (issue 55's V100 path)."""
+    where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
+    scaled = " with the grad scaler" if scaler else ""
+    return (
+        f"[Kernels] dist.precision={precision}{scaled}; update attention {attn or 'unknown'}; "
+        f"{decode}{where}"
+    )
 
 
 class Trainer:
@@ -92,6 +109,9 @@ class Trainer:
                 f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
                 "train on the CPU with precision fp32"
             )
+        # An emulated GPU (GRPO_HPC_EMULATE_GPU) caps its memory before the first auto decision
+        if (emulating := gpu.emulate(info.device)) and info.is_main:
+            print(emulating, flush=True)
         self.cfg = autos.resolve(cfg, info)
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         self.speed_line = auto_speed.describe(cfg, self.cfg)  # said with the engine chosen
@@ -143,6 +163,7 @@ class Trainer:
         self.ref = None
         if cfg.algo.packing:  # before the reference copy: both run packed forwards
             packing.use_packed_attention(model)
+        attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
         if cfg.algo.beta > 0:  # frozen reference; beta=0 loads none
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         model = models.prepare_policy(model, cfg.model, self.info.device, bool(cfg.dist.compile))
@@ -151,12 +172,12 @@ class Trainer:
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
-        gpu = self.info.device.type == "cuda"
+        on_gpu = self.info.device.type == "cuda"
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
         # fp32 master weights; bf16/fp16 compute through autocast (generation too); the
         # update's keeps no cast cache (one low-precision copy of the model saved).
-        self.autocast = autocast_factory("cuda", dtype if gpu else None)
-        update_autocast = autocast_factory("cuda", dtype if gpu else None, cache=False)
+        self.autocast = autocast_factory("cuda", dtype if on_gpu else None)
+        update_autocast = autocast_factory("cuda", dtype if on_gpu else None, cache=False)
         self.opt = StepOptimizer(self.model, cfg, self.info, update_autocast)
         if self.info.is_main and cfg.optim.state != "fp32":
             kind = type(self.opt.optim)
@@ -167,7 +188,7 @@ class Trainer:
             self.tok,
             rollout.EngineOptions.for_run(
                 cfg,
-                dtype if gpu and dtype else torch.float32,
+                dtype if on_gpu and dtype else torch.float32,
                 synced=self.info.enabled and cfg.dist.strategy == "fsdp",
                 max_prompt_tokens=data.longest_prompt_tokens(
                     self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
@@ -180,6 +201,10 @@ class Trainer:
         )
         if self.info.is_main:
             print(f"{self.speed_line}, {self.engine.choice.line}", flush=True)
+            cap = gpu.capability(self.info.device) if on_gpu else None
+            scaler = self.opt.scaler is not None
+            line = kernels_line(cfg.dist.precision, scaler, attn, self.engine.decode_path, cap)
+            print(line, flush=True)
         self.collector = Collector(
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,

@@ -69,6 +69,8 @@ class HFEngine:
 
     hands_over_rows = False
     """transformers' ``generate`` returns every row at the end: no streamed scoring."""
+    decode_path = "HF generate"
+    """How decoding runs, for the training log's [Kernels] line."""
 
     def generate(
         self,

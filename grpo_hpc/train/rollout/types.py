@@ -56,6 +56,8 @@ class RolloutEngine(Protocol):
     hands_over_rows: bool
     """``generate`` calls ``on_done`` with rows as they finish and ``on_running`` with the new
     tokens of rows still decoding (native); False: never (hf)."""
+    decode_path: str
+    """How decoding runs, in words (the training log's [Kernels] line)."""
 
     def generate(
         self,

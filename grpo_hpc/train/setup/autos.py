@@ -12,15 +12,17 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.train.algo import packing
+from grpo_hpc.train.distributed import gpu
 from grpo_hpc.train.distributed.dist import DistInfo
 
 
 def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
-    """The facts of this process that ``dist.compile`` and ``algo.packing`` depend on."""
+    """The facts of this process that ``dist.compile`` and ``algo.packing`` depend on (the
+    capability an emulated GPU's under ``GRPO_HPC_EMULATE_GPU``: train.distributed.gpu)."""
     cuda = device.type == "cuda"
     return auto_speed.Where(
         cuda=cuda,
-        capability=torch.cuda.get_device_capability(device) if cuda else (0, 0),
+        capability=gpu.capability(device) if cuda else (0, 0),
         precision=cfg.dist.precision,
         lora=cfg.model.lora_rank > 0,
         varlen=packing.varlen_kernel() is not None,
@@ -31,10 +33,8 @@ def where_training(cfg: Config, device: torch.device) -> auto_speed.Where:
 
 def device_gib(device: torch.device) -> float | None:
     """This rank's GPU memory in GiB (what ``algo.micro_batch_tokens=auto`` is decided
-    against); None on a CPU."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory / 2**30
+    against, an emulated GPU's under ``GRPO_HPC_EMULATE_GPU``); None on a CPU."""
+    return gpu.total_gib(device) if device.type == "cuda" else None
 
 
 def resolve(cfg: Config, info: DistInfo) -> Config:

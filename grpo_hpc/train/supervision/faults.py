@@ -11,6 +11,7 @@ import torch
 
 from grpo_hpc.config.schema import FaultsConfig
 from grpo_hpc.core.progress import TrainState
+from grpo_hpc.train.distributed import gpu
 from grpo_hpc.train.measure.tracking import Tracker
 from grpo_hpc.train.rollout.engines import GenerationAborted
 
@@ -44,8 +45,8 @@ def before_update(f: FaultsConfig, step: int, device: torch.device) -> None:
             f"fault injection: CUDA out of memory (a GPU of {f.oom_gpu_gb:g} GiB is full)"
         )
     torch.cuda.empty_cache()  # cached blocks would otherwise serve the update
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, f.oom_gpu_gb * 2**30 / total), device)
+    # never above an emulated GPU's cap (GRPO_HPC_EMULATE_GPU): the fault shrinks the card
+    gpu.cap_memory(device, min(f.oom_gpu_gb, gpu.total_gib(device)))
 
 
 def in_update(f: FaultsConfig, step: int) -> None:

@@ -32,6 +32,8 @@ import functools
 
 import torch
 
+from grpo_hpc.train.distributed import gpu
+
 try:  # Triton ships with CUDA builds of PyTorch; CPU builds have none
     import triton
     import triton.language as tl
@@ -62,12 +64,13 @@ def fused_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> 
     """Whether the engine uses :func:`fused_attention`: Triton present, bf16/fp16, a head
     size that is a power of two from 16 to 256 (the kernel's block shape), and a GPU of
     compute capability 8.0+ (A100, H100: where it was measured; a V100 keeps the matrix
-    products, as ``auto_speed`` keeps its plain update)."""
+    products, as ``auto_speed`` keeps its plain update; an emulated one under
+    ``GRPO_HPC_EMULATE_GPU`` counts as what it emulates)."""
     if triton is None or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return False
     if head_dim not in (16, 32, 64, 128, 256):
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    return gpu.capability(device) >= (8, 0)
 
 
 if triton is not None:

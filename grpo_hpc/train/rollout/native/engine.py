@@ -56,6 +56,15 @@ from grpo_hpc.train.rollout.native.workspace import (
 from grpo_hpc.train.rollout.types import GenerationAborted, RolloutBatch, to_batch
 
 
+def decode_path(compiled: bool, graphed: bool, fused: bool) -> str:
+    """How the engine's decode steps run, in words (pure): its layers compiled or eager,
+    captured in CUDA graphs or not, attention as the Triton kernel or as matrix products."""
+    layers = "compiled layers" if compiled else "eager layers"
+    graphs = ", CUDA graphs" if graphed else ""
+    attn = "Triton decode attention" if fused else "matrix-product attention"
+    return f"native decode: {layers}{graphs}, {attn}"
+
+
 @dataclass
 class NativeEngine:
     """Rollouts from the policy's own weights with the decode loop of this package."""
@@ -123,6 +132,8 @@ class NativeEngine:
             import torch._dynamo.config as dynamo_config
 
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        self.decode_path = decode_path(compiled, self.graphed, compiled and fused)
+        """How each decode step runs, for the training log's [Kernels] line."""
         self.spaces: dict[int, Workspace] = {}
         self.floor = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
         """Least KV cache capacity of a new workspace (raised when a cache had to regrow)."""
