@@ -78,7 +78,8 @@ def submit_attempt(
     """Submit one attempt of an existing run directory with these executor parameters and
     record it in jobs.jsonl (the caller has checked that Slurm answers)."""
     executor = make_executor(profile, paths, params)
-    launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node)
+    local_env = dict(profile.env) if profile.executor == "local" else {}  # Slurm: setup lines
+    launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node, local_env)
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):  # submitit prints sbatch's refusal there too

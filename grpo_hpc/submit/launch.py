@@ -205,6 +205,9 @@ class NodeLauncher:
 
     run_dir: str
     nproc_per_node: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    """The profile's ``env:`` where no setup lines export it: submitit's LocalExecutor runs
+    no sbatch script (a Slurm job gets it from its setup lines and this stays empty)."""
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False, compare=False)
     _started: float = field(default=0.0, init=False, repr=False, compare=False)
     _waiting: bool = field(default=False, init=False, repr=False, compare=False)
@@ -219,7 +222,7 @@ class NodeLauncher:
         paths.nccl_trace.mkdir(exist_ok=True)  # the flight recorder does not create it
         ctx = node_context()
         cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)
-        env = trainer_env(dict(os.environ), paths, ctx.job_id)
+        env = trainer_env({**os.environ, **self.env}, paths, ctx.job_id)
         self._started = time.time()
         proc = subprocess.Popen(
             cmd,
@@ -275,7 +278,8 @@ class NodeLauncher:
             if self._waiting:
                 raise _AttemptEnded()
             return None  # nothing to resume: let the job end
-        return submitit.helpers.DelayedSubmission(NodeLauncher(self.run_dir, self.nproc_per_node))
+        again = NodeLauncher(self.run_dir, self.nproc_per_node, self.env)
+        return submitit.helpers.DelayedSubmission(again)
 
     def _wait_for_torchrun(self, timeout_s: float) -> None:
         """Until torchrun (so every trainer process) has exited, or ``timeout_s``."""

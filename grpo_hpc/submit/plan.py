@@ -210,6 +210,8 @@ def preview(plan: SubmitPlan) -> str:
         parts += ["# ---- sbatch script (written by submitit) ----", render_sbatch(plan)]
     else:
         parts += [f"# ---- local executor: no Slurm; runs on this machine in {paths.submitit_dir}"]
+        env = sorted(profile.env.items())  # the trainer's environment (NodeLauncher.env)
+        parts += [f"# environment (the profile's env): {k}={v}" for k, v in env]
     ctx = NodeContext(nnodes=profile.nodes, master_addr="$FIRST_NODE", job_id="$SLURM_JOB_ID")
     cmd = torchrun_command(str(paths.root), plan.config.dist.nproc_per_node, ctx)
     parts += [f"# ---- per node ({profile.nodes} node(s)): ----", " ".join(cmd)]
