@@ -10,7 +10,7 @@
 #   families  the model families of issue 53 (bench/shapes configs, random weights): the
 #           families' GPU tests, decode vs HF generate per family, Qwen3-1.7B vs TRL:
 #           tests_native, tests_update, decode, decode2, trl (OUT STAGE...)
-#   real    the real SmolLM2-135M-Instruct: setup, model, decode, parity, learn2, gsm8k,
+#   real    the real SmolLM2-135M-Instruct: setup, model, decode, parity, learn2, gsm8k, supercloud,
 #           reallen, ... (OUT STAGE...)
 #   memory  a run's GPU memory under bench/mem_probe.py: 7b, 7b_sync, 7b_int8, small, ...
 #           (OUT [STAGE...], default 7b 7b_sync small)

@@ -8,7 +8,10 @@ x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 5
 - ``h100``: bf16 autocast, each GPU capped at 80 GiB (the h100x2 profile: DDP, FSDP2 where
   the plan needs it);
 - ``supercloud``: fp16 autocast + grad scaler, SDPA, each GPU capped at 32 GiB (a V100's
-  memory; the supercloud profile) with ``torch.cuda.set_per_process_memory_fraction``.
+  memory; the supercloud profile) with ``torch.cuda.set_per_process_memory_fraction``. The
+  H100's kernels and ``auto`` decisions stay, unless ``GRPO_HPC_EMULATE_GPU=7.0:32`` is
+  set: then every decision is a V100's (eager layers, no packing; issue 55, recorded as
+  ``env.emulated_gpu``).
 
 Each row runs the real trainer (``grpo_hpc.train``) under torchrun with ``--nproc`` ranks
 (one GPU each) in its own process group with a timeout, with the memory means the estimator
@@ -27,6 +30,9 @@ estimator now resolves differently.
     python -m bench.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json
     python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json
     python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+    # the 1.5B row with every decision a V100's (docs/profiles.md, Supercloud)
+    GRPO_HPC_EMULATE_GPU=7.0:32 python -m bench.ladder --shapes qwen2.5-1.5b \
+        --budgets supercloud --out bench/results/ladder_supercloud_emulated_<gpu>_<date>.json
     # the model families of docs/models.md (FAMILY_SHAPES), one GPU
     python -m bench.ladder --shapes families --out bench/results/ladder_families_h100_<date>.json
     python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json --merge OUT/ladder_b.json
@@ -108,6 +114,28 @@ def merge_rows(base: list[dict], others: list[list[dict]]) -> list[dict]:
     return [r for r in base if _key(r) not in changed] + list(changed.values())
 
 
+def emulated_gpu(budgets: list[str]) -> str | None:
+    """``GRPO_HPC_EMULATE_GPU`` as the rows run under it (``7.0:32``), or None. A bad value,
+    or a budget whose cap is not the emulated memory (the h100 budget's bf16 rows on an
+    emulated V100 would only be refused by the trainer), stops the ladder before any row."""
+    from grpo_hpc.core.errors import ConfigError
+    from grpo_hpc.train.distributed import gpu
+
+    try:
+        emulated = gpu.emulation()
+    except ConfigError as e:
+        sys.exit(str(e))
+    if emulated is None:
+        return None
+    other = [b for b in budgets if BUDGETS[b][1] != emulated.gib]
+    if other:
+        sys.exit(
+            f"{gpu.EMULATE_ENV}={emulated.said()} emulates a {emulated.gib:g} GiB GPU: "
+            f"leave out the budgets of another cap ({', '.join(other)}), e.g. --budgets supercloud"
+        )
+    return emulated.said()
+
+
 def main() -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
@@ -172,6 +200,7 @@ def main() -> None:
     result["config"]["out"] = str(args.out)
     result["env"] = env_info()
     result["env"]["decode_bw"] = decode_bw()
+    result["env"]["emulated_gpu"] = emulated_gpu(args.budgets)
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as work:
 

@@ -20,6 +20,12 @@
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 #   stream  bench/probes/stream_scoring.py: scoring after generation against scoring while
 #           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
+#   supercloud  issue 55: a short GSM8K run through grpo-submit with bench/supercloud-emulated.yaml
+#           (supercloud's fp16/DDP/SDPA with GRPO_HPC_EMULATE_GPU=7.0:32: every decision a
+#           V100's, the allocator capped at 32 GiB, the kernels this GPU's); writes
+#           supercloud_emulated_{metrics.jsonl,config.yaml,output_tail.log,settings.log,summary.json}
+#   supercloud_ladder  the 1.5B ladder row (random weights, full and LoRA, one GPU) of the
+#           supercloud budget under GRPO_HPC_EMULATE_GPU=7.0:32: ladder_supercloud_emulated.json
 #   reallen bench/trl_baseline.py at real lengths: TRL's step and grpo_hpc's default step on
 #           the same GSM8K questions, 8 prompts x G 8, 512 new tokens, EOS where the model
 #           puts it; s/step, mean completion length, share cut at the cap (REALLEN_STEPS)
@@ -29,6 +35,8 @@
 #   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
 #   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
 #   "default=" unless given, e.g. "default=;packc=--packing --compile")
+#   SC_STEPS (25) SC_PROMPTS (16) SC_MAX_NEW (512) SC_EVAL (256) SC_TIMEOUT (420 s)
+#   SC_OVERRIDES (more key=value words) SC_LADDER_SHAPES (qwen2.5-1.5b)
 set -uo pipefail
 out=${1:?usage: bash bench/gpu.sh real OUT STAGE...}
 shift
@@ -159,6 +167,31 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
         [ -d $run/torch_profile ] && cp -r $run/torch_profile "$out/gsm8k_smollm2_torch_profile"
         tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
+    supercloud) need_model  # supercloud's settings, every decision a V100's (issue 55)
+        steps=${SC_STEPS:-25} name=supercloud-emulated-smollm2
+        rm -rf /tmp/runs/$name  # a run left by an earlier call on the held machine
+        # This torch has no sm_70 kernels, so the preflight would refuse gpu_capability 7.0:
+        # a CUDA 12.6 build's arch list stands in for this deliberate run (docs/profiles.md).
+        GRPO_HPC_TORCH_ARCH_LIST="sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90" GRPO_HPC_TORCH_CUDA=12.6 \
+            timeout "${SC_TIMEOUT:-420}" python3 -c "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))" \
+            --profile bench/supercloud-emulated.yaml --config gsm8k --name $name \
+            model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
+            data.num_eval="${SC_EVAL:-256}" rollout.engine=native \
+            rollout.prompts_per_step="${SC_PROMPTS:-16}" rollout.num_generations=8 \
+            rollout.max_new_tokens="${SC_MAX_NEW:-512}" optim.lr=5e-6 optim.warmup_steps=0 \
+            training.max_steps="$steps" training.eval_every="$steps" training.save_every_steps=0 \
+            training.save_every_seconds=0 training.save_final=false training.zero_reward_patience=0 \
+            ${SC_OVERRIDES:-} 2>&1 | tail -5
+        run=/tmp/runs/$name
+        for f in metrics.jsonl config.yaml; do [ -f $run/$f ] && cp $run/$f "$out/supercloud_emulated_$f"; done
+        [ -f $run/training_output.log ] && tail -c 20000 $run/training_output.log >"$out/supercloud_emulated_output_tail.log"
+        grep -hE '^\[(Device|Speed|Kernels|Eval)\]' $run/training_output.log | tee "$out/supercloud_emulated_settings.log"
+        python3 -m bench.emulated_summary $run "$out/supercloud_emulated_summary.json" ;;
+    supercloud_ladder)  # the 1.5B ladder row as a V100 would plan and run it (random weights)
+        # shellcheck disable=SC2086  (SC_LADDER_SHAPES is a list)
+        GRPO_HPC_EMULATE_GPU=7.0:32 python3 -m bench.ladder --shapes ${SC_LADDER_SHAPES:-qwen2.5-1.5b} \
+            --budgets supercloud --row-timeout 200 --time-budget 400 \
+            --out "$out/ladder_supercloud_emulated.json" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     reallen) need_model  # TRL side by side at real lengths
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
         # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min

@@ -73,12 +73,15 @@ def prompt_tokens(vocab: int) -> int:
 
 @functools.cache
 def _capability(device: str) -> tuple[int, int]:
-    """The compute capability of the GPU the rows run on; (0, 0) on a CPU."""
+    """The compute capability the rows' decisions are made for: the GPU's, or the one
+    ``GRPO_HPC_EMULATE_GPU`` emulates (the trainer asks the same function); (0, 0) on a CPU."""
     if device != "cuda":
         return (0, 0)
     import torch
 
-    return torch.cuda.get_device_capability()
+    from grpo_hpc.train.distributed import gpu
+
+    return gpu.capability(torch.device("cuda"))
 
 
 def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, ranks: int = 1):  # noqa: ANN201
@@ -86,7 +89,9 @@ def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, rank
     (``auto``) on the GPU the ladder runs on. The supercloud budget caps an H100 at a V100's
     32 GiB but keeps the H100's kernels, so its full-parameter rows run compiled and packed
     where a V100 would run eager (grpo-submit's estimate for that profile assumes eager
-    layers, which keep more for backward: the safe side)."""
+    layers, which keep more for backward: the safe side), unless the ladder runs under
+    ``GRPO_HPC_EMULATE_GPU=7.0:32``: then the plan and the trainer both decide as for a
+    V100 (eager, unpacked; issue 55)."""
     from grpo_hpc.config import speed
     from grpo_hpc.memory import estimate as memory
 
