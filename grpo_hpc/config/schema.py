@@ -292,9 +292,10 @@ class TrainingConfig:
     finish, the best model by ``training.final``; exit 3, never resubmitted) or
     ``rollback`` (back to the best checkpoint, or the start, with a new sampling seed, at
     most ``collapse_retries`` times, then stop). ``rollback`` by default: on the learning
-    benchmark's stalling settings (20 new seeds, 2026-11-28) the model handed over scored
-    0.75 on average with 2 of 20 below 0.5, against 0.49 and 9 of 20 with ``stop`` and
-    0.35 and 12 of 20 for TRL (bench/results/learning_2term_mask_handed.json)."""
+    benchmark's stalling settings (20 new seeds) the model handed over scored 0.76 on
+    average with 1 of 20 below 0.5 (2026-12-01, learning_2term_mask_rollback48_h200_2026-12-01
+    in bench/results), against 0.49 and 9 of 20 with ``stop`` and 0.35 and 12 of 20 for TRL
+    (2026-11-28, learning_2term_mask_handed.json)."""
     collapse_retries: int = 2
     """``on_collapse=rollback``: rollbacks allowed over the run's life (then it stops)."""
     collapse_window: int = 10

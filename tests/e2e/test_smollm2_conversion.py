@@ -2,7 +2,8 @@
 the model config and the generation config agree that a turn ends at ``<|im_end|>``,
 whatever the installed transformers reads from the GGUF (5.17 read ``<|im_start|>``, which
 made every completion that ended at ``<|im_end|>`` count as cut off in the TRL runs of
-bench/learning.py), and a cache converted with a misread EOS is converted again."""
+bench/learning.py), and a cache converted with a misread EOS is repaired (its weights kept)
+or, where it cannot be, converted again."""
 
 from __future__ import annotations
 
@@ -41,11 +42,37 @@ def test_turn_end_is_the_eos_everywhere(
     assert _stop_ids(d) == (end, end, end, end)
     assert models.smollm2_tokenizer_ok(d)
 
-    # A conversion made with the misread EOS (as transformers 5.17 wrote it) is redone.
+    # A conversion made with the misread EOS (as transformers 5.17 wrote it) is repaired
+    # where the stop tokens are named; its weights are kept, not dequantised again.
+    weights = d / "model.safetensors"
+    before = weights.stat()
     cfg_path = d / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps(cfg | {"eos_token": "<|im_start|>", "pad_token": None}))
-    assert not models.smollm2_tokenizer_ok(d)
+    start = AutoTokenizer.from_pretrained(d).convert_tokens_to_ids("<|im_start|>")
+    for name in ("config.json", "generation_config.json"):
+        f = d / name
+        f.write_text(json.dumps(json.loads(f.read_text()) | {"eos_token_id": start}))
+    assert _stop_ids(d)[0] == start and not models.smollm2_tokenizer_ok(d)
     again = models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0)
     assert again == d and models.smollm2_tokenizer_ok(d)
     assert _stop_ids(d) == (end, end, end, end)
+    after = weights.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_conversion_that_cannot_be_repaired_is_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache directory with a misread EOS and no tokenizer.json to take the turn end's
+    id from is removed and converted again (the conversion itself is the test above's; here
+    it is recorded, not run)."""
+    monkeypatch.setenv("GRPO_HPC_CACHE", str(tmp_path))
+    out = tmp_path / "models" / "smollm2-135m-instruct"
+    out.mkdir(parents=True)
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_start|>"}))
+    assert not models.repair_smollm2_stop_tokens(out)
+    converted: list[Path] = []
+    monkeypatch.setattr(models, "convert_smollm2", lambda d: converted.append(d) or d.mkdir())
+    assert models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0) == out
+    assert converted == [out] and not (out / "tokenizer_config.json").exists()

@@ -26,6 +26,7 @@ import torch
 
 from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.fsutil import atomic_write_json
 from grpo_hpc.core.paths import RunPaths
 
 SMOLLM2 = "smollm2-135m"
@@ -139,6 +140,35 @@ def smollm2_tokenizer_ok(model_dir: Path) -> bool:
     return tok_cfg.get("eos_token") == SMOLLM2_TURN_END == tok_cfg.get("pad_token")
 
 
+def repair_smollm2_stop_tokens(model_dir: Path) -> bool:
+    """End turns at ``<|im_end|>`` in a conversion made with a misread EOS; False where the
+    directory is not one to repair (a file missing or unreadable: convert again).
+
+    Such a conversion differs from a good one only where the stop tokens are named: the
+    tokenizer config's EOS and pad, the model and generation configs' ids. Those three files
+    are rewritten (each replaced whole, never half-written); the weights, which take a
+    dequantisation of the whole GGUF to make again, are kept."""
+    from tokenizers import Tokenizer
+
+    names = ("tokenizer_config.json", "config.json", "generation_config.json")
+    try:
+        end = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(SMOLLM2_TURN_END)
+        tok_cfg, cfg, gen = (json.loads((model_dir / n).read_text()) for n in names)
+    except Exception:  # OSError, bad JSON, or tokenizers' own error for a bad tokenizer.json
+        return False
+    if end is None or not isinstance(tok_cfg, dict):
+        return False
+    ids = {"eos_token_id": end, "pad_token_id": end}
+    fixed = (
+        tok_cfg | {"eos_token": SMOLLM2_TURN_END, "pad_token": SMOLLM2_TURN_END},
+        cfg | ids,
+        gen | ids,
+    )
+    for name, obj in zip(names, fixed, strict=True):
+        atomic_write_json(model_dir / name, obj)
+    return smollm2_tokenizer_ok(model_dir)
+
+
 def convert_smollm2(out_dir: Path) -> None:
     """Dequantise the GGUF once into a normal HF directory (save_pretrained of a
     GGUF-loaded model fails, so rebuild from its config and copy the weights). EOS and pad
@@ -172,8 +202,8 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
         return out
     if cfg.name_or_path == SMOLLM2:
         out = cache_root() / "models" / "smollm2-135m-instruct"
-        if out.is_dir() and not smollm2_tokenizer_ok(out):
-            shutil.rmtree(out)  # converted with a misread EOS: convert again
+        if out.is_dir() and not smollm2_tokenizer_ok(out) and not repair_smollm2_stop_tokens(out):
+            shutil.rmtree(out)  # neither a good conversion nor one to repair: convert again
         if not out.is_dir():
             out.parent.mkdir(parents=True, exist_ok=True)
             convert_smollm2(out)
