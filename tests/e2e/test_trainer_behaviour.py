@@ -420,10 +420,23 @@ class StopAndResume:
     again: subprocess.CompletedProcess
 
 
+STOPPED_EVAL = 1500
+"""Test problems the stopped attempt evaluates: enough chunks (8 prompts each) that the
+signal lands inside the evaluation even on a fast machine; it stops at the next chunk."""
+AGAIN_EVAL = 16
+"""... and the next attempt: two chunks. It only has to finish the run (its evaluations at
+steps 0 and 2 when nothing was saved); 1,500 problems there took two full evaluations."""
+
+
 def _stop_in_evaluation_and_resume(paths: RunPaths, step: int) -> StopAndResume:
     _signal_while_evaluating(paths, step)
     stopped, checkpoint = read_progress(paths.progress), paths.latest_checkpoint()
     logged = _metrics(paths) if paths.metrics.exists() else []
+    text = paths.config.read_text()
+    assert f"num_eval: {STOPPED_EVAL}\n" in text
+    paths.config.write_text(
+        text.replace(f"num_eval: {STOPPED_EVAL}\n", f"num_eval: {AGAIN_EVAL}\n")
+    )
     return StopAndResume(paths, stopped, checkpoint, logged, train(paths))
 
 
@@ -446,8 +459,8 @@ def stopped_in_evaluation(
                     f"eval{step}",
                     "training.max_steps=3",
                     "training.eval_every=2",
-                    "data.num_eval=1500",
-                    "data.num_val=0",  # the evaluation scores the 1,500 test problems
+                    f"data.num_eval={STOPPED_EVAL}",
+                    "data.num_val=0",  # the evaluation scores the test problems
                     "training.save_every_steps=5",
                 ),
                 step,
@@ -473,3 +486,9 @@ def test_stop_during_evaluation_checkpoints_and_exits_resubmit_me(
     assert all(m["step"] != step for m in evals)  # the cut evaluation logged nothing
     result = runs.again  # the next attempt finishes the run
     assert result.returncode == 0, result.stderr[-2000:]
+    # ... evaluating where it had to: from step 0 at steps 0 and 2, from step 2's checkpoint
+    # at none (step 3 is not evaluated); the cut one is in neither attempt's log
+    evals = [m["step"] for m in _metrics(runs.paths) if "eval/accuracy" in m]
+    assert evals == {0: [0, 2], 2: [0]}[step], evals
+    rec = read_progress(runs.paths.progress)
+    assert rec.state == TrainState.FINISHED and rec.step == 3, rec
