@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.fault_plan import EXCLUSIVE, Fault, TrialPlan, TrialResult
+from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
@@ -109,9 +110,12 @@ def kill(pids, sig: int) -> None:  # noqa: ANN001
             os.kill(pid, sig)
 
 
-def unhealthy_nodes() -> list[str]:
-    """Nodes sinfo lists as down, drained, failing or unknown, with Slurm's reason."""
-    out = sh("sinfo", "-h", "-N", "-o", "%N|%t|%E").stdout.splitlines()
+def unhealthy_nodes(partition: str | None = None) -> list[str]:
+    """Nodes sinfo lists as down, drained, failing or unknown, with Slurm's reason; with
+    ``partition``, only that partition's (a node of another one, down under someone else's
+    test, is not this trial's to repair)."""
+    where = ["-p", partition] if partition else []
+    out = sh("sinfo", "-h", "-N", *where, "-o", "%N|%t|%E").stdout.splitlines()
     bad = [line.split("|") for line in out if line.count("|") == 2]
     return [f"{n} {t} ({why})" for n, t, why in bad if t.startswith(BAD_NODE_STATES)]
 
@@ -142,6 +146,8 @@ class Trial:
         # The harness's pid in the name: job names (what squeue is asked about) never
         # collide with another campaign on the same cluster (CI's, say).
         self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)
+        self.partition = load_profile(plan.profile).partition
+        """Where the run's jobs go: the nodes whose health this trial watches and repairs."""
         self.result = TrialResult(
             plan.index, plan.kind, plan.profile, [asdict(f) for f in plan.faults]
         )
@@ -213,7 +219,7 @@ class Trial:
         while time.time() < deadline:
             if not own_nodes and time.time() > next_check:
                 next_check = time.time() + REPAIR_EVERY_S
-                bad = unhealthy_nodes()
+                bad = unhealthy_nodes(self.partition)
                 if bad:
                     why = self.repair_cluster()
                     self.result.notes.append(

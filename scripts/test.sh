@@ -40,16 +40,12 @@ echo "== pytest"
 export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MODE=offline
 # The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores,
 # also with a busy process per core beside it (`sh -c 'while :; do :; done' &` twice, then
-# `bash .ci/run` in a fresh clone): 14 min 56 s at 901b995 (one teardown error, fixed),
-# 14 min 42 s at a0ae1bb, 15 min 41 s at 807db1d: not yet within it every time; 18 min 48 s
-# at 79556e3 before the Slurm waits were cut and the SmolLM2 conversion was shared.
+# `bash .ci/run` in a fresh clone; README, "Tests", gives the measured runs).
 # Trainer runs are forked from a server that imported the trainer once (tests/e2e/
 # trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
-# spends more of its time waiting (on Slurm, on processes it signals) than computing:
-# three pytest-xdist workers. The real-Slurm tests (tests/integration, 7.5-9 min alone by
-# `pytest -n 0 tests/integration`: 445-533 s in six runs at ffdb08d and 890d510, 464 s at
-# load ~1; 492 s at 1f54112 at load ~1, 653 s at load ~3.5; mostly waiting on Slurm and the
-# monitor) run one after another on one worker;
-# the other two share the rest (tests/conftest.py groups them). `-n 0` as an argument runs
-# everything in one process.
-exec "$PY" -m pytest -q -n 3 --dist loadgroup -m "not gpu" --durations=25 "$@"
+# spends much of its time waiting (on Slurm, on processes it signals) rather than computing:
+# four pytest-xdist workers. The real-Slurm tests (tests/integration, ~12 min of mostly
+# waiting in one row) run in two groups side by side, each on one worker: the two-node
+# tests (`slurm-multi`) and the rest (`slurm`); tests/conftest.py says what keeps them apart.
+# The other workers share the rest. `-n 0` as an argument runs everything in one process.
+exec "$PY" -m pytest -q -n 4 --dist loadgroup -m "not gpu" --durations=25 "$@"

@@ -14,14 +14,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``).
-    The tests of the real Slurm cluster share its two CPU slots and its two namespace nodes
-    (which some of them kill and restart): they run one after another on one worker, while
-    the other workers run the rest (the session's converted SmolLM2 is converted once and
-    shared by every worker: tests/e2e/conftest.py)."""
+    """scripts/test.sh runs the suite on pytest-xdist workers (``--dist loadgroup``). The
+    tests of the real Slurm cluster mostly wait on Slurm; they run in two groups, each one
+    test after another on its own worker, while the other workers run the rest:
+    ``slurm-multi``, the two-node tests on partition ``multi`` (nodes grpo-n1 and grpo-n2,
+    which they kill and restart), and ``slurm``, every other one (partition ``debug`` on
+    localhost's two CPUs; the fleet's step-0 hang job on grpo-n1, the node never killed).
+    What the two groups share is kept apart by tests/integration/slurm_helpers.cluster_lock
+    (slurmctld stopped only while no two-node test runs) and by up.sh running once a
+    session (tests/integration/conftest.py). The session's converted SmolLM2 is converted
+    once and shared by every worker (tests/e2e/conftest.py)."""
+    multi = REPO / "tests" / "integration" / "test_multinode_slurm.py"
     for item in items:
         if item.path.is_relative_to(REPO / "tests" / "integration"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            item.add_marker(
+                pytest.mark.xdist_group("slurm-multi" if item.path == multi else "slurm")
+            )
 
 
 # torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell

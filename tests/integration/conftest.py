@@ -15,6 +15,8 @@ is skipped, unless ``GRPO_HPC_REQUIRE_SLURM`` is set (as in CI): then it fails.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -57,17 +59,26 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> SlurmCluster:
-    """Bring up (or reuse) the local Slurm cluster; it is left running after the session."""
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> SlurmCluster:
+    """Bring up (or reuse) the local Slurm cluster; it is left running after the session.
+
+    up.sh runs once per session, not once per pytest-xdist worker: the Slurm tests run in
+    two groups side by side (tests/conftest.py), and a second up.sh while a two-node test
+    has killed a node on purpose would restart it under that test. The first worker runs it
+    under a lock and leaves its outcome for the others."""
     if os.geteuid() != 0:
         _unavailable("slurm/up.sh needs root (it starts munged, MariaDB and Slurm daemons)")
-    multi_error = ""
-    proc = _up("--nodes", str(len(MULTI_NODES)))
-    if proc.returncode != 0:
-        multi_error = _tail(proc)
-        proc = _up()  # the single-node cluster still serves every other test
-    if proc.returncode != 0:
-        _unavailable(f"{UP_SH} exited with {proc.returncode}:\n{_tail(proc)}")
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the session's, not the worker's
+    with open(shared / "slurm_up.lock", "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)  # released when the file closes
+        record = shared / "slurm_up.json"
+        if not record.exists():
+            record.write_text(json.dumps(_bring_up()))
+        up = json.loads(record.read_text())
+    if up["error"]:
+        _unavailable(up["error"])
+    multi_error = up["multi_error"]
     state_dir = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
     gpus = int(os.environ.get("GRPO_SLURM_GPUS", "2"))
     nodes = () if multi_error else MULTI_NODES
@@ -80,6 +91,18 @@ def two_nodes(slurm_cluster: SlurmCluster) -> SlurmCluster:
     if not slurm_cluster.multi_nodes:
         _unavailable(f"{UP_SH} --nodes 2 failed:\n{slurm_cluster.multi_error}")
     return slurm_cluster
+
+
+def _bring_up() -> dict[str, str]:
+    """Run up.sh (two nodes, else one): why the cluster, or its two-node partition, is not
+    there ("" when it is)."""
+    multi_error = ""
+    proc = _up("--nodes", str(len(MULTI_NODES)))
+    if proc.returncode != 0:
+        multi_error = _tail(proc)
+        proc = _up()  # the single-node cluster still serves every other test
+    error = f"{UP_SH} exited with {proc.returncode}:\n{_tail(proc)}" if proc.returncode else ""
+    return {"error": error, "multi_error": multi_error}
 
 
 def _up(*args: str) -> subprocess.CompletedProcess:

@@ -7,13 +7,16 @@ in the code under test cannot hide itself.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +29,22 @@ from grpo_hpc.core.progress import ProgressRecord, read_progress
 REPO = Path(__file__).resolve().parents[2]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
 T = TypeVar("T")
+
+
+CLUSTER_LOCK = Path(tempfile.gettempdir()) / "grpo-hpc-test-cluster.lock"
+"""The lock that keeps the tests of the two-node partition (pytest-xdist group
+``slurm-multi``, tests/conftest.py) and a test that takes slurmctld away from running at
+the same time: a job submitted or waited on while slurmctld is down would fail for a
+reason the test did not set up."""
+
+
+@contextlib.contextmanager
+def cluster_lock(exclusive: bool) -> Iterator[None]:
+    """Hold :data:`CLUSTER_LOCK`: shared by the tests that need slurmctld for their whole
+    length, exclusive for one that stops it (waiting until no shared holder is left)."""
+    with open(CLUSTER_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield  # released when the file closes
 
 
 def cli_env() -> dict[str, str]:

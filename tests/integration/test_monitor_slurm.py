@@ -45,6 +45,7 @@ from grpo_hpc.submit import job as submit_mod
 from .slurm_helpers import (
     assert_one_slurm_job_per_entry,
     cli,
+    cluster_lock,
     describe,
     events,
     final_event,
@@ -137,10 +138,13 @@ def fleet(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
     short = write_profile(
         root / "short.yaml", time_min=LIMIT_TIME_MIN, signal_lead_s=LIMIT_SIGNAL_LEAD_S
     )
-    # hang: on partition multi's idle nodes where there are some (else debug, as the rest)
+    # hang: on partition multi's idle nodes where there are some (else debug, as the rest),
+    # on the node the two-node tests never kill (they run beside this module)
     hang = "slurm-local"
     if slurm_cluster.multi_nodes:
-        hang = str(write_profile(root / "hang.yaml", partition="multi"))
+        node = slurm_cluster.multi_nodes[0]
+        hang = str(write_profile(root / "hang.yaml", partition="multi",
+                                 sbatch_extra={"nodelist": node}))  # fmt: skip
     # Longest first: Slurm starts jobs in submission order on the node's two CPUs.
     submit(
         logs, "limit", FAULTS, f"faults.hang_at_step={LIMIT_HANG_AFTER}",
@@ -355,6 +359,11 @@ class Killed(BaseException):
 def test_killed_monitor_never_submits_twice(
     slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    with cluster_lock(exclusive=True):  # no two-node test runs while slurmctld is away
+        _slurmctld_away(slurm_cluster, tmp_path, monkeypatch)
+
+
+def _slurmctld_away(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     logs = tmp_path / "logs"
     held = write_profile(tmp_path / "held.yaml", sbatch_extra={"begin": "now+1hour"})
     paths = RunPaths(logs / "k")
@@ -429,6 +438,11 @@ def test_monitor_waits_while_slurmctld_is_away(
     grpo-monitor loop warns and retries instead of dying (cli/monitor.py), and once
     slurmctld is back the run's next attempt is submitted, once. The run's jobs are held by
     --begin, so none of them ever uses a CPU."""
+    with cluster_lock(exclusive=True):  # no two-node test runs while slurmctld is away
+        _slurmctld_away(slurm_cluster, tmp_path, monkeypatch)
+
+
+def _slurmctld_away(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     logs = tmp_path / "logs"
     held = write_profile(tmp_path / "held.yaml", sbatch_extra={"begin": "now+1hour"})
     paths = RunPaths(logs / "away")

@@ -31,6 +31,7 @@ from grpo_hpc.train.state.checkpoint import model_weights
 from .slurm_helpers import (
     ENDED,
     cli,
+    cluster_lock,
     describe,
     events,
     final_event,
@@ -80,6 +81,14 @@ class Reference:
 
 
 FSDP_STEPS = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _slurmctld_stays() -> Iterator[None]:
+    """This module runs beside the other Slurm tests (its own pytest-xdist group): slurmctld
+    must not be taken away under it (tests/integration/slurm_helpers.cluster_lock)."""
+    with cluster_lock(exclusive=False):
+        yield
 
 
 @pytest.fixture(scope="module")
