@@ -44,7 +44,7 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # Trainer runs are forked from a server that imported the trainer once (tests/e2e/
 # trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
 # spends much of its time waiting (on Slurm, on processes it signals) rather than computing:
-# four pytest-xdist workers. The real-Slurm tests (tests/integration, ~12 min of mostly
+# four pytest-xdist workers, the longest tests dealt out first (tests/conftest.py). The real-Slurm tests (tests/integration, ~12 min of mostly
 # waiting in one row) run in two groups side by side, each on one worker: the two-node
 # tests (`slurm-multi`) and the rest (`slurm`); tests/conftest.py says what keeps them apart.
 # The other workers share the rest. `-n 0` as an argument runs everything in one process.

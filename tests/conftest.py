@@ -30,6 +30,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(
                 pytest.mark.xdist_group("slurm-multi" if item.path == multi else "slurm")
             )
+    # Longest first: xdist deals tests out in this order, so a long test dealt out last
+    # would run on alone at the end while the other workers idle. The Slurm groups first,
+    # then the end-to-end tests and modules with a test marked slow (whole modules, so a
+    # module fixture is made once), then the quick ones.
+    rank: dict[Path, int] = {}
+    for item in items:
+        kind = 2
+        if item.get_closest_marker("xdist_group"):
+            kind = 0
+        elif item.get_closest_marker("slow") or item.path.is_relative_to(REPO / "tests" / "e2e"):
+            kind = 1
+        rank[item.path] = min(rank.get(item.path, 2), kind)
+    items.sort(key=lambda item: rank[item.path])  # stable: the order within a module stays
 
 
 # torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell
