@@ -46,7 +46,8 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # spends much of its time waiting (on Slurm, on processes it signals) rather than computing:
 # five pytest-xdist workers, the longest tests dealt out first (tests/conftest.py): under
 # load, more of the suite's processes runnable means a larger share of the cores (four
-# workers: 15 min 0 s loaded at 8161381; four without the ordering: 17 min 56 s). The
+# workers: 15 min 0 s loaded at 8161381; four without the ordering: 17 min 56 s; five at
+# 90b6f41: 14 min 56 s and 17 min 27 s, not yet within 15 every time). The
 # real-Slurm tests (tests/integration, ~12 min of mostly waiting in one row) run in two
 # groups side by side, each on one worker: the two-node tests (`slurm-multi`) and the rest
 # (`slurm`); tests/conftest.py says what keeps them apart.
