@@ -98,16 +98,36 @@ def write_profile(path: Path, base: str = "slurm-local", **changes: Any) -> Path
     return path
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 1.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` after timeout."""
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float,
+    interval: float = 1.0,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` after timeout,
+    followed by ``explain()`` (read then, not when the wait began) where one is given."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            why = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{why}")
         time.sleep(interval)
+
+
+def cluster_state() -> str:
+    """squeue and sinfo as they are now, for a failure message (never raises)."""
+    parts = []
+    for cmd in (["squeue", "-a", "-o", "%i %P %j %T %R %M"], ["sinfo", "-N", "-o", "%N %P %t %C"]):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+            parts.append(f"-- {' '.join(cmd[:1])}\n{proc.stdout}{proc.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            parts.append(f"-- {cmd[0]}: {exc}")
+    return "\n".join(parts)
 
 
 # ----------------------------------------------------------------------- run directory

@@ -359,11 +359,6 @@ class Killed(BaseException):
 def test_killed_monitor_never_submits_twice(
     slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with cluster_lock(exclusive=True):  # no two-node test runs while slurmctld is away
-        _slurmctld_away(slurm_cluster, tmp_path, monkeypatch)
-
-
-def _slurmctld_away(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     logs = tmp_path / "logs"
     held = write_profile(tmp_path / "held.yaml", sbatch_extra={"begin": "now+1hour"})
     paths = RunPaths(logs / "k")

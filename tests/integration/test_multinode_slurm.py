@@ -32,6 +32,7 @@ from .slurm_helpers import (
     ENDED,
     cli,
     cluster_lock,
+    cluster_state,
     describe,
     events,
     final_event,
@@ -159,6 +160,8 @@ def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str
     def ready() -> bool:
         rec = read_progress(paths.progress)
         ids = job_ids(paths)
+        # A later attempt already exists (the monitor resubmitted early): no use waiting.
+        assert len(ids) <= attempt + 1, f"attempt {attempt + 1} began early\n{describe(paths)}"
         return (
             rec is not None
             and len(ids) > attempt
@@ -168,7 +171,10 @@ def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str
             and (paths.latest_checkpoint() or 0) >= SAVE_EVERY
         )
 
-    wait_for(f"attempt {attempt} at step {min_step}", ready, 240, interval=0.3)
+    wait_for(
+        f"attempt {attempt} at step {min_step}", ready, 240, interval=0.3,
+        explain=lambda: f"{describe(paths)}\n{cluster_state()}",
+    )  # fmt: skip
     step = progress(paths).step
     return Killed(job_ids(paths)[attempt], time.time(), step, kill(node))
 
@@ -176,10 +182,11 @@ def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str
 def _wait_ended(job: str, since: float, bound: float, paths: RunPaths) -> float:
     """Wait for the job's first run to end; return how long after ``since`` it did."""
     wait_for(
-        f"job {job} to end after the kill\n{describe(paths)}",
+        f"job {job} to end after the kill",
         lambda: any(state in ENDED for state, _ in sacct_attempts(job)),
         bound + 30,
         interval=0.5,
+        explain=lambda: f"{describe(paths)}\n{cluster_state()}",
     )
     return time.time() - since
 
@@ -217,8 +224,9 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM)
     assert hung.pids, f"no trainer found on {VICTIM}"
     wait_for(
-        f"a second job after the hang\n{log.read_text()}", lambda: len(job_ids(paths)) > 1, 120
-    )
+        "a second job after the hang", lambda: len(job_ids(paths)) > 1, 120,
+        explain=lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}",
+    )  # fmt: skip
     hb.kill()
     hb.wait()
     procs.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
@@ -238,7 +246,10 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     assert sacct_attempts(second.job)[0][0] == "NODE_FAIL", sacct_attempts(second.job)
     restart_nodes()
 
-    done = wait_for(f"DONE\n{describe(paths)}\n{log.read_text()}", lambda: final_event(paths), 300)
+    done = wait_for(
+        "DONE", lambda: final_event(paths), 300,
+        explain=lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}",
+    )  # fmt: skip
     assert done["action"] == "DONE", describe(paths)
     assert job_ids(paths) == [hung.job, first.job, second.job], describe(paths)
     acted = [
