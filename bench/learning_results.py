@@ -97,6 +97,17 @@ COLORS = {
 }
 
 
+def curve_problems(system: str, num_eval: int) -> str:
+    """What a system's in-run evaluations (its accuracy curve) score: the validation split
+    where it has one (the keep-best systems of bench/learning.py), else the test problems."""
+    from bench.learning import SYSTEMS
+
+    extra = SYSTEMS.get(system, ("", []))[1]
+    extra = extra if isinstance(extra, list) else []  # TRL's entry holds its precision
+    val = [int(o.split("=", 1)[1]) for o in extra if o.startswith("data.num_val=")]
+    return f"{val[-1]} validation" if val and val[-1] > 0 else f"{num_eval} test"
+
+
 def plot(result: dict, out: Path) -> None:
     """Accuracy (mean +- SE over seeds) against step and against training wall-clock;
     reward, entropy and mean length against step (means over seeds)."""
@@ -107,9 +118,10 @@ def plot(result: dict, out: Path) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     (acc_step, acc_time, reward), (entropy, length, grad) = axes
+    c = result["config"]
     for name, runs in result["systems"].items():
         color = COLORS.get(name, "tab:gray")
-        label = f"{name} ({len(runs)} seeds)"
+        label = f"{name} ({len(runs)} seeds; curve: {curve_problems(name, c['num_eval'])})"
         curve = result["summary"][name]["curve"]
         steps = [c["step"] for c in curve]
         m = [c["accuracy_mean"] for c in curve]
@@ -127,8 +139,7 @@ def plot(result: dict, out: Path) -> None:
         grad.semilogy(list(g), list(g.values()), color=color, label=label)
     acc_step.axhline(result["target"], color="gray", ls="--", lw=1)
     acc_time.axhline(result["target"], color="gray", ls="--", lw=1)
-    c = result["config"]
-    acc_step.set(xlabel="step", ylabel="held-out greedy accuracy (mean ± SE)", ylim=(0, 1.02))
+    acc_step.set(xlabel="step", ylabel="greedy accuracy (mean ± SE)", ylim=(0, 1.02))
     acc_time.set(xlabel="training wall-clock, s (evaluation excluded)", ylim=(0, 1.02))
     reward.set(xlabel="step", ylabel="mean training reward")
     entropy.set(xlabel="step", ylabel="policy entropy (nats/token)")
@@ -140,7 +151,7 @@ def plot(result: dict, out: Path) -> None:
     fig.suptitle(
         f"SmolLM2-135M, {c['terms']}-term sums, overlong {c.get('overlong', 'penalty')}, "
         f"{c['prompts']}x{c['G']}, {c['steps']} steps, "
-        f"{c['num_eval']} held-out ({result['env']['device']})"
+        f"accuracy on the problems the legend names ({result['env']['device']})"
     )
     fig.tight_layout()
     tmp = out.with_suffix(".tmp.png")

@@ -159,3 +159,15 @@ def test_summary_counts_the_handed_over_model_on_the_test_problems() -> None:
     assert s["collapses_acted_on"] == 1
     assert s["curve_split"] == "validation"
     assert summarize([plain], 0.8)["curve_split"] == "test"
+
+
+def test_each_curve_names_the_problems_it_scored() -> None:
+    """The keep-best systems evaluate their validation split during the run (their test
+    figure is the handed-over model's, afterwards); the others evaluate the test problems."""
+    from bench.learning import NUM_VAL
+    from bench.learning_results import curve_problems
+
+    assert curve_problems("grpo_hpc_rollback", 256) == f"{NUM_VAL} validation"
+    assert curve_problems("grpo_hpc_flag", 256) == f"{NUM_VAL} validation"
+    assert curve_problems("grpo_hpc", 256) == "256 test"
+    assert curve_problems("trl", 256) == "256 test"
