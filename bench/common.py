@@ -126,3 +126,25 @@ def write_result(result: dict, out: Path | None) -> None:
         tmp = out.with_suffix(".tmp")
         tmp.write_text(text + "\n")
         tmp.rename(out)
+
+
+TORCHRUN_REPORT = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+"""The line where torchrun's own failure report starts, after everything its ranks wrote."""
+
+
+def why_failed(stderr: str, progress_line: str | None = None, keep: int = 2500) -> str:
+    """What a failed torchrun run's stderr says about the cause: the trainer's own record
+    (``progress_line``, e.g. its state, exit code and reason), the end of what the ranks
+    wrote before torchrun's report (the trainer's traceback, where it raised), and the
+    report's exit-code lines (a signal shows there: ``exitcode: -9``). The report's tail
+    alone, which is what the last characters of stderr hold, names no cause."""
+    before, found, report = stderr.partition(TORCHRUN_REPORT)
+    if found:  # the agent's own traceback, raising the report, is not the cause either
+        agent = before.rfind("Traceback (most recent call last):")
+        if agent >= 0 and "torch/distributed/run.py" in before[agent:]:
+            before = before[:agent]
+    codes = [line.strip() for line in report.splitlines() if "exitcode" in line]
+    parts = [progress_line] if progress_line else []
+    parts.append(before.rstrip()[-keep:])
+    parts += codes
+    return "\n".join(p for p in parts if p)

@@ -66,12 +66,13 @@ from pathlib import Path
 
 import torch
 
-from bench.common import env_info, write_result
+from bench.common import env_info, why_failed, write_result
 from bench.learning_results import finish, merge_files, merge_runs, summarize, time_to  # noqa: F401
 from bench.learning_trl import run_trl
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import read_progress
 from grpo_hpc.submit.job import create_run
 from grpo_hpc.train.setup import models
 
@@ -162,7 +163,10 @@ def run_grpo_hpc(
     # exit 3, which torchrun reports as its own failure: told by the STOP event it wrote
     stopped = proc.returncode != 0 and handed and _stopped_for_collapse(paths)
     if proc.returncode != 0 and not stopped:
-        raise SystemExit(f"grpo_hpc run failed:\n{proc.stderr[-3000:]}")
+        rec = read_progress(paths.progress)
+        said = rec and f"progress.json: {rec.state.value}, exit {rec.exit_code}: {rec.reason}"
+        raise SystemExit(f"grpo_hpc run failed (torchrun exit {proc.returncode}):\n"
+                         f"{why_failed(proc.stderr, said)}")  # fmt: skip
     curve = curve_from_metrics([json.loads(x) for x in paths.metrics.read_text().splitlines()])
     curve["samples"] = sample_texts(paths)
     if handed:
@@ -292,7 +296,8 @@ def run_child(name: str, args: argparse.Namespace, seed: int) -> dict:
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stderr[-2000:]}")
+            # the child's own SystemExit names the cause (why_failed): its end is enough
+            raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stderr[-4000:]}")
         return json.loads(out.read_text()) | {"jobs": args.jobs}
 
 
