@@ -45,9 +45,14 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
 # spends much of its time waiting (on Slurm, on processes it signals) rather than computing:
 # five pytest-xdist workers, the longest tests dealt out first (tests/conftest.py): under
-# load, more of the suite's processes runnable means a larger share of the cores (four
-# workers: 15 min 0 s loaded at 8161381; four without the ordering: 17 min 56 s; five at
-# 90b6f41: 14 min 56 s and 17 min 27 s, not yet within 15 every time). The
+# load, more of the suite's processes runnable means a larger share of the cores. Loaded
+# runs with a cold Inductor cache, as on CI's fresh machine (2026-12-02, b3acc3c..b21af0d):
+# 17:37, 17:02, 16:32, the suite using 1660-1760 CPU s (the busy loops ~330): CPU-bound, so
+# only less CPU makes it faster. Where it went (one run sampled by process): trainers
+# started as programs (Slurm jobs, torchrun; ~9 CPU s each, half of it imports) 490 s,
+# forked trainers 300 s, the workers' own tests 265 s, torchrun agents 100 s, the C++
+# compiler for Inductor's CPU kernels 85 s. (Runs of 2026-12-01 with the cache warm
+# took 15:00, 14:56, 17:27.) The
 # real-Slurm tests (tests/integration, ~12 min of mostly waiting in one row) run in two
 # groups side by side, each on one worker: the two-node tests (`slurm-multi`) and the rest
 # (`slurm`); tests/conftest.py says what keeps them apart.
