@@ -153,9 +153,12 @@ class Killed:
     pids: list[int]
 
 
-def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str) -> Killed:
+def _wait_and_kill(
+    paths: RunPaths, attempt: int, min_step: int, kill, node: str, first=None
+) -> Killed:
     """Once the run's attempt ``attempt`` is training at ``min_step`` or later with a
-    checkpoint behind it, kill ``node`` (its job processes, or all of it)."""
+    checkpoint behind it, call ``first`` (where given), then kill ``node`` (its job
+    processes, or all of it)."""
 
     def ready() -> bool:
         rec = read_progress(paths.progress)
@@ -176,6 +179,8 @@ def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str
         explain=lambda: f"{describe(paths)}\n{cluster_state()}",
     )  # fmt: skip
     step = progress(paths).step
+    if first is not None:
+        first()
     return Killed(job_ids(paths)[attempt], time.time(), step, kill(node))
 
 
@@ -217,18 +222,24 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     # 0. The trainer on grpo-n2 hangs (SIGSTOP): rank 0 waits in its next collective and its
     # heartbeat stops; a monitor with a 20 s heartbeat timeout cancels and resubmits. (That
     # monitor is then replaced by one with a longer timeout, which phase 2 needs: a node's
-    # death takes ~15 s to become NODE_FAIL, and no rank heartbeats meanwhile.)
-    hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
-                   log=log)  # fmt: skip
-    procs.append(hb)
-    hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM)
+    # death takes ~15 s to become NODE_FAIL, and no rank heartbeats meanwhile.) It starts
+    # only once the attempt trains: rank 0 writes no heartbeat while it sets up, which on a
+    # loaded machine can take longer than 20 s (the likely cause of CI's one timeout here).
+    hb: list = []
+
+    def watch_heartbeats() -> None:
+        hb.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS,
+                            "--heartbeat-timeout", "20", log=log))  # fmt: skip
+        procs.append(hb[0])
+
+    hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM, first=watch_heartbeats)
     assert hung.pids, f"no trainer found on {VICTIM}"
     wait_for(
         "a second job after the hang", lambda: len(job_ids(paths)) > 1, 120,
         explain=lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}",
     )  # fmt: skip
-    hb.kill()
-    hb.wait()
+    hb[0].kill()
+    hb[0].wait()
     procs.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
 
     # 1. The job's processes on grpo-n2 die: the survivors fail at once, the monitor resubmits.
