@@ -100,12 +100,12 @@ COLORS = {
 def curve_problems(system: str, num_eval: int) -> str:
     """What a system's in-run evaluations (its accuracy curve) score: the validation split
     where it has one (the keep-best systems of bench/learning.py), else the test problems."""
-    from bench.learning import SYSTEMS
+    from bench.learning import HANDED, NUM_VAL, SYSTEMS
 
-    extra = SYSTEMS.get(system, ("", []))[1]
-    extra = extra if isinstance(extra, list) else []  # TRL's entry holds its precision
-    val = [int(o.split("=", 1)[1]) for o in extra if o.startswith("data.num_val=")]
-    return f"{val[-1]} validation" if val and val[-1] > 0 else f"{num_eval} test"
+    extra = SYSTEMS.get(system, ("", []))[1]  # TRL's entry holds its precision, a string
+    if isinstance(extra, list) and HANDED[0] in extra:
+        return f"{NUM_VAL} validation"
+    return f"{num_eval} test"
 
 
 def plot(result: dict, out: Path) -> None:

@@ -124,7 +124,7 @@ def cluster_state() -> str:
     for cmd in (["squeue", "-a", "-o", "%i %P %j %T %R %M"], ["sinfo", "-N", "-o", "%N %P %t %C"]):
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-            parts.append(f"-- {' '.join(cmd[:1])}\n{proc.stdout}{proc.stderr}")
+            parts.append(f"-- {cmd[0]}\n{proc.stdout}{proc.stderr}")
         except (OSError, subprocess.TimeoutExpired) as exc:
             parts.append(f"-- {cmd[0]}: {exc}")
     return "\n".join(parts)

@@ -153,12 +153,9 @@ class Killed:
     pids: list[int]
 
 
-def _wait_and_kill(
-    paths: RunPaths, attempt: int, min_step: int, kill, node: str, first=None
-) -> Killed:
-    """Once the run's attempt ``attempt`` is training at ``min_step`` or later with a
-    checkpoint behind it, call ``first`` (where given), then kill ``node`` (its job
-    processes, or all of it)."""
+def _wait_training(paths: RunPaths, attempt: int, min_step: int) -> int:
+    """Wait until the run's attempt ``attempt`` trains at ``min_step`` or later with a
+    checkpoint behind it; return its step."""
 
     def ready() -> bool:
         rec = read_progress(paths.progress)
@@ -178,9 +175,13 @@ def _wait_and_kill(
         f"attempt {attempt} at step {min_step}", ready, 240, interval=0.3,
         explain=lambda: f"{describe(paths)}\n{cluster_state()}",
     )  # fmt: skip
-    step = progress(paths).step
-    if first is not None:
-        first()
+    return progress(paths).step
+
+
+def _wait_and_kill(paths: RunPaths, attempt: int, min_step: int, kill, node: str) -> Killed:
+    """Once attempt ``attempt`` trains at ``min_step`` (:func:`_wait_training`), kill
+    ``node`` (its job processes, or all of it)."""
+    step = _wait_training(paths, attempt, min_step)
     return Killed(job_ids(paths)[attempt], time.time(), step, kill(node))
 
 
@@ -225,21 +226,18 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     # death takes ~15 s to become NODE_FAIL, and no rank heartbeats meanwhile.) It starts
     # only once the attempt trains: rank 0 writes no heartbeat while it sets up, which on a
     # loaded machine can take longer than 20 s (the likely cause of CI's one timeout here).
-    hb: list = []
-
-    def watch_heartbeats() -> None:
-        hb.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS,
-                            "--heartbeat-timeout", "20", log=log))  # fmt: skip
-        procs.append(hb[0])
-
-    hung = _wait_and_kill(paths, 0, SAVE_EVERY + 1, stop_trainer, VICTIM, first=watch_heartbeats)
+    step = _wait_training(paths, 0, SAVE_EVERY + 1)
+    hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
+                   log=log)  # fmt: skip
+    procs.append(hb)
+    hung = Killed(job_ids(paths)[0], time.time(), step, stop_trainer(VICTIM))
     assert hung.pids, f"no trainer found on {VICTIM}"
     wait_for(
         "a second job after the hang", lambda: len(job_ids(paths)) > 1, 120,
         explain=lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}",
     )  # fmt: skip
-    hb[0].kill()
-    hb[0].wait()
+    hb.kill()
+    hb.wait()
     procs.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
 
     # 1. The job's processes on grpo-n2 die: the survivors fail at once, the monitor resubmits.
