@@ -2,7 +2,7 @@
 decoder layer compiled) and ``algo.packing`` (a micro-batch's rows as one sequence). Pure.
 
 Both change no math (their gradients equal the plain path's in fp32:
-tests/e2e/test_compile_layers.py, tests/unit/train/algo/test_packing.py), so ``auto`` turns
+tests/e2e/test_ddp_compile.py, tests/unit/train/algo/test_packing.py), so ``auto`` turns
 each on exactly where it was measured to pay, and leaves it off where it was not measured
 or cannot pay:
 

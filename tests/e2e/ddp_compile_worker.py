@@ -1,11 +1,12 @@
 """A rank of ``test_ddp_compile.py`` (forked as torchrun starts one, or under torchrun):
 decoder layers compiled (dynamic shapes) inside DDP, as the trainer builds them
-(``models.compile_layers`` then ``dist.wrap``), give each rank the single-process eager
-gradient of the whole batch after DDP's all-reduce.
+(``models.compile_layers`` then ``dist.wrap``), with gradient checkpointing recomputing
+through the compiled layers, give each rank the single-process eager gradient of the
+whole batch after DDP's all-reduce.
 
-Argument: the tiny model's directory. Each rank trains its own half of the rows in
-micro-batches of 2 (widths differ: one compilation serves them); rank 0 then compares the
-all-reduced gradients with an eager copy's gradient over all rows, computed alone."""
+Argument: the tiny model's directory. Each rank trains its own rows in micro-batches of 2
+(rank 1's last holds 1 row: two widths, one compilation serves them); rank 0 then compares
+the all-reduced gradients with an eager copy's gradient over all rows, computed alone."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ from grpo_hpc.config.schema import AlgoConfig, DistConfig
 from grpo_hpc.train.algo.update import accumulate, split
 from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.distributed.dist import DistInfo
-from grpo_hpc.train.setup.models import compile_layers, load_model_and_tokenizer
+from grpo_hpc.train.setup.models import (
+    compile_layers,
+    enable_checkpointing,
+    load_model_and_tokenizer,
+)
 from tests.unit.train.algo.test_packing import NEW, ROWS, _batch
 
 
@@ -32,9 +37,10 @@ def main(model_dir: Path) -> None:
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     info = DistInfo(rank, world, rank, torch.device("cpu"))
     eager, _ = load_model_and_tokenizer(model_dir, "sdpa", info.device)
+    assert enable_checkpointing(eager, 1) == eager.config.num_hidden_layers
     eager.train()
     compiled = copy.deepcopy(eager)
-    compile_layers(compiled)
+    assert compile_layers(compiled) == eager.config.num_hidden_layers
     model = dist.wrap(compiled, DistConfig(strategy="ddp"), info)
     batch = _batch(eager.config.vocab_size)
     adv = torch.linspace(-1.5, 2.0, len(ROWS))
@@ -44,6 +50,8 @@ def main(model_dir: Path) -> None:
     accumulate(model, split(batch, mine, adv[mine], 2), algo, info, NEW, None,
                contextlib.nullcontext)  # fmt: skip
     assert counters["stats"]["unique_graphs"] > 0, "no compiled code ran"
+    assert all(layer._compiled_call_impl is not None for layer in compiled.model.layers)
+    assert all(layer.gradient_checkpointing for layer in compiled.model.layers)
     assert torch._dynamo.config.optimize_ddp is False
     if rank == 0:
         rows = list(range(len(ROWS)))
