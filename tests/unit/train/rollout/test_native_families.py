@@ -111,7 +111,12 @@ def test_sampled_logp_equals_a_plain_forward(family) -> None:  # noqa: ANN001
         logp, _ = completion_logp(model, MicroBatch(batch, torch.arange(rows), torch.zeros(rows)))
     mask = batch.completion_mask.bool()
     assert batch.sampled_logp is not None and mask.sum() > rows * 16  # most rows run long
-    torch.testing.assert_close(batch.sampled_logp[mask], logp[mask], atol=2e-5, rtol=0)
+    # fp32, summed in another order (one token at a time against a KV cache, and the whole
+    # sequence at once): on an AMD EPYC the families differ by at most 3e-6 to 2.3e-5
+    # (ministral), 2.5e-6 at most on average. A wrong position, mask or temperature moves
+    # log-probs by 1e-2 or more, far above both bounds.
+    diff = (batch.sampled_logp[mask] - logp[mask]).abs()
+    assert diff.max() < 1e-4 and diff.mean() < 1e-5, (diff.max(), diff.mean())
 
 
 def test_decode_step_compiles_as_full_graphs(
