@@ -20,6 +20,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``slurm-multi``, the two-node tests on partition ``multi`` (nodes grpo-n1 and grpo-n2,
     which they kill and restart), and ``slurm``, every other one (partition ``debug`` on
     localhost's two CPUs; the fleet's step-0 hang job on grpo-n1, the node never killed).
+    A module whose tests share a module-scoped fixture is a group of its own, so that the
+    fixture is made once in the session, not once on each worker its tests reach.
     What the two groups share is kept apart by tests/integration/slurm_helpers.cluster_lock
     (slurmctld stopped only while no two-node test runs) and by up.sh running once a
     session (tests/integration/conftest.py). The session's converted SmolLM2 is converted
@@ -30,6 +32,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(
                 pytest.mark.xdist_group("slurm-multi" if item.path == multi else "slurm")
             )
+        elif _uses_module_fixture(item):
+            # Its module's tests share what the fixture made (trained runs, saved models):
+            # spread over workers, each worker made it again (the families' and algorithm
+            # options' runs, the stop-in-evaluation runs twice each; export runs 3 times)
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
     # Longest first: xdist deals tests out in this order, so a long test dealt out last
     # would run on alone at the end while the other workers idle. The Slurm groups first,
     # then the end-to-end tests and modules with a test marked slow (whole modules, so a
@@ -37,12 +44,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank: dict[Path, int] = {}
     for item in items:
         kind = 2
-        if item.get_closest_marker("xdist_group"):
+        if item.path.is_relative_to(REPO / "tests" / "integration"):
             kind = 0
         elif item.get_closest_marker("slow") or item.path.is_relative_to(REPO / "tests" / "e2e"):
             kind = 1
         rank[item.path] = min(rank.get(item.path, 2), kind)
     items.sort(key=lambda item: rank[item.path])  # stable: the order within a module stays
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture (pytest makes it once per process)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    if defs is None:
+        return False
+    return any(d[-1].scope == "module" for d in defs.name2fixturedefs.values() if d)
 
 
 # torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell

@@ -49,10 +49,12 @@ PRELOAD = [
     "math_verify",
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
+    "tests.e2e.warm_verifier",
 ]
 """What the server imports once: torch, transformers, the trainer (not its entry module),
 the math-verify package its reward worker imports, the tiny models' architectures (the
-built-in ``tiny`` is a Llama; the tests' other small model a Qwen2)."""
+built-in ``tiny`` is a Llama; the tests' other small model a Qwen2), and math-verify
+warmed up as each trainer warms it (tests/e2e/warm_verifier.py)."""
 
 MONITOR_S = 0.1
 """How often the agent looks at its ranks (torchrun's ``--monitor-interval`` default)."""
