@@ -132,6 +132,15 @@ def train_side_by_side(*runs: RunPaths) -> None:
         assert result.returncode == 0, result.stderr[-3000:]
 
 
+def start_forked(paths: RunPaths) -> ForkedRun:
+    """A one-process run forked from the test's trainer server (tests/e2e/trainer_fork.py:
+    no torchrun, no imports of its own; ~7 s of CPU less than :func:`start`), its output
+    dropped; signal_job reaches it as it reaches torchrun's worker. For the tests whose
+    property is the trainer's own answer to a signal or a kill, not the launch path."""
+    with open(os.devnull, "w") as null:
+        return launch(paths, 1, null, null)
+
+
 def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:
     """Start training as the launcher does on a node: torchrun ignores the preemption
     signals, so a test can signal or SIGKILL every process like Slurm does."""

@@ -18,10 +18,10 @@ from grpo_hpc.train.state import state_digest
 from .helpers import (
     assert_same,
     descendants,
-    launch,
     make_run,
     signal_job,
     start,
+    start_forked,
     train,
     training,
 )
@@ -46,20 +46,10 @@ def _final_state(paths, step: int) -> tuple[dict, dict]:
     )
 
 
-def _forked(paths):  # noqa: ANN001, ANN202
-    """A one-process run forked from the test's trainer server (tests/e2e/trainer_fork.py:
-    no torchrun, no imports of its own; ~7 s of CPU less than :func:`start`), its output
-    dropped; signal_job reaches it as it reaches torchrun's worker. For the tests whose
-    property is the trainer's state, not the launch path: the two-process random kill
-    goes through the real torchrun."""
-    with open(os.devnull, "w") as null:
-        return launch(paths, 1, null, null)
-
-
 def _kill_after_first_checkpoint(paths, nproc: int, rng: random.Random) -> None:
     # two processes: under the real torchrun, as Slurm's kill meets it; one process: forked
-    # (the trainer's state is what is under test; ~7 s of CPU less, see _forked)
-    proc = start(paths, nproc) if nproc > 1 else _forked(paths)
+    # (the trainer's state is what is under test; ~7 s of CPU less, see start_forked)
+    proc = start(paths, nproc) if nproc > 1 else start_forked(paths)
     after = rng.randint(*KILL_AFTER)
     deadline = time.time() + 240
 
@@ -123,7 +113,7 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
     ref = make_run(tmp_path, "uninterrupted", *steps, *slow)
     run = make_run(tmp_path, "killed", *steps, *slow)
     with training(ref) as ref_result:  # beside the killed and resumed runs: shares nothing
-        proc = _forked(run)
+        proc = start_forked(run)
         inside = run.checkpoint_tmp(2) / "trainer.pt"  # written just before the slow part
         deadline = time.time() + 240
         while not inside.exists() and time.time() < deadline:
@@ -152,7 +142,7 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
     ref = make_run(tmp_path, "uninterrupted", *steps)
     run = make_run(tmp_path, "stopped", *steps, "faults.enabled=true", "faults.hang_at_step=0")
     with training(ref) as ref_result:  # beside the stopped and resumed runs: shares nothing
-        proc = _forked(run)
+        proc = start_forked(run)
         deadline = time.time() + 240
         while time.time() < deadline:
             rec = read_progress(run.progress)

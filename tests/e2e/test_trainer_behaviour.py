@@ -20,7 +20,7 @@ from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress
 
-from .helpers import make_run, signal_job, start, train, train_side_by_side
+from .helpers import make_run, signal_job, start, start_forked, train, train_side_by_side
 
 
 def _metrics(paths) -> list[dict]:
@@ -395,7 +395,9 @@ def test_releasing_the_engine_before_each_update_changes_nothing(tmp_path: Path)
 
 
 def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
-    proc = start(paths)
+    # forked: the trainer's answer to a stop inside its evaluation is under test, not the
+    # launch path (test_signal_checkpoints_and_exits_resubmit_me signals torchrun's worker)
+    proc = start_forked(paths)
     deadline = time.time() + 240
     while time.time() < deadline:
         rec = read_progress(paths.progress)
