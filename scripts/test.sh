@@ -41,18 +41,17 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores,
 # also with a busy process per core beside it (`sh -c 'while :; do :; done' &` twice, then
 # `bash .ci/run` in a fresh clone; README, "Tests", gives the measured runs).
-# Trainer runs are forked from a server that imported the trainer once (tests/e2e/
-# trainer_fork.py; torchrun only where the launcher itself is under test), so the suite
-# spends much of its time waiting (on Slurm, on processes it signals) rather than computing:
-# five pytest-xdist workers, the longest tests dealt out first (tests/conftest.py): under
-# load, more of the suite's processes runnable means a larger share of the cores. Loaded
-# runs with a cold Inductor cache, as on CI's fresh machine (2026-12-02, b3acc3c..b21af0d):
-# 17:37, 17:02, 16:32, the suite using 1660-1760 CPU s (the busy loops ~330): CPU-bound, so
-# only less CPU makes it faster. Where it went (one run sampled by process): trainers
-# started as programs (Slurm jobs, torchrun; ~9 CPU s each, half of it imports) 490 s,
-# forked trainers 300 s, the workers' own tests 265 s, torchrun agents 100 s, the C++
-# compiler for Inductor's CPU kernels 85 s. (Runs of 2026-12-01 with the cache warm
-# took 15:00, 14:56, 17:27.) The
+# Trainer runs are forked from a server that imported the trainer and warmed math-verify
+# once (tests/e2e/trainer_fork.py; torchrun only where the launcher itself is under test),
+# and a module whose tests share a module fixture runs on one worker, so its runs are made
+# once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
+# The suite is CPU-bound, loaded or not: only less CPU makes it faster. Loaded fresh-clone
+# runs with a cold Inductor cache, as on CI's machine (2026-12-03, a77e946, AMD EPYC):
+# 13:15, 13:14, 13:42, the suite using 1305-1350 CPU s (the busy loops ~285). Where it
+# went (one run sampled by process): trainers started as programs (Slurm jobs, torchrun;
+# ~8 CPU s each, ~5 of it importing torch and transformers) 400 s, forked trainers 250 s,
+# the workers' own tests 235 s, torchrun agents 87 s, the C++ compiler for Inductor's CPU
+# kernels 40 s. The
 # real-Slurm tests (tests/integration, ~12 min of mostly waiting in one row) run in two
 # groups side by side, each on one worker: the two-node tests (`slurm-multi`) and the rest
 # (`slurm`); tests/conftest.py says what keeps them apart.
