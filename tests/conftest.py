@@ -54,10 +54,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _uses_module_fixture(item: pytest.Item) -> bool:
     """Whether the test uses a module-scoped fixture (pytest makes it once per process)."""
-    defs = getattr(item, "_fixtureinfo", None)
-    if defs is None:
+    info = getattr(item, "_fixtureinfo", None)  # absent on items that are not functions
+    if info is None:
         return False
-    return any(d[-1].scope == "module" for d in defs.name2fixturedefs.values() if d)
+    return any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs)
 
 
 # torch.cuda.get_arch_list() of a CUDA 12.6 build (PyTorch's CUDA support matrix: Maxwell
