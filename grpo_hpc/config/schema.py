@@ -296,6 +296,15 @@ class TrainingConfig:
     average with 1 of 20 below 0.5 (2026-12-01, learning_2term_mask_rollback48_h200_2026-12-01
     in bench/results), against 0.49 and 9 of 20 with ``stop`` and 0.35 and 12 of 20 for TRL
     (2026-11-28, learning_2term_mask_handed.json)."""
+    on_solved: str = "finish"
+    """What a solved task does: ``collapse_patience`` of the last ``collapse_window`` steps
+    had every group answer correctly in every completion (full reward, so no variance and
+    no gradient: nothing left to learn from these problems). ``finish``: a ``solved`` event,
+    the checkpoint saved, ``final/`` written as at the last step (the best model by
+    ``training.final``), the run FINISHED (exit 0) at that step; ``flag``: the event only,
+    training goes on. Never a collapse: a solved run is not rolled back. Harder problems
+    (or ``rollout.dynamic_sampling``, which draws fresh groups for flat ones) give such a
+    model something to learn."""
     collapse_retries: int = 2
     """``on_collapse=rollback``: rollbacks allowed over the run's life (then it stops)."""
     collapse_window: int = 10
@@ -403,6 +412,8 @@ class FaultsConfig:
     """Force every reward to zero (trips the circuit breaker)."""
     slow_save: float = 0.0
     """Sleep this many seconds inside each checkpoint save."""
+    slow_export: float = 0.0
+    """Sleep this many seconds in rank 0's export of ``final/`` (an export of several GB)."""
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
     stall_at_step: int = -1

@@ -19,6 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.state": ("fp32", "int8"),
     "wandb.mode": ("offline", "online", "disabled"),
     "training.on_collapse": ("flag", "stop", "rollback"),
+    "training.on_solved": ("finish", "flag"),
     "training.final": ("best", "last"),
     "training.select_metric": ("auto", "accuracy", "accuracy_strict", "pass@1"),
 }
@@ -104,6 +105,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.crash_at_step >= 0
         or f.zero_reward
         or f.slow_save > 0
+        or f.slow_export > 0
         or f.step_sleep > 0
         or f.stall_at_step >= 0
         or f.oom_at_step >= 0

@@ -77,7 +77,7 @@ class RunRow:
     """Its reason line."""
     collapse: str | None = None
     """The newest collapse the trainer detected (events.jsonl): ``signal@step action``,
-    e.g. ``no_signal@10 rollback 1``; None: none."""
+    e.g. ``no_signal@10 rollback 1``, or ``solved@12 finish`` for a solved task; None: none."""
     final_model: str | None = None
     """``logs/<run>/final/``, the finished run's Hugging Face directory, once written."""
     final_step: int | None = None
@@ -105,7 +105,8 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
     if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
         flags.append("failed")
     if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already
-        flags.append(f"COLLAPSE {row.collapse}")
+        solved = row.collapse.startswith("solved@")  # a solved task: no collapse
+        flags.append(f"{'SOLVED' if solved else 'COLLAPSE'} {row.collapse}")
     trend = row.reward_trend if len(row.reward_trend) >= 3 else []
     if (trend and not any(trend)) or (not trend and row.reward_mean == 0):
         flags.append("zero reward")
@@ -114,8 +115,9 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
 
 def collapse_flag(events: list[dict[str, Any]]) -> str | None:
     """``signal@step action`` of the newest collapse the trainer logged in events.jsonl
-    (phase ``collapse``; grpo_hpc/train/supervision/on_collapse.py), or None (pure)."""
-    marks = [e for e in events if e.get("phase") == "collapse"]
+    (phase ``collapse``; grpo_hpc/train/supervision/on_collapse.py), or of a solved task
+    (phase ``solved``: ``solved@step finish``), or None (pure)."""
+    marks = [e for e in events if e.get("phase") in ("collapse", "solved")]
     if not marks:
         return None
     e = marks[-1]

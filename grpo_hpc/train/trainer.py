@@ -36,7 +36,7 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.algo import batching, logp_head, packing
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.distributed import dist, gpu
-from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric
+from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric, steering_line
 from grpo_hpc.train.measure import stall_sampler
 from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
 from grpo_hpc.train.measure.stall_sampler import StallSampler
@@ -279,6 +279,9 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def run(self) -> ExitCode:
         self.tracker.start_wandb()
+        line = steering_line(self.cfg, len(self.eval_set), self.keep_best.metric is not None)
+        if line and self.info.is_main:
+            print(line, flush=True)
         try:
             if self.cfg.training.eval_every and self.step == 0 and self.eval_set:
                 if not self.evaluate():  # the baseline every later eval/accuracy compares with
@@ -287,7 +290,7 @@ class Trainer:
                     )
             self.gc.start()
             stall_sampler.install(self.stalls)
-            while self.step < self.cfg.training.max_steps:
+            while self.step < self.cfg.training.max_steps and not self.collapse.finished:
                 if self._stop_agreed():
                     return self._interrupt()
                 snapshot = (checkpoint.rng_state(), self.sampler.state_dict())
@@ -304,7 +307,9 @@ class Trainer:
                 self._verify_final_weights()
                 if self.cfg.training.export_final and self.info.is_main:
                     self._export_final()
-            self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK))
+            solved = self.collapse.finished  # a solved task ends before max_steps, well
+            said = {"reason": solved.line()} if solved is not None else {}
+            self.tracker.update(TrainState.FINISHED, exit_code=int(ExitCode.OK), **said)
             return ExitCode.OK
         finally:
             self.profiler.close()
@@ -314,7 +319,7 @@ class Trainer:
 
     def _verify_final_weights(self) -> None:
         """Success only with the final weights on disk and verified (sha256 of every file)."""
-        steps = self.cfg.training.max_steps
+        steps = self.step  # max_steps, or the step at which a solved task ended
         problems = checkpoint.final_weights_problems(self.paths, steps) if self.info.is_main else []
         if dist.all_reduce_max(float(bool(problems)), self.info) > 0:
             why = "; ".join(problems[:3]) or "see rank 0"
@@ -328,6 +333,8 @@ class Trainer:
 
         self.tracker.update(TrainState.CHECKPOINTING)  # a heartbeat while it writes
         t0 = time.monotonic()
+        if self.cfg.faults.enabled and self.cfg.faults.slow_export:
+            time.sleep(self.cfg.faults.slow_export)  # fault injection: an export of many GB
         try:
             out = export.export_final(self.paths, self.step)  # max_steps, or a collapse stop
         except (GrpoError, OSError, ValueError) as e:
@@ -368,8 +375,9 @@ class Trainer:
         self.collapse.act(self)  # flag, stop (exit 3) or roll back: training.on_collapse
         due_steps = t.save_every_steps and self.step % t.save_every_steps == 0
         due_time = t.save_every_seconds and time.monotonic() - self.last_save > t.save_every_seconds
+        last = self.step == t.max_steps or self.collapse.finished is not None
         if dist.all_reduce_max(1.0 if (due_steps or due_time) else 0.0, self.info) > 0 or (
-            self.step == t.max_steps and t.save_final
+            last and t.save_final
         ):
             self.save()
 
@@ -477,7 +485,10 @@ class Trainer:
             result = self.held_out.run(self.step)
         finally:
             self.evaluating = False
-        if result is not None:  # keep-best: a new best saves this step's checkpoint
+        if result is not None and self.keep_best.metric is not None:
+            # Only the validation split steers: keep-best (a new best saves this step's
+            # checkpoint) and the collapse watch's eval_drop and reward_hacking. Without
+            # one the evaluation scored the test problems, which must choose nothing.
             self.keep_best.after_evaluation(self.step, result.metrics, result.problems, self.save)
             score = on_collapse.score_of(result.metrics)
             self.collapse.observe_eval(self.step, score, result.problems)

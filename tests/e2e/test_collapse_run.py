@@ -148,3 +148,50 @@ def test_two_sharded_ranks_roll_back_together(tmp_path: Path) -> None:
     assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
     assert [m["step"] for m in _steps(paths)] == [1, 2, 3]
     assert read_progress(paths.progress).state is TrainState.FINISHED
+
+
+SOLVED = (
+    "reward.correctness=0.0",
+    "reward.custom={'grpo_hpc.train.rewards.toy:digit_fraction': 0.0, "
+    "'grpo_hpc.train.rewards.toy:always_right': 1.0}",
+    "training.collapse_window=3",
+    "training.collapse_patience=3",
+    "training.max_steps=10",  # before: rolled back at steps 3 and 6, stopped at 9 (exit 3)
+)
+
+
+def test_a_solved_task_finishes_with_its_model_and_is_never_rolled_back(tmp_path: Path) -> None:
+    """Every completion earns the full reward: every group is flat at the top, every
+    gradient zero. With the default on_collapse=rollback this was read as no_signal, rolled
+    back twice and ended FAILED (exit 3); a solved task ends FINISHED, its model handed over."""
+    paths = make_run(tmp_path, "solved", *SOLVED)
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = _steps(paths)
+    assert [(m["rollout/solved"], m["grad_norm"]) for m in steps] == [(1.0, 0.0)] * 3
+    rec = read_progress(paths.progress)
+    assert rec.state is TrainState.FINISHED and rec.step == 3 and rec.exit_code == 0
+    assert (rec.reason or "").startswith("task solved at step 3: 3 of the last 3 steps")
+    events = read_jsonl(paths.events)
+    assert _collapses(paths) == []  # no rollback, no collapse
+    (ev,) = [e for e in events if e.get("phase") == "solved"]
+    assert (ev["action"], ev["signal"], ev["step"]) == ("FINISH", "solved", 3)
+    assert "[Solved] task solved at step 3" in result.stdout
+    assert (paths.final / "config.json").is_file() and paths.latest_checkpoint() == 3
+    assert collapse_flag(events) == "solved@3 finish"
+
+
+def test_a_collapse_stop_on_two_ranks_keeps_its_slow_export(tmp_path: Path) -> None:
+    """Two ranks under torchrun stop for a collapse; rank 0's export of final/ takes longer
+    than torchrun's 30 s grace. Rank 1 used to exit at once (exit 3), and torchrun then
+    killed rank 0 in the middle of the export: no final/. Every rank now waits for it."""
+    paths = make_run(tmp_path, "stop2", *DEAD, "training.collapse_patience=2",
+                     "training.max_steps=6", "training.on_collapse=stop",
+                     "faults.enabled=true", "faults.slow_export=35", nproc=2)  # fmt: skip
+    result = train(paths, nproc=2, torchrun=True)
+    assert result.returncode == ExitCode.CIRCUIT_BREAKER, result.stderr[-3000:]
+    rec = read_progress(paths.progress)
+    assert rec.state is TrainState.FAILED and rec.exit_code == ExitCode.CIRCUIT_BREAKER
+    assert (rec.reason or "").startswith("collapse (no_signal) at step 2")
+    assert (paths.final / "config.json").is_file(), list(paths.root.iterdir())
+    assert "[Export] final model:" in result.stdout

@@ -25,6 +25,9 @@ class Scored:
     """Items per reward that scored 0 because the reward itself failed."""
     questions: list[str] = field(default_factory=list)
     """The question of each group (for ``samples.jsonl``)."""
+    full: list[bool] = field(default_factory=list)
+    """Per row, whether the completion earned every reward term in full
+    (``rewards.full_marks``; empty: not known, none counts as solved)."""
 
 
 @dataclass
@@ -36,6 +39,11 @@ class Selection:
     """Reward components of every selected completion."""
     truncated: int = 0
     """Selected completions cut off at the length cap (no EOS), masked or not."""
+    groups: int = 0
+    """Groups selected."""
+    solved: int = 0
+    """Selected groups in which every completion earned the full reward: flat because every
+    answer is right (the collapse watch tells them from groups flat for want of one)."""
 
 
 def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> Selection:
@@ -66,6 +74,8 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
             algo.packing is True,  # resolved by the trainer; an unresolved auto: padded
         )
         out.rewards += s.rewards[groups].flatten().tolist()
+        out.groups += len(groups)
+        out.solved += sum(_solved(s.full, gi, g) for gi in groups)
         for name, vals in s.components.items():
             out.components.setdefault(name, []).extend(vals[r] for r in rows)
     if not out.microbatches and scored:
@@ -74,6 +84,12 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
         (mb,) = split(scored[0].batch, [0], torch.zeros(1), 1)
         out.microbatches = [replace(mb, weight=0.0)]
     return out
+
+
+def _solved(full: list[bool], group: int, g: int) -> bool:
+    """Whether every completion of ``group`` earned full marks (False when not known)."""
+    rows = full[group * g : (group + 1) * g]
+    return len(rows) == g and all(rows)
 
 
 def cut_rows(batch: RolloutBatch, rows: list[int]) -> set[int]:

@@ -60,6 +60,28 @@ def select_metric(select: str, splits: data.Splits) -> str | None:
     return metric
 
 
+def steering_line(cfg: Config, evaluated: int, validates: bool) -> str | None:
+    """What the run's evaluation may steer, said once at the start (pure): ``evaluated``
+    problems scored at each evaluation, ``validates`` whether they are the validation split.
+    Without one the evaluation scores the test problems, which steer nothing (keep-best
+    and the collapse watch's evaluation signals read only the validation split)."""
+    if not cfg.training.eval_every or not evaluated:
+        return None
+    if not validates:
+        return (
+            f"[Eval] no validation split (data.num_val={cfg.data.num_val}): the evaluation "
+            f"scores {evaluated} test problems and steers nothing (no keep-best, no eval_drop "
+            "or reward_hacking collapse signal); set data.num_val to choose the model handed "
+            "over and to watch for a fall"
+        )
+    if evaluated < cfg.data.num_val:
+        return (
+            f"[Eval] validation split: {evaluated} problems of the data.num_val="
+            f"{cfg.data.num_val} asked (no more fresh questions): its noise is larger than planned"
+        )
+    return None
+
+
 def sample_rows(
     step: int, problems: list[data.Problem], texts: list[str], verdicts: list[float], reward: Any
 ) -> list[dict[str, Any]]:

@@ -70,14 +70,17 @@ class StepReporter:
             [sum(sel.rewards), len(sel.rewards), float(n_tok), generate_s]
             + [sum(r * r for r in sel.rewards)]
             + [sum(v) for v in sel.components.values()]
-            + [float(sel.truncated), float(sum(s.batch.input_ids.shape[0] for s in scored))],
+            + [float(sel.truncated), float(sum(s.batch.input_ids.shape[0] for s in scored))]
+            + [float(sel.solved), float(sel.groups)],
             self.info,
         )
-        *sums, truncated, generated = sums
+        *sums, truncated, generated, solved, groups = sums
         m = step_metrics(
             step, self.cfg, sums, list(sel.components), self.info.world_size, generated
         )
         m["rollout/truncated"] = truncated / max(sums[1], 1.0)  # share cut at the length cap
+        # share of groups in which every completion earned the full reward (solved)
+        m["rollout/solved"] = solved / max(groups, 1.0)
         return m
 
     def _slowest_rank(

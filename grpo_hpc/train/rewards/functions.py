@@ -317,6 +317,30 @@ def compute_rewards(
     return RewardBatch(comps, total, errors, examples)
 
 
+FULL_MARK_TOL = 1e-6
+"""How close to a term's best a score must be to count as earned in full."""
+
+
+def full_marks(components: dict[str, list[float]], rc: RewardConfig) -> list[bool]:
+    """Per completion, whether it earned every reward term in full (pure): each term with a
+    positive weight scored its best, 1.0 (the built-in terms score in [0, 1], and custom
+    rewards are asked to), and the ``overlong`` penalty (in [-1, 0]) and every term with a
+    negative weight scored 0. A group of completions that all earned full marks is
+    solved: its rewards are flat at the top, its advantages zero because every answer is
+    right, not because none is. No terms: nothing was earned."""
+    weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code,
+               "overlong": rc.overlong, **rc.custom}  # fmt: skip
+    if not components:
+        return []
+    n = len(next(iter(components.values())))
+    out = [True] * n
+    for name, values in components.items():
+        best = 1.0 if weights.get(name, 1.0) > 0 and name != "overlong" else 0.0
+        for i, v in enumerate(values):
+            out[i] = out[i] and v >= best - FULL_MARK_TOL
+    return out
+
+
 def run_rewards(
     completions: list[str],
     samples: list[dict],

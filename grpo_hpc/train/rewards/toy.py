@@ -16,3 +16,9 @@ def digit_fraction(completion: str, sample: dict[str, Any]) -> float:
     if not completion:
         return 0.0
     return sum(c.isdigit() for c in completion) / len(completion)
+
+
+def always_right(completion: str, sample: dict[str, Any]) -> float:
+    """1.0 for every completion: a task every completion solves (every group flat at the
+    full reward), to try what a solved task does (``training.on_solved``)."""
+    return 1.0

@@ -196,10 +196,11 @@ class Collector:
                     f"({out.error_examples.get(name, '?')}): fix it or remove it from reward.custom"
                 )
         total = torch.tensor(out.total, dtype=torch.float32).view(-1, g)
+        full = rewards.full_marks(out.components, self.cfg.reward)
         if self.cfg.faults.enabled and self.cfg.faults.zero_reward:
-            total = torch.zeros_like(total)
+            total, full = torch.zeros_like(total), []
         questions = [str(p["question"]) for p in problems]
-        return Scored(batch, total, out.components, dict(out.errors), questions)
+        return Scored(batch, total, out.components, dict(out.errors), questions, full)
 
 
 def lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:

@@ -12,7 +12,7 @@ Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.
   ``training.cut_off_patience`` steps in a row (the former cut-off circuit breaker).
 - ``no_signal``: at least ``collapse_patience`` of the last ``collapse_window`` steps
   trained nothing (zero gradient: every completion cut and masked, or every group without
-  reward variance).
+  reward variance) and were not solved (below).
 - ``pinned``: under ``algo.mask_truncated``, the mean share of completions cut at the cap
   over the last ``collapse_window`` steps at least ``pinned_share`` (lengths pinned at the
   cap, so next to nothing trains; without the mask cut completions still train, and a
@@ -25,6 +25,14 @@ Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.
   (a fall that 8 problems' noise explains is none).
 - ``reward_hacking``: the mean training reward rose between the last evaluations while
   held-out accuracy fell at each of them (``eval_patience`` of them).
+
+A step whose every group earned the full reward in every completion is **solved**, not
+dead: its gradient is zero too (no group has reward variance), but because the model has
+learned these problems, not because it stopped learning. :func:`solved` says when
+``collapse_patience`` of the last ``collapse_window`` steps were solved; it is no collapse
+signal (nothing to roll back from) and ``training.on_solved`` says what it does. A solved
+step counts towards neither ``no_signal`` nor ``entropy`` (a model that knows the answers
+is confident: low entropy is what it should have).
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A collapse signal that fired."""
+    """A collapse signal that fired (or :data:`SOLVED`: the task is solved)."""
 
     signal: str
     """One of :data:`SIGNALS`."""
@@ -80,6 +88,8 @@ class Verdict:
     """One line: what was seen."""
 
     def line(self) -> str:
+        if self.signal == SOLVED:
+            return f"task solved at step {self.step}: {self.why}"
         return f"collapse ({self.signal}) at step {self.step}: {self.why}"
 
 
@@ -88,7 +98,9 @@ class Watch:
     """What the signals need of the run so far (small; saved in each checkpoint)."""
 
     dead: tuple[bool, ...] = ()
-    """Whether each of the last steps trained nothing (newest last)."""
+    """Whether each of the last steps trained nothing and was not solved (newest last)."""
+    solved: tuple[bool, ...] = ()
+    """Whether each of the last steps was solved: every group earned the full reward."""
     cut: tuple[float, ...] = ()
     """Share of completions cut at the cap, last steps."""
     all_cut: int = 0
@@ -115,17 +127,25 @@ class Watch:
         masked: bool,
         window: int = Thresholds.window,
         entropy_floor: float = Thresholds.entropy_floor,
+        solved: float = 0.0,
     ) -> Watch:
-        """The watch once a step with these all-reduced metrics has run."""
+        """The watch once a step with these all-reduced metrics has run; ``solved`` is the
+        share of the step's groups in which every completion earned the full reward."""
         if entropy is not None and entropy != entropy:  # NaN: a flat step measured none
             entropy = None
         every_cut = masked and cut >= 1.0
-        dead = every_cut or grad_norm == 0.0
+        all_solved = solved >= 1.0 and not every_cut
+        # A zero gradient is a dead step only when the groups are flat for want of a right
+        # answer: flat because every answer is right is a solved step.
+        dead = every_cut or (grad_norm == 0.0 and not all_solved)
         cut = cut if masked else 0.0  # without the mask a cut completion still trains
         low = self.low_entropy + 1 if entropy is not None and entropy < entropy_floor else 0
+        if all_solved:  # confidence on problems it solves is no collapse of exploration
+            low = self.low_entropy
         return replace(
             self,
             dead=(*self.dead, dead)[-window:],
+            solved=(*self.solved, all_solved)[-window:],
             cut=(*self.cut, cut)[-window:],
             all_cut=self.all_cut + 1 if every_cut else 0,
             low_entropy=low if entropy is not None else self.low_entropy,
@@ -159,7 +179,7 @@ class Watch:
         if not state:
             return Watch()
         s = dict(state)
-        for key in ("dead", "cut", "fired"):
+        for key in ("dead", "solved", "cut", "fired"):
             s[key] = tuple(s.get(key, ()))
         s["evals"] = tuple(tuple(e) for e in s.get("evals", ()))
         return Watch(**s)
@@ -191,6 +211,25 @@ def verdict(w: Watch, th: Thresholds, step: int) -> Verdict | None:
         if why:
             return Verdict(signal, step, why)
     return None
+
+
+SOLVED = "solved"
+"""The verdict's ``signal`` when the task is solved (:func:`solved`; not in :data:`SIGNALS`)."""
+
+
+def solved(w: Watch, th: Thresholds, step: int) -> Verdict | None:
+    """The task is solved (pure): at least ``patience`` of the last ``window`` steps had
+    every group earn the full reward in every completion, so there is nothing left to learn
+    from these problems (and nothing to roll back from). Reported once per attempt."""
+    n = sum(w.solved)
+    if SOLVED in w.fired or not th.patience or len(w.solved) < th.window or n < th.patience:
+        return None
+    why = (
+        f"{n} of the last {len(w.solved)} steps had every group answer correctly in every "
+        "completion (full reward, no variance): these problems are solved and give no "
+        "learning signal"
+    )
+    return Verdict(SOLVED, step, why)
 
 
 def _all_cut(w: Watch, th: Thresholds) -> str | None:
@@ -294,8 +333,9 @@ def replay(
     problems: int = 0,
 ) -> list[Verdict]:
     """Every verdict a recorded run would have drawn, in order (pure). ``steps``: rows
-    with step, reward, grad_norm, cut, entropy; ``evals``: rows with step, accuracy (the
-    learning benchmark's result files); ``problems``: how many each evaluation scored."""
+    with step, reward, grad_norm, cut, entropy (and solved, the share of solved groups);
+    ``evals``: rows with step, accuracy (the learning benchmark's result files);
+    ``problems``: how many each evaluation scored."""
     w, out = Watch(), []
     by_step = {int(e["step"]): float(e["accuracy"]) for e in evals}
     if 0 in by_step:
@@ -310,6 +350,7 @@ def replay(
             masked,
             th.window,
             th.entropy_floor,
+            float(row.get("solved") or 0.0),
         )
         if s in by_step:
             w = w.after_eval(s, by_step[s], problems)

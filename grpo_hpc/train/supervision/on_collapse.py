@@ -24,6 +24,7 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import CircuitBreakerError
 from grpo_hpc.core.fsutil import append_jsonl
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState
 from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.supervision import collapse
 from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
@@ -31,6 +32,9 @@ from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
 EVENT_PHASE = "collapse"
 """``phase`` of a collapse event in events.jsonl (the monitor's are intent/decision/done)."""
 EVENT_CLASS = "collapsed"
+SOLVED_PHASE = "solved"
+"""``phase`` of the event a solved task writes (never a collapse: the monitor and the
+COLLAPSE flag do not read it; grpo-status shows it as SOLVED)."""
 SEED_STRIDE = 1000
 """Rollback k samples with ``training.seed + k * SEED_STRIDE``: far from the seeds that
 other runs of a seed sweep use (consecutive seeds)."""
@@ -103,6 +107,8 @@ class CollapseGuard:
     """Rollbacks so far (``training.collapse_retries`` is the budget)."""
     seed: int | None = None
     """Sampling seed drawn by the last rollback (None: ``training.seed``)."""
+    finished: Verdict | None = None
+    """The solved verdict that ends training early (``training.on_solved=finish``)."""
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
@@ -132,6 +138,7 @@ class CollapseGuard:
             self.cfg.algo.mask_truncated,
             th.window,
             th.entropy_floor,
+            float(m.get("rollout/solved", 0.0)),
         )
 
     def observe_eval(self, step: int, accuracy: float | None, problems: int = 0) -> None:
@@ -140,7 +147,10 @@ class CollapseGuard:
 
     def act(self, trainer: TrainerLike) -> None:
         """After a step: flag, stop (raises CircuitBreakerError, exit 3, checkpoint saved)
-        or roll back, as the verdict and ``training.on_collapse`` say."""
+        or roll back, as the verdict and ``training.on_collapse`` say; a solved task is
+        flagged or ends the run well (:attr:`finished`), as ``training.on_solved`` says."""
+        if self._solved(trainer):
+            return
         v = _agreed(collapse.verdict(self.watch, thresholds(self.cfg), trainer.step), trainer)
         if v is None:
             return
@@ -166,7 +176,40 @@ class CollapseGuard:
             trainer._export_final()  # final/: the best model (training.final), last/ beside
             if self.paths.final.is_dir():
                 note += f", the model to hand on in {self.paths.final}"
-        raise CircuitBreakerError(f"{v.line()}; {note}")
+        error = CircuitBreakerError(f"{v.line()}; {note}")
+        # Rank 0 records the stop, then every rank waits for it: a rank that exits first
+        # (its own exit 3) makes torchrun end rank 0, maybe in the middle of an export of
+        # several GB and before the COLLAPSED record the monitor reads.
+        if trainer.info.is_main:
+            trainer.tracker.update(
+                TrainState.FAILED, exit_code=int(error.exit_code), reason=str(error)
+            )
+        dist.barrier(trainer.info)
+        raise error
+
+    def _solved(self, trainer: TrainerLike) -> bool:
+        """The solved verdict, acted on (True: nothing else to judge at this step). Every
+        rank reads the same all-reduced numbers, so every rank agrees without a collective."""
+        v = collapse.solved(self.watch, thresholds(self.cfg), trainer.step)
+        if v is None:
+            return False
+        self.watch = collapse.reported(self.watch, v)
+        more = (
+            "rollout.dynamic_sampling found no group with anything to learn"
+            if self.cfg.rollout.dynamic_sampling
+            else "harder problems (or rollout.dynamic_sampling) would give it something to learn"
+        )
+        if self.cfg.training.on_solved == "flag":
+            note = f"flagged (training.on_solved=flag); training goes on ({more})"
+            self._event(trainer, v, "FLAG", note, phase=SOLVED_PHASE, cls="solved")
+            return True
+        note = (
+            f"training ends here as finished (training.on_solved=finish), the best model "
+            f"handed over; {more}"
+        )
+        self._event(trainer, v, "FINISH", note, phase=SOLVED_PHASE, cls="solved")
+        self.finished = Verdict(v.signal, v.step, f"{v.why}; {note}")
+        return True
 
     def _rollback(self, trainer: TrainerLike, v: Verdict) -> bool:
         """Back to the best checkpoint (or the start) with a new sampling seed; False when
@@ -199,19 +242,27 @@ class CollapseGuard:
         return True
 
     def _event(
-        self, trainer: TrainerLike, v: Verdict, action: str, note: str, **extra: Any
+        self,
+        trainer: TrainerLike,
+        v: Verdict,
+        action: str,
+        note: str,
+        phase: str = EVENT_PHASE,
+        cls: str = EVENT_CLASS,
+        **extra: Any,
     ) -> None:
         if trainer.info.is_main:
-            print(f"[Collapse] {v.line()}; {note}", flush=True)
+            tag = "[Solved]" if phase == SOLVED_PHASE else "[Collapse]"
+            print(f"{tag} {v.line()}; {note}", flush=True)
             append_jsonl(
                 self.paths.events,
                 {
                     "time": time.time(),
                     "job_id": str(trainer.tracker.record.job_id),
                     "slurm_state": None,
-                    "phase": EVENT_PHASE,
+                    "phase": phase,
                     "action": action,
-                    "class": EVENT_CLASS,
+                    "class": cls,
                     "reason": f"{v.line()}; {note}",
                     "signal": v.signal,
                     "step": v.step,
@@ -268,9 +319,19 @@ def _restart_optimizer(optim: torch.optim.Optimizer) -> None:
     for state in optim.state.values():
         for key, value in list(state.items()):
             if torch.is_tensor(value):
-                value.zero_()
+                _zero(value)
             elif isinstance(value, (int, float)):
                 state[key] = type(value)(0)
+
+
+def _zero(value: torch.Tensor) -> None:
+    """``value`` set to zero in place, whatever its tensor subclass (a DTensor shard too)."""
+    try:
+        value.zero_()
+    except NotImplementedError:
+        # A quantized state (torchao's int8/int4/fp8 AdamW moments) implements no in-place
+        # zero_; copying zeros in quantizes them, keeping its own layout.
+        value.copy_(torch.zeros(value.shape, dtype=value.dtype, device=value.device))
 
 
 def score_of(metrics: dict[str, float]) -> float | None:

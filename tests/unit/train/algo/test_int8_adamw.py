@@ -79,3 +79,31 @@ def test_digest_of_int8_moments_survives_a_round_trip_and_sees_one_code(tmp_path
     assert state_digest.sha(torch.load(tmp_path / "o.pt", weights_only=False)) == before
     moment.codes.view(-1)[0] ^= 1  # one code of one moment
     assert state_digest.sha(opt.state_dict()) != before
+
+
+def test_a_rollback_to_the_start_restarts_int8_moments_as_a_fresh_optimizer() -> None:
+    """A rollback to the start zeroes the optimizer's state in place (on_collapse's
+    _restart_optimizer); torchao's int8 moments implement no zero_ (it raised
+    NotImplementedError: a run with optim.state=int8 crashed at its first collapse). After
+    the restart, a step must be the first step of a fresh optimizer, bit for bit."""
+    from grpo_hpc.train.supervision.on_collapse import _restart_optimizer
+
+    _torchao()
+    model, named = _named()
+    opt = adamw(named, _cfg("int8"), DistInfo())
+    model(torch.randn(4, 256)).square().mean().backward()
+    opt.step()
+    _restart_optimizer(opt)
+    state = opt.state[named[0][1]]
+    assert float(state["step"]) == 0
+    assert state["exp_avg"].dequantize().abs().max() == 0
+    assert state["exp_avg_sq"].dequantize().abs().max() == 0
+    fresh_model, fresh_named = _named()
+    fresh_model.load_state_dict(model.state_dict())
+    fresh = adamw(fresh_named, _cfg("int8"), DistInfo())
+    x = torch.randn(4, 256)
+    for m, o in ((model, opt), (fresh_model, fresh)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+    assert torch.equal(model.weight, fresh_model.weight)

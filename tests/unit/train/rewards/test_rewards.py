@@ -403,3 +403,20 @@ def test_a_slow_math_verify_item_is_named_cut_to_a_line() -> None:
     line = slow_item_line(0.354, ("x" * 200, "42", True))
     assert line.startswith("math-verify took 0.35 s on one answer: 'xxx")
     assert "...'" in line and "(gold '42', pid " in line and len(line) < 160
+
+
+def test_full_marks_is_every_weighted_term_at_its_best() -> None:
+    """Correctness and format at 1.0, the overlong penalty at 0 and a custom reward at 1.0
+    are full marks; any one term short of its best is not."""
+    from grpo_hpc.config.schema import RewardConfig
+    from grpo_hpc.train.rewards.functions import full_marks
+
+    rc = RewardConfig(correctness=1.0, format=0.2, overlong=0.5, custom={"m:f": 1.0})
+    comps = {
+        "correctness": [1.0, 1.0, 0.0, 1.0],
+        "format": [1.0, 1.0, 1.0, 0.5],
+        "overlong": [0.0, -1.0, 0.0, 0.0],
+        "m:f": [1.0, 1.0, 1.0, 1.0],
+    }
+    assert full_marks(comps, rc) == [True, False, False, False]
+    assert full_marks({}, rc) == []

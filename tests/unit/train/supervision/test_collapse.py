@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.train.supervision.collapse import (
+    SOLVED,
     Thresholds,
     Watch,
     replay,
     reported,
+    solved,
     stall_risk,
     verdict,
 )
@@ -155,3 +157,35 @@ def test_the_action_table() -> None:
     assert action_for("rollback", 1, 2) == "rollback"
     assert action_for("rollback", 2, 2) == "stop"  # the retry budget is spent
     assert rollback_seed(7, 2) == 2007
+
+
+def test_a_solved_task_is_no_collapse_but_a_solved_verdict() -> None:
+    """Every group all correct: zero gradient and a confident policy, because the model
+    knows the answers. Before the solved share was read, this fired no_signal at step 10
+    (and the default rollback sent a good model back twice, then failed the run)."""
+    th = Thresholds()
+    w = Watch()
+    for step in range(1, 11):
+        w = w.after_step(1.0, 0.0, 0.0, 0.001, False, th.window, th.entropy_floor, solved=1.0)
+        assert verdict(w, th, step) is None, step  # neither no_signal nor entropy
+    v = solved(w, th, 10)
+    assert v is not None and v.signal == SOLVED and v.step == 10
+    assert v.line().startswith("task solved at step 10: 10 of the last 10 steps")
+    assert solved(reported(w, v), th, 11) is None  # reported once per attempt
+
+
+def test_flat_groups_without_every_answer_right_are_still_dead() -> None:
+    """Half the groups solved, the others flat at zero: no gradient and not done, so the
+    stall is still caught; a single unsolved group keeps a step from counting as solved."""
+    th = Thresholds()
+    w = Watch()
+    for _ in range(10):
+        w = w.after_step(0.5, 0.0, 0.0, 1.0, False, th.window, th.entropy_floor, solved=0.5)
+    assert verdict(w, th, 10).signal == "no_signal"
+    assert solved(w, th, 10) is None
+
+
+def test_a_solved_step_survives_a_checkpoint() -> None:
+    w = Watch().after_step(1.0, 0.0, 0.0, None, False, solved=1.0)
+    assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
+    assert w.solved == (True,) and w.dead == (False,)
