@@ -195,3 +195,19 @@ def test_a_collapse_stop_on_two_ranks_keeps_its_slow_export(tmp_path: Path) -> N
     assert (rec.reason or "").startswith("collapse (no_signal) at step 2")
     assert (paths.final / "config.json").is_file(), list(paths.root.iterdir())
     assert "[Export] final model:" in result.stdout
+
+
+def test_without_a_validation_split_the_test_problems_steer_nothing(tmp_path: Path) -> None:
+    """data.num_val=0: the evaluation scores the test problems. They used to feed the
+    collapse watch (eval_drop, reward_hacking: the reported figure then selected rollbacks);
+    now no decision reads them, and the run says so at its start."""
+    paths = make_run(tmp_path, "noval", "data.num_val=0", "training.eval_every=1",
+                     "training.max_steps=2")  # fmt: skip
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = [m for m in read_jsonl(paths.metrics) if "eval/accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 1, 2]  # the test problems were scored
+    state = torch.load(paths.checkpoint(2) / "trainer.pt", weights_only=False)
+    assert not state["collapse"]["watch"]["evals"]  # and no decision saw them
+    assert "[Eval] no validation split (data.num_val=0)" in result.stdout
+    assert not paths.best.exists()
