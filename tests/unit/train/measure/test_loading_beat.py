@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
@@ -75,3 +77,17 @@ def test_only_rank0_beats(tmp_path: Path) -> None:
     t.beat_while_loading(EVERY_S)
     assert not beat_threads()
     assert read_progress(t.paths.progress) is None
+
+
+def test_a_write_that_failed_in_the_beat_is_raised_by_the_next_update(tmp_path: Path) -> None:
+    """A full or broken disk is the trainer's error, not a thread's silent end."""
+    t = tracker(tmp_path)
+    t.paths.progress.mkdir()  # every write of progress.json fails
+    t.update(TrainState.LOADING)  # queued; its write fails in the writer's thread
+    t.beat_while_loading(EVERY_S)
+    deadline = time.monotonic() + 30
+    while beat_threads() and time.monotonic() < deadline:  # the beat takes the error, ends
+        time.sleep(EVERY_S)
+    assert not beat_threads()
+    with pytest.raises(OSError):
+        t.update(TrainState.GENERATING)
