@@ -237,11 +237,13 @@ def heartbeat_watched(state: TrainState) -> bool:
 
 def stall_limits(state: TrainState, trained: bool) -> tuple[StallLimit, ...]:
     """The limits that apply to a trainer in ``state`` (pure; the table in the module
-    docstring). ``trained``: a step was trained in this attempt (step > start_step)."""
+    docstring). ``trained``: a step was trained in this attempt (step > start_step). The
+    trainer is LOADING only before its attempt's first step; should a record say LOADING
+    after one, the heartbeat judges it: no live trainer goes without a limit."""
     if state.terminal:
         return ()
     step0 = () if trained else (StallLimit.STEP0,)
-    beat = (StallLimit.HEARTBEAT,) if heartbeat_watched(state) else ()
+    beat = (StallLimit.HEARTBEAT,) if heartbeat_watched(state) or trained else ()
     return step0 + beat
 
 

@@ -130,16 +130,13 @@ class Tracker:
     def _write(self) -> None:
         if not self.is_main:
             return
-        if self._beat_error is not None and threading.current_thread() is not self._beat_thread():
+        if self._beat_error is not None:  # set by the beat's thread as it ends: never seen there
             error, self._beat_error = self._beat_error, None
             raise error
         now = time.time()
         self.record.heartbeat = now
         self._io().put(self.record)  # returns at once unless the state is terminal
         self._last_write = now
-
-    def _beat_thread(self) -> threading.Thread | None:
-        return self._beat[1] if self._beat is not None else None
 
     def _io(self) -> ProgressWriter:
         if self._writer is None:

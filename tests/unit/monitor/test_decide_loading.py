@@ -40,6 +40,7 @@ def judge(progress: ProgressRecord):
     ("state", "trained", "limits"),
     [
         (TrainState.LOADING, False, (StallLimit.STEP0,)),
+        (TrainState.LOADING, True, (StallLimit.HEARTBEAT,)),  # no live state goes unjudged
         (TrainState.GENERATING, False, (StallLimit.STEP0, StallLimit.HEARTBEAT)),
         (TrainState.EVALUATING, False, (StallLimit.STEP0, StallLimit.HEARTBEAT)),
         (TrainState.TRAINING, True, (StallLimit.HEARTBEAT,)),
