@@ -47,9 +47,10 @@ GENERATING ... EVALUATING           ``heartbeat_timeout``, and ``step0_timeout``
                                     step was trained in this attempt (step <= start_step)
 ==================================  ======================================================
 
-The trainer beats while it loads (grpo_hpc.train.measure.tracking, ``LoadingBeat``), but
-from a thread: that beat proves the process alive, not the load moving (a read stuck on
-the filesystem leaves threads running), which is why only ``step0_timeout`` judges LOADING.
+The trainer beats while it loads (``Tracker.beat_while_loading`` in
+grpo_hpc.train.measure.tracking), but from a thread: that beat proves the process alive, not
+the load moving (a read stuck on the filesystem leaves threads running), which is why only
+``step0_timeout`` judges LOADING.
 
 Every resubmission first passes the retry budget: classes fall into buckets (crash,
 stalled, lost, preempted); a bucket at its limit, or failure buckets (all but preempted)
