@@ -317,6 +317,12 @@ class TrainingConfig:
     then recovered (bench/results/collapse_replay_2026-11-28.json)."""
     num_threads: int = 0
     """torch intra-op threads per process on CPU (0 = torch default)."""
+    setup_heartbeat_s: float = 30.0
+    """While the trainer loads (state ``loading``: the model read, wrapped, the engine
+    built, a checkpoint resumed), rank 0 writes progress.json's heartbeat from a thread every
+    this many seconds (> 0), until the first evaluation or step starts generating. It shows
+    the process alive during a load that takes minutes; the monitor judges a load by
+    ``step0_timeout`` only, never by the heartbeat (grpo_hpc.monitor.decision.stall_limits)."""
     profile_steps: int = 0
     """Run this many steps under ``torch.profiler`` on every rank, from step
     ``profile_from``; each rank writes a Chrome trace and its costliest operators to
@@ -414,6 +420,9 @@ class FaultsConfig:
     """Sleep this many seconds inside each checkpoint save."""
     slow_export: float = 0.0
     """Sleep this many seconds in rank 0's export of ``final/`` (an export of several GB)."""
+    slow_load: float = 0.0
+    """Sleep this many seconds before loading the model, on every rank and attempt: a load
+    from a busy shared filesystem (the trainer stays in state ``loading``)."""
     step_sleep: float = 0.0
     """Sleep this many seconds per step (to make runs outlast time limits)."""
     stall_at_step: int = -1

@@ -66,6 +66,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"training.stall_sample_ms={cfg.training.stall_sample_ms} must be >= 0 (0: off)"
         )
+    if not cfg.training.setup_heartbeat_s > 0:
+        raise ConfigError(
+            f"training.setup_heartbeat_s={cfg.training.setup_heartbeat_s:g} must be > 0 "
+            "(seconds between heartbeats while the model loads; well under the monitor's "
+            "heartbeat timeout)"
+        )
     if cfg.training.gc_every_steps < 0:
         raise ConfigError(
             f"training.gc_every_steps={cfg.training.gc_every_steps} must be >= 0 "
@@ -106,6 +112,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.zero_reward
         or f.slow_save > 0
         or f.slow_export > 0
+        or f.slow_load > 0
         or f.step_sleep > 0
         or f.stall_at_step >= 0
         or f.oom_at_step >= 0

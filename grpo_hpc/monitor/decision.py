@@ -17,7 +17,8 @@ own exit_code 6, or ended OUT_OF_MEMORY      STOP (never resubmit   out_of_memor
                                              unchanged)
 own state finished and step >= max_steps     DONE                   finished
 RUNNING, own live, step 0, started > step0   CANCEL_AND_RESUBMIT    stalled_step0
-RUNNING, own live, heartbeat > hb timeout    CANCEL_AND_RESUBMIT    stalled_heartbeat
+RUNNING, own live past LOADING, heartbeat >  CANCEL_AND_RESUBMIT    stalled_heartbeat
+  hb timeout
 RUNNING, own live otherwise                  NONE                   -
 RUNNING, own failed, heartbeat > hb timeout  CANCEL_AND_RESUBMIT    crash (hung teardown)
 RUNNING, no own record, start > step0        CANCEL_AND_RESUBMIT    stalled_step0
@@ -32,6 +33,24 @@ MISSING, own record not terminal             RESUBMIT (backoff)     lost
 ended otherwise (FAILED, OOM, COMPLETED      RESUBMIT (backoff)     crash
   before max_steps, LOCAL_EXITED)
 ===========================================  =====================  =====================
+
+Which stall limit watches a live trainer is :func:`stall_limits` (pure), by its state:
+
+==================================  ======================================================
+trainer state (own, live)           limits that apply
+==================================  ======================================================
+LOADING                             ``step0_timeout`` only: loading a 7B-70B model from a
+                                    busy shared filesystem can take longer than
+                                    ``heartbeat_timeout`` and is not a stall; a dead
+                                    process is caught by the job ending
+GENERATING ... EVALUATING           ``heartbeat_timeout``, and ``step0_timeout`` while no
+                                    step was trained in this attempt (step <= start_step)
+==================================  ======================================================
+
+The trainer beats while it loads (``Tracker.beat_while_loading`` in
+grpo_hpc.train.measure.tracking), but from a thread: that beat proves the process alive, not
+the load moving (a read stuck on the filesystem leaves threads running), which is why only
+``step0_timeout`` judges LOADING.
 
 Every resubmission first passes the retry budget: classes fall into buckets (crash,
 stalled, lost, preempted); a bucket at its limit, or failure buckets (all but preempted)
@@ -121,7 +140,8 @@ class MonitorPolicy:
     step0_timeout_s: float = 1800.0
     """An attempt that completes no step within this many seconds of starting is stalled."""
     heartbeat_timeout_s: float = 600.0
-    """A running trainer whose heartbeat is older than this is stalled."""
+    """A running trainer whose heartbeat is older than this is stalled, once it has loaded
+    (a LOADING trainer answers to ``step0_timeout_s`` only: :func:`stall_limits`)."""
     max_retries: int = 5
     """Total failure resubmissions (crash, stalled, lost buckets) over the run's life."""
     max_retries_per_class: dict[str, int] = field(
@@ -198,6 +218,34 @@ def fmt_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+class StallLimit(str, enum.Enum):
+    """A limit that makes a live trainer stalled (the MonitorPolicy field named)."""
+
+    STEP0 = "step0_timeout"
+    """No step trained in this attempt within ``step0_timeout_s`` of its start."""
+    HEARTBEAT = "heartbeat_timeout"
+    """No heartbeat for ``heartbeat_timeout_s``."""
+
+
+def heartbeat_watched(state: TrainState) -> bool:
+    """Whether ``heartbeat_timeout`` judges a trainer in ``state`` (pure): not while it
+    loads (its only beat then is a thread's, which proves it alive, not loading; a slow
+    load is judged by ``step0_timeout``), nor once it ended (terminal states)."""
+    return state is not TrainState.LOADING and not state.terminal
+
+
+def stall_limits(state: TrainState, trained: bool) -> tuple[StallLimit, ...]:
+    """The limits that apply to a trainer in ``state`` (pure; the table in the module
+    docstring). ``trained``: a step was trained in this attempt (step > start_step). The
+    trainer is LOADING only before its attempt's first step; should a record say LOADING
+    after one, the heartbeat judges it: no live trainer goes without a limit."""
+    if state.terminal:
+        return ()
+    step0 = () if trained else (StallLimit.STEP0,)
+    beat = (StallLimit.HEARTBEAT,) if heartbeat_watched(state) or trained else ()
+    return step0 + beat
 
 
 def own_progress(progress: ProgressRecord | None, job: JobView) -> ProgressRecord | None:
@@ -283,7 +331,8 @@ def _judge_running(
         age = now - own.started_at
         # "Step 0" of this attempt: no step completed since it started (a resumed attempt
         # starts at its checkpoint's step, so a hang after a resume is caught too).
-        if own.step <= own.start_step and age > p.step0_timeout_s:
+        limits = stall_limits(own.state, trained=own.step > own.start_step)
+        if StallLimit.STEP0 in limits and age > p.step0_timeout_s:
             what = (
                 f"step {own.step}"
                 if own.start_step == 0
@@ -291,14 +340,19 @@ def _judge_running(
             )
             why = (
                 f"{what} for {fmt_duration(age)} > step0_timeout {fmt_duration(p.step0_timeout_s)}"
+                f" ({own.state.value})"
             )
             return _retry(C.STALLED_STEP0, why, history, now, p, cancel=True)
         hb = own.heartbeat_age(now)
-        if hb > p.heartbeat_timeout_s:
+        if StallLimit.HEARTBEAT in limits and hb > p.heartbeat_timeout_s:
             limit = fmt_duration(p.heartbeat_timeout_s)
             why = f"no heartbeat for {fmt_duration(hb)} > heartbeat_timeout {limit}"
             why += f" ({own.state.value}, step {own.step})"
             return _retry(C.STALLED_HEARTBEAT, why, history, now, p, cancel=True)
+        if StallLimit.HEARTBEAT not in limits:  # say which limit judges a slow load
+            limit = fmt_duration(p.step0_timeout_s)
+            why = f"{own.state.value} for {fmt_duration(age)} (judged by step0_timeout {limit})"
+            return Action(ActionKind.NONE, reason=why)
         return Action(ActionKind.NONE, reason=f"{own.state.value} step {own.step}/{own.max_steps}")
     if own is not None and own.state is TrainState.FAILED:
         hb = own.heartbeat_age(now)

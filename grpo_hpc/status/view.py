@@ -14,6 +14,7 @@ from rich.text import Text
 
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.core.runs import RUNNING_STATES
+from grpo_hpc.monitor.decision import heartbeat_watched
 from grpo_hpc.status.termviz import fmt_age, sparkline, step_bar, text_plot
 
 RED_FLAGS = ("stalled", "stopped", "budget exhausted", "failed")
@@ -98,10 +99,12 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
         flags.append("budget exhausted" if exhausted else f"stopped: {row.monitor_class}")
     elif row.monitor_action == "WAIT":
         flags.append(f"backoff: {row.monitor_class}")
-    live = row.train_state is not None and not TrainState(row.train_state).terminal
+    # the monitor's rule (decision.heartbeat_watched): a trainer that loads is not stalled
+    watched = row.train_state is not None and heartbeat_watched(TrainState(row.train_state))
     running = row.slurm_state in RUNNING_STATES
-    if live and running and row.heartbeat is not None and now - row.heartbeat > heartbeat_timeout_s:
-        flags.append(f"stalled {fmt_age(now - row.heartbeat)}")
+    age = None if row.heartbeat is None else now - row.heartbeat
+    if watched and running and age is not None and age > heartbeat_timeout_s:
+        flags.append(f"stalled {fmt_age(age)}")
     if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
         flags.append("failed")
     if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already

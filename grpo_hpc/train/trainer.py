@@ -95,10 +95,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        cfg, info = self.cfg, self.info
-        if info.is_main:
+        if self.info.is_main:
             self.run_dir_lock = checkpoint.lock_run_dir(self.paths)
         self.tracker.update(TrainState.LOADING)
+        # Nothing in the loop beats while the model loads, which can outlast the monitor's
+        # heartbeat timeout: a thread beats until the first generation changes the state
+        # (or this fails); the monitor judges a load by step0_timeout (Tracker docstring).
+        self.tracker.beat_while_loading(self.cfg.training.setup_heartbeat_s)
+        try:
+            self._load()
+        except BaseException:
+            self.tracker.stop_loading_beat()
+            raise
+
+    def _load(self) -> None:
+        """Everything setup does in state LOADING: the model loaded, wrapped, the engine
+        built, the latest checkpoint resumed."""
+        cfg, info = self.cfg, self.info
         self._stop_before_training()
         if cfg.training.num_threads:
             torch.set_num_threads(cfg.training.num_threads)
@@ -145,6 +158,7 @@ class Trainer:
         # A LoRA policy's frozen base needs no fp32 master copy: keep it in the compute dtype.
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
         lora_base = cfg.model.lora_rank > 0 and info.device.type == "cuda" and half is not None
+        faults.before_load(cfg.faults)
         model, self.tok = models.load_model_and_tokenizer(
             model_dir,
             cfg.model.attn_implementation,

@@ -4,6 +4,19 @@ Only rank 0 writes. Heartbeats are throttled (a write every ``min_interval_s``)
 because generation calls ``heartbeat()`` once per token. progress.json, the metrics and
 samples lines and the console lines are written from a thread of its own
 (:class:`ProgressWriter`): a step never waits on the filesystem for them.
+
+While the trainer loads (state LOADING: the model read, wrapped, the engine built, a
+checkpoint resumed) nothing in the loop beats, and loading a 7B-70B model from a busy
+shared filesystem can take longer than the monitor's heartbeat timeout. So a thread beats
+then (:meth:`Tracker.beat_while_loading`), every ``training.setup_heartbeat_s``, through
+this tracker's own record and writer (one writer of progress.json). What that beat proves
+is only that the process is alive and still loading: a read stuck on the filesystem or a
+rank waiting for a hung peer leaves the thread running. A hung load is caught by the
+monitor's ``step0_timeout`` (the only limit it applies to LOADING:
+``grpo_hpc.monitor.decision.stall_limits``), a dead process by its job ending. The thread
+never beats for any other state: it stops at the first state change out of LOADING (the
+step-0 evaluation's or the first step's generation, both of which the engine's per-token
+tick covers), when setup fails, and at :meth:`Tracker.finish`.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,6 +52,13 @@ class Tracker:
     _last_write: float = 0.0
     _wandb: Any = None
     _writer: ProgressWriter | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while the record is changed and queued: the loading beat's thread and the
+    trainer's never queue a half-updated record."""
+    _beat: tuple[threading.Event, threading.Thread] | None = None
+    """The loading beat's stop event and thread, while it runs."""
+    _beat_error: BaseException | None = None
+    """A write that failed in the loading beat's thread, raised by the next update."""
 
     def __post_init__(self) -> None:
         previous = read_progress(self.paths.progress)
@@ -53,20 +74,65 @@ class Tracker:
 
     # ---------------------------------------------------------------- progress
     def update(self, state: TrainState | None = None, **fields: Any) -> None:
-        """Set fields and write progress now (state changes are never throttled)."""
-        if state is not None:
-            self.record.state = state
-        for k, v in fields.items():
-            setattr(self.record, k, v)
-        self._write()
+        """Set fields and write progress now (state changes are never throttled). A state
+        other than LOADING ends the loading beat."""
+        with self._lock:
+            if state is not None:
+                self.record.state = state
+            for k, v in fields.items():
+                setattr(self.record, k, v)
+            self._write()
+        if self.record.state is not TrainState.LOADING:
+            self.stop_loading_beat()
 
     def heartbeat(self) -> None:
         if time.time() - self._last_write >= self.min_interval_s:
-            self._write()
+            with self._lock:
+                self._write()
+
+    def beat_while_loading(self, every_s: float) -> None:
+        """Rank 0: write the heartbeat every ``every_s`` seconds from a daemon thread for
+        as long as the record's state is LOADING (module docstring: what it proves, and
+        what catches a hung load). Stopped by the first update to another state, by
+        :meth:`stop_loading_beat` and by :meth:`finish`."""
+        if not self.is_main or self._beat is not None:
+            return
+        if every_s <= 0:
+            raise ValueError(f"loading heartbeat interval must be > 0 s, not {every_s}")
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every_s):
+                with self._lock:
+                    if stop.is_set() or self.record.state is not TrainState.LOADING:
+                        return
+                    try:
+                        self._write()
+                    except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+                        self._beat_error = e
+                        return
+
+        thread = threading.Thread(target=beat, name="grpo-loading-beat", daemon=True)
+        self._beat = (stop, thread)
+        thread.start()
+
+    def stop_loading_beat(self) -> None:
+        """End the loading beat (if it runs) and wait for its thread: once this returns, it
+        writes nothing more."""
+        beat, self._beat = self._beat, None
+        if beat is None:
+            return
+        stop, thread = beat
+        stop.set()
+        if thread is not threading.current_thread():
+            thread.join()
 
     def _write(self) -> None:
         if not self.is_main:
             return
+        if self._beat_error is not None:  # set by the beat's thread as it ends: never seen there
+            error, self._beat_error = self._beat_error, None
+            raise error
         now = time.time()
         self.record.heartbeat = now
         self._io().put(self.record)  # returns at once unless the state is terminal
@@ -196,7 +262,9 @@ class Tracker:
         )
 
     def finish(self) -> None:
-        """The end of the run's loop: every queued line written, W&B closed."""
+        """The end of the run's loop: the loading beat stopped, every queued line written,
+        W&B closed."""
+        self.stop_loading_beat()
         self.flush()
         if self._wandb is not None:
             self._wandb.finish()

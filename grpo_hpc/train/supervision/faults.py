@@ -34,6 +34,13 @@ def before_step(f: FaultsConfig, step: int, tracker: Tracker, stopped: Callable[
         raise GenerationAborted()
 
 
+def before_load(f: FaultsConfig) -> None:
+    """``faults.slow_load``: sleep before the model loads, as a read from a busy shared
+    filesystem would take (the trainer is in state LOADING meanwhile)."""
+    if f.enabled and f.slow_load > 0:
+        time.sleep(f.slow_load)
+
+
 def before_update(f: FaultsConfig, step: int, device: torch.device) -> None:
     """``faults.oom_at_step``: from here on this process may use only ``oom_gpu_gb`` GiB of
     its GPU, so the update that follows runs out of memory in the real caching allocator,
