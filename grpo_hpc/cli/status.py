@@ -39,8 +39,10 @@ EXAMPLES = """examples:
   grpo-status gsm8k-a --samples     # the last evaluation's worst and best completions
   grpo-status gsm8k-a gsm8k-b       # several named runs, one line each
 
-FLAG: stalled (heartbeat older than --heartbeat-timeout), zero reward, failed, backoff,
-stopped (circuit breaker / config error) and budget exhausted (from the monitor's events).
+FLAG: stalled (heartbeat older than --heartbeat-timeout), zero reward, failed (its exit
+class and reason, cut to fit; `grpo-status RUN` shows it whole), backoff, stopped (circuit
+breaker / config error) and budget exhausted (from the monitor's events); where the monitor
+logged no decision about a failed run, what it would do.
 """
 
 

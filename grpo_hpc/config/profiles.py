@@ -155,7 +155,26 @@ def profile_from_dict(data: dict[str, Any], name: str, path: Path | None = None)
     return prof
 
 
+NUMBER_KEYS = {"gpu_mem_gb": "80", "gpu_capability": "7.0", "mem_gb": "64"}
+"""Profile keys that hold a number (or are left out), each with an example value."""
+
+
+def _number_problem(p: Profile) -> str | None:
+    """A number key whose YAML value is not a number (``gpu_capability: "7.0"``, quoted,
+    reads as a string): refused rather than parsed, as the comparisons and the rounding of
+    :attr:`Profile.capability` need a number."""
+    for key, example in NUMBER_KEYS.items():
+        value = getattr(p, key)
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            continue
+        return f"{key} must be a number, written unquoted ({key}: {example}), not {value!r}"
+    return None
+
+
 def _validate(p: Profile) -> None:
+    number = _number_problem(p)
+    if number:  # before the checks below, which compare these keys with numbers
+        raise ConfigError(f"profile {p.name!r}: {number} (in {p.path or 'profile'})")
     checks = [
         (p.executor in ("slurm", "local"), "executor must be slurm or local"),
         (p.precision in ("fp32", "bf16", "fp16"), "precision must be fp32, bf16 or fp16"),

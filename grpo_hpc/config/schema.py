@@ -67,7 +67,8 @@ class DataConfig:
     (keep-best; ``training.final``). GSM8K: the last ``num_val`` rows of its train split;
     arithmetic: drawn from a seed of their own, minus any train or test question; other
     sources: the last ``num_val`` training problems (at most half). 0: the evaluation
-    scores the test problems, as before, and chooses nothing (``final/`` is the last)."""
+    scores the test problems, as before, and chooses nothing (``final/`` is the last).
+    None is taken when nothing evaluates (``training.eval_every=0``)."""
     min_terms: int = 2
     """Arithmetic generator: fewest terms in a sum."""
     max_terms: int = 2

@@ -24,6 +24,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "training.select_metric": ("auto", "accuracy", "accuracy_strict", "pass@1"),
 }
 
+DATA_COUNTS: dict[str, str] = {
+    "num_train": "0 = all of a file's rows",
+    "num_eval": "0 = no test problems",
+    "num_val": "0 = no validation split",
+}
+"""The problem counts of ``data``, each with what its 0 means."""
+
 
 def validate(cfg: Config) -> None:
     """Cross-field and range checks OmegaConf's types cannot express."""
@@ -35,7 +42,6 @@ def validate(cfg: Config) -> None:
     positive = {
         "training.max_steps": cfg.training.max_steps,
         "rollout.prompts_per_step": cfg.rollout.prompts_per_step,
-        "rollout.num_generations": cfg.rollout.num_generations,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
         "algo.updates_per_batch": cfg.algo.updates_per_batch,
         "algo.micro_batch_size": cfg.algo.micro_batch_size,
@@ -87,8 +93,15 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
-    if cfg.rollout.num_generations < 2:
-        raise ConfigError("rollout.num_generations must be at least 2: GRPO compares a group")
+    if cfg.rollout.num_generations < 2:  # one rule, not also in ``positive`` above
+        raise ConfigError(
+            f"rollout.num_generations={cfg.rollout.num_generations} must be at least 2: GRPO's "
+            "baseline is the mean reward of a group of completions of one prompt"
+        )
+    for key, meaning in DATA_COUNTS.items():
+        value = getattr(cfg.data, key)
+        if value < 0:
+            raise ConfigError(f"data.{key}={value} must be >= 0 ({meaning})")
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 for sampling")
     if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:

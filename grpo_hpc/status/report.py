@@ -8,15 +8,16 @@ a clock) in, rich renderables out, so tests render them into a StringIO console.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from grpo_hpc.config.load import load_resolved
 from grpo_hpc.core.best import read_best
-from grpo_hpc.core.errors import ConfigError, SlurmUnavailableError
+from grpo_hpc.core.errors import ConfigError, ExitCode, SlurmUnavailableError
 from grpo_hpc.core.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.core.progress import read_progress
+from grpo_hpc.core.progress import ProgressRecord, read_progress
 from grpo_hpc.core.runs import (
     SlurmView,
     job_view,
@@ -25,11 +26,13 @@ from grpo_hpc.core.runs import (
     slurm_ids,
 )
 from grpo_hpc.export.plan import read_provenance
-from grpo_hpc.monitor.decision import history_from
+from grpo_hpc.monitor.decision import decide, history_from
 from grpo_hpc.status.view import (
     RunDetail,
     RunRow,
     collapse_flag,
+    ended_badly,
+    exit_class,
     held_out_figure,
     last_measured,
 )
@@ -73,6 +76,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     prov = read_provenance(paths.final)
     if prov is not None:
         row.final_model, row.final_step = str(paths.final), prov.get("step")
+    fill_failure(row, rec, jobs, events, view)
     tail = tail_jsonl(paths.metrics)
     fill_entropy(row, tail)
     metrics = tail[-TREND_POINTS:]
@@ -83,6 +87,35 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     times = [float(m["time/step"]) for m in metrics if "time/step" in m]
     row.sec_per_step = sum(times) / len(times) if times else None
     return row
+
+
+def fill_failure(
+    row: RunRow,
+    rec: ProgressRecord | None,
+    jobs: list[dict],
+    events: list[dict],
+    view: SlurmView | None,
+    now: float | None = None,
+) -> None:
+    """Why the run ended badly, from its progress record (exit code, reason, class), and,
+    where the monitor logged no decision about the newest job, the decision it would make
+    now (grpo_hpc.monitor.decision.decide, the monitor's own pure rule)."""
+    if rec is None:
+        return
+    row.exit_code, row.end_reason = rec.exit_code, rec.reason
+    history = history_from(events, jobs)
+    before = rec.exit_code == ExitCode.CHECKPOINTED and rec.step <= rec.start_step
+    row.exit_class = exit_class(
+        rec.exit_code, rec.state.value, history.collapse_stop is not None, before
+    )
+    if not jobs or row.monitor_action is not None or not ended_badly(row):
+        return
+    local = jobs[-1].get("executor") == "local"
+    if view is None and not local:  # Slurm did not answer: the job's state is not known
+        return
+    job = job_view(jobs[-1], view or SlurmView(), events)
+    action = decide(rec, job, history, time.time() if now is None else now)
+    row.monitor_next_action, row.monitor_next_reason = action.kind.value, action.reason
 
 
 def fill_entropy(row: RunRow, metrics: list[dict]) -> None:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.core.runs import RUNNING_STATES
+from grpo_hpc.core.slurm import ACTIVE_STATES
 from grpo_hpc.monitor.decision import heartbeat_watched
 from grpo_hpc.status.termviz import fmt_age, sparkline, step_bar, text_plot
 
@@ -89,6 +90,20 @@ class RunRow:
     """What it was compared on (``accuracy``, ``pass@1``)."""
     best_score: float | None = None
     """Its score."""
+    exit_code: int | None = None
+    """The trainer's exit code in progress.json (None: none recorded yet)."""
+    end_reason: str | None = None
+    """progress.json's ``reason``: why the trainer ended without finishing (a crash's
+    exception line, ``NotImplementedError: ...``; a config error's or a breaker's line)."""
+    exit_class: str | None = None
+    """What that exit means (docs/exit-codes.md; :func:`exit_class`): crash, config error,
+    circuit breaker, collapse, stalled, checkpointed, stopped before training, out of GPU
+    memory."""
+    monitor_next_action: str | None = None
+    """Where no monitor decision about the newest job is logged: what ``grpo-monitor`` would
+    decide now (grpo_hpc.monitor.decision.decide: RESUBMIT, WAIT, STOP, ...)."""
+    monitor_next_reason: str | None = None
+    """That decision's reason line."""
 
 
 def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
@@ -105,8 +120,7 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
     age = None if row.heartbeat is None else now - row.heartbeat
     if watched and running and age is not None and age > heartbeat_timeout_s:
         flags.append(f"stalled {fmt_age(age)}")
-    if row.train_state == TrainState.FAILED.value and row.monitor_action != "STOP":
-        flags.append("failed")
+    flags += failure_flags(row)
     if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already
         solved = row.collapse.startswith("solved@")  # a solved task: no collapse
         flags.append(f"{'SOLVED' if solved else 'COLLAPSE'} {row.collapse}")
@@ -114,6 +128,114 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
     if (trend and not any(trend)) or (not trend and row.reward_mean == 0):
         flags.append("zero reward")
     return flags
+
+
+# ------------------------------------------------------------ why a run ended badly (pure)
+
+EXIT_CLASSES = {
+    1: "crash",
+    2: "config error",
+    3: "circuit breaker",
+    4: "stalled",
+    5: "checkpointed, resubmit me",
+    6: "out of GPU memory",
+}
+"""What each trainer exit code means (docs/exit-codes.md, grpo_hpc.core.errors.ExitCode)."""
+REASON_WIDTH = 40
+"""Characters of the reason the table's FLAG column shows (the run view shows it whole)."""
+MONITOR_DID = {
+    "STOP": "stopped",
+    "RESUBMIT": "resubmitted",
+    "CANCEL_AND_RESUBMIT": "cancelled and resubmitted",
+    "WAIT": "resubmits after a backoff",
+    "NONE": "nothing yet",
+    "DONE": "done",
+}
+"""What a logged monitor decision did (or, for WAIT, will do), in words."""
+MONITOR_WOULD = {
+    "STOP": "stop",
+    "RESUBMIT": "resubmit",
+    "CANCEL_AND_RESUBMIT": "cancel and resubmit",
+    "WAIT": "resubmit after a backoff",
+    "NONE": "nothing",
+    "DONE": "nothing (done)",
+}
+"""What ``grpo-monitor`` would do, where it has logged no decision, in words."""
+
+
+def exit_class(
+    exit_code: int | None, state: str | None, collapsed: bool = False, before_training: bool = False
+) -> str | None:
+    """The class of a trainer's exit (pure; docs/exit-codes.md): its code's meaning, a
+    circuit breaker that was a collapse stop (``collapsed``: the trainer's collapse STOP
+    event) as ``collapse``, a signal before the attempt's first step (``before_training``)
+    as ``stopped before training``; a failed record without a code as a crash. None for a
+    run still going or finished."""
+    if exit_code == 3 and collapsed:
+        return "collapse"
+    if exit_code == 5 and before_training:
+        return "stopped before training"
+    if exit_code in EXIT_CLASSES:
+        return EXIT_CLASSES[exit_code]
+    return "crash" if state == TrainState.FAILED.value else None
+
+
+def ended_badly(row: RunRow) -> bool:
+    """The trainer ended without finishing (pure): failed, or interrupted while its job is
+    no longer queued or running (a job Slurm requeued is not an end)."""
+    if row.train_state == TrainState.FAILED.value:
+        return True
+    gone = row.slurm_state not in RUNNING_STATES and row.slurm_state not in ACTIVE_STATES
+    return row.train_state == TrainState.INTERRUPTED.value and gone
+
+
+def monitor_answer(row: RunRow, whole: bool = False) -> str | None:
+    """What the monitor did about the run's newest job (its logged decision), else what it
+    would do (``monitor_next_*``), in words (pure); ``whole`` adds the decision's reason.
+    None where neither is known (no job recorded)."""
+    if row.monitor_action is not None:
+        words = MONITOR_DID.get(row.monitor_action, row.monitor_action)
+        text = f"monitor: {words}" + (f" ({row.monitor_class})" if row.monitor_class else "")
+        return text + (f": {row.monitor_reason}" if whole and row.monitor_reason else "")
+    if row.monitor_next_action is not None:
+        words = MONITOR_WOULD.get(row.monitor_next_action, row.monitor_next_action)
+        text = f"monitor would {words}"
+        if whole:
+            text = f"no monitor decision logged; grpo-monitor would {words}"
+            text += f": {row.monitor_next_reason}" if row.monitor_next_reason else ""
+        return text
+    return None
+
+
+def failure_flags(row: RunRow, width: int = REASON_WIDTH) -> list[str]:
+    """The FLAG column's words for a run that ended badly (pure): ``failed (crash):
+    <reason cut to width>``, and what the monitor would do where it logged nothing (a
+    logged decision has its own flag: stopped, backoff, budget exhausted). A failed run
+    the monitor stopped shows its reason too."""
+    reason = " ".join((row.end_reason or "").split())
+    if not ended_badly(row) or (row.monitor_action == "STOP" and not (reason or row.exit_class)):
+        return []  # a bare "failed" beside "stopped: ..." would add nothing
+    head = "failed" if row.train_state == TrainState.FAILED.value else "interrupted"
+    head += f" ({row.exit_class})" if row.exit_class else ""
+    flags = [head + (f": {_cut(reason, width)}" if reason else "")]
+    if row.monitor_action is None and row.monitor_next_action is not None:
+        flags.append(monitor_answer(row) or "")
+    return flags
+
+
+def failure_lines(row: RunRow) -> list[str]:
+    """The one-run view's account of a run that ended badly (pure): how it ended, the whole
+    reason, and the monitor's answer; none for a run that did not."""
+    if not ended_badly(row):
+        return []
+    code = f", exit {row.exit_code}" if row.exit_code is not None else ""
+    cls = f" ({row.exit_class})" if row.exit_class else ""
+    at = f" at step {row.step}/{row.max_steps}" if row.step is not None else ""
+    lines = [f"ended: {row.train_state}{code}{cls}{at}"]
+    lines.append(f"reason: {row.end_reason or 'none recorded (progress.json has no reason)'}")
+    answer = monitor_answer(row, whole=True)
+    lines.append(answer or "monitor: no job recorded for this run (jobs.jsonl): not watched")
+    return lines
 
 
 def collapse_flag(events: list[dict[str, Any]]) -> str | None:
@@ -210,6 +332,14 @@ def columns_for_width(width: int | None) -> list[str]:
     return [c for c in COLUMNS if c not in drop]
 
 
+def column_style(name: str) -> dict[str, Any]:
+    """How the table lays out a column: FLAG wraps, folding a word longer than the column
+    (an exception's name) rather than cutting it to ``Not…``; the others stay on one line."""
+    if name == "FLAG":
+        return {"no_wrap": False, "overflow": "fold"}
+    return {"no_wrap": True, "justify": "right" if name == "ATT" else "left"}
+
+
 def build_table(
     rows: list[RunRow], now: float, heartbeat_timeout_s: float = 600.0, width: int | None = None
 ) -> Table:
@@ -222,7 +352,7 @@ def build_table(
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     table = Table(title=f"grpo runs: {len(rows)} at {stamp}", title_justify="left", box=None)
     for name in shown:
-        table.add_column(name, no_wrap=name != "FLAG", justify="right" if name == "ATT" else "left")
+        table.add_column(name, **column_style(name))
     for row in rows:
         flags = row_flags(row, now, heartbeat_timeout_s)
         reward = _num(row.reward_mean, ".3f")
@@ -373,6 +503,7 @@ def build_details(d: RunDetail, now: float) -> Group:
     final = final_line(d.row)
     parts = [
         build_table([d.row], now),
+        *([Text("\n".join(failure_lines(d.row)))] if failure_lines(d.row) else []),
         _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
         Text(health_line(d.row)),

@@ -209,6 +209,41 @@ def check_data(cfg: DataConfig, is_offline: bool, cache: Path | None = None) -> 
     return []
 
 
+BUILTIN_SOURCE_IS_CODE = {"arithmetic": False, "gsm8k": False, "humaneval": True}
+"""Whether each built-in ``data.source`` holds code problems (judged by running tests)."""
+
+
+def source_is_code(cfg: DataConfig) -> bool | None:
+    """Whether the run's problems are code problems, from the source's name or a local
+    file's first rows (parsed as the trainer parses them); None where that is not known
+    here (an ``hf:`` dataset, a file that cannot be read: :func:`check_data` says why)."""
+    from grpo_hpc.tasks.code import is_code
+    from grpo_hpc.tasks.problems import row_to_problem
+
+    if cfg.source in BUILTIN_SOURCE_IS_CODE:
+        return BUILTIN_SOURCE_IS_CODE[cfg.source]
+    path = Path(cfg.source).expanduser()
+    if cfg.source.startswith("hf:") or not path.is_file():
+        return None
+    try:
+        problems = [row_to_problem(r, str(path)) for _, r in _first_rows(path, ROWS_CHECKED)]
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+    # The trainer's rule (train/evaluation/scoring.is_code_problem): tests and no gold.
+    return bool(problems) and all(is_code(p) and not p.get("gold") for p in problems)
+
+
+def check_select_metric(select: str, code: bool | None) -> list[str]:
+    """``training.select_metric`` names a metric the task reports (pure): code problems
+    report pass@k, math problems accuracy. The trainer refuses the same at start-up
+    (train/evaluation/held_out.select_metric), after the queue wait; ``code`` None (not
+    known here) leaves it to the trainer."""
+    if select == "auto" or code is None or code == (select == "pass@1"):
+        return []
+    kind = "code problems report pass@1" if code else "math problems report accuracy"
+    return [f"training.select_metric={select}: this run's {kind}; use auto (the default)"]
+
+
 def check_values(cfg: Config, profile: Profile) -> list[str]:
     """Settings that can never work, whatever the cluster does."""
     optim, training = cfg.optim, cfg.training
@@ -290,6 +325,7 @@ def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[
         + check_torch(profile, build)
         + check_model(cfg.model, off, cache)
         + check_data(cfg.data, off, cache)
+        + check_select_metric(cfg.training.select_metric, source_is_code(cfg.data))
     )
 
 

@@ -124,8 +124,12 @@ def load_problems(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Probl
     return splits.train, splits.test
 
 
-def load_splits(cfg: DataConfig, seed: int) -> Splits:
+def load_splits(cfg: DataConfig, seed: int, evaluates: bool = True) -> Splits:
     """Train, validation (``data.num_val``) and test (``data.num_eval``) problems.
+
+    ``evaluates`` False (``training.eval_every=0``: nothing scores a validation split) takes
+    no validation: every training row the source has trains, and ``num_train`` means what
+    it says.
 
     Validation comes from the end of the source's training rows, never trained on, so that
     ``num_train`` problems still train where there are enough (GSM8K: the last ``num_val``
@@ -133,6 +137,8 @@ def load_splits(cfg: DataConfig, seed: int) -> Splits:
     its last rows, after the test rows at its start). The arithmetic generator's is drawn
     from a seed of its own, minus any question of the other two, so its train and test
     problems are those of a run without one. At most half the training rows validate."""
+    if not evaluates:
+        cfg = replace(cfg, num_val=0)
     if cfg.source == "arithmetic":
         problems = arithmetic_problems(cfg.num_train + cfg.num_eval, cfg, seed)
         train, test = _split_test(problems, cfg)

@@ -134,7 +134,7 @@ class Trainer:
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
                 f"of the {info.world_size} processes (each rank trains whole groups)"
             )
-        splits = data.load_splits(cfg.data, cfg.training.seed)  # evaluated: validation, else test
+        splits = data.load_splits(cfg.data, cfg.training.seed, cfg.training.eval_every > 0)
         self.train_set, self.eval_set = splits.train, splits.validation or splits.test
         metric = select_metric(cfg.training.select_metric, splits)
         self.keep_best = best.KeepBest(self.paths, info, metric, f"{cfg.data.source} validation")

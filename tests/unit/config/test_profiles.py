@@ -94,6 +94,20 @@ def test_profile_bad_key_and_value(tmp_path: Path) -> None:
     assert load_profile("local").capability is None  # no GPUs
 
 
+@pytest.mark.parametrize("key", ["gpu_capability", "gpu_mem_gb", "mem_gb"])
+def test_a_quoted_number_is_refused_in_one_line(tmp_path: Path, key: str) -> None:
+    f = tmp_path / "quoted.yaml"
+    f.write_text(f'gpus_per_node: 1\n{key}: "7.0"\n')
+    with pytest.raises(ConfigError) as e:
+        load_profile(str(f))
+    assert str(e.value).startswith(
+        f"profile 'quoted': {key} must be a number, written unquoted ({key}: "
+    ), e.value
+    assert "not '7.0'" in str(e.value) and "\n" not in str(e.value)
+    f.write_text(f"gpus_per_node: 1\n{key}: 7.0\n")
+    assert getattr(load_profile(str(f)), key) == 7.0
+
+
 def test_setup_values_are_quoted(tmp_path: Path) -> None:
     f = tmp_path / "q.yaml"
     f.write_text('env:\n  EVIL: "x\'; rm -rf / #"\n')

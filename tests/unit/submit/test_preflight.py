@@ -15,7 +15,7 @@ import pytest
 from grpo_hpc.config.load import build_config
 from grpo_hpc.config.profiles import Profile, load_profile
 from grpo_hpc.config.schema import DataConfig
-from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.submit import preflight
 from tests.conftest import REPO
@@ -375,3 +375,74 @@ def test_rollout_choice_of_the_built_in_and_unreadable_models() -> None:
     assert hub.refusal is None  # not refused on a guess, even with rollout.engine=native
     native = _cfg("model.name_or_path=Org/not-cached-anywhere", "rollout.engine=native")
     assert preflight.rollout_choice(native, gpu).refusal is None
+
+
+# ------------------------------------------------------------------ select_metric
+
+
+@pytest.mark.parametrize(
+    ("select", "code", "refused"),
+    [
+        ("auto", True, False),
+        ("auto", False, False),
+        ("pass@1", True, False),
+        ("accuracy", True, True),
+        ("accuracy_strict", True, True),
+        ("pass@1", False, True),
+        ("accuracy", False, False),
+        ("accuracy_strict", False, False),
+        ("pass@1", None, False),  # not known here (hf:): the trainer decides
+    ],
+)
+def test_select_metric_must_be_one_the_task_reports(
+    select: str, code: bool | None, refused: bool
+) -> None:
+    from grpo_hpc.tasks.problems import Splits
+    from grpo_hpc.train.evaluation.held_out import select_metric
+
+    problems = preflight.check_select_metric(select, code)
+    assert bool(problems) == refused, problems
+    if code is None:
+        return
+    # the trainer's own rule, which the submission check makes before the queue wait
+    row = {"question": "q", "gold": "", "tests": ["assert True"]} if code else GOOD_ROW
+    splits = Splits([], [row], [])
+    if refused:
+        with pytest.raises(ConfigError) as e:
+            select_metric(select, splits)
+        assert problems == [str(e.value).replace("pass@k", "pass@1")]
+    else:
+        select_metric(select, splits)
+
+
+def test_source_kind_from_its_name_or_first_rows(tmp_path: Path) -> None:
+    assert preflight.source_is_code(DataConfig(source="gsm8k")) is False
+    assert preflight.source_is_code(DataConfig(source="arithmetic")) is False
+    assert preflight.source_is_code(DataConfig(source="humaneval")) is True
+    assert preflight.source_is_code(DataConfig(source="hf:openai/gsm8k")) is None
+    mbpp = tmp_path / "mbpp.jsonl"
+    mbpp.write_text(json.dumps({"text": "Add.", "test_list": ["assert add(1, 2) == 3"]}) + "\n")
+    assert preflight.source_is_code(DataConfig(source=str(mbpp))) is True
+    math = tmp_path / "math.jsonl"
+    math.write_text(json.dumps(GOOD_ROW) + "\n")
+    assert preflight.source_is_code(DataConfig(source=str(math))) is False
+    cfg = _cfg(f"data.source={mbpp}", "training.select_metric=accuracy")
+    problems = preflight.check_all(cfg, load_profile("local"))
+    assert problems == [
+        "training.select_metric=accuracy: this run's code problems report pass@1; use auto "
+        "(the default)"
+    ]
+
+
+def test_cli_refuses_a_quoted_gpu_capability(tmp_path: Path) -> None:
+    profile = tmp_path / "quoted.yaml"
+    text = (REPO / "templates" / "h100x2.yaml").read_text()
+    assert "gpu_capability: 9.0" in text
+    profile.write_text(text.replace("gpu_capability: 9.0", 'gpu_capability: "9.0"'))
+    logs = tmp_path / "logs"
+    args = ["--profile", str(profile), "--config", "tiny", "--dry-run"]
+    result = _grpo_submit(*args, env={"GRPO_HPC_LOGS": str(logs)})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
+    [line] = _errors(result)
+    assert "gpu_capability must be a number, written unquoted (gpu_capability: 7.0)" in line
+    assert not logs.exists()

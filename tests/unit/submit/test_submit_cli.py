@@ -49,6 +49,18 @@ CASES = {
         "invalid run name",
     ),
     "no profile": (["--config", "tiny"], "--profile is required"),
+    "one completion per prompt": (
+        ["--profile", "local", "--config", "tiny", "rollout.num_generations=0", "--dry-run"],
+        "rollout.num_generations=0 must be at least 2",
+    ),
+    "negative validation split": (
+        ["--profile", "local", "--config", "tiny", "data.num_val=-1", "--dry-run"],
+        "data.num_val=-1 must be >= 0",
+    ),
+    "a metric math problems do not report": (
+        ["--profile", "local", "--config", "tiny", "training.select_metric=pass@1", "--dry-run"],
+        "training.select_metric=pass@1: this run's math problems report accuracy",
+    ),
     "stray argument": (["--profile", "local", "oops"], "unrecognized argument"),
 }
 

@@ -71,6 +71,10 @@ def test_humaneval_loads_with_a_fixed_held_out_split() -> None:
     # the same split whatever the seed; num_train/num_eval only cap it
     again = data.load_problems(DataConfig(source="humaneval", num_train=5, num_eval=2), 7)
     assert again == (train[:5], held[:2])
+    # nothing evaluates (training.eval_every=0): all 123 train, none validates
+    quiet = data.load_splits(DataConfig(source="humaneval", num_eval=100), 0, evaluates=False)
+    assert (len(quiet.train), len(quiet.validation), quiet.test) == (123, 0, held)
+    assert quiet.train[:91] == train
 
 
 def test_mbpp_rows_load_from_a_file(tmp_path: Path) -> None:

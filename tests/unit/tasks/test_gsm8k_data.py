@@ -32,6 +32,10 @@ def test_gsm8k_config_trains_on_train_and_holds_out_test() -> None:
     rows = (GSM8K_DIR / "train.jsonl").read_text().splitlines()
     assert validation[0]["question"] == json.loads(rows[-200])["question"]
     assert not {p["question"] for p in validation} & {p["question"] for p in train + held_out}
+    # nothing evaluates (training.eval_every=0): no validation, every train row trains
+    quiet = load_splits(cfg.data, seed=0, evaluates=False)
+    assert (len(quiet.train), quiet.validation, quiet.test) == (7473, [], held_out)
+    assert quiet.train[-1]["question"] == json.loads(rows[-1])["question"]
     # The first test problem, its gold from '#### 18'.
     first = json.loads((GSM8K_DIR / "test.jsonl").read_text().splitlines()[0])
     assert held_out[0] == {"question": first["question"], "gold": "18"}
