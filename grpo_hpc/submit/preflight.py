@@ -319,41 +319,60 @@ def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[
     """The installed torch has code for the profile's GPUs (``gpu_capability``), or one
     line naming the torch build that has (grpo_hpc.submit.torch_build): the job runs this
     same interpreter, so a torch without kernels for them (a CPU build included) would die
-    at its first kernel, after the queue wait. A profile that names no capability and a
-    missing torch are not checked (see :func:`torch_note`)."""
+    at its first kernel, after the queue wait. A profile that names no capability, one
+    whose job loads another torch (``torch_check: job``: the job checks that one) and a
+    missing torch are not checked here (see :func:`torch_note`)."""
     capability = profile.capability
-    if capability is None or build is None:
+    if capability is None or build is None or profile.torch_check == "job":
         return []
     problem = torch_build.arch_problem(build, capability, profile.name)
     return [problem] if problem else []
 
 
+def torch_problems(profile: Profile) -> list[str]:
+    """:func:`check_torch` against the installed torch (read only where the profile names
+    its GPUs' capability and the check is made here)."""
+    if profile.capability is None or profile.torch_check == "job":
+        return []
+    return check_torch(profile, torch_build.installed_build())
+
+
 def torch_note(profile: Profile) -> str | None:
     """The informational ``torch:`` line where the check above could not look (no torch
-    found, a CUDA torch that lists no architectures), for a profile that names its GPUs'
-    capability."""
+    found, a CUDA torch that lists no architectures), looked at an arch list from
+    ``$GRPO_HPC_TORCH_ARCH_LIST`` instead of the installed torch, or left the check to the
+    job (``torch_check: job``), for a profile that names its GPUs' capability."""
     if profile.capability is None:
         return None
+    if profile.torch_check == "job":
+        return (
+            f"torch: not checked here (profile {profile.name!r} has torch_check: job): the job "
+            "checks the torch it imports before training"
+        )
     return torch_build.note(torch_build.installed_build())
 
 
 def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
     """Every check, in the order a user would fix them."""
     off = offline(profile)
-    build = torch_build.installed_build() if profile.capability is not None else None
     return (
         check_values(cfg, profile)
-        + check_torch(profile, build)
+        + torch_problems(profile)
         + check_model(cfg.model, off, cache)
         + check_data(cfg.data, off, cache)
     )
 
 
 def check_inputs(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
-    """What still applies on ``--resume`` (the values were checked at submission; files
-    may have moved or been cleaned since)."""
+    """What still applies on ``--resume`` and on the monitor's resubmissions (the values
+    were checked at submission; files may have moved or been cleaned since, and the torch
+    the job runs may have been changed under the run)."""
     off = offline(profile)
-    return check_model(cfg.model, off, cache) + check_data(cfg.data, off, cache)
+    return (
+        torch_problems(profile)
+        + check_model(cfg.model, off, cache)
+        + check_data(cfg.data, off, cache)
+    )
 
 
 def refuse(problems: list[str]) -> None:
