@@ -172,7 +172,8 @@ def prompt_tokens(cfg: Config, model_config: dict) -> tuple[int, str]:
     except (OSError, ValueError, ImportError, ConfigError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         assumed = memory_estimate.PROMPT_TOKENS
-        return assumed, f"longest prompt assumed {assumed} tokens (not measured here: {first})"
+        unread = f"the tokenizer or data not readable here: {first}"
+        return assumed, f"longest prompt assumed {assumed} tokens ({unread})"
 
 
 def rollout_choice(cfg: Config, profile: Profile) -> rollout_engine.EngineChoice:
