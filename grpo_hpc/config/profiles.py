@@ -79,6 +79,12 @@ class Profile:
     """Environment variables exported before launch."""
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     """Extra sbatch options (name without dashes -> value)."""
+    torch_check: str = "submit"
+    """Where the torch's kernels for the GPUs (``gpu_capability``) are checked: ``submit``,
+    grpo-submit checks the torch it runs with, which the job runs too; ``job``, the
+    profile's ``modules:`` or setup lines load another torch in the job: grpo-submit
+    does not check its own, and the job checks the torch it imports before training
+    (exit 2, never resubmitted, when it has no kernels for its GPUs). docs/profiles.md."""
     path: str = ""
     """Where the profile was read from."""
 
@@ -87,10 +93,18 @@ class Profile:
         return self.nproc_per_node or max(1, self.gpus_per_node)
 
     @property
+    def gpus_requested(self) -> int:
+        """GPUs per node the job asks for: ``gpus_per_node``, else the count its ``gres``
+        names (``gpu:2``, ``gpu:volta:2``; a bare ``gpu`` or ``gpu:volta``: 1)."""
+        if self.gpus_per_node or not self.gres:
+            return self.gpus_per_node
+        return sum(_gres_gpus(item) for item in str(self.gres).split(","))
+
+    @property
     def capability(self) -> tuple[int, int] | None:
         """``gpu_capability`` as (major, minor), e.g. 7.0 -> (7, 0); None where the profile
-        has no GPUs or does not say."""
-        if self.gpu_capability is None or not self.gpus_per_node:
+        asks for no GPUs (by ``gpus_per_node`` or ``gres``) or does not say."""
+        if self.gpu_capability is None or not self.gpus_requested:
             return None
         return divmod(round(self.gpu_capability * 10), 10)
 
@@ -99,6 +113,19 @@ class Profile:
         if self.gres:
             return self.gres
         return f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None
+
+
+def _gres_gpus(item: str) -> int:
+    """GPUs in one ``--gres`` item (Slurm's ``name[:type][:count]``): 0 for other
+    resources."""
+    parts = item.strip().split("(")[0].split(":")
+    if parts[0] != "gpu":
+        return 0
+    return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+
+
+TORCH_CHECKS = ("submit", "job")
+"""Where a profile's torch is checked (``torch_check``)."""
 
 
 def profile_dirs() -> list[Path]:
@@ -192,6 +219,7 @@ def _validate(p: Profile) -> None:
         (isinstance(p.time_min, int) and p.time_min >= 1, "time_min must be an integer >= 1"),
         (0 <= p.signal_lead_s < p.time_min * 60, "signal_lead_s must be below the time limit"),
         (p.executor == "slurm" or p.nodes == 1, "the local executor runs one node only"),
+        (p.torch_check in TORCH_CHECKS, "torch_check must be submit or job"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -50,6 +50,22 @@ docs/models.md, "On a GPU"; bench/results/decode_*.json). At 256 rows the gap na
 
 ENGINES = ("auto", "native", "hf")
 
+LORA_PROJECTIONS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "qkv_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "gate_up_proj",
+    "down_proj",
+)
+"""The decoder-layer linears the native engine packs, and so the only ones whose LoRA it
+folds (Phi-3 fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``)."""
+LORA_ALL_LINEAR = "all-linear"
+"""peft's shorthand for every linear but the output layer: the projections above."""
+
 
 def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     """``key`` of a config.json dict or of a transformers config object."""
@@ -89,12 +105,33 @@ def length_problem(cfg: Mapping[str, Any] | Any, tokens: int) -> str | None:
     return None
 
 
-def native_problem(cfg: Mapping[str, Any] | Any, tokens: int = 0) -> str | None:
+def needs_prompt_length(cfg: Mapping[str, Any] | Any) -> bool:
+    """Whether the decision reads the run's longest prompt at all (a longrope limit):
+    elsewhere grpo-submit need not load a tokenizer to measure it."""
+    return rope_limit(cfg) > 0
+
+
+def lora_problem(targets: tuple[str, ...] | list[str]) -> str | None:
+    """Why the native engine cannot fold LoRA on ``targets`` (``model.lora_target_modules``
+    of a LoRA run, or the adapted modules of a loaded peft model), or None: it folds LoRA
+    on :data:`LORA_PROJECTIONS` only (``lm_head``, embeddings: HF generate decodes)."""
+    for target in targets:
+        name = str(target).rsplit(".", 1)[-1]  # peft matches a target as a name's suffix
+        if target != LORA_ALL_LINEAR and name not in LORA_PROJECTIONS:
+            return f"LoRA on {target} (it folds LoRA on {', '.join(LORA_PROJECTIONS)} only)"
+    return None
+
+
+def native_problem(
+    cfg: Mapping[str, Any] | Any, tokens: int = 0, lora_targets: tuple[str, ...] = ()
+) -> str | None:
     """Why the native engine cannot decode a model of this config (a ``config.json`` dict
     or a transformers config object), as a phrase ("model_type 'gpt2'"); None when it can.
-    ``tokens``: the longest sequence (prompt + completion) it will decode, where known.
-    The trainer's check (grpo_hpc.train.rollout.native.weights.shape_of) is this one, plus
-    what only the loaded model shows (its LoRA adapters, biases it cannot fold)."""
+    ``tokens``: the longest sequence (prompt + completion) it will decode, where known;
+    ``lora_targets``: the modules LoRA adapts (empty: no LoRA). grpo-submit and the trainer
+    (grpo_hpc.train.rollout.engines.choose_engine) both ask this, from the same inputs;
+    the trainer then adds what only the loaded model shows (a LoRA variant or bias, an
+    attention output bias: grpo_hpc.train.rollout.native.architecture.shape_of)."""
     mtype = _get(cfg, "model_type")
     if mtype not in SUPPORTED_TYPES:
         moe = any(_get(cfg, k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
@@ -113,7 +150,7 @@ def native_problem(cfg: Mapping[str, Any] | Any, tokens: int = 0) -> str | None:
         return "attention biases (qwen2's q/k/v biases only)"
     if _get(cfg, "mlp_bias"):
         return "MLP biases"
-    return length_problem(cfg, tokens)
+    return lora_problem(lora_targets) or length_problem(cfg, tokens)
 
 
 @dataclass(frozen=True)
@@ -168,11 +205,17 @@ def choose(setting: str, model_type: str | None, problem: str | None, cuda: bool
 
 
 def choose_for_config(
-    setting: str, cfg: Mapping[str, Any] | Any, cuda: bool, tokens: int = 0
+    setting: str,
+    cfg: Mapping[str, Any] | Any,
+    cuda: bool,
+    tokens: int = 0,
+    lora_targets: tuple[str, ...] = (),
 ) -> EngineChoice:
     """:func:`choose` for a model's config (a config.json dict or a transformers config);
-    ``tokens``: the longest sequence to decode, where known."""
-    return choose(setting, _get(cfg, "model_type"), native_problem(cfg, tokens), cuda)
+    ``tokens``: the longest sequence to decode (longest prompt + max_new_tokens), where
+    known; ``lora_targets``: the modules LoRA adapts (empty: no LoRA)."""
+    problem = native_problem(cfg, tokens, lora_targets)
+    return choose(setting, _get(cfg, "model_type"), problem, cuda)
 
 
 def undecided(why: str) -> EngineChoice:

@@ -175,6 +175,9 @@ def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     profile = load_run_profile(paths)
+    # the torch the job would run, checked again (it may have changed since submission):
+    # refused in one line, which the monitor records and stops on (a configuration error)
+    preflight.refuse(preflight.torch_problems(profile))
     if profile.executor == "slurm":
         slurm_query.check_available()
     setup = render_setup(profile, template_context(paths))

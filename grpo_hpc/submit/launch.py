@@ -221,6 +221,9 @@ class NodeLauncher:
         paths = RunPaths(Path(self.run_dir))
         paths.nccl_trace.mkdir(exist_ok=True)  # the flight recorder does not create it
         ctx = node_context()
+        from grpo_hpc.submit.job_torch import check_job_torch  # torch_check: job
+
+        check_job_torch(paths, ctx.job_id)
         cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)
         env = trainer_env({**os.environ, **self.env}, paths, ctx.job_id)
         self._started = time.time()

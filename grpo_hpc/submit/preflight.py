@@ -9,10 +9,12 @@ problems, one line each: what is wrong, then what to do.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from grpo_hpc.config import rollout_engine
 from grpo_hpc.config import speed as auto_speed
@@ -126,21 +128,76 @@ def model_config_json(cfg: ModelConfig) -> tuple[dict | None, str]:
     return None, f"{path!r} is not in this machine's Hugging Face cache"
 
 
+def login_tokenizer(cfg: ModelConfig) -> Any:
+    """The tokenizer the job will load, loaded here: the character tokenizer of ``tiny``
+    and ``random:<dir>`` (grpo_hpc.tasks.char_tokenizer), else the model directory's or
+    the Hugging Face cache's (``AutoTokenizer``, as grpo_hpc.train.setup.models loads it).
+    Raises OSError/ValueError where it cannot be loaded here."""
+    name = cfg.name_or_path
+    if name == "tiny" or name.startswith("random:"):
+        from grpo_hpc.tasks.char_tokenizer import char_tokenizer
+
+        return char_tokenizer()  # its filler tokens past the characters change no count
+    if name in BUILTIN_MODELS:
+        raise OSError(f"{name}'s tokenizer is converted by the job")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(Path(name).expanduser()) if _looks_local(name) else name
+    )
+
+
+def longest_prompt(cfg: Config) -> int:
+    """Tokens in the run's longest prompt, measured as the trainer measures it (its
+    ``_setup_model``): the same problems (train + the evaluated split), the same system
+    prompt, the same tokenizer, grpo_hpc.tasks.problems.longest_prompt_tokens."""
+    from grpo_hpc.tasks import problems as data
+
+    tok = login_tokenizer(cfg.model)
+    splits = data.load_splits(cfg.data, cfg.training.seed)
+    train, evaluated = splits.train, splits.validation or splits.test
+    system = cfg.data.system_prompt or data.default_instruction(train)
+    return data.longest_prompt_tokens(tok, train + evaluated, system)
+
+
+def prompt_tokens(cfg: Config, model_config: dict) -> tuple[int, str]:
+    """(the run's longest prompt in tokens, what was assumed instead, if anything): 0 where
+    the decision does not read it (no longrope limit: no tokenizer loaded); the memory
+    estimate's prompt length (:data:`memory_estimate.PROMPT_TOKENS`) where the tokenizer or
+    the data cannot be read here, said in the ``rollout:`` line."""
+    if not rollout_engine.needs_prompt_length(model_config):
+        return 0, ""
+    try:
+        return longest_prompt(cfg), ""
+    except (OSError, ValueError, ImportError, ConfigError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        assumed = memory_estimate.PROMPT_TOKENS
+        unread = f"the tokenizer or data not readable here: {first}"
+        return assumed, f"longest prompt assumed {assumed} tokens ({unread})"
+
+
 def rollout_choice(cfg: Config, profile: Profile) -> rollout_engine.EngineChoice:
-    """The engine the job will decode with and why (what it prints as ``rollout:``), by the
-    trainer's own rule (grpo_hpc.config.rollout_engine.choose), from the model's
-    config.json and whether the profile gives the job a GPU; ``refusal`` is set when an
-    explicit ``rollout.engine=native`` cannot run."""
-    setting, gpu = cfg.rollout.engine, bool(profile.gpus_per_node or profile.gres)
+    """The engine the job will decode with and why (what it prints as ``rollout:``): the
+    trainer's own decision (grpo_hpc.config.rollout_engine.choose_for_config), from the
+    same inputs: the model's config.json, the run's longest prompt measured with the
+    job's tokenizer (:func:`prompt_tokens`), the modules LoRA adapts, and whether the
+    profile gives the job a GPU; ``refusal`` is set when an explicit
+    ``rollout.engine=native`` cannot run."""
+    setting, gpu = cfg.rollout.engine, profile.gpus_requested > 0
     if setting == "hf":
         return rollout_engine.choose("hf", None, None, gpu)
     found, why = model_config_json(cfg.model)
     if found is None:
         return rollout_engine.undecided(why)
-    # The longest sequence as the memory estimate assumes it (a GSM8K chat prompt is at
-    # most ~320 tokens): what Phi-3's longrope limit is checked against here.
-    tokens = memory_estimate.PROMPT_TOKENS + cfg.rollout.max_new_tokens
-    return rollout_engine.choose_for_config(setting, found, gpu, tokens)
+    prompt, assumed = prompt_tokens(cfg, found)
+    model = cfg.model
+    targets = tuple(model.lora_target_modules) if model.lora_rank else ()
+    tokens = prompt + cfg.rollout.max_new_tokens
+    choice = rollout_engine.choose_for_config(setting, found, gpu, tokens, targets)
+    if not assumed:
+        return choice
+    refusal = f"{choice.refusal} ({assumed})" if choice.refusal else None
+    return dataclasses.replace(choice, why=f"{choice.why}; {assumed}", refusal=refusal)
 
 
 def _first_rows(path: Path, n: int) -> list[tuple[int, object]]:
@@ -298,31 +355,45 @@ def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[
     """The installed torch has code for the profile's GPUs (``gpu_capability``), or one
     line naming the torch build that has (grpo_hpc.submit.torch_build): the job runs this
     same interpreter, so a torch without kernels for them (a CPU build included) would die
-    at its first kernel, after the queue wait. A profile that names no capability and a
-    missing torch are not checked (see :func:`torch_note`)."""
+    at its first kernel, after the queue wait. A profile that names no capability, one
+    whose job loads another torch (``torch_check: job``: the job checks that one) and a
+    missing torch are not checked here (see :func:`torch_note`)."""
     capability = profile.capability
-    if capability is None or build is None:
+    if capability is None or build is None or profile.torch_check == "job":
         return []
     problem = torch_build.arch_problem(build, capability, profile.name)
     return [problem] if problem else []
 
 
+def torch_problems(profile: Profile) -> list[str]:
+    """:func:`check_torch` against the installed torch (read only where the profile names
+    its GPUs' capability and the check is made here)."""
+    if profile.capability is None or profile.torch_check == "job":
+        return []
+    return check_torch(profile, torch_build.installed_build())
+
+
 def torch_note(profile: Profile) -> str | None:
     """The informational ``torch:`` line where the check above could not look (no torch
-    found, a CUDA torch that lists no architectures), for a profile that names its GPUs'
-    capability."""
+    found, a CUDA torch that lists no architectures), looked at an arch list from
+    ``$GRPO_HPC_TORCH_ARCH_LIST`` instead of the installed torch, or left the check to the
+    job (``torch_check: job``), for a profile that names its GPUs' capability."""
     if profile.capability is None:
         return None
+    if profile.torch_check == "job":
+        return (
+            f"torch: not checked here (profile {profile.name!r} has torch_check: job): the job "
+            "checks the torch it imports before training"
+        )
     return torch_build.note(torch_build.installed_build())
 
 
 def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
     """Every check, in the order a user would fix them."""
     off = offline(profile)
-    build = torch_build.installed_build() if profile.capability is not None else None
     return (
         check_values(cfg, profile)
-        + check_torch(profile, build)
+        + torch_problems(profile)
         + check_model(cfg.model, off, cache)
         + check_data(cfg.data, off, cache)
         + check_select_metric(cfg.training.select_metric, source_is_code(cfg.data))
@@ -330,10 +401,15 @@ def check_all(cfg: Config, profile: Profile, cache: Path | None = None) -> list[
 
 
 def check_inputs(cfg: Config, profile: Profile, cache: Path | None = None) -> list[str]:
-    """What still applies on ``--resume`` (the values were checked at submission; files
-    may have moved or been cleaned since)."""
+    """What still applies on ``--resume`` and on the monitor's resubmissions (the values
+    were checked at submission; files may have moved or been cleaned since, and the torch
+    the job runs may have been changed under the run)."""
     off = offline(profile)
-    return check_model(cfg.model, off, cache) + check_data(cfg.data, off, cache)
+    return (
+        torch_problems(profile)
+        + check_model(cfg.model, off, cache)
+        + check_data(cfg.data, off, cache)
+    )
 
 
 def refuse(problems: list[str]) -> None:

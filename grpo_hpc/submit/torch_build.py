@@ -27,9 +27,10 @@ from pathlib import Path
 ARCH_LIST_ENV = "GRPO_HPC_TORCH_ARCH_LIST"
 """Test/diagnostic override: the arch list as ``sm_80 sm_90`` (space or comma separated),
 read instead of torch's; its CUDA version is ``GRPO_HPC_TORCH_CUDA`` (default ``12.8``; set
-empty for a CPU build). Meant for tests (CI has a CPU torch), for asking "would this
-build's list do?", and for a deliberate run of a profile's settings on other GPUs (issue
-55's V100 settings on an H100); it replaces the check's input, so not for ordinary use."""
+empty for a CPU build). Meant for tests (CI has a CPU torch) and for asking "would this
+build's list do?"; it replaces the check's input, so every check made with it says so
+(:func:`note`): a leftover one never passes silently. A job whose torch is not the login
+node's says so in its profile (``torch_check: job``), not with this."""
 CUDA_ENV = "GRPO_HPC_TORCH_CUDA"
 
 # PyTorch's CUDA support matrix (RELEASE.md): for 2.11 the CUDA 12.8 builds dropped Volta
@@ -64,6 +65,10 @@ class TorchBuild:
     """``torch.version.cuda`` (None: a CPU build)."""
     arch_list: tuple[str, ...]
     """``torch.cuda.get_arch_list()``, e.g. ``('sm_75', 'sm_80', 'compute_120')``."""
+    hip: str | None = None
+    """``torch.version.hip`` (a ROCm build: AMD GPUs, no CUDA kernels); None otherwise."""
+    overridden: bool = False
+    """Read from ``$GRPO_HPC_TORCH_ARCH_LIST``, not from the installed torch."""
 
 
 def _parse(entry: str) -> tuple[str, int, int, str] | None:
@@ -127,8 +132,9 @@ def arch_problem(build: TorchBuild, capability: tuple[int, int], profile: str) -
     """
     cap = f"{capability[0]}.{capability[1]}"
     if build.cuda is None:
+        kind = f"a ROCm (HIP {build.hip}) build" if build.hip else "a CPU-only build"
         return (
-            f"profile {profile!r}: the installed torch {build.version} is a CPU-only build and "
+            f"profile {profile!r}: the installed torch {build.version} is {kind} and "
             f"the job runs this same Python on GPUs of compute capability {cap}: "
             f"{fix_for(capability)}"
         )
@@ -143,7 +149,13 @@ def arch_problem(build: TorchBuild, capability: tuple[int, int], profile: str) -
 
 def note(build: TorchBuild | None) -> str | None:
     """The informational line where nothing could be checked (no torch found, a CUDA
-    torch that lists no architectures), else None (a CPU build is refused instead)."""
+    torch that lists no architectures) or where the check read ``$GRPO_HPC_TORCH_ARCH_LIST``
+    instead of the installed torch, else None (a CPU build is refused instead)."""
+    if build is not None and build.overridden:
+        return (
+            f"torch: checked against ${ARCH_LIST_ENV}={' '.join(build.arch_list) or '(empty)'} "
+            f"(CUDA {build.cuda or 'none'}), not the installed torch: unset it to check that one"
+        )
     if build is None:
         return "torch: not installed here: the compute nodes' torch is not checked"
     if build.cuda is not None and not build.arch_list:
@@ -159,8 +171,9 @@ def split_arch_list(text: str) -> tuple[str, ...]:
     return tuple(e for e in re.split(r"[\s,;]+", text) if e)
 
 
-def _version_file_cuda(version_py: Path) -> tuple[str | None, str | None]:
-    """(``__version__``, ``cuda``) read from torch/version.py without importing torch."""
+def _version_file_cuda(version_py: Path) -> tuple[str | None, str | None, str | None]:
+    """(``__version__``, ``cuda``, ``hip``) read from torch/version.py without importing
+    torch."""
     found: dict[str, str | None] = {}
     for node in ast.parse(version_py.read_text(encoding="utf-8")).body:
         target = node.target if isinstance(node, ast.AnnAssign) else None
@@ -168,7 +181,7 @@ def _version_file_cuda(version_py: Path) -> tuple[str | None, str | None]:
             target = node.targets[0]
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
             found[target.id] = node.value.value
-    return found.get("__version__"), found.get("cuda")
+    return found.get("__version__"), found.get("cuda"), found.get("hip")
 
 
 def installed_build() -> TorchBuild | None:
@@ -177,17 +190,18 @@ def installed_build() -> TorchBuild | None:
     override = os.environ.get(ARCH_LIST_ENV)
     if override is not None:
         cuda = os.environ.get(CUDA_ENV, "12.8")
-        return TorchBuild(f"from ${ARCH_LIST_ENV}", cuda or None, split_arch_list(override))
+        arch = split_arch_list(override)
+        return TorchBuild(f"from ${ARCH_LIST_ENV}", cuda or None, arch, overridden=True)
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
     version_py = Path(next(iter(spec.submodule_search_locations))) / "version.py"
     try:
-        version, cuda = _version_file_cuda(version_py)
+        version, cuda, hip = _version_file_cuda(version_py)
     except (OSError, SyntaxError):  # an unusual install: ask torch itself
-        version, cuda = None, "unknown"
-    if cuda is None:  # a CPU build: nothing to import torch for
-        return TorchBuild(version or importlib.metadata.version("torch"), None, ())
+        version, cuda, hip = None, "unknown", None
+    if cuda is None:  # a CPU or ROCm build: nothing to import torch for
+        return TorchBuild(version or importlib.metadata.version("torch"), None, (), hip=hip)
     import torch  # a CUDA build: only torch itself knows its arch list
 
     arch_list = torch.cuda.get_arch_list()

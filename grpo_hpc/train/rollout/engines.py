@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from grpo_hpc.config.rollout_engine import EngineChoice, choose
+from grpo_hpc.config.rollout_engine import EngineChoice, choose, choose_for_config
 from grpo_hpc.core.errors import StalledError
 from grpo_hpc.train.distributed.dist import compute_device
 from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the trainer
@@ -137,23 +137,32 @@ def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201
         del head.forward  # back to the class's forward
 
 
+def lora_targets_of(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the modules a peft LoRA model adapts (empty: no LoRA), as
+    ``model.lora_target_modules`` names them: what the decision reads on both sides."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    return tuple(sorted(names))
+
+
 def choose_engine(name: str, model: torch.nn.Module, tokens: int = 0) -> EngineChoice:
-    """``rollout.engine`` decided for this model on its device, by the rule grpo-submit
-    applies to config.json (grpo_hpc.config.rollout_engine.choose): ``auto`` -> ``native``
-    on CUDA when the architecture is supported (and sequences of ``tokens``, the longest
-    prompt + completion, within its rotary tables: Phi-3's longrope), else ``hf``. An
-    explicit ``native`` that cannot run is a configuration error (said in one line)."""
+    """``rollout.engine`` decided for this model on its device, by the decision grpo-submit
+    makes from config.json before queueing (grpo_hpc.config.rollout_engine.
+    choose_for_config), from the same inputs: the model's config, ``tokens`` (the longest
+    prompt + completion: Phi-3's longrope limit) and the modules LoRA adapts. ``auto`` ->
+    ``native`` on CUDA where it can decode, else ``hf``. What only the loaded model shows
+    (a LoRA variant or bias, an attention output bias) is added here. An explicit
+    ``native`` that cannot run is a configuration error (said in one line)."""
     from grpo_hpc.core.errors import ConfigError
     from grpo_hpc.train.rollout.native.weights import UnsupportedModel, shape_of
 
-    why = None
-    if name != "hf":
+    config = getattr(model, "config", None)
+    cuda = compute_device(model).type == "cuda"
+    choice = choose_for_config(name, config, cuda, tokens, lora_targets_of(model))
+    if choice.engine == "native" and not choice.refusal:
         try:
-            shape_of(model).check_length(tokens)  # LoRA folds into the packed weights
+            shape_of(model)
         except UnsupportedModel as e:
-            why = str(e)
-    mtype = getattr(getattr(model, "config", None), "model_type", None)
-    choice = choose(name, mtype, why, compute_device(model).type == "cuda")
+            choice = choose(name, getattr(config, "model_type", None), str(e), cuda)
     if choice.refusal:
         raise ConfigError(choice.refusal)
     return choice

@@ -16,11 +16,9 @@ import importlib.util
 import json
 import os
 import shutil
-import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,41 +26,18 @@ from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.fsutil import atomic_write_json
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.tasks.char_tokenizer import (  # noqa: F401 - the trainer's, re-exported
+    CHAT_TEMPLATE,
+    SPECIALS,
+    char_tokenizer,
+)
 
 SMOLLM2 = "smollm2-135m"
 RANDOM = "random:"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-SPECIALS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("GRPO_HPC_CACHE", Path.home() / ".cache" / "grpo_hpc"))
-
-
-def char_tokenizer(vocab_size: int | None = None) -> Any:
-    """A character-level tokenizer with a chat template, padded with filler tokens up to
-    ``vocab_size``. Every printable character has its own id: an unknown character mapped
-    to the pad token (a zero embedding row) at position 0 gives NaN attention gradients."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = SPECIALS + ["<unk>"] + [c for c in string.printable if c not in "\x0b\x0c\r"]
-    words += [f"<t{i}>" for i in range((vocab_size or 0) - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        additional_special_tokens=SPECIALS[2:],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 @dataclass(frozen=True)

@@ -178,3 +178,49 @@ def test_choose_is_the_rule_for_a_known_problem() -> None:
     """The trainer passes shape_of's reason (a LoRA variant, say) in place of config.json's."""
     choice = choose("auto", "llama", "a LoRA variant on q_proj", True)
     assert choice.engine == "hf" and "does not decode a LoRA variant on q_proj" in choice.line
+
+
+PHI4_MINI = "bench/shapes/phi-4-mini/config.json"
+"""Phi-4-mini's config.json: longrope, original_max_position_embeddings=4096."""
+
+
+def _phi4_mini() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[3] / PHI4_MINI).read_text())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "engine", "refused"),
+    [(4096, "native", False), (4097, "native", True)],
+)
+def test_a_sequence_at_phi4_minis_position_limit_is_decoded_one_past_it_refused(
+    tokens: int, engine: str, refused: bool
+) -> None:
+    """The longest sequence (longest prompt + max_new_tokens) decides near the limit: both
+    grpo-submit and the trainer pass it, measured, to this one decision."""
+    cfg = _phi4_mini()
+    choice = choose_for_config("native", cfg, True, tokens)
+    assert choice.engine == engine
+    assert bool(choice.refusal) is refused
+    auto = choose_for_config("auto", cfg, True, tokens)
+    assert auto.engine == ("hf" if refused else "native")
+    if refused:
+        assert f"sequences of {tokens} tokens" in choice.refusal
+        assert "original_max_position_embeddings=4096" in choice.refusal
+
+
+def test_lora_on_lm_head_is_not_native_lora_on_the_projections_is() -> None:
+    """The LoRA-target rule is part of the decision: the native engine folds LoRA on the
+    decoder's projections only, so LoRA on ``lm_head`` decodes with HF generate (auto) or
+    is refused (explicit native), on the login node as in the trainer."""
+    llama = {"model_type": "llama", "hidden_act": "silu"}
+    targets = ("q_proj", "v_proj", "lm_head")
+    native = choose_for_config("native", llama, True, 0, targets)
+    assert native.refusal is not None and "LoRA on lm_head" in native.refusal
+    assert "\n" not in native.refusal
+    auto = choose_for_config("auto", llama, True, 0, targets)
+    assert auto.engine == "hf" and "LoRA on lm_head" in auto.line
+    for ok in (("q_proj", "k_proj", "v_proj", "o_proj"), ("all-linear",), ("self_attn.q_proj",)):
+        assert choose_for_config("native", llama, True, 0, ok).refusal is None

@@ -97,22 +97,23 @@ def test_phi_past_its_longrope_limit_is_told_before_queueing(
     capsys,  # noqa: ANN001
 ) -> None:
     """Phi-4-mini's longrope switches to its long factors past 4096 positions, which the
-    native engine does not implement: at a length cap that takes sequences past it, the
-    submission says HF generate decodes (it was found at the first rollout), and an explicit
-    native engine is refused in one line."""
+    native engine does not implement: the submission measures the run's longest prompt as
+    the trainer does (GSM8K's, 1164 tokens with the char tokenizer of a ``random:`` model)
+    and decides on it; at a length cap one past the limit it says HF generate decodes,
+    and an explicit native engine is refused in one line."""
     args = ["--profile", "h100x2", "--config", "gsm8k", "--dry-run", "--name", "d"]
     shape = f"model.name_or_path=random:{SHAPES / 'phi-4-mini'}"
-    assert main([*args, shape, "rollout.max_new_tokens=3700"]) == 0
+    assert main([*args, shape, "rollout.max_new_tokens=2932"]) == 0
     out = capsys.readouterr().out
-    assert "rollout: native (phi3)" in out  # 320 + 3700 tokens: within 4096
-    assert main([*args, shape, "rollout.max_new_tokens=3800"]) == 0
+    assert "rollout: native (phi3)" in out  # 1164 + 2932 tokens: 4096, the limit
+    assert main([*args, shape, "rollout.max_new_tokens=2933"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rollout:")]
     assert line == [
-        "rollout: HF generate, the native engine does not decode sequences of 4120 tokens "
+        "rollout: HF generate, the native engine does not decode sequences of 4097 tokens "
         "(prompt + rollout.max_new_tokens) past longrope's original_max_position_embeddings="
         "4096 (its long factors are not native): rollouts about 7-14x slower"
     ]
-    code = main([*args, shape, "rollout.max_new_tokens=3800", "rollout.engine=native"])
+    code = main([*args, shape, "rollout.max_new_tokens=2933", "rollout.engine=native"])
     assert code == 2
-    assert "rollout.engine=native cannot decode sequences of 4120 tokens" in capsys.readouterr().err
+    assert "rollout.engine=native cannot decode sequences of 4097 tokens" in capsys.readouterr().err
     assert not logs_dir.exists()

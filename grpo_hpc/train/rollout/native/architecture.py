@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_hpc.config.rollout_engine import native_problem, rope_limit
+from grpo_hpc.config.rollout_engine import LORA_PROJECTIONS, native_problem, rope_limit
 
 
 class UnsupportedModel(ValueError):
@@ -107,19 +107,8 @@ class Shape:
             )
 
 
-PROJECTIONS = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "qkv_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "gate_up_proj",
-    "down_proj",
-)
-"""The decoder-layer linears the packed weights hold (LoRA may adapt any of these; Phi-3
-fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``)."""
+PROJECTIONS = LORA_PROJECTIONS
+"""The decoder-layer linears the packed weights hold (LoRA may adapt any of these)."""
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
