@@ -20,6 +20,8 @@
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
 #   stream  bench/probes/stream_scoring.py: scoring after generation against scoring while
 #           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
+#   solved  a task SmolLM2 solves (one-digit sums, the demo's settings): on_solved=finish and
+#           flag; solved_{finish,flag}_{metrics.jsonl,events.jsonl,progress.json,summary.json}
 #   supercloud  issue 55: a short GSM8K run through grpo-submit with bench/supercloud-emulated.yaml
 #           (supercloud's fp16/DDP/SDPA with GRPO_HPC_EMULATE_GPU=7.0:32: every decision a
 #           V100's, the allocator capped at 32 GiB, the kernels this GPU's); writes
@@ -167,6 +169,23 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
         [ -d $run/torch_profile ] && cp -r $run/torch_profile "$out/gsm8k_smollm2_torch_profile"
         tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
+    solved) need_model  # a task the model solves (one-digit sums): it must end FINISHED
+        # once with the default on_solved=finish, once with flag (trains on: how many steps
+        # had every group right, and no collapse read into them); SOLVED_STEPS (60)
+        for mode in ${SOLVED_MODES:-finish flag}; do
+            name=solved-$mode
+            rm -rf /tmp/runs/$name  # a run left by an earlier call on the held machine
+            timeout "${SOLVED_TIMEOUT:-270}" python3 -c "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))" \
+                --profile bench/local-bf16.yaml --config demo --name $name \
+                model.gradient_checkpointing=false rollout.engine=native data.max_operand=9 \
+                data.num_val=128 training.max_steps="${SOLVED_STEPS:-60}" training.eval_every=10 \
+                training.on_solved=$mode ${SOLVED_OVERRIDES:-} 2>&1 | tail -3
+            run=/tmp/runs/$name
+            for f in metrics.jsonl events.jsonl progress.json; do
+                [ -f $run/$f ] && cp $run/$f "$out/solved_${mode}_$f"
+            done
+            python3 -m bench.solved_summary $run "$out/solved_${mode}_summary.json"
+        done ;;
     supercloud) need_model  # supercloud's settings, every decision a V100's (issue 55)
         steps=${SC_STEPS:-25} name=supercloud-emulated-smollm2
         rm -rf /tmp/runs/$name  # a run left by an earlier call on the held machine
