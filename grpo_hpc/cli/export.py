@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.core.best import read_best
+from grpo_hpc.core.best import best_path, read_best, unreadable
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.export import plan as export_plan
@@ -136,13 +136,20 @@ def _export(argv: list[str]) -> int:
 
 
 def best_step(paths: RunPaths) -> int:
-    """The step of the run's best evaluation (``--best``); ConfigError when there is none."""
-    best = read_best(paths.root)
-    if best is None or not best.checkpoint:
-        why = "no evaluation recorded" if best is None else "none beat step 0's"
+    """The step of the run's model to hand over (``--best``; 0: the start, which beat
+    every later evaluation); ConfigError when there is none."""
+    if unreadable(paths.root):
         raise ConfigError(
-            f"run {paths.name} has no best checkpoint ({why}: training.eval_every and "
-            "data.num_val choose one): export --step N or the newest checkpoint"
+            f"{best_path(paths.root)} is unreadable (not a keep-best record): the run's next "
+            "evaluation rewrites it; meanwhile export --step N (grpo-ckpt list "
+            f"{paths.name})"
+        )
+    best = read_best(paths.root)
+    if best is None:
+        raise ConfigError(
+            f"run {paths.name} has no best checkpoint (no evaluation recorded: "
+            "training.eval_every and data.num_val choose one): export --step N or the "
+            "newest checkpoint"
         )
     return best.step
 

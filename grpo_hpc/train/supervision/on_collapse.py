@@ -70,7 +70,7 @@ class TrainerLike(Protocol):
 
     def save(self) -> None: ...
 
-    def _export_final(self) -> None: ...
+    def _export_final(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -163,9 +163,9 @@ class CollapseGuard:
         trainer.save()
         self._event(trainer, v, "STOP", note)
         if t.save_final and t.export_final and trainer.info.is_main:
-            trainer._export_final()  # final/: the best model (training.final), last/ beside
-            if self.paths.final.is_dir():
-                note += f", the model to hand on in {self.paths.final}"
+            # final/: the model to hand over (training.final), last/ beside; what and why
+            if out := trainer._export_final():
+                note += f", the model to hand on in {out}"
         raise CircuitBreakerError(f"{v.line()}; {note}")
 
     def _rollback(self, trainer: TrainerLike, v: Verdict) -> bool:
