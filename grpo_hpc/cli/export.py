@@ -56,11 +56,15 @@ def _parser() -> Parser:
         type=Path,
         help="directory to create (default: the run's final/, for its final weights)",
     )
-    p.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
+    p.add_argument(
+        "--step",
+        type=int,
+        help="checkpoint step (default: newest complete; 0: the model the run started from)",
+    )
     p.add_argument(
         "--best",
         action="store_true",
-        help="the checkpoint of the best evaluation so far (best.json; grpo-status shows it)",
+        help="keep-best's model to hand over so far (best.json; grpo-status shows it)",
     )
     p.add_argument(
         "--dtype",

@@ -92,6 +92,8 @@ class BestRecord:
             return f"{what}: {self.metric} {self.score:.3f} beat every later evaluation"
         if at == self.step:
             return f"{what}: {self.metric} {self.score:.3f}, the peak"
+        if self.score == peak:  # a tie: no noise to speak of
+            return f"{what}: {self.metric} {self.score:.3f}, equal to the peak at step {at}"
         return (
             f"{what}: {self.metric} {self.score:.3f}, within noise (±{self.noise:.3f}, "
             f"{self.problems} problems) of the peak {peak:.3f} at step {at}"

@@ -76,6 +76,8 @@ def test_the_demo_hands_over_the_newest_model_within_noise_of_the_peak() -> None
     assert rec.why() == (
         "step 30: accuracy 0.688, within noise (±0.153, 32 problems) of the peak 0.750 at step 10"
     )
+    tie = _replay([(0, 0.0), (2, 0.0)], 8)  # a tie says so, not "within noise (±0.000)"
+    assert tie.why() == "step 2: accuracy 0.000, equal to the peak at step 0"
 
 
 @pytest.mark.parametrize(
