@@ -4,6 +4,7 @@ and the --samples lines. The trainer runs them in tests/e2e/test_keep_best.py.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -104,6 +105,17 @@ def test_next_best_never_hands_over_a_model_significantly_below_the_peak(
     assert rec.step == want
     peak = max(s for _, s in scores if s == s)
     assert rec.peak[0] == peak and rec.score >= peak - eval_noise(peak, problems)
+
+
+def test_a_record_whose_checkpoint_is_gone_is_compared_afresh() -> None:
+    """KeepBest reads a record whose checkpoint was set aside as NaN (score and peak): the
+    next evaluation is the model to hand over, whatever it scores, and the new peak."""
+    rec = _replay([(0, 0.2), (10, 0.9)], 32)
+    gone = dataclasses.replace(rec, score=math.nan, peak_score=math.nan)
+    new, chosen = next_best(gone, 20, "accuracy", 0.1, problems=32, checkpoint="step-20")
+    assert chosen and (new.step, new.peak, new.checkpoint, new.evaluations) == (
+        20, (0.1, 20), "step-20", 3
+    )  # fmt: skip
 
 
 def test_next_best_lower_is_better() -> None:
