@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
-from grpo_hpc.core.best import read_best
+from grpo_hpc.core.best import best_path, read_best, unreadable
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.paths import RunPaths, logs_root
 from grpo_hpc.export import plan as export_plan
@@ -56,11 +56,15 @@ def _parser() -> Parser:
         type=Path,
         help="directory to create (default: the run's final/, for its final weights)",
     )
-    p.add_argument("--step", type=int, help="checkpoint step (default: newest complete)")
+    p.add_argument(
+        "--step",
+        type=int,
+        help="checkpoint step (default: newest complete; 0: the model the run started from)",
+    )
     p.add_argument(
         "--best",
         action="store_true",
-        help="the checkpoint of the best evaluation so far (best.json; grpo-status shows it)",
+        help="keep-best's model to hand over so far (best.json; grpo-status shows it)",
     )
     p.add_argument(
         "--dtype",
@@ -136,13 +140,20 @@ def _export(argv: list[str]) -> int:
 
 
 def best_step(paths: RunPaths) -> int:
-    """The step of the run's best evaluation (``--best``); ConfigError when there is none."""
-    best = read_best(paths.root)
-    if best is None or not best.checkpoint:
-        why = "no evaluation recorded" if best is None else "none beat step 0's"
+    """The step of the run's model to hand over (``--best``; 0: the start, which beat
+    every later evaluation); ConfigError when there is none."""
+    if unreadable(paths.root):
         raise ConfigError(
-            f"run {paths.name} has no best checkpoint ({why}: training.eval_every and "
-            "data.num_val choose one): export --step N or the newest checkpoint"
+            f"{best_path(paths.root)} is unreadable (not a keep-best record): the run's next "
+            "evaluation rewrites it; meanwhile export --step N (grpo-ckpt list "
+            f"{paths.name})"
+        )
+    best = read_best(paths.root)
+    if best is None:
+        raise ConfigError(
+            f"run {paths.name} has no best checkpoint (no evaluation recorded: "
+            "training.eval_every and data.num_val choose one): export --step N or the "
+            "newest checkpoint"
         )
     return best.step
 

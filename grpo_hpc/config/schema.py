@@ -259,17 +259,18 @@ class TrainingConfig:
     writes it later."""
     eval_every: int = 0
     """Greedy evaluation every N steps (0 disables) on the validation problems
-    (``data.num_val``), and at step 0. One that beats the best so far saves a checkpoint
-    of its step, kept by retention and named in ``logs/<run>/best.json`` (keep-best)."""
+    (``data.num_val``), and at step 0. One not significantly below the peak score so far
+    (the newest such is the model to hand over) saves a checkpoint of its step, kept by
+    retention and named in ``logs/<run>/best.json`` (keep-best)."""
     select_metric: str = "auto"
     """What keep-best compares: ``accuracy`` (math, the run's correctness judge),
     ``accuracy_strict`` (an answer line required), ``pass@1`` (code), or ``auto``
     (accuracy for math problems, pass@1 for code). Higher is better; never the reward."""
     final: str = "best"
-    """What ``final/`` holds when the run finishes: ``best`` (the checkpoint of the best
-    evaluation, the last step's model beside it in ``last/``) or ``last``. Without an
-    evaluation that beat step 0 (``eval_every=0``, ``data.num_val=0``, or none better than
-    the start), ``final/`` is the last step's model."""
+    """What ``final/`` holds when the run finishes: ``best`` (keep-best's model to hand
+    over: the newest evaluation within noise of the peak, or the start when it beat every
+    later evaluation; the last step's model beside it in ``last/``) or ``last``. Without an
+    evaluation (``eval_every=0``, ``data.num_val=0``), ``final/`` is the last step's."""
     eval_samples: int = 1
     """Code problems: completions per held-out problem. 1 judges the greedy one (pass@1);
     n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_hpc.config.load import load_resolved
-from grpo_hpc.core.best import BestRecord, read_best
+from grpo_hpc.core.best import BestRecord, best_path, read_best, unreadable
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.manifest import verify_checkpoint
 from grpo_hpc.core.paths import RunPaths
@@ -39,6 +39,7 @@ from grpo_hpc.export.sources import (
     BaseWeights,
     CheckpointTensors,
     ExportSources,
+    StartTensors,
     base_model_dir,
     load_tokenizer,
 )
@@ -47,10 +48,18 @@ from grpo_hpc.export.write import write_export
 # ----------------------------------------------------------------------- planning
 
 
+def is_start(step: int | None, all_steps: list[int]) -> bool:
+    """Whether ``step`` asks for the model the run started from: step 0, which has no
+    checkpoint of its own (pure)."""
+    return step == 0 and 0 not in all_steps
+
+
 def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, ExportSources]:
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     cfg = load_resolved(paths.config)
+    if is_start(opts.step, paths.checkpoint_steps(complete_only=False)):
+        return 0, _start_sources(cfg, paths, opts)
     try:
         step = export_plan.choose_step(
             opts.step, paths.checkpoint_steps(complete_only=False), paths.checkpoint_steps()
@@ -84,6 +93,22 @@ def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, 
     return step, ExportSources(cfg, tensors, base, hub_id, tokenizer, hf_config)
 
 
+def _start_sources(cfg: Any, paths: RunPaths, opts: ExportOptions) -> ExportSources:
+    """What an export of the start reads: the run's model directory (a LoRA run's base,
+    without adapters: the start had none)."""
+    if opts.adapter:
+        raise ConfigError("--adapter: the start (step 0) has no adapter; export it without")
+    base, hub_id = base_model_dir(cfg, paths)
+    tokenizer = load_tokenizer(base)
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(base)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"cannot read {base}/config.json: {str(e).splitlines()[0]}") from None
+    return ExportSources(cfg, StartTensors(base), base, hub_id, tokenizer, hf_config)
+
+
 def _tie(hf_config: Any) -> bool:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return bool(getattr(text, "tie_word_embeddings", False) or hf_config.tie_word_embeddings)
@@ -98,7 +123,7 @@ def plan_export(
     dtype = export_plan.export_dtype(opts.dtype, src.cfg.dist.precision)
     numel = {k: _prod(src.ckpt.shape(k)) for k in src.ckpt.keys()}
     tied = export_plan.tied_keys(_tie(src.hf_config))
-    if src.cfg.model.lora_rank:
+    if src.cfg.model.lora_rank and not isinstance(src.ckpt, StartTensors):
         try:
             pairs, _ = export_plan.lora_pairs(src.ckpt.keys())
         except ValueError as e:
@@ -187,12 +212,17 @@ def final_steps(
     mode: str, best: BestRecord | None, last: int, complete: list[int]
 ) -> tuple[int, int | None]:
     """(the step ``final/`` holds, the step ``last/`` holds or None for no ``last/``):
-    pure. ``training.final=best`` with a recorded best whose checkpoint is there: the best
-    in ``final/``, the last step beside it (the same step when the best was the last);
-    otherwise (``last``, no evaluation, none better than step 0, its checkpoint gone)
-    ``final/`` is the last step's model, as without keep-best."""
-    if mode == "best" and best is not None and best.checkpoint and best.step in complete:
+    pure. ``training.final=best`` with a recorded model to hand over that is there: it in
+    ``final/`` (step 0: the start, the run's own model directory, when it beat every later
+    evaluation), the last step beside it (the same step when they are one); otherwise
+    (``last``, no evaluation, its checkpoint gone) ``final/`` is the last step's model, as
+    without keep-best."""
+    if mode != "best" or best is None:
+        return last, None
+    if best.step in complete and best.checkpoint:
         return best.step, last
+    if best.step == 0 and not best.checkpoint and last > 0:  # the start scored best
+        return 0, last
     return last, None
 
 
@@ -212,9 +242,15 @@ def export_final(paths: RunPaths, step: int) -> str:
     mode = load_resolved(paths.config).training.final
     best = read_best(paths.root)
     final, last = final_steps(mode, best, step, paths.checkpoint_steps())
-    # The last step's checkpoint was verified by the trainer; the best's is verified here.
+    # The last step's checkpoint was verified by the trainer; the best's is verified here
+    # (the start has none: it is the run's model directory, read again).
     export_run(paths, paths.final, ExportOptions(step=final, force=True, verified=final == step))
     if last is None:
+        if mode == "best" and unreadable(paths.root):
+            return (
+                f"{paths.final} (step {final}, the last: {best_path(paths.root)} is "
+                "unreadable, so no evaluation chose another)"
+            )
         return f"{paths.final} (step {final}, the last)"
     if last == final:  # the same weights: hard links, no second export
         shutil.rmtree(paths.last, ignore_errors=True)
@@ -222,10 +258,7 @@ def export_final(paths: RunPaths, step: int) -> str:
     else:
         export_run(paths, paths.last, ExportOptions(step=last, force=True, verified=True))
     assert best is not None
-    return (
-        f"{paths.final} (step {final}, the best: {best.metric} {best.score:.3f}); "
-        f"the last step's ({last}) in {paths.last}"
-    )
+    return f"{paths.final} ({best.why()}); the last step's ({last}) in {paths.last}"
 
 
 # ----------------------------------------------------------------------- command line

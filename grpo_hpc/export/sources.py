@@ -97,15 +97,41 @@ class BaseWeights:
         with safe_open(self.dir / self.weight_map[key], "pt") as f:
             return f.get_tensor(key)
 
-    def numel(self, key: str) -> int:
+    def shape(self, key: str) -> tuple[int, ...]:
         from safetensors import safe_open
 
         with safe_open(self.dir / self.weight_map[key], "pt") as f:
-            shape = f.get_slice(key).get_shape()
+            return tuple(f.get_slice(key).get_shape())
+
+    def numel(self, key: str) -> int:
         n = 1
-        for d in shape:
+        for d in self.shape(key):
             n *= d
         return n
+
+
+class StartTensors:
+    """The model a run started from, read as an export reads a checkpoint: the run's model
+    directory's safetensors (a LoRA run's base, without adapters: the start had none).
+    What ``final/`` holds when the start beat every later evaluation."""
+
+    format = "start"
+    """The provenance's ``format``: no checkpoint, the run's model directory."""
+
+    def __init__(self, base: Path) -> None:
+        self.ckpt = base
+        """Where the weights are read from (the provenance's ``checkpoint``)."""
+        self.weights = BaseWeights(base)
+
+    def keys(self) -> list[str]:
+        return self.weights.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.weights.shape(key)
+
+    def read(self, key: str) -> Any:
+        """One tensor on the CPU in its saved dtype."""
+        return self.weights.read(key)
 
 
 # ----------------------------------------------------------------------- the run's model
@@ -117,8 +143,8 @@ class ExportSources:
 
     cfg: Config
     """The run's resolved config."""
-    ckpt: CheckpointTensors
-    """The checkpoint's model tensors."""
+    ckpt: CheckpointTensors | StartTensors
+    """The checkpoint's model tensors (or the start's: the run's model directory)."""
     base: Path
     """The model directory the run started from."""
     base_hub_id: str | None

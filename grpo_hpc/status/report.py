@@ -73,6 +73,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     best = read_best(paths.root)
     if best is not None:
         row.best_step, row.best_metric, row.best_score = best.step, best.metric, best.score
+        row.best_why = best.why()
     prov = read_provenance(paths.final)
     if prov is not None:
         row.final_model, row.final_step = str(paths.final), prov.get("step")

@@ -104,6 +104,9 @@ class RunRow:
     decide now (grpo_hpc.monitor.decision.decide: RESUBMIT, WAIT, STOP, ...)."""
     monitor_next_reason: str | None = None
     """That decision's reason line."""
+    best_why: str | None = None
+    """Why that step is the model to hand over, in words (``BestRecord.why``): the peak, or
+    within noise of the peak, or the start that beat every later evaluation."""
 
 
 def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
@@ -416,20 +419,20 @@ def final_line(row: RunRow) -> str:
         return "final model: none yet (written when the run finishes; grpo-export RUN)"
     step = f"step {row.final_step}" if row.final_step is not None else "step ?"
     if row.final_step is not None and row.final_step == row.best_step:
-        step += ", the best; the last step's model in last/"
+        step = row.best_why or f"{step}, the best"
+        step += "; the last step's model in last/"
     return f"final model: {row.final_model} ({step}; grpo-eval {row.final_model})"
 
 
 def best_line(row: RunRow) -> str:
-    """The best validation evaluation so far and its checkpoint (pure)."""
+    """The model to hand over so far (keep-best), why, and how to export it (pure)."""
     if row.best_step is None or row.best_score is None:
         return "best: none (training.eval_every with a validation split, data.num_val)"
-    if row.best_step == 0:
-        return f"best: the start (step 0, {row.best_metric} {row.best_score:.3f}): none beat it"
-    return (
-        f"best: step {row.best_step}, {row.best_metric} {row.best_score:.3f} on validation "
-        f"(checkpoint step-{row.best_step}; grpo-export {row.run} OUT --best)"
+    why = row.best_why or f"step {row.best_step}: {row.best_metric} {row.best_score:.3f}"
+    where = (
+        "the run's model directory" if row.best_step == 0 else f"checkpoint step-{row.best_step}"
     )
+    return f"best: {why} on validation ({where}; grpo-export {row.run} OUT --best)"
 
 
 def eval_samples_lines(

@@ -339,10 +339,10 @@ class Trainer:
             why = "; ".join(problems[:3]) or "see rank 0"
             raise CheckpointIncompleteError(f"final weights of step {steps} not verified: {why}")
 
-    def _export_final(self) -> None:
-        """Rank 0: the verified final weights as a Hugging Face directory (``final/``). The
-        run has succeeded already: a failure here is one warning, and grpo-export RUN
-        writes the directory later."""
+    def _export_final(self) -> str | None:
+        """Rank 0: the model to hand over as a Hugging Face directory (``final/``); where
+        and which, in words, or None when it failed. The run has succeeded already: a
+        failure here is one warning, and grpo-export RUN writes the directory later."""
         from grpo_hpc.export import run as export
 
         self.tracker.update(TrainState.CHECKPOINTING)  # a heartbeat while it writes
@@ -357,8 +357,9 @@ class Trainer:
                 f"{self.paths.name} to write {self.paths.final}",
                 flush=True,
             )
-            return
+            return None
         print(f"[Export] final model: {out} ({time.monotonic() - t0:.1f} s)", flush=True)
+        return out
 
     def _stop_agreed(self) -> bool:
         return dist.all_reduce_max(1.0 if self.stop_signal else 0.0, self.info) > 0

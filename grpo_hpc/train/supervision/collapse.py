@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from grpo_hpc.core.best import eval_noise
+
 SIGNALS = ("all_cut", "no_signal", "pinned", "entropy", "eval_drop", "reward_hacking")
 """Every signal, in the order :func:`verdict` checks them."""
 ACTIONS = ("flag", "stop", "rollback")
@@ -273,10 +275,9 @@ def _entropy(w: Watch, th: Thresholds) -> str | None:
 
 
 def _noise(w: Watch, th: Thresholds, ref: float) -> float:
-    """How far an accuracy may fall below ``ref`` by chance (``eval_sigmas`` SE)."""
-    if not w.problems:
-        return 0.0
-    return th.eval_sigmas * (ref * (1 - ref) / w.problems) ** 0.5
+    """How far an accuracy may fall below ``ref`` by chance (``eval_sigmas`` SE): keep-best's
+    test (grpo_hpc.core.best.eval_noise)."""
+    return eval_noise(ref, w.problems, th.eval_sigmas)
 
 
 def _eval_drop(w: Watch, th: Thresholds) -> str | None:

@@ -74,7 +74,7 @@ class TrainerLike(Protocol):
 
     def save(self) -> None: ...
 
-    def _export_final(self) -> None: ...
+    def _export_final(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,9 @@ class CollapseGuard:
         trainer.save()
         self._event(trainer, v, "STOP", note)
         if t.save_final and t.export_final and trainer.info.is_main:
-            trainer._export_final()  # final/: the best model (training.final), last/ beside
-            if self.paths.final.is_dir():
-                note += f", the model to hand on in {self.paths.final}"
+            # final/: the model to hand over (training.final), last/ beside; what and why
+            if out := trainer._export_final():
+                note += f", the model to hand on in {out}"
         error = CircuitBreakerError(f"{v.line()}; {note}")
         # Rank 0 records the stop, then every rank waits for it: a rank that exits first
         # (its own exit 3) makes torchrun end rank 0, maybe in the middle of an export of

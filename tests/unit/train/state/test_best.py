@@ -4,13 +4,15 @@ and the --samples lines. The trainer runs them in tests/e2e/test_keep_best.py.""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from pathlib import Path
 
 import pytest
 
 from grpo_hpc.config.schema import DataConfig
-from grpo_hpc.core.best import BestRecord, better, read_best, write_best
+from grpo_hpc.core.best import BestRecord, better, eval_noise, read_best, unreadable, write_best
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.export.run import final_steps
 from grpo_hpc.status.view import eval_samples_lines
@@ -39,14 +41,105 @@ def test_better(new: float, old: float | None, mode: str, wins: bool) -> None:
 
 def test_next_best_counts_every_evaluation_and_names_the_checkpoint() -> None:
     first, improved = next_best(None, 0, "accuracy", 0.25, split="v", problems=8)
-    assert improved and first.step == 0 and first.evaluations == 1
-    worse, improved = next_best(first, 2, "accuracy", 0.125)
+    assert improved and first.step == 0 and first.evaluations == 1 and first.checkpoint == ""
+    worse, improved = next_best(first, 2, "accuracy", 0.125, checkpoint="step-2")
     assert not improved and worse.step == 0 and worse.evaluations == 2
-    new, improved = next_best(worse, 4, "accuracy", 0.5)
+    new, improved = next_best(worse, 4, "accuracy", 0.5, checkpoint="step-4")
     assert improved and (new.step, new.checkpoint, new.evaluations) == (4, "step-4", 3)
     # a record of another metric (the config changed between attempts) is replaced
     other, improved = next_best(new, 6, "pass@1", 0.0)
     assert improved and other.metric == "pass@1" and other.step == 6
+
+
+def _replay(scores: list[tuple[int, float]], problems: int, mode: str = "max") -> BestRecord:
+    """The record after evaluations (step, score) in order, each of ``problems`` problems."""
+    rec = None
+    for step, score in scores:
+        rec, _ = next_best(rec, step, "accuracy", score, mode=mode, problems=problems)
+    assert rec is not None
+    return rec
+
+
+def test_eval_noise_is_the_collapse_detectors() -> None:
+    from grpo_hpc.train.supervision.collapse import Thresholds, Watch, _noise
+
+    assert eval_noise(0.75, 32) == pytest.approx(2 * (0.75 * 0.25 / 32) ** 0.5)
+    assert eval_noise(0.75, 0) == 0.0  # problems unknown: no noise allowed for
+    watch, th = Watch(problems=32), Thresholds(eval_sigmas=3.0)
+    assert _noise(watch, th, 0.6) == eval_noise(0.6, 32, 3.0)
+
+
+def test_the_demo_hands_over_the_newest_model_within_noise_of_the_peak() -> None:
+    """The demo's validation scores (32 problems): 0.75 at step 10 was a lucky draw; steps
+    20 and 30 (22/32) match it within noise, and step 30 trained longest."""
+    rec = _replay([(0, 0.22), (10, 0.75), (20, 22 / 32), (30, 22 / 32)], 32)
+    assert (rec.step, rec.score, rec.peak, rec.evaluations) == (30, 22 / 32, (0.75, 10), 4)
+    assert rec.why() == (
+        "step 30: accuracy 0.688, within noise (±0.153, 32 problems) of the peak 0.750 at step 10"
+    )
+    tie = _replay([(0, 0.0), (2, 0.0)], 8)  # a tie says so, not "within noise (±0.000)"
+    assert tie.why() == "step 2: accuracy 0.000, equal to the peak at step 0"
+
+
+@pytest.mark.parametrize(
+    ("scores", "problems", "want"),
+    [
+        # a fall beyond the noise: the peak stays the model to hand over
+        ([(0, 0.2), (10, 0.75), (20, 0.5), (30, 0.5)], 32, 10),
+        # within noise, then beyond it: the last one that matched stays
+        ([(0, 0.2), (10, 0.75), (20, 0.7), (30, 0.5)], 32, 20),
+        # a slow drift down: each step within noise of the one before, never of the peak
+        ([(0, 0.1), (10, 0.8), (20, 0.72), (30, 0.65), (40, 0.58), (50, 0.5)], 32, 20),
+        # the start beats every later evaluation beyond the noise: the start
+        ([(0, 0.5), (10, 0.2), (20, 0.1)], 32, 0),
+        # ties with no noise to allow for (problems unknown): the newer one
+        ([(0, 0.2), (10, 0.5), (20, 0.5)], 0, 20),
+        # a NaN never is the model to hand over
+        ([(0, 0.2), (10, float("nan"))], 32, 0),
+    ],
+)
+def test_next_best_never_hands_over_a_model_significantly_below_the_peak(
+    scores: list[tuple[int, float]], problems: int, want: int
+) -> None:
+    rec = _replay(scores, problems)
+    assert rec.step == want
+    peak = max(s for _, s in scores if s == s)
+    assert rec.peak[0] == peak and rec.score >= peak - eval_noise(peak, problems)
+
+
+def test_a_record_whose_checkpoint_is_gone_is_compared_afresh() -> None:
+    """KeepBest reads a record whose checkpoint was set aside as NaN (score and peak): the
+    next evaluation is the model to hand over, whatever it scores, and the new peak."""
+    rec = _replay([(0, 0.2), (10, 0.9)], 32)
+    gone = dataclasses.replace(rec, score=math.nan, peak_score=math.nan)
+    new, chosen = next_best(gone, 20, "accuracy", 0.1, problems=32, checkpoint="step-20")
+    assert chosen and (new.step, new.peak, new.checkpoint, new.evaluations) == (
+        20, (0.1, 20), "step-20", 3
+    )  # fmt: skip
+
+
+def test_next_best_lower_is_better() -> None:
+    rec = _replay([(0, 0.5), (10, 0.2), (20, 0.25), (30, 0.6)], 32, mode="min")
+    assert (rec.step, rec.peak) == (20, (0.2, 10))
+
+
+def test_record_written_before_the_peak_was_kept_reads_its_score_as_the_peak(
+    tmp_path: Path,
+) -> None:
+    old = {"step": 10, "metric": "accuracy", "score": 0.75, "checkpoint": "step-10",
+           "problems": 32, "evaluations": 2}  # fmt: skip
+    (tmp_path / "best.json").write_text(json.dumps(old))
+    rec = read_best(tmp_path)
+    assert rec is not None and rec.peak == (0.75, 10)
+    new, chosen = next_best(rec, 20, "accuracy", 0.5, problems=32)
+    assert not chosen and (new.step, new.peak, new.evaluations) == (10, (0.75, 10), 3)
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"best"', "null", '{"step": 1}'])
+def test_best_json_that_is_no_record_reads_as_none(tmp_path: Path, text: str) -> None:
+    (tmp_path / "best.json").write_text(text)
+    assert read_best(tmp_path) is None
+    assert unreadable(tmp_path)
 
 
 def test_record_round_trip_and_unreadable_file(tmp_path: Path) -> None:
@@ -85,7 +178,8 @@ def _best(step: int, checkpoint: str | None = None) -> BestRecord:
         ("best", _best(10), [10], (10, 10)),  # the best was the last: last/ the same
         ("last", _best(4), [4, 10], (10, None)),
         ("best", None, [10], (10, None)),  # no evaluation: final/ is the last
-        ("best", _best(0, ""), [10], (10, None)),  # none beat step 0 (no checkpoint)
+        ("best", _best(0, ""), [10], (0, 10)),  # the start beat every later evaluation
+        ("last", _best(0, ""), [10], (10, None)),
         ("best", _best(4), [10], (10, None)),  # its checkpoint gone (a rewind)
     ],
 )
