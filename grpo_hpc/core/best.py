@@ -70,7 +70,14 @@ class BestRecord:
     """The best score of any evaluation so far (None in a file written before the peak
     was kept: that record's ``score`` was the peak)."""
     peak_step: int | None = None
-    """The step that scored ``peak_score`` first (None: ``step``)."""
+    """The step that scored ``peak_score`` first (None: ``step``). A collapse rolls back
+    to it (its checkpoint is kept), not to the model to hand over."""
+    start_score: float | None = None
+    """The score of the start (step 0's evaluation; None: not evaluated, or a file written
+    before it was kept). A later model is handed over within noise of the peak only when it
+    is significantly better than the start: below that, the runs of the learning benchmark
+    that collapsed from a peak at the start handed over a stalled model that noise could
+    not tell from the start (2026-12-04, seeds 407 and 408)."""
 
     @property
     def peak(self) -> tuple[float, int]:
@@ -139,6 +146,15 @@ def better(new: float, old: float | None, mode: Mode = "max") -> bool:
     return new > old if mode == "max" else new < old
 
 
+def beyond_noise(score: float, start: float, problems: int, mode: Mode = "max") -> bool:
+    """Whether ``score`` is significantly better than ``start``: above it by more than
+    its noise (``max``), below it by more (``min``). A NaN never is."""
+    if score != score:
+        return False
+    noise = eval_noise(start, problems)
+    return score > start + noise if mode == "max" else score < start - noise
+
+
 def within_noise(score: float, peak: float, problems: int, mode: Mode = "max") -> bool:
     """Whether ``score`` is not significantly worse than ``peak``: at least ``peak`` less
     its noise (``max``), at most ``peak`` plus it (``min``). A NaN never is."""
@@ -163,10 +179,12 @@ def next_best(
     hand over): pure.
 
     The peak is the best score seen. The model to hand over is the newest evaluated one
-    within noise of the peak (:func:`within_noise`): a later model that only matches the
-    peak within the noise replaces an earlier one (it trained longer, and nothing measured
-    says it is worse); one significantly below the peak never does. Comparing with the peak,
-    not with the current choice, keeps a slow drift down from walking the choice with it.
+    within noise of the peak (:func:`within_noise`) that is significantly better than the
+    start (:func:`beyond_noise`), else the peak: a later model that only matches the peak
+    within the noise replaces an earlier one (it trained longer, and nothing measured says
+    it is worse); one significantly below the peak never does, nor one that noise cannot
+    tell from the start (a stalled model after a peak at the start). Comparing with the
+    peak, not with the current choice, keeps a slow drift down from walking the choice.
 
     ``checkpoint`` names the step's checkpoint (empty for step 0, the start). A record of
     another metric (the config changed between attempts), or one whose peak is NaN (its
@@ -174,12 +192,13 @@ def next_best(
     The count of evaluations carries on either way."""
     count = (old.evaluations if old else 0) + 1
     fresh = old is None or old.metric != metric or old.peak[0] != old.peak[0]
-    if fresh or better(score, old.peak[0], mode):
-        peak: tuple[float, int] = (score, step)
-    else:
-        peak = old.peak
-    if not fresh and not within_noise(score, peak[0], problems, mode):
-        return replace(old, evaluations=count, peak_score=peak[0], peak_step=peak[1]), False
+    new_peak = fresh or better(score, old.peak[0], mode)
+    peak: tuple[float, int] = (score, step) if new_peak else old.peak
+    start = score if step == 0 else (None if fresh else old.start_score)
+    learned = start is None or step == 0 or beyond_noise(score, start, problems, mode)
+    if not new_peak and not (within_noise(score, peak[0], problems, mode) and learned):
+        kept = replace(old, evaluations=count, peak_score=peak[0], peak_step=peak[1])
+        return replace(kept, start_score=start), False
     new = BestRecord(
         step=step,
         metric=metric,
@@ -191,5 +210,6 @@ def next_best(
         evaluations=count,
         peak_score=peak[0],
         peak_step=peak[1],
+        start_score=start,
     )
     return new, True

@@ -281,9 +281,12 @@ def pruned(complete: list[int], keep_last: int, protected: set[int]) -> list[int
 
 
 def protected_steps(paths: RunPaths) -> set[int]:
-    """Checkpoints retention must keep whatever their age: the best evaluation's."""
+    """Checkpoints retention must keep whatever their age: the model to hand over's and
+    the peak's (a collapse rolls back to the peak)."""
     best = read_best(paths.root)
-    return {best.step} if best is not None and best.checkpoint else set()
+    if best is None:
+        return set()
+    return {s for s in (best.step, best.peak[1]) if s > 0}
 
 
 def prune(paths: RunPaths, keep_last: int) -> None:

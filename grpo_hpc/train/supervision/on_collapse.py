@@ -217,7 +217,10 @@ class CollapseGuard:
         if self.tools is None:
             return False
         best = self.tools.read_best(self.paths.root)
-        target = best.step if best is not None else 0
+        # The peak, not the model to hand over (which may be a later one within noise of
+        # it: on 2026-12-04 rollbacks to such a model went back into the stall, 5 of 10
+        # seeds handed over below 0.5)
+        target = best.peak[1] if best is not None else 0
         ckpt = self.paths.checkpoint(target)
         if target and not ckpt.is_dir():
             target = 0  # the best's checkpoint is gone: start afresh rather than guess
