@@ -42,8 +42,8 @@ class Selection:
     groups: int = 0
     """Groups selected."""
     solved: int = 0
-    """Selected groups in which every completion earned the full reward: flat because every
-    answer is right (the collapse watch tells them from groups flat for want of one)."""
+    """Selected groups flat because every completion is right (``rewards.full_marks``): the
+    collapse watch tells them from groups flat for want of a right answer."""
 
 
 def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> Selection:
@@ -75,7 +75,8 @@ def select_groups(scored: list[Scored], want: int, g: int, algo: AlgoConfig) -> 
         )
         out.rewards += s.rewards[groups].flatten().tolist()
         out.groups += len(groups)
-        out.solved += sum(_solved(s.full, gi, g) for gi in groups)
+        flat = ~informative_groups(s.rewards)
+        out.solved += sum(bool(flat[gi]) and _solved(s.full, gi, g) for gi in groups)
         for name, vals in s.components.items():
             out.components.setdefault(name, []).extend(vals[r] for r in rows)
     if not out.microbatches and scored:

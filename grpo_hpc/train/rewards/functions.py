@@ -321,20 +321,26 @@ FULL_MARK_TOL = 1e-6
 """How close to a term's best a score must be to count as earned in full."""
 
 
+TASK_TERMS = ("correctness", "code")
+"""The reward terms that judge the task itself (a right answer, passing tests)."""
+
+
 def full_marks(components: dict[str, list[float]], rc: RewardConfig) -> list[bool]:
-    """Per completion, whether it earned every reward term in full (pure): each term with a
-    positive weight scored its best, 1.0 (the built-in terms score in [0, 1], and custom
-    rewards are asked to), and the ``overlong`` penalty (in [-1, 0]) and every term with a
-    negative weight scored 0. A group of completions that all earned full marks is
-    solved: its rewards are flat at the top, its advantages zero because every answer is
-    right, not because none is. No terms: nothing was earned."""
-    weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code,
-               "overlong": rc.overlong, **rc.custom}  # fmt: skip
+    """Per completion, whether it is right (pure): every task term scored (``correctness``,
+    ``code``) at its best, 1.0; where no task term is scored (custom rewards alone), every
+    weighted term at its best (1.0 for a positive weight, the ``overlong`` penalty and a
+    negative weight's term at 0). A group of right completions whose rewards are also flat
+    is solved: its advantages are zero because every answer is right, not because none is
+    (the format term may still be unearned in every one of them: nothing in the group
+    tells a better completion from a worse one). No terms: nothing was earned."""
     if not components:
         return []
+    weights = {"correctness": rc.correctness, "format": rc.format, "code": rc.code,
+               "overlong": rc.overlong, **rc.custom}  # fmt: skip
+    task = {k: v for k, v in components.items() if k in TASK_TERMS}
     n = len(next(iter(components.values())))
     out = [True] * n
-    for name, values in components.items():
+    for name, values in (task or components).items():
         best = 1.0 if weights.get(name, 1.0) > 0 and name != "overlong" else 0.0
         for i, v in enumerate(values):
             out[i] = out[i] and v >= best - FULL_MARK_TOL

@@ -72,9 +72,9 @@ def test_all_rows_cut_leaves_one_micro_batch_that_trains_nothing() -> None:
 def test_groups_whose_every_completion_earned_full_marks_are_counted_solved() -> None:
     """A solved group (all right) and a dead one (all wrong) are both flat; the step's
     count tells them apart for the collapse watch. Unknown full marks count as unsolved."""
-    s = _scored([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
-    s.full = [True, True, False, False, True, False]
-    sel = select_groups([s], want=3, g=2, algo=AlgoConfig())
-    assert (sel.groups, sel.solved) == (3, 1)
+    s = _scored([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.2, 1.0]])
+    s.full = [True, True, False, False, True, False, True, True]  # group 3: right, not flat
+    sel = select_groups([s], want=4, g=2, algo=AlgoConfig())
+    assert (sel.groups, sel.solved) == (4, 1)
     unknown = select_groups([_scored([[1.0, 1.0]])], want=1, g=2, algo=AlgoConfig())
     assert (unknown.groups, unknown.solved) == (1, 0)

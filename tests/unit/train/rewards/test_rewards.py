@@ -405,18 +405,18 @@ def test_a_slow_math_verify_item_is_named_cut_to_a_line() -> None:
     assert "...'" in line and "(gold '42', pid " in line and len(line) < 160
 
 
-def test_full_marks_is_every_weighted_term_at_its_best() -> None:
-    """Correctness and format at 1.0, the overlong penalty at 0 and a custom reward at 1.0
-    are full marks; any one term short of its best is not."""
+def test_full_marks_is_every_answer_right_or_every_term_at_its_best() -> None:
+    """With a task term (correctness, code) a completion is right when the task's judge
+    says so, whatever the format term (a model that answers every sum right without the
+    answer line has solved the sums: seen on one H200, one-digit sums, 2026-12-04); with
+    custom rewards alone, every weighted term must be at its best."""
     from grpo_hpc.config.schema import RewardConfig
     from grpo_hpc.train.rewards.functions import full_marks
 
-    rc = RewardConfig(correctness=1.0, format=0.2, overlong=0.5, custom={"m:f": 1.0})
-    comps = {
-        "correctness": [1.0, 1.0, 0.0, 1.0],
-        "format": [1.0, 1.0, 1.0, 0.5],
-        "overlong": [0.0, -1.0, 0.0, 0.0],
-        "m:f": [1.0, 1.0, 1.0, 1.0],
-    }
-    assert full_marks(comps, rc) == [True, False, False, False]
+    rc = RewardConfig(correctness=1.0, format=0.2, overlong=0.5)
+    comps = {"correctness": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0], "overlong": [0, -1, 0]}
+    assert full_marks(comps, rc) == [True, True, False]
+    custom = RewardConfig(correctness=0.0, format=0.0, overlong=0.5, custom={"m:f": 1.0})
+    comps = {"m:f": [1.0, 1.0, 0.5], "overlong": [0.0, -1.0, 0.0]}
+    assert full_marks(comps, custom) == [True, False, False]
     assert full_marks({}, rc) == []
