@@ -189,3 +189,30 @@ def test_a_solved_step_survives_a_checkpoint() -> None:
     w = Watch().after_step(1.0, 0.0, 0.0, None, False, solved=1.0)
     assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
     assert w.solved == (True,) and w.dead == (False,)
+
+
+SOLVED_RUN = RECORDED.parent / "solved_onedigit_before_fix_h200_2026-12-04_metrics.jsonl"
+
+
+def test_the_recorded_one_digit_run_is_solved_not_collapsed() -> None:
+    """SmolLM2 on one-digit sums (one H200, before the solved share was logged): from step
+    22 on, whole steps answered every sum right without the answer line, and no_signal
+    rolled the run back at step 36. Its steps replayed with the share they had (1.0 where
+    every completion was right and the rewards flat, below 1.0 otherwise) draw no collapse,
+    and the solved verdict at step 36."""
+    rows = [json.loads(line) for line in SOLVED_RUN.read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    th, w, seen = Thresholds(), Watch(), []
+    for r in steps:
+        right = r["reward/correctness"] >= 1.0 and r["reward/std"] == 0.0
+        w = w.after_step(r["reward/mean"], r["grad_norm"], r["rollout/truncated"],
+                         r.get("entropy"), False, solved=1.0 if right else 0.0)  # fmt: skip
+        assert verdict(w, th, r["step"]) is None, r["step"]
+        if v := solved(w, th, r["step"]):
+            seen.append(v.step)
+            w = reported(w, v)
+    assert seen == [36]
+    # the precondition: the zero-gradient steps are exactly the all-right ones
+    dead = [r["step"] for r in steps if r["grad_norm"] == 0.0]
+    right = [r["step"] for r in steps if r["reward/correctness"] >= 1 and r["reward/std"] == 0]
+    assert dead == right and len(right) == 18
