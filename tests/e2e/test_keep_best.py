@@ -96,8 +96,9 @@ def test_best_survives_retention_and_resume_and_is_final(run: RunPaths) -> None:
     assert (best.step, best.score, best.metric) == (step, score, "accuracy")
     assert best.problems == VAL and best.peak[0] - eval_noise(best.peak[0], VAL) <= score
     assert best.checkpoint == f"step-{step}" and best.evaluations == len(evals)
-    # keep_last=1 with a save at every step: only the newest and the best are left.
-    assert run.checkpoint_steps() == [step, MAX_STEPS]
+    # keep_last=1 with a save at every step: only the newest, the model to hand over and
+    # the peak (a collapse rolls back to it) are left.
+    assert run.checkpoint_steps() == [best.peak[1], step, MAX_STEPS]
     assert read_provenance(run.final)["step"] == step
     assert read_provenance(run.last)["step"] == MAX_STEPS
 
