@@ -62,3 +62,8 @@ def text_plot(points: list[tuple[int, float]], width: int = 60, height: int = 10
     lines.append(" " * 9 + "└" + "─" * width)
     lines.append(" " * 10 + f"step {first}".ljust(width - len(str(last))) + str(last))
     return lines
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, ``...`` marking a cut."""
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
