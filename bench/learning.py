@@ -243,6 +243,7 @@ STEP_FIELDS = {
     "logp_diff": "rollout/logp_diff",
     "engine_kl": "rollout/engine_kl",
     "cut": "rollout/truncated",
+    "solved": "rollout/solved",  # share of groups right in every completion (the watch's)
 }
 
 
