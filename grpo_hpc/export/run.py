@@ -75,14 +75,7 @@ def _resolve(paths: RunPaths, opts: ExportOptions, dry_run: bool) -> tuple[int, 
             )
     if opts.adapter and not cfg.model.lora_rank:
         raise ConfigError(f"--adapter: run {paths.name} trained all weights, not a LoRA adapter")
-    base, hub_id = base_model_dir(cfg, paths)
-    tokenizer = load_tokenizer(base)
-    from transformers import AutoConfig
-
-    try:
-        hf_config = AutoConfig.from_pretrained(base)
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"cannot read {base}/config.json: {str(e).splitlines()[0]}") from None
+    base, hub_id, tokenizer, hf_config = _base(cfg, paths)
     try:
         tensors = CheckpointTensors(paths.checkpoint(step))
     except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is one line
@@ -98,6 +91,13 @@ def _start_sources(cfg: Any, paths: RunPaths, opts: ExportOptions) -> ExportSour
     without adapters: the start had none)."""
     if opts.adapter:
         raise ConfigError("--adapter: the start (step 0) has no adapter; export it without")
+    base, hub_id, tokenizer, hf_config = _base(cfg, paths)
+    return ExportSources(cfg, StartTensors(base), base, hub_id, tokenizer, hf_config)
+
+
+def _base(cfg: Any, paths: RunPaths) -> tuple[Any, Any, Any, Any]:
+    """The run's base model directory, its hub id, tokenizer and config (one line when its
+    config.json cannot be read)."""
     base, hub_id = base_model_dir(cfg, paths)
     tokenizer = load_tokenizer(base)
     from transformers import AutoConfig
@@ -106,7 +106,7 @@ def _start_sources(cfg: Any, paths: RunPaths, opts: ExportOptions) -> ExportSour
         hf_config = AutoConfig.from_pretrained(base)
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"cannot read {base}/config.json: {str(e).splitlines()[0]}") from None
-    return ExportSources(cfg, StartTensors(base), base, hub_id, tokenizer, hf_config)
+    return base, hub_id, tokenizer, hf_config
 
 
 def _tie(hf_config: Any) -> bool:

@@ -25,7 +25,6 @@ __all__ = [
     "checkpoint_name",
     "next_best",
     "read_best",
-    "record_evaluation",
     "write_best",
 ]
 
@@ -34,32 +33,6 @@ def checkpoint_name(step: int) -> str:
     """The checkpoint a record names for ``step``: none for step 0, the start (its weights
     are the run's model directory, read again by an export or a rollback)."""
     return RunPaths(Path(".")).checkpoint(step).name if step > 0 else ""
-
-
-def record_evaluation(
-    run_dir: Path,
-    step: int,
-    metric: str,
-    score: float,
-    *,
-    mode: Mode = "max",
-    split: str = "",
-    problems: int = 0,
-) -> bool:
-    """Rank 0, after an evaluation at ``step``: update ``best.json``; True when this step
-    is now the model to hand over (its checkpoint must then be saved and kept)."""
-    record, improved = next_best(
-        read_best(run_dir),
-        step,
-        metric,
-        score,
-        mode=mode,
-        split=split,
-        problems=problems,
-        checkpoint=checkpoint_name(step),
-    )
-    write_best(run_dir, record)
-    return improved
 
 
 @dataclass(frozen=True)
