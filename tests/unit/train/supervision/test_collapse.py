@@ -19,7 +19,7 @@ from grpo_hpc.train.supervision.collapse import (
     stall_risk,
     verdict,
 )
-from grpo_hpc.train.supervision.on_collapse import action_for, rollback_seed
+from grpo_hpc.train.supervision.on_collapse import action_for, rollback_cap, rollback_seed
 
 RECORDED = Path(__file__).parents[4] / "bench/results/learning_2term_mask_h100x4_2026-11-27.json"
 
@@ -157,6 +157,23 @@ def test_the_action_table() -> None:
     assert action_for("rollback", 1, 2) == "rollback"
     assert action_for("rollback", 2, 2) == "stop"  # the retry budget is spent
     assert rollback_seed(7, 2) == 2007
+
+
+def test_a_rollback_for_a_collapse_at_the_cap_grows_the_rollouts_cap() -> None:
+    # (signal, cap in force, configured cap, growth, limit) -> the next attempt's cap
+    table = [
+        (("all_cut", 48, 48, 2.0, 0), 96),  # at the cap: twice, the default limit
+        (("pinned", 48, 48, 2.0, 0), 96),
+        (("pinned", 96, 48, 2.0, 0), 96),  # the default limit reached: it stays
+        (("pinned", 96, 48, 2.0, 256), 192),  # a larger limit: grown again
+        (("all_cut", 48, 48, 1.5, 0), 72),
+        (("all_cut", 48, 48, 4.0, 0), 96),  # never past the limit
+        (("all_cut", 48, 48, 1.0, 0), 48),  # growth 1: off
+        (("no_signal", 48, 48, 2.0, 0), 48),  # not at the cap: a new seed alone
+        (("eval_drop", 48, 48, 2.0, 0), 48),
+        (("entropy", 96, 48, 2.0, 0), 96),  # a cap raised before is kept
+    ]
+    assert [rollback_cap(*args) for args, _ in table] == [want for _, want in table]
 
 
 def test_a_solved_task_is_no_collapse_but_a_solved_verdict() -> None:
