@@ -9,7 +9,8 @@ Layout of ``logs/<run>/``::
     progress.json          trainer's progress record (see grpo_hpc.core.progress)
     metrics.jsonl          one line per training step
     samples.jsonl          a few completions of each step, as written and scored
-    events.jsonl           monitor decisions and actions
+    events.jsonl           monitor decisions and actions, the trainer's collapse and solved
+                           records (grpo_hpc.core.events: their one writer and reader)
     best.json              the best evaluation so far: step, metric, score, checkpoint (core.best)
     eval_samples/step_N.jsonl  each evaluation's held-out completions, scored
     training_output.log    combined stdout/stderr of the torchrun processes
