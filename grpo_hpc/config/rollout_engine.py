@@ -7,7 +7,7 @@ model's config) both make, so the line a submission prints is what the job will 
   when the architecture is not one it implements (:func:`native_problem`).
 - ``auto``: native on a CUDA GPU where the architecture is supported, else HF generate. On
   a CPU the native engine does not pay (59 tok/s against HF's 61 on SmolLM2-135M:
-  bench/results/LOG.md, the CPU demo after issue 24), so ``auto`` keeps HF generate there.
+  bench/results/LOG.md, the CPU demo after the engine work), so ``auto`` keeps HF generate there.
 
 Imports nothing but the standard library: the login node reads it (tests/unit/test_layering.py).
 """

@@ -28,7 +28,7 @@ class ModelConfig:
     1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
     with compiled, packed layers the recompute is a quarter of the update's matrix work
     (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
-    "Issue 24, third pass")."""
+    "the default step measured as it runs")."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the

@@ -61,7 +61,7 @@ def kernels_line(
     capability: tuple[int, int] | None,
 ) -> str:
     """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
-    say, so that a run's log shows what a GPU of its capability ran (issue 55's V100 path)."""
+    say, so that a run's log shows what a GPU of its capability ran (a V100's fp16 path, say)."""
     where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
     scaled = " with the grad scaler" if scaler else ""
     return (
@@ -400,7 +400,7 @@ class Trainer:
         # Step 0 is never saved: every attempt rebuilds it identically from the seed, and
         # saving it would change it. torch's get_state_dict fills an empty optimizer state
         # by taking an AdamW step on zero gradients, so a step-0 checkpoint carries Adam
-        # step count 1 and every later bias correction is off by one (issue 14, hang_rank).
+        # step count 1 and every later bias correction is off by one (a hang_rank fault trial).
         if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)

@@ -1,4 +1,4 @@
-"""Which package may import which (issues 14 and 39, "the house"): read from the source, so
+"""Which package may import which: read from the source, so
 a new import that points the wrong way fails here, not in a newcomer's head.
 
 The packages stand in layers (docs/ARCHITECTURE.md draws them); a module imports its own
