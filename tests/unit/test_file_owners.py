@@ -26,8 +26,8 @@ OWNER = {
     "metrics": "core/progress.py",  # ProgressWriter's appends (the Tracker hands it lines)
     "samples": "core/progress.py",
     "eval_samples_at": "train/measure/tracking.py",
-    "job_summary": "submit/launch.py",
-    "training_log": "submit/launch.py",
+    "job_summary": "node/launch.py",
+    "training_log": "node/launch.py",
     "monitor_lock": "monitor/attempts.py",
     "trainer_lock": "train/state/checkpoint.py",
 }
