@@ -48,8 +48,6 @@ to 14.3x (Gemma-3-1B), Qwen2.5-0.5B 13.5x (one H100 or H200, 2026-11-23 to 11-28
 docs/models.md, "On a GPU"; bench/results/decode_*.json). At 256 rows the gap narrows
 (Qwen2.5-0.5B: 9.2x)."""
 
-ENGINES = ("auto", "native", "hf")
-
 LORA_PROJECTIONS = (
     "q_proj",
     "k_proj",

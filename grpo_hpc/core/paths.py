@@ -26,6 +26,7 @@ Layout of ``logs/<run>/``::
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
+    wandb_id               its id, so that the next attempt resumes that W&B run
     tiny_model/            the random ``tiny`` model a run built for itself
     final/                 the finished run's model as a Hugging Face directory (export.run):
                            the best evaluation's by default (training.final)
@@ -171,8 +172,9 @@ class RunPaths:
         return self.root / "checkpoints"
 
     @property
-    def wandb_dir(self) -> Path:
-        return self.root / "wandb"
+    def wandb_id(self) -> Path:
+        """The W&B run id, kept so that every attempt logs to one W&B run."""
+        return self.root / "wandb_id"
 
     @property
     def tiny_model(self) -> Path:

@@ -248,7 +248,7 @@ class Tracker:
         except ImportError:
             print("wandb not installed: metrics go to metrics.jsonl only", file=sys.stderr)
             return
-        id_file = self.paths.root / "wandb_id"
+        id_file = self.paths.wandb_id
         if not id_file.is_file():
             atomic_write_text(id_file, uuid.uuid4().hex[:12] + "\n")
         self._wandb = wandb.init(
