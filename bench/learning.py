@@ -71,6 +71,8 @@ from bench.learning_results import finish, merge_files, merge_runs, summarize, t
 from bench.learning_trl import run_trl
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.config.schema import ModelConfig
+from grpo_hpc.core import events
+from grpo_hpc.core.events import Phase
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.submit.job import create_run
@@ -175,10 +177,7 @@ def run_grpo_hpc(
 
 
 def _collapse_events(paths: RunPaths) -> list[dict]:
-    if not paths.events.exists():
-        return []
-    rows = [json.loads(x) for x in paths.events.read_text().splitlines()]
-    return [e for e in rows if e.get("phase") == "collapse"]
+    return [e for e in events.read(paths.events) if e.get("phase") == Phase.COLLAPSE]
 
 
 def _stopped_for_collapse(paths: RunPaths) -> bool:

@@ -21,6 +21,7 @@ def install(probe: Probe) -> None:
 
     from grpo_hpc.train import trainer
     from grpo_hpc.train.algo import optimization, update
+    from grpo_hpc.train.distributed import dist
     from grpo_hpc.train.rollout import collect
     from grpo_hpc.train.rollout.native import weights
 
@@ -33,7 +34,7 @@ def install(probe: Probe) -> None:
         plain = update._no_sync
 
         def no_sync(model: Any, last: bool) -> Any:
-            if update.fsdp_root(model) is not None:
+            if dist.fsdp_root(model) is not None:
                 return contextlib.nullcontext()  # reduce-scatter after every micro-batch
             return plain(model, last)
 

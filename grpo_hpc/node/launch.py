@@ -23,7 +23,7 @@ from typing import Any
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress, write_progress
-from grpo_hpc.submit import root_cause
+from grpo_hpc.node import root_cause
 
 PREEMPT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 CHECKPOINT_WAIT_S = 300.0
@@ -131,7 +131,7 @@ def _pump(stream, log_path: Path, tail: deque[bytes]) -> None:
 
 def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float) -> None:
     """A worker killed by a signal recorded nothing: name it in progress.json's reason
-    from torchrun's root-cause report (grpo_hpc.submit.root_cause)."""
+    from torchrun's root-cause report (grpo_hpc.node.root_cause)."""
     cause = root_cause.parse(b"".join(tail).decode("utf-8", "replace"))
     if cause is None:
         return
@@ -221,7 +221,7 @@ class NodeLauncher:
         paths = RunPaths(Path(self.run_dir))
         paths.nccl_trace.mkdir(exist_ok=True)  # the flight recorder does not create it
         ctx = node_context()
-        from grpo_hpc.submit.job_torch import check_job_torch  # torch_check: job
+        from grpo_hpc.node.job_torch import check_job_torch  # torch_check: job
 
         check_job_torch(paths, ctx.job_id)
         cmd = torchrun_command(self.run_dir, self.nproc_per_node, ctx)

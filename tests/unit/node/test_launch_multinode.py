@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_hpc.submit.launch import NodeContext, rendezvous_host, rendezvous_port, torchrun_command
+from grpo_hpc.node.launch import NodeContext, rendezvous_host, rendezvous_port, torchrun_command
 
 
 def test_one_node_is_standalone() -> None:

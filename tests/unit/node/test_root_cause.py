@@ -1,4 +1,4 @@
-"""Which process died first (grpo_hpc.submit.root_cause), from a real torchrun's report: two
+"""Which process died first (grpo_hpc.node.root_cause), from a real torchrun's report: two
 workers, one SIGKILLs itself; the record then names it instead of "job FAILED exit 1"."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import ProgressRecord, TrainState
-from grpo_hpc.submit import root_cause
+from grpo_hpc.node import root_cause
 
 WORKER = """
 import os, signal, time

@@ -43,11 +43,13 @@ CUDA_ENV = "GRPO_HPC_TORCH_CUDA"
 # no Volta. Every CUDA build of 2.11 on (12.8, 13.0, 13.2) starts at Turing (7.5), so a
 # GPU of 7.5 or newer is served by the default index. The index URL form is pytorch.org's
 # "previous versions" page.
-LEGACY_CUDA = "12.6"
-LEGACY_INDEX = "https://download.pytorch.org/whl/cu126"
-LEGACY_PIN = "torch<2.15"
+PRE_TURING_CUDA = "12.6"
+"""The CUDA version of the last torch builds with kernels for GPUs older than Turing."""
+PRE_TURING_INDEX = "https://download.pytorch.org/whl/cu126"
+"""Where those builds are published."""
+PRE_TURING_PIN = "torch<2.15"
 """The last release line with CUDA 12.6 wheels is 2.14 (RFC pytorch/pytorch#190385)."""
-LEGACY_MIN_CAPABILITY = (5, 0)
+PRE_TURING_MIN_CAPABILITY = (5, 0)
 """The oldest GPU generation the CUDA 12.6 builds carry (Maxwell)."""
 DEFAULT_MIN_CAPABILITY = (7, 5)
 """From here up (Turing on), the default index's CUDA build has kernels (2.11 on)."""
@@ -114,11 +116,11 @@ def fix_for(capability: tuple[int, int]) -> str:
     """What to install instead, for a GPU of ``capability`` (one clause, with the command)."""
     if capability >= DEFAULT_MIN_CAPABILITY:
         return "install PyPI's CUDA build of torch (Turing, 7.5, and newer): pip install torch"
-    if capability >= LEGACY_MIN_CAPABILITY:
+    if capability >= PRE_TURING_MIN_CAPABILITY:
         return (
-            f"install a CUDA {LEGACY_CUDA} build of torch, the only one with kernels for "
+            f"install a CUDA {PRE_TURING_CUDA} build of torch, the only one with kernels for "
             f"{capability[0]}.{capability[1]}: "
-            f'pip install "{LEGACY_PIN}" --index-url {LEGACY_INDEX}'
+            f'pip install "{PRE_TURING_PIN}" --index-url {PRE_TURING_INDEX}'
         )
     return "no published torch build has kernels for this GPU: build torch from source"
 

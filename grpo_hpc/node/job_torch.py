@@ -1,7 +1,7 @@
 """The job's own torch check, for a profile whose job loads another torch than the login
 node's (``torch_check: job``: its ``modules:`` or setup lines put a cluster torch on the
 path). grpo-submit cannot see that torch; the job can, before torchrun starts: the same
-rule (grpo_hpc.submit.torch_build.arch_problem) on the torch it imports. A torch without
+rule (grpo_hpc.node.torch_build.arch_problem) on the torch it imports. A torch without
 kernels for the profile's GPUs ends the attempt with one line and exit code 2
 (CONFIG_ERROR) in progress.json, which the monitor stops on instead of resubmitting into
 the same failure (grpo_hpc.monitor.decision)."""
@@ -12,7 +12,7 @@ from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, write_progress
-from grpo_hpc.submit import torch_build
+from grpo_hpc.node import torch_build
 
 
 def job_problem(profile: Profile, build: torch_build.TorchBuild | None) -> str | None:

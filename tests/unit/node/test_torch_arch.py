@@ -1,4 +1,4 @@
-"""The installed torch against a profile's GPUs (grpo_hpc.submit.torch_build): the rule on
+"""The installed torch against a profile's GPUs (grpo_hpc.node.torch_build): the rule on
 recorded arch lists, and grpo-submit refusing a torch without kernels for supercloud's V100s
 (issue 55)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.core.errors import ExitCode
-from grpo_hpc.submit import torch_build
-from grpo_hpc.submit.torch_build import TorchBuild, arch_problem, note, runs_on
+from grpo_hpc.node import torch_build
+from grpo_hpc.node.torch_build import TorchBuild, arch_problem, note, runs_on
 from tests.conftest import run_cli
 
 # Recorded arch lists (torch.cuda.get_arch_list()). The cu12x/cu13x lists are written from

@@ -19,8 +19,8 @@ import submitit
 
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.submit import launch
-from grpo_hpc.submit.launch import NodeLauncher
+from grpo_hpc.node import launch
+from grpo_hpc.node.launch import NodeLauncher
 
 FAKE_TRAINER = """
 import os, sys, time
@@ -128,7 +128,7 @@ def test_signal_during_an_interrupted_attempt_asks_for_a_requeue(
 def test_the_trainer_gets_the_flight_recorder_and_the_profiles_env_wins(tmp_path: Path) -> None:
     """NCCL's flight recorder is on in every job, dumping into the run directory; a value
     the profile's env: set (the job's environment) is not overridden."""
-    from grpo_hpc.submit.launch import trainer_env
+    from grpo_hpc.node.launch import trainer_env
 
     paths = RunPaths(tmp_path / "r")
     env = trainer_env({"PATH": "/bin", "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, paths, "77")

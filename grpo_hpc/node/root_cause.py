@@ -3,7 +3,7 @@
 When a worker dies of a signal (SIGKILL from the kernel's OOM killer or a user, a segfault)
 it records nothing itself: progress.json would say only "job FAILED exit 1". torchrun's
 agent prints a "Root Cause (first observed failure)" block naming the rank, its pid, host
-and exit code; the per-node launcher (grpo_hpc.submit.launch) keeps the tail of torchrun's
+and exit code; the per-node launcher (grpo_hpc.node.launch) keeps the tail of torchrun's
 output, reads that block here, and puts the rank's death into the record's reason.
 """
 
