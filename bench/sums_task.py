@@ -1,8 +1,8 @@
-"""The task of bench/learning.py as TRL's runner needs it in Python: configs/demo.yaml's
+"""The task of bench/learning/run.py as TRL's runner needs it in Python: configs/demo.yaml's
 system prompt and reward, and the problems (``data_config``) that grpo_hpc's run is given
-through ``overrides`` in bench/learning.py.
+through ``overrides`` in bench/learning/run.py.
 
-Separate so that bench/learning_trl.py does not import the benchmark script; a change here
+Separate so that bench/learning/trl_runner.py does not import the benchmark script; a change here
 must be matched in ``overrides`` (and configs/demo.yaml) for grpo_hpc's side.
 """
 

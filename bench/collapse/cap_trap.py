@@ -1,9 +1,9 @@
 """Why some seeds of the learning benchmark fall into the 48-token cap and stop learning.
 
-    python -m bench.cap_trap [RESULT.json ...] [--out OUT.json]
-    OMP_NUM_THREADS=1 python -m bench.cap_trap --probe 32      # + a CPU probe, ~5 min
+    python -m bench.collapse.cap_trap [RESULT.json ...] [--out OUT.json]
+    OMP_NUM_THREADS=1 python -m bench.collapse.cap_trap --probe 32      # + a CPU probe, ~5 min
 
-Reads the per-step records of bench/learning.py at 48 new tokens with ``--overlong mask``
+Reads the per-step records of bench/learning/run.py at 48 new tokens with ``--overlong mask``
 (``learning_2term_mask_h100x4_2026-11-27.json`` and ``archive/learning_*mask*.json``:
 grpo_hpc variants and TRL; an exact duplicate run is counted once) and tests hypotheses
 about the stall with numbers:
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 DEFAULT = [
     "bench/results/learning_2term_mask_h100x4_2026-11-27.json",
@@ -569,22 +569,24 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("results", nargs="*", default=DEFAULT, help="bench/learning.py result files")
+    p.add_argument("results", nargs="*", default=DEFAULT, help="bench/learning/run.py result files")
     p.add_argument("--out", default=OUT, help="where the JSON goes (default: %(default)s)")
     p.add_argument("--probe", type=int, default=0, metavar="N", help="CPU probe over N prompts")
     args = p.parse_args(argv)
-    command = "python -m bench.cap_trap " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.collapse.cap_trap " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     res = {"command": command.strip(), "files": args.results} | analyse(load_runs(args.results))
     out = Path(args.out)
     pr = None
     if args.probe:
-        from bench.cap_trap_probe import probe  # torch and transformers: only when probing
+        from bench.collapse.cap_trap_probe import probe  # torch and transformers: only when probing
 
         pr = probe(args.probe) | {"command": command.strip()}
     if pr is None and out.is_file():
         pr = json.loads(out.read_text()).get("probe")  # kept, with the command that made it
     if pr:
-        from bench.cap_trap_probe import probe_summaries
+        from bench.collapse.cap_trap_probe import probe_summaries
 
         res["probe_summary"] = probe_summaries(pr)
         res["probe"] = pr

@@ -1,4 +1,4 @@
-"""The CPU probe of bench/cap_trap.py (``--probe N``): the real SmolLM2-135M-Instruct at
+"""The CPU probe of bench/collapse/cap_trap.py (``--probe N``): the real SmolLM2-135M-Instruct at
 step 0 on the learning benchmark's prompts, HF generate at T=0.9, N prompts x G=8 sampled
 to 96 tokens and also read at 48: who gets gradient under the overlong mask and with what
 sign, the push on ending, and the same at a 96-token cap. Imported only when probing (it
@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from bench.cap_trap import CAP, describe, mean, sample_kind
+from bench.collapse.cap_trap import CAP, describe, mean, sample_kind
 
 
 def group_stats(rewards: list[float], finished: list[bool], eps: float = 1e-4) -> dict:
@@ -52,7 +52,7 @@ def probe(prompts: int, g: int = 8, long_cap: int = 96, seed: int = 0) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench.learning_task import SYSTEM, data_config
+    from bench.sums_task import SYSTEM, data_config
     from grpo_hpc.config.schema import ModelConfig
     from grpo_hpc.tasks import problems as data
     from grpo_hpc.train.setup import models

@@ -1,6 +1,6 @@
 """Replay every recorded seed of the learning benchmark through the collapse detector.
 
-    python bench/collapse_replay.py [RESULT.json ...] [--out OUT.json]
+    python bench/collapse/replay.py [RESULT.json ...] [--out OUT.json]
 
 For each seed: whether it ended healthy (final held-out accuracy >= 0.5), the verdicts the
 detector (grpo_hpc/train/supervision/collapse.py, default thresholds) would have drawn
@@ -18,7 +18,7 @@ from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from grpo_hpc.train.supervision.collapse import Thresholds, replay  # noqa: E402
 

@@ -4,7 +4,7 @@ how it ended (state, exit code, reason), how many steps had every group answer c
 events, which step's model ``final/`` holds, and the validation accuracy at each evaluation.
 Read from the run directory; :func:`summarize` is pure.
 
-    python -m bench.solved_summary /tmp/runs/solved-flag OUT/solved_flag_summary.json
+    python -m bench.collapse.solved_summary /tmp/runs/solved-flag OUT/solved_flag_summary.json
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ an H100 at Qwen3-1.7B: HF's own bf16 forward off fp32 by ~3 logits with ``varied
 ~0.55 with ``scaled``; both give 125-128 distinct tokens in 128, ``default`` gave Qwen3-0.6B
 3 distinct in 24 on the CPU).
 
-Agreement: bench/decode_agreement.py (``agreement``, ``exact_check``), which says how a
+Agreement: bench/decode/agreement.py (``agreement``, ``exact_check``), which says how a
 first difference is judged (a near-tie, within bf16 error).
 """
 
@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 
 from bench.common import build_model, env_info, shape_dir, shape_names, write_result
-from bench.decode_agreement import agreement, agreement_line, vary_init
+from bench.decode.agreement import agreement, agreement_line, vary_init
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks.problems import load_problems, prompt_text
 from grpo_hpc.train.rollout.engines import HFEngine

@@ -1,1 +1,1 @@
-"""Fault campaigns: faults injected into real runs on Slurm, CPU and GPU, and the recovery judged."""
+"""Fault campaigns: faults injected into real runs on Slurm (CPU, GPU), recovery judged."""

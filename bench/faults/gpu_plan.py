@@ -1,8 +1,8 @@
-"""The pure parts of the GPU fault campaign (bench/gpu_faults.py, issue 37): the fault
+"""The pure parts of the GPU fault campaign (bench/faults/gpu_run.py, issue 37): the fault
 kinds, each trial's moment and target (a function of the seed and the trial index), what
 a trial measured, whether it passed, and the campaign's totals. No I/O: tests pin these.
 
-Unlike the CPU campaign (bench/fault_plan.py), GPU kernels are not bit-deterministic, so a
+Unlike the CPU campaign (bench/faults/plan.py), GPU kernels are not bit-deterministic, so a
 trial is not judged by its final weights against an uninterrupted run's. It is judged by
 its resume instead: every resumed attempt's state digest (weights, optimizer, RNG, data
 position: grpo_hpc.train.state.state_digest) must equal the one its checkpoint was saved with.

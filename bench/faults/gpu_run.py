@@ -2,7 +2,7 @@
 one 2-rank FSDP2 run of the random ``tiny`` model in bf16 on two GPUs, submitted with
 grpo-submit and watched by grpo-monitor, as a user would; one fault per trial (a rank
 killed, a rank hung, a rank killed inside a DCP save, the time limit, a step-0 stall, a
-CUDA OOM: bench/gpu_fault_plan.py). Per trial: when the job ended after the fault, when
+CUDA OOM: bench/faults/gpu_plan.py). Per trial: when the job ended after the fault, when
 the monitor acted, when training went on, steps redone, duplicate jobs, checkpoints that
 fail ``grpo-ckpt verify``, and whether every resumed rank's state (weights, optimizer, RNG,
 data position) equals its checkpoint's digest.
@@ -28,9 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.fault_plan import Fault, TrialPlan
-from bench.fault_trial import REPO, Trial, cli, kill, sh, trainer_pids
-from bench.gpu_fault_plan import (
+from bench.faults.gpu_plan import (
     STRUCK,
     GpuTrialPlan,
     GpuTrialResult,
@@ -40,6 +38,8 @@ from bench.gpu_fault_plan import (
     summarize,
     verdict,
 )
+from bench.faults.plan import Fault, TrialPlan
+from bench.faults.trial import REPO, Trial, cli, kill, sh, trainer_pids
 from grpo_hpc.core.fsutil import atomic_write_text, read_jsonl
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.core.slurm import job_name
@@ -265,9 +265,9 @@ def order(plans: list[GpuTrialPlan]) -> list[GpuTrialPlan]:
 
 
 EXAMPLES = """examples:
-  python -m bench.gpu_faults --trials 18 --out bench/results/gpu_faults.json
-  python -m bench.gpu_faults --only 3,9 --deadline 540 --out /tmp/rerun.json
-  python -m bench.gpu_faults --table bench/results/gpu_faults.json
+  python -m bench.faults.gpu_run --trials 18 --out bench/results/gpu_faults.json
+  python -m bench.faults.gpu_run --only 3,9 --deadline 540 --out /tmp/rerun.json
+  python -m bench.faults.gpu_run --table bench/results/gpu_faults.json
 Trial i is KINDS[i % 6] with moments drawn from (seed, i). Needs root, a cluster from
 slurm/up.sh --real-gpus with 2 or more GPUs, and grpo_hpc importable (bench/gpu.sh faults).
 """
@@ -275,7 +275,8 @@ slurm/up.sh --real-gpus with 2 or more GPUs, and grpo_hpc importable (bench/gpu.
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="gpu_faults.py", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+        prog="python -m bench.faults.gpu_run", description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     ap.add_argument("--trials", type=int, default=18, help="trials 0..N-1 (default 18)")
@@ -315,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {r["index"]: r for r in old.get("trials", [])}
     meta = {
         "campaign": {"seed": args.seed, "gpus": gpus, "parallel": parallel,
-                     "command": " ".join(["python -m bench.gpu_faults", *(argv or sys.argv[1:])]),
+                     "command": " ".join(["python -m bench.faults.gpu_run",
+                                          *(argv or sys.argv[1:])]),
                      "device": _devices()},
         "run": {"config": "tiny", "overrides": RUN_OVERRIDES, "by_kind": KIND_OVERRIDES,
                 "monitor": MONITOR_FLAGS, "profile": "bench/slurm-h100x2.yaml + "

@@ -1,4 +1,4 @@
-"""The pure parts of the fault campaign (bench/faults.py): which faults a trial gets, at
+"""The pure parts of the fault campaign (bench/faults/run.py): which faults a trial gets, at
 which moments (a function of the campaign seed and the trial index only), whether a trial
 passed, and the campaign's totals. No I/O here: tests pin these functions directly.
 """

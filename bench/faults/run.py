@@ -1,6 +1,6 @@
 """Fault campaign on the local test Slurm cluster (slurm/up.sh --nodes 2): one tiny run per
 trial, driven by the real grpo-submit and grpo-monitor, with faults at random moments from
-a seeded generator (bench/fault_plan.py). Per trial: finished or not, final weights against
+a seeded generator (bench/faults/plan.py). Per trial: finished or not, final weights against
 an uninterrupted run with the same seed, jobs submitted, duplicate live jobs (squeue polled
 throughout), checkpoints failing ``grpo-ckpt verify``, time to recover.
 
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.fault_plan import (
+from bench.faults.plan import (
     EXCLUSIVE,
     TrialPlan,
     TrialResult,
@@ -32,7 +32,7 @@ from bench.fault_plan import (
     summarize,
     verdict,
 )
-from bench.fault_trial import (
+from bench.faults.trial import (
     MAX_STEPS,
     MONITOR_FLAGS,
     REPO,
@@ -96,7 +96,7 @@ come from a generator seeded with S and i). Needs root and slurm/up.sh --nodes 2
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="faults.py", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+        prog="python -m bench.faults", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--trials", type=int, default=10, help="number of trials (default 10)")

@@ -1,7 +1,7 @@
 """One fault-campaign trial on the local test Slurm cluster: submit a tiny run, start the
 monitor, strike at the planned moments (trainer, monitor, job, slurmctld, a rank, a node,
-the disk), watch squeue for duplicate jobs, clean up. ``bench/faults.py`` runs many and
-judges them; the plan (what, when) comes from ``bench/fault_plan.py``."""
+the disk), watch squeue for duplicate jobs, clean up. ``bench/faults/run.py`` runs many and
+judges them; the plan (what, when) comes from ``bench/faults/plan.py``."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.fault_plan import EXCLUSIVE, Fault, TrialPlan, TrialResult
+from bench.faults.plan import EXCLUSIVE, Fault, TrialPlan, TrialResult
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.core.slurm import job_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
 MAX_STEPS = 6
 """Default steps per run (--max-steps)."""
@@ -64,7 +64,7 @@ def cli_env() -> dict[str, str]:
 
 def cli(name: str) -> list[str]:
     """A grpo_hpc command (``grpo-<name>``) by its module: works where the package is only
-    on PYTHONPATH, as on the lent GPU machines (bench/gpu_faults.py)."""
+    on PYTHONPATH, as on the lent GPU machines (bench/faults/gpu_run.py)."""
     return [sys.executable, "-m", f"grpo_hpc.cli.{name}"]
 
 

@@ -1,4 +1,4 @@
-"""bench/learning.py's results: the summary of a system's runs over seeds (accuracy at
+"""bench/learning/run.py's results: the summary of a system's runs over seeds (accuracy at
 each evaluation, mean and standard error, time to the target), its plot, and the merge
 of files made apart (``--merge``: several GPUs, or a re-run)."""
 
@@ -99,8 +99,8 @@ COLORS = {
 
 def curve_problems(system: str, num_eval: int) -> str:
     """What a system's in-run evaluations (its accuracy curve) score: the validation split
-    where it has one (the keep-best systems of bench/learning.py), else the test problems."""
-    from bench.learning import HANDED, NUM_VAL, SYSTEMS
+    where it has one (the keep-best systems of bench/learning/run.py), else the test problems."""
+    from bench.learning.run import HANDED, NUM_VAL, SYSTEMS
 
     extra = SYSTEMS.get(system, ("", []))[1]  # TRL's entry holds its precision, a string
     if isinstance(extra, list) and HANDED[0] in extra:

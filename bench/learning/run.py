@@ -12,10 +12,10 @@ default) trains nothing on it (DAPO's overlong filtering: ``algo.mask_truncated`
 ``mask_truncated_completions``), ``penalty`` takes 0.5 off its reward (the demo's
 shaping, under which either system at random seeds drifts into bare-guess answers:
 docs/ALGORITHM.md).
-bench/trl_parity.py shows the two updates agree on one batch. grpo_hpc runs its real
+bench/trl/parity.py shows the two updates agree on one batch. grpo_hpc runs its real
 trainer (``torchrun -m grpo_hpc.train``, native engine on a GPU); TRL 1.16 generates with
 HF ``generate`` (vLLM cannot be installed on the GPU machine). The task both share (system
-prompt, reward, data) is in bench/learning_task.py, TRL's runner in bench/learning_trl.py.
+prompt, reward, data) is in bench/sums_task.py, TRL's runner in bench/learning/trl_runner.py.
 
 Held-out accuracy every ``--eval-every`` steps is measured the same way for both: greedy
 completions of the same ``--num-eval`` held-out problems from grpo_hpc's native engine over
@@ -67,8 +67,8 @@ from pathlib import Path
 import torch
 
 from bench.common import env_info, why_failed, write_result
-from bench.learning_results import finish, merge_files, merge_runs, summarize, time_to  # noqa: F401
-from bench.learning_trl import run_trl
+from bench.learning.results import finish, merge_files, merge_runs, summarize, time_to  # noqa: F401
+from bench.learning.trl_runner import run_trl
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.core.paths import RunPaths

@@ -1,8 +1,8 @@
-"""TRL's side of bench/learning.py: ``run_trl`` trains with TRL's GRPOTrainer on the task of
-bench/learning_task.py and times it with a callback (``Clock``) that evaluates the held-out
+"""TRL's side of bench/learning/run.py: ``run_trl`` trains with TRL's GRPOTrainer on the task of
+bench/sums_task.py and times it with a callback (``Clock``) that evaluates the held-out
 problems with grpo_hpc's native engine, its own time excluded.
 
-Separate from bench/learning.py because it is the one part that needs TRL (imported only
+Separate from bench/learning/run.py because it is the one part that needs TRL (imported only
 when a TRL run starts) and the one that maps grpo_hpc's settings onto another trainer's.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from bench.learning_task import REWARD, SYSTEM, data_config, reward_config
+from bench.sums_task import REWARD, SYSTEM, data_config, reward_config
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.evaluation.scoring import score_eval
 from grpo_hpc.train.rewards import functions as rewards

@@ -3,7 +3,7 @@
 its peak memory against the emulated cap, s/step, and reward and held-out accuracy first
 against last. The figures are read from the run directory; :func:`summarize` is pure.
 
-    python -m bench.emulated_summary /tmp/runs/supercloud-emulated-smollm2 OUT/summary.json
+    python -m bench.memory.emulated_summary /tmp/runs/supercloud-emulated-smollm2 OUT/summary.json
 """
 
 from __future__ import annotations

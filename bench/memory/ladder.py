@@ -27,15 +27,18 @@ change to what they measure; the reason is in the row) and rows whose settings t
 estimator now resolves differently.
 
     # 2 GPUs, ~15 min; then one GPU, ~8 min
-    python -m bench.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json
-    python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json
-    python -m bench.ladder --device cpu --shapes tiny --steps 2 --max-new 16 --out /tmp/l.json
+    python -m bench.memory.ladder --nproc 2 --out bench/results/ladder_h100_2026-11-26.json
+    python -m bench.memory.ladder --out bench/results/ladder_h100_2026-11-26.json
+    python -m bench.memory.ladder --device cpu --shapes tiny --steps 2 --max-new 16 \
+        --out /tmp/l.json
     # the 1.5B row with every decision a V100's (docs/profiles.md, Supercloud)
-    GRPO_HPC_EMULATE_GPU=7.0:32 python -m bench.ladder --shapes qwen2.5-1.5b \
+    GRPO_HPC_EMULATE_GPU=7.0:32 python -m bench.memory.ladder --shapes qwen2.5-1.5b \
         --budgets supercloud --out bench/results/ladder_supercloud_emulated_<gpu>_<date>.json
     # the model families of docs/models.md (FAMILY_SHAPES), one GPU
-    python -m bench.ladder --shapes families --out bench/results/ladder_families_h100_<date>.json
-    python -m bench.ladder --out bench/results/ladder_h100_2026-11-26.json --merge OUT/ladder_b.json
+    python -m bench.memory.ladder --shapes families \
+        --out bench/results/ladder_families_h100_<date>.json
+    python -m bench.memory.ladder --out bench/results/ladder_h100_2026-11-26.json \
+        --merge OUT/ladder_b.json
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 
 from bench.common import SHAPES as COMMON_SHAPES
 from bench.common import build_model, env_info, write_result
-from bench.ladder_parts.plan import (  # noqa: F401  (re-exported: tests, bench/mem_probe.py)
+from bench.memory.ladder_plan import (  # noqa: F401  (re-exported: tests, bench/memory/probe.py)
     BUDGETS,
     FAMILY_SHAPES,
     HERE,
@@ -61,7 +64,7 @@ from bench.ladder_parts.plan import (  # noqa: F401  (re-exported: tests, bench/
     estimates,
     load_shape,
 )
-from bench.ladder_parts.run import (  # noqa: F401  (re-exported: bench/mem_probe.py)
+from bench.memory.ladder_rows import (  # noqa: F401  (re-exported: bench/memory/probe.py)
     _run_group,
     child,
     row_overrides,

@@ -1,6 +1,6 @@
 """The ladder's rows as the estimator plans them: the shapes and budgets, each row's
 memory settings, and the estimator's plan on one GPU and on the budget's 2-GPU profile
-(``python -m bench.ladder``, :mod:`bench.ladder`)."""
+(``python -m bench.memory.ladder``, :mod:`bench.memory.ladder`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One ladder row run for real: the trainer under torchrun in a process group of its own
 with a timeout (and TRL beside it, on request), its measured figures, and the trainer's
-side of it (``--child``: the memory cap, then the trainer) (:mod:`bench.ladder`)."""
+side of it (``--child``: the memory cap, then the trainer) (:mod:`bench.memory.ladder`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.ladder_parts.plan import (
+from bench.memory.ladder_plan import (
     BUDGETS,
     LORA_RANK,
     PEAK_FLOPS,
@@ -41,7 +41,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
     cap = BUDGETS[budget][1] if args.device == "cuda" else 0
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
               f"--nproc-per-node={args.nproc}", "--max-restarts=0"]  # fmt: skip
-    cmd = [*launch, "-m", "bench.ladder", "--child", str(paths.root), "--cap-gib", str(cap)]
+    cmd = [*launch, "-m", "bench.memory.ladder", "--child", str(paths.root), "--cap-gib", str(cap)]
     t0 = time.monotonic()
     code, tail = _run_group(cmd, args.row_timeout)
     out: dict = {"wall_s": round(time.monotonic() - t0, 1), "exit_code": code}
@@ -74,7 +74,7 @@ def run_row(args: argparse.Namespace, name: str, budget: str, mode: str, plan, w
 
 def row_overrides(args: argparse.Namespace, name: str, s) -> list[str]:  # noqa: ANN001
     """The run's config overrides for one row: ``s`` (memory.Settings) on ``args.nproc``
-    ranks (also bench/mem_probe.py, which runs a row's plan under its instruments)."""
+    ranks (also bench/memory/probe.py, which runs a row's plan under its instruments)."""
     return [
         f"model.name_or_path=random:{SHAPES_DIR / name}",
         f"model.lora_rank={s.lora_rank}",
@@ -175,10 +175,10 @@ def speed(steps: list[dict], shape, plan, args: argparse.Namespace) -> dict:  # 
 def run_trl(args: argparse.Namespace, name: str, budget: str, mode: str, model: Path) -> dict:
     """TRL 1.16's GRPOTrainer on one GPU under the same cap, precision, mode (peft LoRA r=16
     on q/k/v/o, base in the compute dtype), prompts, G, lengths and steps, in a child process
-    (bench/trl_baseline.py: HF generate, gradient checkpointing, micro-batches of 16);
+    (bench/trl/baseline.py: HF generate, gradient checkpointing, micro-batches of 16);
     its median s/step and peak, or why it did not run to the end."""
     out = model.parent / f"trl-{name}-{budget}-{mode}.json"
-    cmd = [sys.executable, "-m", "bench.trl_baseline", f"--shape={name}",
+    cmd = [sys.executable, "-m", "bench.trl.baseline", f"--shape={name}",
            f"--model-dir={model}", f"--precision={BUDGETS[budget][0]}",
            f"--cap-gib={BUDGETS[budget][1]}", f"--lora-rank={LORA_RANK if mode == 'lora' else 0}",
            f"--prompts={args.prompts}", f"--G={args.G}", f"--max-new={args.max_new}",

@@ -1,7 +1,7 @@
 """The ladder's markdown table (bench/results/LOG.md) from ladder.json: measured figures
 beside what the memory estimator says now for the same settings.
 
-    python -m bench.ladder_table bench/results/ladder_h100_2026-11-26.json
+    python -m bench.memory.ladder_table bench/results/ladder_h100_2026-11-26.json
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # bench/
 
 
 def current_estimate(row: dict) -> float | None:

@@ -33,12 +33,12 @@ Switches that change the run (to measure a fix before it is made):
 
 Two ways in:
 
-    # the 2-GPU ladder's plan for one shape, budget and mode (as bench/ladder.py runs it)
-    python -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 --steps 2 --out DIR
-    # any run bench/grpo_step.py makes: add --probe (probe files go to $PROBE_OUT)
-    PROBE_OUT=DIR python -m bench.grpo_step ... --probe
+    # the 2-GPU ladder's plan for one shape, budget and mode (as bench/memory/ladder.py runs it)
+    python -m bench.memory.probe ladder --shape qwen2.5-7b --nproc 2 --steps 2 --out DIR
+    # any run bench/speed/grpo_step.py makes: add --probe (probe files go to $PROBE_OUT)
+    PROBE_OUT=DIR python -m bench.speed.grpo_step ... --probe
     # CPU smoke (gloo, fp32, the tiny shape)
-    python -m bench.mem_probe ladder --device cpu --shape tiny --nproc 2 --steps 2 --out /tmp/p
+    python -m bench.memory.probe ladder --device cpu --shape tiny --nproc 2 --steps 2 --out /tmp/p
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ import json
 import sys
 from pathlib import Path
 
-from bench.mem_probe_parts.history import _LIBS, _short, _site, summarize_history
-from bench.mem_probe_parts.hooks import child, install
-from bench.mem_probe_parts.ladder_row import ladder_run, summarize_probes
-from bench.mem_probe_parts.merge import merge
-from bench.mem_probe_parts.probe import GIB, Probe, _env_int, _fsdp_params, _local_bytes
-from bench.mem_probe_parts.profiler import _kind, _start_profiler, _stop_profiler
+from bench.memory.probe_core import GIB, Probe, _env_int, _fsdp_params, _local_bytes
+from bench.memory.probe_history import _LIBS, _short, _site, summarize_history
+from bench.memory.probe_hooks import child, install
+from bench.memory.probe_ladder_row import ladder_run, summarize_probes
+from bench.memory.probe_merge import merge
+from bench.memory.probe_profiler import _kind, _start_profiler, _stop_profiler
 
-__all__ = [  # every name of the single-file module, for ``from bench.mem_probe import X``
+__all__ = [  # every name of the single-file module, for ``from bench.memory.probe import X``
     "GIB", "Probe", "_LIBS", "_env_int", "_fsdp_params", "_kind", "_local_bytes", "_short",
     "_site", "_start_profiler", "_stop_profiler", "child", "install", "ladder_run", "main",
     "merge", "summarize_history", "summarize_probes",
@@ -68,7 +68,9 @@ def main() -> None:
         p = argparse.ArgumentParser()
         p.add_argument("cmd")
         p.add_argument("--name", required=True)
-        p.add_argument("--step-json", type=Path, required=True, help="bench/grpo_step.py's --out")
+        p.add_argument(
+            "--step-json", type=Path, required=True, help="bench/speed/grpo_step.py's --out"
+        )
         p.add_argument("--probe-dir", type=Path, required=True)
         p.add_argument("--into", type=Path, required=True)
         a = p.parse_args(argv)

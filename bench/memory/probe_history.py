@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bench.mem_probe_parts.probe import GIB
+from bench.memory.probe_core import GIB
 
 _LIBS = ("torch/distributed/", "torch/optim/", "torch/nn/utils/", "torch/utils/checkpoint",
          "transformers/", "torch/_dynamo", "torch/_inductor", "torch/nn/modules/")  # fmt: skip

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.mem_probe_parts.history import summarize_history
-from bench.mem_probe_parts.probe import GIB, Probe
-from bench.mem_probe_parts.profiler import _start_profiler, _stop_profiler
+from bench.memory.probe_core import GIB, Probe
+from bench.memory.probe_history import summarize_history
+from bench.memory.probe_profiler import _start_profiler, _stop_profiler
 
 
 def install(probe: Probe) -> None:

@@ -1,4 +1,4 @@
-"""One ladder row's plan (as ``bench/ladder.py`` runs it) under the probe, and the per-rank
+"""One ladder row's plan (as ``bench/memory/ladder.py`` runs it) under the probe, and the per-rank
 summary of probe files (:func:`summarize_probes`, also used by ``merge.py``)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 
 def ladder_run(args: argparse.Namespace) -> dict:
-    """One ladder row's plan (bench/ladder.py: the estimator's settings for the budget's
+    """One ladder row's plan (bench/memory/ladder.py: the estimator's settings for the budget's
     2-GPU profile), run under the probe; the estimator's figures beside the measured ones."""
-    from bench import ladder
+    from bench.memory import ladder
     from grpo_hpc.config.profiles import profile_from_dict
     from grpo_hpc.core.paths import RunPaths
     from grpo_hpc.memory import fit as memory_fit
@@ -40,7 +40,7 @@ def ladder_run(args: argparse.Namespace) -> dict:
         create_run(paths, profile, "tiny", ladder.row_overrides(largs, args.shape, s), force=True)
         cap = ladder.BUDGETS[args.budget][1] if args.device == "cuda" else 0
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={args.nproc}", "--max-restarts=0", "-m", "bench.mem_probe",
+               f"--nproc-per-node={args.nproc}", "--max-restarts=0", "-m", "bench.memory.probe",
                "child", str(paths.root), "--cap-gib", str(cap)]  # fmt: skip
         os.environ["PROBE_OUT"] = str(args.out)
         t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""One ``bench/grpo_step.py --probe`` run (its result and its probe files) added to a
+"""One ``bench/speed/grpo_step.py --probe`` run (its result and its probe files) added to a
 results file under a name."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.mem_probe_parts.ladder_row import summarize_probes
+from bench.memory.probe_ladder_row import summarize_probes
 
 
 def merge(name: str, step_json: Path, probe_dir: Path, into: Path) -> None:
-    """Add one bench/grpo_step.py run (its result and its probe files) to ``into`` under
+    """Add one bench/speed/grpo_step.py run (its result and its probe files) to ``into`` under
     ``name``; a run that wrote no result is recorded with what its probe saw."""
     doc = json.loads(into.read_text()) if into.exists() else {"runs": {}}
     step = json.loads(step_json.read_text()) if step_json.exists() else {"failed": True}

@@ -1,6 +1,6 @@
 """Throughput of answer extraction and correctness scoring (parse + verify), on CPU.
 
-    python -m bench.answer_throughput [--items 2000] [--repeat 3] [--out FILE.json]
+    python -m bench.speed.answer_throughput [--items 2000] [--repeat 3] [--out FILE.json]
 
 Completions are GSM8K-style: ~900 characters of reasoning, then one of the answer
 conventions (``Answer:``, ``#### N``, ``\\boxed{}``, "the answer is"). Four figures (best

@@ -7,10 +7,11 @@ the same world size (are the final weights bit-identical to the uninterrupted ru
 and on one process (DCP resharding). Reports times, checkpoint sizes and the outcomes.
 
     # two GPUs (the H200-x2 run recorded in bench/results/):
-    python -m bench.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \\
+    python -m bench.speed.fsdp_dcp --nproc 2 --shape smollm2-135m --precision bf16 \\
         --out bench/results/fsdp_dcp_h200x2_2026-11-23.json
     # CPU smoke test (gloo, tiny shape, ~1 min on 2 cores):
-    python -m bench.fsdp_dcp --nproc 2 --shape tiny --precision fp32 --max-new 8 --prompts 2 --G 4
+    python -m bench.speed.fsdp_dcp --nproc 2 --shape tiny --precision fp32 --max-new 8 \
+        --prompts 2 --G 4
 """
 
 from __future__ import annotations

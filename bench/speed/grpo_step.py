@@ -6,11 +6,11 @@ worst case), runs ``torchrun -m grpo_hpc.train`` for a few steps, and reports th
 median per-phase times from metrics.jsonl (the first step, with warm-up, is dropped)
 and the completions' mean length and share cut at the cap (over every step).
 
-    python -m bench.grpo_step --shape smollm2-135m --precision bf16 --out bench/results/x.json
+    python -m bench.speed.grpo_step --shape smollm2-135m --precision bf16 --out bench/results/x.json
 
 With ``--model-dir`` (a real model) and ``--source gsm8k`` the prompts are GSM8K train
 questions and completions end where the model puts EOS (``--num-train`` of them, drawn
-in the trainer's seeded order: bench/trl_baseline.py gives TRL the same ones).
+in the trainer's seeded order: bench/trl/baseline.py gives TRL the same ones).
 """
 
 from __future__ import annotations
@@ -120,13 +120,13 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
 
 def child_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    """What torchrun runs on each rank: the trainer; under bench/mem_probe.py's instruments
+    """What torchrun runs on each rank: the trainer; under bench/memory/probe.py's instruments
     with ``--probe``; behind the ladder's memory cap with ``--cap-gib``."""
     cap = ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
     if args.probe:
-        return ["-m", "bench.mem_probe", "child", str(run_dir), *cap]
+        return ["-m", "bench.memory.probe", "child", str(run_dir), *cap]
     if args.cap_gib:  # the ladder's child caps each rank's memory at the budget first
-        return ["-m", "bench.ladder", "--child", str(run_dir), *cap]
+        return ["-m", "bench.memory.ladder", "--child", str(run_dir), *cap]
     return ["-m", "grpo_hpc.train", str(run_dir)]
 
 
@@ -136,7 +136,7 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     engine's cache, so only the questions trained on may set it. GSM8K runs a real model,
     whose completion lengths follow the policy: the ``tiny`` config's rate (1e-3, for a
     random model) wrecks it in one update, after which every completion runs to the cap,
-    so it trains at TRL's rate in bench/trl_baseline.py (1e-6)."""
+    so it trains at TRL's rate in bench/trl/baseline.py (1e-6)."""
     if args.source == "arithmetic":
         return [f"data.num_train={args.num_train}"] if args.num_train else []
     return [
@@ -226,7 +226,7 @@ def main() -> None:
     p.add_argument(
         "--probe",
         action="store_true",
-        help="run the trainer under bench/mem_probe.py (its files go to $PROBE_OUT)",
+        help="run the trainer under bench/memory/probe.py (its files go to $PROBE_OUT)",
     )
     p.add_argument(
         "--override", action="append", default=[], help="another config key=value (repeatable)"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import env_info, untiny_overrides
-from bench.profile_step_parts.attribution import (
+from bench.speed.profile_attribution import (
     MODULE_SCOPES,
     PHASE_PREFIX,
     SCOPE_PREFIX,

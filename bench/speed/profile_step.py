@@ -24,7 +24,7 @@ phase is the part of its wall time no kernel covers: launch gaps and host work.
 
 On a CPU (the tiny smoke test) the same table is built from the CPU time of the leaf ops.
 
-    python -m bench.profile_step --shapes qwen2.5-1.5b qwen2.5-3b --out bench/results/profile
+    python -m bench.speed.profile_step --shapes qwen2.5-1.5b qwen2.5-3b --out bench/results/profile
 
 writes ``<out>/profile_<shape>[_<tag>].json`` and ``.md``, and ``<out>/summary.md``.
 """
@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.profile_step_parts.attribution import (
+from bench.speed.profile_attribution import (
     ATTENTION_NAMES,
     CATEGORIES,
     FUSED_NAMES,
@@ -55,7 +55,7 @@ from bench.profile_step_parts.attribution import (
     summarize,
     work_items,
 )
-from bench.profile_step_parts.step import (
+from bench.speed.profile_run import (
     SHAPES_DIR,
     _last_metrics,
     _ranged,
@@ -65,9 +65,9 @@ from bench.profile_step_parts.step import (
     profile_one,
     run_overrides,
 )
-from bench.profile_step_parts.tables import markdown, write
+from bench.speed.profile_tables import markdown, write
 
-__all__ = [  # every name of the single-file module, for ``from bench.profile_step import X``
+__all__ = [  # every name of the single-file module, for ``from bench.speed.profile_step import X``
     "ATTENTION_NAMES", "Attribution", "CATEGORIES", "FUSED_NAMES", "Item", "MATMUL_NAMES",
     "MEMCPY_NAMES", "MODULE_SCOPES", "PHASES", "PHASE_PREFIX", "SCOPE_PREFIX", "SHAPES_DIR",
     "_ancestors", "_busy_us", "_host_ranges", "_is_range", "_last_metrics", "_passthrough",
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     # One process per shape: each starts with an empty GPU and its own compile caches.
     tables = []
     for shape in args.shapes:
-        cmd = [sys.executable, "-m", "bench.profile_step", "--child", "--shapes", shape]
+        cmd = [sys.executable, "-m", "bench.speed.profile_step", "--child", "--shapes", shape]
         cmd += _passthrough(args)
         proc = subprocess.run(cmd)
         stem = f"profile_{shape}{'_' + args.tag if args.tag else ''}.md"

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.profile_step_parts.attribution import CATEGORIES, PHASES
+from bench.speed.profile_attribution import CATEGORIES, PHASES
 
 
 def markdown(shape: str, tag: str, result: dict) -> str:

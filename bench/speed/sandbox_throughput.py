@@ -1,7 +1,7 @@
 """Throughput of the code reward's sandbox: programs judged per second with N parallel
 workers, on HumanEval programs (what a code run scores).
 
-    python -m bench.sandbox_throughput --workers 1,2,4,8 [--repeat 2] [--out FILE.json]
+    python -m bench.speed.sandbox_throughput --workers 1,2,4,8 [--repeat 2] [--out FILE.json]
 
 Programs: HumanEval's 164 canonical solutions (each passes its tests) and 164 wrong ones
 (each function given the next problem's solution: most fail on the first assert), judged
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {row['passed']} passed, expected {should_pass}", file=sys.stderr)
         rows.append(row)
     result = {
-        "command": "python -m bench.sandbox_throughput " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m bench.speed.sandbox_throughput " + " ".join(argv or sys.argv[1:]),
         "isolation": f"{iso.name}: {iso.detail}",
         "cpus_usable": len(os.sched_getaffinity(0)),
         "programs": len(texts),

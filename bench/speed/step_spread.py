@@ -11,9 +11,10 @@ the fastest. Steps whose ``compile/graphs`` or ``engine/captures`` grew are mark
 time includes a compilation or a CUDA graph capture on some rank; the spread without them
 (``worst_steady_spread``) is the steps' own variation.
 
-    python -m bench.step_spread logs/RUN/metrics.jsonl
-    python -m bench.step_spread bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl --warmup 1
-    python -m bench.step_spread logs/RUN/metrics.jsonl --steps   # and every step's parts
+    python -m bench.speed.step_spread logs/RUN/metrics.jsonl
+    python -m bench.speed.step_spread bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl \
+        --warmup 1
+    python -m bench.speed.step_spread logs/RUN/metrics.jsonl --steps   # and every step's parts
 
 The issue's target: after warm-up, steps of similar token counts within 20 % of each other
 (``--target 1.2``: exit 1 when a group's slowest step is further than that).

@@ -7,7 +7,7 @@ MFU = 6 * N * tokens / time / peak, with N the parameter count (embedding includ
 tied head counted once), tokens the padded training tokens, and peak the dense bf16
 rate of the GPU (989 TFLOP/s for an H100 SXM; also the measured 8k matmul rate).
 
-    python -m bench.update_speed --shape qwen2.5-0.5b --out bench/results/update_speed.json
+    python -m bench.speed.update_speed --shape qwen2.5-0.5b --out bench/results/update_speed.json
 """
 
 from __future__ import annotations

@@ -6,17 +6,17 @@ TRL is configured like the issue's reference run: HF generate (no vLLM), gradien
 checkpointing, bf16 autocast over fp32 weights, ``prompts x G`` completions per
 optimizer step in micro-batches of ``--micro`` completions. Steps are timed with a
 callback (optimizer step to optimizer step, first step dropped as warm-up). grpo_hpc
-runs through ``bench/grpo_step.py`` (``torchrun -m grpo_hpc.train``) with the same shape.
+runs through ``bench/speed/grpo_step.py`` (``torchrun -m grpo_hpc.train``) with the same shape.
 
-    python -m bench.trl_baseline --shape qwen2.5-0.5b --engine native --out bench/results/x.json
+    python -m bench.trl.baseline --shape qwen2.5-0.5b --engine native --out bench/results/x.json
 
 TRL runs once; grpo_hpc runs once per ``--variants`` entry (the project defaults first),
 each against that same TRL run. ``--nproc N``: TRL as a TRL user runs several GPUs,
-``accelerate launch`` with FSDP2 (``--trl-mode``; bench/trl_multi.py), and grpo_hpc under
+``accelerate launch`` with FSDP2 (``--trl-mode``; bench/trl/multi.py), and grpo_hpc under
 torchrun with N ranks (a variant's ``--strategy`` picks DDP or FSDP2); ``--prompts`` stays
 the global count per step::
 
-    python -m bench.trl_baseline --shape qwen2.5-1.5b --nproc 2 --prompts 16 --micro 16 \
+    python -m bench.trl.baseline --shape qwen2.5-1.5b --nproc 2 --prompts 16 --micro 16 \
         --engine native --variants "fsdp=--strategy fsdp" "ddp=--strategy ddp" --out F
 
 The default prompts are grpo_hpc's synthetic arithmetic questions, and a random model
@@ -26,7 +26,7 @@ order (grpo_hpc's loader, system prompt and seeded sampler; TRL reads them unshu
 and a real model in ``--model-dir`` ends its completions at EOS. Each side reports its
 mean completion length and the share cut at the cap (``lengths``)::
 
-    python -m bench.trl_baseline --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
+    python -m bench.trl.baseline --model-dir ~/.cache/grpo_hpc/models/smollm2-135m-instruct \
         --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
         --variants default= --out bench/results/x.json
 
@@ -34,7 +34,7 @@ Model families (issue 53): ``--shape`` takes a bench/shapes config too (random w
 it, saved once in fp32 with the char tokenizer; both sides train that directory), e.g.
 Qwen3-1.7B's default step against TRL on one H100::
 
-    python -m bench.trl_baseline --shape qwen3-1.7b --micro 16 --engine native \
+    python -m bench.trl.baseline --shape qwen3-1.7b --micro 16 --engine native \
         --variants default= --out bench/results/x.json
 
 ``--shape-dir DIR`` takes any directory with a config.json (a CPU dry run at fixture size).
@@ -53,7 +53,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import trl_multi
 from bench.common import (
     SHAPES,
     build_model,
@@ -63,6 +62,7 @@ from bench.common import (
     shape_names,
     write_result,
 )
+from bench.trl import multi as trl_multi
 
 
 def digit_fraction(completions: list, **kwargs: object) -> list[float]:
@@ -157,11 +157,11 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
             sync()
             self.times.append(time.perf_counter() - self.t0)
 
-    # Under accelerate launch (--nproc, bench/trl_multi.py) this is one rank of several
+    # Under accelerate launch (--nproc, bench/trl/multi.py) this is one rank of several
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if args.cap_gib:  # the budget's memory, as bench/ladder.py caps grpo_hpc's ranks
+    if args.cap_gib:  # the budget's memory, as bench/memory/ladder.py caps grpo_hpc's ranks
         total = torch.cuda.get_device_properties(local).total_memory / 2**30
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total), local)
     cuda = torch.cuda.is_available()
@@ -189,7 +189,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
         learning_rate=1e-6,
         bf16=args.precision == "bf16",
         fp16=args.precision == "fp16",  # autocast + grad scaler, as a V100 forces
-        # under FSDP the accelerate config checkpoints the layers (bench/trl_multi.py)
+        # under FSDP the accelerate config checkpoints the layers (bench/trl/multi.py)
         gradient_checkpointing=not fsdp,
         max_steps=args.steps,
         logging_steps=1,
@@ -240,7 +240,7 @@ def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
 def how_wrapped(model: object) -> dict:
     """What the Trainer trained: the wrapper's class (FSDP1's ``FullyShardedDataParallel``,
     DDP's ``DistributedDataParallel``) and how many weights are FSDP2's sharded DTensors, so
-    a multi-GPU figure says what ran (bench/trl_multi.py checks it)."""
+    a multi-GPU figure says what ran (bench/trl/multi.py checks it)."""
     from torch.distributed.tensor import DTensor
 
     params = list(model.parameters())  # type: ignore[attr-defined]
@@ -285,7 +285,7 @@ def run_ours(
     cmd = [
         sys.executable,
         "-m",
-        "bench.grpo_step",
+        "bench.speed.grpo_step",
         # a bench/shapes config is not grpo_step's to build: it trains the saved model
         *([f"--shape={args.shape}"] if args.shape in SHAPES and not args.shape_dir else []),
         f"--model-dir={model}",
@@ -425,7 +425,7 @@ def main() -> None:
     p.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)  # one accelerate rank
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    if args.trl_worker:  # one rank of bench/trl_multi.py's launch: its own result only
+    if args.trl_worker:  # one rank of bench/trl/multi.py's launch: its own result only
         rank = os.environ.get("RANK", "0")
         with tempfile.TemporaryDirectory() as d:
             result = run_trl(args, args.model_dir, Path(d))

@@ -1,7 +1,7 @@
 """TRL on several GPUs as a TRL user runs it: ``accelerate launch`` with FSDP, one process
-per GPU, each running ``bench.trl_baseline``'s TRL side (``--trl-worker``). Used by
-``python -m bench.trl_baseline --nproc N``; grpo_hpc's side runs under torchrun through
-``bench.grpo_step --nproc N``.
+per GPU, each running ``bench.trl.baseline``'s TRL side (``--trl-worker``). Used by
+``python -m bench.trl.baseline --nproc N``; grpo_hpc's side runs under torchrun through
+``bench.speed.grpo_step --nproc N``.
 
 What the launch sets, and why:
 
@@ -83,7 +83,7 @@ def accelerate_config(mode: str, nproc: int, precision: str, layer: str, cpu: bo
 
 
 def worker_args(args: argparse.Namespace, model: Path, out: Path) -> list[str]:
-    """``bench.trl_baseline``'s arguments for one TRL rank: the shape of the comparison,
+    """``bench.trl.baseline``'s arguments for one TRL rank: the shape of the comparison,
     the saved model, and where the rank writes its result."""
     return [
         f"--shape={args.shape}",
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, model: Path, work: Path) -> dict:
     cfg_path.write_text(yaml.safe_dump(cfg))
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", f"--config_file={cfg_path}",
-        "-m", "bench.trl_baseline", *worker_args(args, model, out),
+        "-m", "bench.trl.baseline", *worker_args(args, model, out),
     ]  # fmt: skip
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.variant_timeout)

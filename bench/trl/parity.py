@@ -17,7 +17,7 @@ What each side returns (:class:`Side`): the loss, the gradient after the clip (T
 its optimizer sees it; grpo_hpc's clipped with the same rule), the gradient norm before
 the clip, and the parameters after the step. :func:`compare` reduces two sides to
 relative errors and cosines. The CPU test (tests/e2e/test_trl_parity.py) holds them in
-fp32; on a GPU ``python -m bench.trl_parity --out DIR`` compares both sides' bf16 paths
+fp32; on a GPU ``python -m bench.trl.parity --out DIR`` compares both sides' bf16 paths
 against the fp32 reference of the same batch.
 """
 
