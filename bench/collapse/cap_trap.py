@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
-import statistics
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -47,14 +45,25 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, too
+
+# after the path; re-exported (tests read them here)
+from bench.collapse.cap_samples import (  # noqa: E402, F401
+    CAP,
+    NUMBER,
+    describe,
+    gold_of,
+    mean,
+    repeated_line,
+    repeated_ngram,
+    sample_kind,
+)
 
 DEFAULT = [
     "bench/results/learning_2term_mask_h100x4_2026-11-27.json",
     *sorted(str(p) for p in Path("bench/results/archive").glob("learning_2term_mask*.json")),
 ]
 OUT = "bench/results/cap_trap_2026-11-28.json"
-CAP = 48
 TRAPPED_CUT = 0.9
 HEALTHY_ACC = 0.5
 LAST = 10
@@ -108,10 +117,6 @@ def load_runs(paths: Iterable[str]) -> list[Run]:
     return out
 
 
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
 def late_cut(run: Run, last: int = LAST) -> float:
     """Mean cut share over the run's last ``last`` steps."""
     return mean([s["cut"] for s in run.steps[-last:]])
@@ -148,16 +153,6 @@ def best_threshold(pos: Sequence[float], neg: Sequence[float]) -> dict:
             best = {"threshold": round(t, 4), "hits": hits, "of": len(pos), "false_alarms": alarms}
             best |= {"of_healthy": len(neg), "youden": round(score, 3)}
     return best
-
-
-def describe(xs: Sequence[float]) -> dict:
-    return {
-        "n": len(xs),
-        "mean": round(mean(xs), 4),
-        "median": round(statistics.median(xs), 4),
-        "min": round(min(xs), 4),
-        "max": round(max(xs), 4),
-    }
 
 
 def compare(runs: list[Run], feature: str, value) -> dict:  # noqa: ANN001
@@ -421,43 +416,6 @@ def coast(runs: list[Run]) -> dict:
 
 
 # ---------------------------------------------------------------- sampled completions
-
-NUMBER = re.compile(r"\d+")
-
-
-def gold_of(question: str) -> int:
-    """The sum a benchmark question asks for (its operands are its numbers)."""
-    return sum(int(x) for x in NUMBER.findall(question))
-
-
-def repeated_line(text: str) -> bool:
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return len(lines) != len(set(lines))
-
-
-def repeated_ngram(text: str, n: int = 6) -> bool:
-    """Some run of ``n`` words occurs twice (looping text)."""
-    words = text.split()
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    return len(grams) != len(set(grams))
-
-
-def sample_kind(sample: dict, gold: int | None = None) -> dict:
-    """What one sampled completion shows (pure); ``gold`` defaults to its question's sum."""
-    text = sample["completion"]
-    gold = gold_of(sample["question"]) if gold is None else gold
-    numbers = [int(x) for x in NUMBER.findall(text)]
-    return {
-        "at_cap": sample["tokens"] >= CAP,
-        "gold_written": gold in numbers,
-        "answer_line": "Answer:" in text,
-        "repeated_line": repeated_line(text),
-        "repeated_6gram": repeated_ngram(text),
-        "correct": sample["reward"] >= 1.0,
-        "format": round(sample["reward"] * 5) % 5 == 1,  # 0.2 or 1.2
-        "lines": len([x for x in text.splitlines() if x.strip()]),
-    }
-
 
 FEATURES = ("gold_written", "answer_line", "repeated_line", "repeated_6gram", "correct", "format")
 

@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from bench.collapse.cap_trap import CAP, describe, mean, sample_kind
+from bench.collapse.cap_samples import CAP, describe, mean, sample_kind
 
 
 def group_stats(rewards: list[float], finished: list[bool], eps: float = 1e-4) -> dict:

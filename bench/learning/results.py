@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from bench.common import write_result
+from bench.learning.systems import HANDED, NUM_VAL, SYSTEMS
 
 
 def time_to(evals: list[dict], target: float) -> float | None:
@@ -99,9 +100,7 @@ COLORS = {
 
 def curve_problems(system: str, num_eval: int) -> str:
     """What a system's in-run evaluations (its accuracy curve) score: the validation split
-    where it has one (the keep-best systems of bench/learning/run.py), else the test problems."""
-    from bench.learning.run import HANDED, NUM_VAL, SYSTEMS
-
+    where it has one (the keep-best systems of systems.py), else the test problems."""
     extra = SYSTEMS.get(system, ("", []))[1]  # TRL's entry holds its precision, a string
     if isinstance(extra, list) and HANDED[0] in extra:
         return f"{NUM_VAL} validation"

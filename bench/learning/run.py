@@ -68,6 +68,7 @@ import torch
 
 from bench.common import env_info, why_failed, write_result
 from bench.learning.results import finish, merge_files, merge_runs, summarize, time_to  # noqa: F401
+from bench.learning.systems import HANDED, SYSTEMS
 from bench.learning.trl_runner import run_trl
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.config.schema import ModelConfig
@@ -106,44 +107,6 @@ def overrides(args: argparse.Namespace, cuda: bool, seed: int) -> list[str]:
         "training.cut_off_patience=0",
         "training.on_collapse=flag",
     ] + (["reward.overlong=0", "algo.mask_truncated=true"] if args.overlong == "mask" else [])
-
-
-PLAIN = ["dist.compile=false", "algo.packing=false"]
-"""The update as it was before 2026-11-25's defaults (auto: compiled layers and packed
-micro-batches on the GPU): the runs stored under ``grpo_hpc_plain`` and every variant
-below (each is plain with one change), so stored runs keep meaning what they measured."""
-
-NUM_VAL = 128
-"""Validation problems of the keep-best systems: drawn apart from the test problems (the
-same ``--num-eval`` ones every system is scored on), so no figure is selected on."""
-HANDED = [
-    f"data.num_val={NUM_VAL}",
-    "training.cut_off_patience=10",  # the defaults of the detector, not the plain run's 0
-    "training.final=best",
-]
-"""The keep-best systems' settings over the shared ones: grpo_hpc's defaults for a run
-that has a validation split (``training.on_collapse`` is set per system)."""
-
-SYSTEMS = {
-    # name: (runner, extra grpo_hpc overrides or TRL precision)
-    "grpo_hpc": ("grpo_hpc", []),
-    "grpo_hpc_timed": ("grpo_hpc", ["dist.deterministic_kernels=false"]),  # Inductor's timing
-    "grpo_hpc_int8": ("grpo_hpc", ["optim.state=int8"]),  # the defaults, 8-bit AdamW moments
-    "grpo_hpc_plain": ("grpo_hpc", PLAIN),
-    "grpo_hpc_tempered": ("grpo_hpc", [*PLAIN, "algo.tempered_logp=true"]),
-    "grpo_hpc_hf": ("grpo_hpc", [*PLAIN, "rollout.engine=hf"]),
-    "grpo_hpc_tis": ("grpo_hpc", [*PLAIN, "algo.tis_cap=2"]),
-    "grpo_hpc_fp32head": ("grpo_hpc", [*PLAIN, "algo.fp32_lm_head=true"]),
-    "grpo_hpc_eager": ("grpo_hpc", [*PLAIN, "rollout.enforce_eager=true"]),
-    # What a user gets (issue 56): keep-best on a validation split, the collapse detector
-    # acting, final/ (the best validation model) scored on the test problems afterwards
-    "grpo_hpc_stop": ("grpo_hpc", HANDED + ["training.on_collapse=stop"]),
-    "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
-    # the detector only: which seeds it alarms on, and whether they would have recovered
-    "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
-    "trl": ("trl", "bf16"),
-    "trl_fp32": ("trl", "fp32"),
-}
 
 
 def run_grpo_hpc(

@@ -165,7 +165,7 @@ def test_each_curve_names_the_problems_it_scored() -> None:
     """The keep-best systems evaluate their validation split during the run (their test
     figure is the handed-over model's, afterwards); the others evaluate the test problems."""
     from bench.learning.results import curve_problems
-    from bench.learning.run import NUM_VAL
+    from bench.learning.systems import NUM_VAL
 
     assert curve_problems("grpo_hpc_rollback", 256) == f"{NUM_VAL} validation"
     assert curve_problems("grpo_hpc_flag", 256) == f"{NUM_VAL} validation"
