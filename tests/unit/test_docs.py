@@ -13,9 +13,8 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 BENCH_DOCS = [
     ROOT / "bench/README.md",
+    *sorted(ROOT.glob("bench/[a-z]*/README.md")),  # each subject's, probes/, results/, shapes/
     ROOT / "bench/GPU_REAL.md",
-    ROOT / "bench/probes/README.md",
-    ROOT / "bench/results/README.md",
     ROOT / "bench/results/LOG.md",
     *sorted((ROOT / "bench/results").glob("LOG-*.md")),  # the log's files, one per subject
 ]
