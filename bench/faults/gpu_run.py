@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus, mem = node_facts()
     cpu = not yaml.safe_load(args.profile.read_text()).get("gpus_per_node")
     if gpus < 2 and not cpu:
-        raise SystemExit("gpu_faults.py: the cluster's node declares fewer than 2 GPUs "
+        raise SystemExit("gpu_run.py: the cluster's node declares fewer than 2 GPUs "
                          "(start it with slurm/up.sh --real-gpus)")  # fmt: skip
     parallel = 1 if cpu else gpus // 2
     old = json.loads(args.out.read_text()) if args.out.exists() else {}

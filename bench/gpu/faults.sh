@@ -3,7 +3,7 @@
 # slurm/offline-debs.sh), then the GPU fault campaign (python -m bench.faults.gpu_run) on it.
 # Carry .whl and .slurmdebs.
 #
-#   bash bench/gpu.sh faults OUT [gpu_faults.py arguments]
+#   bash bench/gpu.sh faults OUT [faults/gpu_run.py arguments]
 #
 # Results accumulate in OUT/gpu_faults.json, starting from bench/results/gpu_faults.json
 # when an earlier call's file was copied there (it travels with the tree; trials run again
@@ -12,7 +12,7 @@
 # end (by its kind's usual length) later than GPU_FAULTS_DEADLINE s (default 570) after
 # this script's start.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu.sh faults OUT [gpu_faults.py arguments]}
+OUT=${1:?usage: bash bench/gpu.sh faults OUT [faults/gpu_run.py arguments]}
 shift
 mkdir -p "$OUT"
 device_env

@@ -35,7 +35,7 @@
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) GSM8K_OVERRIDES (more key=value
 #   words, e.g. "training.save_every_steps=3 training.stall_sample_ms=10") DECODE_BATCH ("64 256")
 #   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
-#   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
+#   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl/baseline.py --variants entries;
 #   "default=" unless given, e.g. "default=;packc=--packing --compile")
 #   SC_STEPS (25) SC_PROMPTS (16) SC_MAX_NEW (512) SC_EVAL (256) SC_TIMEOUT (420 s)
 #   SC_OVERRIDES (more key=value words) SC_LADDER_SHAPES (qwen2.5-1.5b)

@@ -25,7 +25,7 @@ SHAPES_DIR = Path(__file__).resolve().parents[1] / "shapes"  # bench/shapes
 
 
 def run_overrides(shape: str, args: argparse.Namespace) -> list[str]:
-    """The config grpo_step.py / trl_baseline.py run (project defaults for memory settings,
+    """The config speed/grpo_step.py / trl/baseline.py run (project defaults for memory settings,
     not the ``tiny`` preset's), on random weights of ``shape``, plus ``--override``."""
     return [
         *untiny_overrides(),
