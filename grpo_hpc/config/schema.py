@@ -180,7 +180,7 @@ class AlgoConfig:
     token's loss is weighted by ``min(pi_old / pi_engine, tis_cap)``, the trainer's
     probability of the token at sampling time over the engine's, so tokens the engine
     over-sampled (bf16 kernels, a different attention path) count less. 0 = off (the
-    default: not yet measured with bench/learning.py). Needs the native engine, which
+    default: not yet measured with bench/learning/run.py). Needs the native engine, which
     reports its log-probs; with HF generate there is nothing to correct."""
     mask_truncated: bool = False
     """DAPO's overlong filtering: completions cut off at ``rollout.max_new_tokens`` (no EOS)
@@ -232,7 +232,7 @@ class OptimConfig:
     fp32 scale, ~2 bytes a parameter in all; the weights stay fp32 masters). A quarter of
     the optimizer's memory (28 GiB -> 7 GiB a rank for 7B on two GPUs: 54.9 GiB peak with
     the engine kept, measured on 2x H100), at a different update: its effect on learning is
-    not measured yet (bench/learning.py), so it is not a
+    not measured yet (bench/learning/run.py), so it is not a
     default and the memory plan never picks it. Needs torchao (``pip install
     'grpo-hpc[lowmem]'``) where the job runs."""
 
@@ -451,7 +451,7 @@ class FaultsConfig:
     """GPU memory (GiB) the out-of-memory fault leaves the process (its pretended card)."""
     state_digest: bool = False
     """Write a digest of each rank's model, optimizer, RNG and data position at every save
-    and after every resume, to ``<run>/state_digest/`` (bench/gpu_faults.py compares a
+    and after every resume, to ``<run>/state_digest/`` (bench/faults/gpu_run.py compares a
     resumed attempt's with its checkpoint's)."""
 
 

@@ -57,7 +57,7 @@ from grpo_hpc.monitor.decision import (
 MAX_SUBMIT_ERRORS = 5
 SUBMIT_ERROR_WINDOW_S = 600.0
 """Failed resubmissions STOP a run only when they persisted this long (and at least
-MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults.py)."""
+MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults/run.py)."""
 CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,

@@ -236,7 +236,7 @@ SELF_CHECK = (("\\frac{1}{2}", "0.5", True), ("\\frac{1}{3}", "0.5", True))
 def self_check(timeout_s: float = 30.0, tries: int = 2) -> str | None:
     """None when the worker scores :data:`SELF_CHECK` as (1, 0); else why not. A worker
     that died under the check (the job's SIGTERM from a scancel reaches it too: found by
-    bench/faults.py) gets a second try with a fresh one before the run is refused."""
+    bench/faults/run.py) gets a second try with a fresh one before the run is refused."""
     for _ in range(tries):
         try:
             scores, failures = VERIFIER.judge(list(SELF_CHECK), timeout_s)

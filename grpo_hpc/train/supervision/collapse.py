@@ -5,7 +5,7 @@ held-out accuracy (:meth:`Watch.after_eval`) into a :class:`Watch`; :func:`verdi
 which signal fired, at which step and why, in one line, or None. Every rank computes the
 same verdict from the same all-reduced numbers, so every rank acts at the same step.
 
-Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.py`` on the
+Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse/replay.py`` on the
 29 recorded seeds of the learning benchmark at its stalling settings; docs/ALGORITHM.md):
 
 - ``all_cut``: every completion cut at the cap under ``algo.mask_truncated`` for

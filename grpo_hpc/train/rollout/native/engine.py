@@ -21,7 +21,7 @@ need its own positions and masks in every graph, and a rollout has no further pr
 to refill with unless steps overlap (off-policy). Compaction keeps the decode step as it
 is and costs one gather of the live rows' cache per halving. With the real model on
 GSM8K prompts, a few long completions hold the rollout for hundreds of steps at a
-fraction of the batch (``bench/decode.py --model DIR --prompts gsm8k`` measures both).
+fraction of the batch (``bench/decode/run.py --model DIR --prompts gsm8k`` measures both).
 Sampling stays exact: the race noise is drawn for the whole original batch and each
 compacted row takes its own row of it (``sampling.choose``), so a row's tokens are those
 it would have had without compaction.
