@@ -297,10 +297,10 @@ class TrainingConfig:
     finish, the best model by ``training.final``; exit 3, never resubmitted) or
     ``rollback`` (back to the best checkpoint, or the start, with a new sampling seed, at
     most ``collapse_retries`` times, then stop). ``rollback`` by default: on the learning
-    benchmark's stalling settings (20 new seeds) the model handed over scored 0.63 on
-    average with 5 of 20 below 0.5 (2026-12-04, learning_2term_mask_rollback48_h200_2026-12-04
-    in bench/results), against 0.48 and 9 of 20 for TRL on the same seeds; on other seeds
-    ``stop`` handed over 0.49, 9 of 20 (2026-11-28, learning_2term_mask_handed.json)."""
+    benchmark's stalling settings (20 new seeds) the model handed over scored 0.75 on
+    average with 2 of 20 below 0.5 (2026-12-04, learning_2term_mask_trapskip48_h200_2026-12-04
+    in bench/results; TRL 0.46-0.48 and 9 of 20 on earlier seeds); on other seeds ``stop``
+    handed over 0.49, 9 of 20 (2026-11-28, learning_2term_mask_handed.json)."""
     on_solved: str = one_of("finish", ("finish", "flag"))
     """What a solved task does: ``collapse_patience`` of the last ``collapse_window`` steps
     had every group answer correctly in every completion (full reward, so no variance and
