@@ -10,7 +10,9 @@ suggestion, the ``--a.b=v`` spelling, and config lookup by name.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,20 @@ def resolve_config_path(name_or_path: str) -> Path:
 
 def load_yaml_mapping(path: Path, what: str = "config") -> dict[str, Any]:
     """Read a YAML mapping with a one-line error for unreadable or non-mapping files."""
+    return _yaml_mapping(_read_text(path, what), path, what)
+
+
+def _read_text(path: Path, what: str) -> str:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from None
+
+
+def _yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
+    """``text`` (read from ``path``) as a YAML mapping, or a one-line error."""
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -115,11 +127,19 @@ def _explain(e: OmegaConfBaseException, schema: Any) -> str:
 
 def build_config(source: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Schema defaults <- YAML file <- dotted overrides, then validation."""
-    schema = OmegaConf.structured(Config)
-    layers = [schema]
+    data = None
     if source is not None:
         path = source if isinstance(source, Path) else resolve_config_path(source)
-        layers.append(OmegaConf.create(load_yaml_mapping(path)))
+        data = load_yaml_mapping(path)
+    return _merged(data, overrides)
+
+
+def _merged(data: dict[str, Any] | None, overrides: list[str] | None) -> Config:
+    """Schema defaults <- ``data`` (a YAML file's mapping) <- dotted overrides, validated."""
+    schema = OmegaConf.structured(Config)
+    layers = [schema]
+    if data is not None:
+        layers.append(OmegaConf.create(data))
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(normalize_overrides(overrides)))
@@ -132,8 +152,20 @@ def build_config(source: str | Path | None, overrides: list[str] | None = None) 
 
 
 def load_resolved(path: Path) -> Config:
-    """Read the resolved config of a run directory (written once by grpo-submit)."""
-    return build_config(Path(path))
+    """Read the resolved config of a run directory (written once by grpo-submit).
+
+    Merged through OmegaConf once per text in a process (~0.1 s of CPU each time; a
+    trainer reads its run's config at the start and twice more writing ``final/``), and
+    handed out as a copy, which its caller may change."""
+    path = Path(path)
+    return copy.deepcopy(_resolved(_read_text(path, "config"), path))
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved(text: str, path: Path) -> Config:
+    """The config ``text`` (read from ``path``) holds; keyed by the text itself, so a file
+    written again is merged again (an exception is not cached)."""
+    return _merged(_yaml_mapping(text, path, "config"), None)
 
 
 def to_yaml(cfg: Config) -> str:

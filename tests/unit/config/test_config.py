@@ -69,3 +69,18 @@ def test_unreadable_yaml(tmp_path: Path) -> None:
 def test_shell_metacharacters_stay_data() -> None:
     cfg = build_config("tiny", ["model.name_or_path=$(touch /tmp/pwned); rm -rf ~"])
     assert cfg.model.name_or_path == "$(touch /tmp/pwned); rm -rf ~"
+
+
+def test_a_run_config_read_again_is_a_fresh_copy_of_what_the_file_says_now(tmp_path: Path) -> None:
+    """load_resolved merges a text once per process: each caller still gets its own copy,
+    and a file written again (same size, within one clock tick) is read again."""
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(build_config("tiny", ["training.max_steps=11"])))
+    first = load_resolved(path)
+    first.training.max_steps = 99  # a caller's change stays its own
+    assert load_resolved(path).training.max_steps == 11
+    path.write_text(path.read_text().replace("max_steps: 11", "max_steps: 12"))
+    assert load_resolved(path).training.max_steps == 12
+    path.write_text("training: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_resolved(path)
