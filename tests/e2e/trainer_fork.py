@@ -50,12 +50,14 @@ PRELOAD = [
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
     "tests.e2e.warm_verifier",
+    "tests.e2e.warm_transformers",
     "tests.e2e.freeze_preloaded",  # last: freezes what the imports above left alive
 ]
 """What the server imports once: torch, transformers, the trainer (not its entry module),
 the math-verify package its reward worker imports, the tiny models' architectures (the
 built-in ``tiny`` is a Llama; the tests' other small model a Qwen2), math-verify
-warmed up as each trainer warms it (tests/e2e/warm_verifier.py), and then all of it
+warmed up as each trainer warms it (tests/e2e/warm_verifier.py), what a trainer would
+import and build later in its run (tests/e2e/warm_transformers.py), and then all of it
 frozen out of the collector's walks (tests/e2e/freeze_preloaded.py)."""
 
 MONITOR_S = 0.1
