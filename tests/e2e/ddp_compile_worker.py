@@ -14,6 +14,7 @@ import contextlib
 import copy
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ def main(model_dir: Path) -> None:
     adv = torch.linspace(-1.5, 2.0, len(ROWS))
     algo = AlgoConfig(micro_batch_size=2, packing=False)
     mine = list(range(rank, len(ROWS), world))
+    compile_in_turn(compiled, rank, model_dir.parent / "rank0-compiled")
     counters.clear()
     accumulate(model, split(batch, mine, adv[mine], 2), algo, info, NEW, None,
                contextlib.nullcontext)  # fmt: skip
@@ -75,6 +77,31 @@ def main(model_dir: Path) -> None:
     # std::thread::join; the gloo thread in ~AsyncBarrierWork waiting for the GIL).
     sys.stdout.flush()
     os._exit(0)
+
+
+def compile_in_turn(compiled: torch.nn.Module, rank: int, marker: Path) -> None:
+    """Rank 1 compiles from Inductor's cache after rank 0 filled it, instead of beside it.
+
+    With a cold cache (a fresh machine, as CI's) both ranks compiled the same layer
+    forward, backward and recompute at once, ~30 s of CPU each here. Rank 0's first
+    micro-batch runs without a collective after DDP's buffer broadcast (no_sync: its
+    gradients are all-reduced after the last one), so rank 1 waits for it just after that
+    broadcast, in a hook on the embedding (outside the compiled layers), until rank 0's
+    first backward has accumulated into the embedding, the last weight a backward reaches.
+    Rank 1 then traces the same layers itself (Dynamo, the graph-break check below) and
+    takes the compiled kernels from the cache. Bounded: a rank 0 that never gets there
+    leaves rank 1 compiling on its own after two minutes, not hanging."""
+    embed = compiled.get_input_embeddings()
+    if rank == 0:
+        embed.weight.register_post_accumulate_grad_hook(lambda _w: marker.touch())
+        return
+
+    def wait_for_rank0(_module: torch.nn.Module, _args: tuple) -> None:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    embed.register_forward_pre_hook(wait_for_rank0)  # later forwards find the marker at once
 
 
 def cli(argv: list[str]) -> None:
