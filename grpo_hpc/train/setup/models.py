@@ -12,13 +12,16 @@ Three sources, none needing a model hub at run time:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -151,13 +154,14 @@ def convert_smollm2(out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with gguf_read_once():
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(loaded.state_dict())
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.eos_token = tok.pad_token = SMOLLM2_TURN_END
     end = tok.convert_tokens_to_ids(SMOLLM2_TURN_END)
     model.generation_config.eos_token_id = model.generation_config.pad_token_id = end
@@ -166,6 +170,37 @@ def convert_smollm2(out_dir: Path) -> None:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     tmp.rename(out_dir)
+
+
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """Within it, the ``gguf`` package reads each file once and builds each tensor-name
+    table once.
+
+    transformers parses the whole GGUF for the config, again for the weights and again for
+    the tokenizer (~4.5 s of CPU each for SmolLM2's 49k-token vocabulary), and builds
+    gguf's table of tensor names for every module of the model (397 times, ~7 s): two
+    thirds of a 23 s conversion. Both are pure reads of a file nobody writes meanwhile, so
+    one reader per path and one table per (architecture, layers) give the same model.
+    transformers looks both names up in ``gguf`` when it calls them; where a later
+    version binds them elsewhere, this changes nothing and the conversion is as slow as
+    before."""
+    import gguf
+
+    real_reader, real_names = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, Any] = {}
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real_reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_names
 
 
 def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
