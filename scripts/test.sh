@@ -42,7 +42,8 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # also with a busy process per core beside it (`sh -c 'while :; do :; done' &` twice, then
 # `bash .ci/run` in a fresh clone; README, "Tests", gives the measured runs).
 # Trainer runs are forked from a server that imported the trainer and warmed math-verify
-# once (tests/e2e/trainer_fork.py; torchrun only where the launcher itself is under test),
+# once, then froze it all out of the collector's walks (tests/e2e/trainer_fork.py; torchrun
+# only where the launcher itself is under test),
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
 # The suite is CPU-bound, loaded or not: only less CPU makes it faster. Loaded fresh-clone
