@@ -34,6 +34,7 @@ from grpo_hpc.core.slurm import JobRecord
 from grpo_hpc.monitor.attempts import (
     Effects,
     close_superseded,
+    poll_delays,
     record_adopted,
     run_lock,
     slurm_submitted_jobs,
@@ -60,7 +61,6 @@ CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
 so an old and a new trainer never write one run directory at the same time."""
-POLL_S = 0.5
 
 
 def cancel_local(pid: int) -> None:
@@ -239,19 +239,19 @@ def _cancel(job: JobView, backend: Backend) -> None:
 
 
 def _wait_gone(job: JobView, backend: Backend, timeout_s: float = CANCEL_WAIT_S) -> bool:
-    """Whether the cancelled job has left the queue (its processes are gone) in time."""
-    waited = 0.0
-    while True:
+    """Whether the cancelled job has left the queue (its processes are gone) in time;
+    polled at growing intervals (attempts.poll_delays), each poll one squeue."""
+    for pause in [*poll_delays(timeout_s), None]:
         if job.state.startswith("LOCAL_"):
             alive = job.job_id.isdigit() and backend.pid_alive(int(job.job_id))
         else:
             alive = job.job_id in backend.queued_job_ids()
         if not alive:
             return True
-        if waited >= timeout_s:
+        if pause is None:
             return False
-        backend.sleep(POLL_S)
-        waited += POLL_S
+        backend.sleep(pause)
+    return False
 
 
 def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:
