@@ -71,12 +71,12 @@ class LiveJobError(GrpoError):
     exit_code = ExitCode.CONFIG_ERROR
 
 
-def submit_next(paths: RunPaths, reason: str) -> Any:
+def submit_next(paths: RunPaths, reason: str, nodes: int | None = None) -> Any:
     from grpo_hpc.submit import (
         job as submit,  # submitit, omegaconf...: only when something is submitted
     )
 
-    return submit.resubmit(paths, reason)
+    return submit.resubmit(paths, reason, nodes)
 
 
 def record_adopted(paths: RunPaths, job_id: str, reason: str) -> None:

@@ -17,6 +17,8 @@ monitor continues the budget.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import signal
 import time
@@ -52,6 +54,7 @@ from grpo_hpc.monitor.decision import (
     history_from,
     pending_intent,
 )
+from grpo_hpc.monitor.node_loss import on_nodes_left
 
 MAX_SUBMIT_ERRORS = 5
 SUBMIT_ERROR_WINDOW_S = 600.0
@@ -97,13 +100,22 @@ class Backend:
     """Record in jobs.jsonl a job that was submitted but never recorded."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
+    up_nodes: Callable[[str | None], int] = slurm_query.up_nodes
+    """Nodes of a partition in service (sinfo): asked only about multi-node runs with
+    ``nodes_wait_s`` (grpo_hpc/monitor/node_loss.py)."""
+    resubmit_on: Callable[[RunPaths, str, int], object] = submit_next
+    """Submit the next attempt on this many nodes (the nodes left after a loss)."""
 
-    def effects(self) -> Effects:
-        """The part grpo_hpc.monitor.attempts uses to start the next attempt."""
+    def effects(self, nodes: int | None = None) -> Effects:
+        """The part grpo_hpc.monitor.attempts uses to start the next attempt (on ``nodes``
+        nodes where given)."""
+        submit = (
+            self.resubmit if nodes is None else functools.partial(self.resubmit_on, nodes=nodes)
+        )
         return Effects(
             queued_job_ids=self.queued_job_ids,
             pid_alive=self.pid_alive,
-            submit=self.resubmit,
+            submit=submit,
             submitted_jobs=self.submitted_jobs,
             cancel_slurm=self.cancel_slurm,
             adopt=self.adopt,
@@ -182,12 +194,14 @@ def monitor_run(
             out = Outcome(paths.name, job.job_id, action)
             return _apply(paths, job, action, t, backend, out, intent, since=float(intent["time"]))
         action = decide(read_progress(paths.progress), job, history, t, policy)
+        action, nodes = on_nodes_left(paths, job, action, jobs, events, t, backend.up_nodes)
         ev = _event(t, job, action, "decision")
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
         if out.logged:
             append_jsonl(paths.events, ev)
         if action.kind in RESUBMIT_KINDS or action.cancel:
-            intent = _event(t, job, action, "intent", cancel=action.cancel)
+            extra = {} if nodes is None else {"nodes": nodes}
+            intent = _event(t, job, action, "intent", cancel=action.cancel, **extra)
             append_jsonl(paths.events, intent)
             return _apply(paths, job, action, t, backend, out, intent)
         return out
@@ -217,9 +231,12 @@ def _apply(
         append_jsonl(paths.events, _event(t, job, action, "done"))
         return out
     reason = f"monitor: {action.failure_class.value}"
+    nodes = intent.get("nodes")  # the nodes left after a loss (an intent keeps them)
+    reason += f" (on {nodes} node(s))" if nodes is not None else ""
     try:
+        fx = backend.effects(nodes)
         started = start_next_attempt(
-            paths, reason, intent=intent, since=since, effects=backend.effects(), lock_held=True
+            paths, reason, intent=intent, since=since, effects=fx, lock_held=True
         )
     except GrpoError as e:
         out.error = str(e)
@@ -276,6 +293,8 @@ def monitor_pass(
 ) -> list[Outcome]:
     """One pass over many runs with one sacct and one squeue call for all of them."""
     backend = backend or Backend()
+    # at most one sinfo per partition per pass, whatever the number of multi-node runs
+    backend = dataclasses.replace(backend, up_nodes=functools.lru_cache(backend.up_nodes))
     live = [p for p in runs if not is_final(p)]
     ids = slurm_ids(next(iter(read_jsonl(p.jobs)[-1:]), None) for p in live)
     view = query_slurm(ids, backend.job_records, backend.queued_job_ids)

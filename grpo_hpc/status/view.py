@@ -43,6 +43,9 @@ class RunRow:
     """Slurm state, LOCAL_RUNNING/LOCAL_EXITED, MISSING, or ? when Slurm did not answer."""
     nodes: str | None = None
     """The newest job's nodes as Slurm writes them (``grpo-n[1-2]``); None before any."""
+    node_note: str | None = None
+    """A multi-node run carried on with the nodes left (``nodes_wait_s``): ``on 2/4
+    nodes``, or ``waiting for nodes (2/4 up)`` while the monitor waits for a lost one."""
     train_state: str | None = None
     """Trainer state from progress.json (None: no progress yet)."""
     step: int | None = None
@@ -131,6 +134,7 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
     age = None if row.heartbeat is None else now - row.heartbeat
     if watched and running and age is not None and age > heartbeat_timeout_s:
         flags.append(f"stalled {fmt_age(age)}")
+    flags += [row.node_note] if row.node_note else []
     flags += failure_flags(row)
     if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already
         solved = row.collapse.startswith("solved@")  # a solved task: no collapse
@@ -389,21 +393,24 @@ def sample_line(sample: dict[str, Any] | None, limit: int = 240) -> str:
 
 def build_details(d: RunDetail, now: float) -> Group:
     """The ``grpo-status RUN`` view (pure)."""
-    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
+    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "nodes", "reason")
     job_rows = [[str(j.get(k, "-")) for k in keys] for j in d.jobs]
     for cells, j in zip(job_rows, d.jobs, strict=True):
         cells[2] = time.strftime("%m-%d %H:%M", time.localtime(j.get("submitted_at") or 0))
+        cells[5] += f" of {j['short_of']}" if j.get("short_of") else ""
     keys = ("job_id", "phase", "action", "class", "reason")
     ev_rows = [
         [fmt_age(now - float(e.get("time", now)))] + [str(e.get(k) or "-") for k in keys]
         for e in d.events
     ]
+    for cells, e in zip(ev_rows, d.events, strict=True):  # the node decision's events
+        cells[3] = cells[3] if e.get("action") else str(e.get("move", "-")).upper()
     ckpts = ", ".join(map(str, d.checkpoints[-8:])) or "none"
     final = final_line(d.row)
     parts = [
         build_table([d.row], now),
         *([Text("\n".join(failure_lines(d.row)))] if failure_lines(d.row) else []),
-        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
+        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE NODES REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
         Text(health_line(d.row)),
         Text(sample_line(d.sample)),
