@@ -76,9 +76,10 @@ def _record(paths: RunPaths, events: list[dict[str, Any]], job: JobView, plan: N
             facts: NodeFacts, t: float) -> None:  # fmt: skip
     """A ``nodes`` event when the decision changed (the first shortage, a shrink, a grow)."""
     last = next((e for e in reversed(events) if e.get("phase") == NODES_PHASE), None)
-    if last is None and plan.move is NodeMove.FULL:
-        return
-    if last is not None and last.get("move") == plan.move.value:
+    moved = None if last is None else last.get("move")
+    if plan.move is NodeMove.FULL and moved in (None, NodeMove.GROW.value):
+        return  # no shortage began, or a grow already ended it
+    if moved == plan.move.value:
         return
     ev = {"time": t, "job_id": job.job_id, "phase": NODES_PHASE, "move": plan.move.value,
           "nodes": plan.nodes, "up": facts.up_nodes, "full": facts.full_nodes,
@@ -125,6 +126,7 @@ def on_nodes_left(
     if case == "short":
         if not should_regrow(facts):
             return action, None
+        _record(paths, events, job, plan_nodes(facts, t), facts, t)  # GROW: the shortage ends
         why = (
             f"{facts.up_nodes} nodes up again, job {job.job_id} trains on {facts.last_nodes}: "
             f"checkpoint and resume on all {facts.full_nodes}"

@@ -176,13 +176,15 @@ def collect_detail(
     ]
     row = rows_for([paths], query)[0]
     fill_entropy(row, metrics)  # the tail held none: the whole history
+    events = read_jsonl(paths.events)
     return RunDetail(
         row,
         read_jsonl(paths.jobs),
-        read_jsonl(paths.events)[-10:],
+        events[-10:],
         rewards,
         paths.checkpoint_steps(),
         next(iter(tail_jsonl(paths.samples)[-1:]), None),
+        [e for e in events if e.get("phase") == NODES_PHASE],
     )
 
 

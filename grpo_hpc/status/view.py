@@ -306,6 +306,20 @@ class RunDetail:
     """Complete checkpoint steps."""
     sample: dict[str, Any] | None = None
     """The newest samples.jsonl entry (a completion as written and scored), if any."""
+    node_moves: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``nodes`` event of the monitor (a lost node: wait, shrink, grow), oldest first."""
+
+
+def nodes_line(moves: list[dict[str, Any]]) -> str:
+    """``nodes: 19:24 wait (1/2 up), 19:24 shrink to 1, 19:25 grow to 2`` (pure); empty
+    for a run whose node count never changed."""
+    said = []
+    for e in moves:
+        at = time.strftime("%H:%M", time.localtime(float(e.get("time", 0))))
+        move, n = str(e.get("move")), e.get("nodes")
+        what = f"{move} ({e.get('up')}/{e.get('full')} up)" if move == "wait" else f"{move} to {n}"
+        said.append(f"{at} {what}")
+    return "nodes: " + ", ".join(said) if said else ""
 
 
 def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
@@ -412,6 +426,7 @@ def build_details(d: RunDetail, now: float) -> Group:
         *([Text("\n".join(failure_lines(d.row)))] if failure_lines(d.row) else []),
         _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE NODES REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
+        *([Text(nodes_line(d.node_moves))] if d.node_moves else []),
         Text(health_line(d.row)),
         Text(sample_line(d.sample)),
         Text(f"complete checkpoints: {ckpts}"),

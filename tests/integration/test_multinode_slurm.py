@@ -14,6 +14,7 @@ c10d rendezvous and gloo, and what happens when one node dies mid-run.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -312,3 +313,52 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(
     resumed = model_weights(paths.checkpoint(4))
     differ = [k for k in uninterrupted if not torch.equal(resumed[k], uninterrupted[k])]
     assert resumed.keys() == uninterrupted.keys() and not differ, differ
+
+
+@pytest.mark.slow
+def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
+    two_nodes, monitor: tuple, tmp_path: Path
+) -> None:
+    """Profile ``nodes_wait_s: 5``: grpo-n2 dies mid-run; Slurm requeues the job (NODE_FAIL),
+    which then waits for two nodes. The monitor waits 5 s for the node, cancels the
+    pending job and resubmits on grpo-n1 alone (the global batch kept: one rank trains both
+    groups); once grpo-n2 is back it checkpoints that job (cancel: the trainer saves on
+    SIGTERM) and resubmits on both nodes, where the run finishes. The events and
+    grpo-status say each move and why."""
+    logs, log, procs = monitor
+    profile = write_profile(tmp_path / "wait-2node.yaml", base=PROFILE, nodes_wait_s=5)
+    submit(logs, "shrink", *RUN_ARGS[1:], "faults.enabled=true", "faults.step_sleep=1",
+           profile=str(profile))  # fmt: skip
+    paths = RunPaths(logs / "shrink")
+    procs.append(start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, log=log))
+    explain = lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}"  # noqa: E731
+
+    lost = _wait_and_kill(paths, 0, SAVE_EVERY + 1, kill_node, VICTIM)
+    short = lambda: read_jsonl(paths.jobs)[-1].get("short_of") == 2  # noqa: E731
+    wait_for("a job on the node left", short, 180, explain=explain)
+    alone = job_ids(paths)[1]
+    _wait_training(paths, 1, lost.step + 1)
+    assert step_nodes(alone) == "grpo-n1", step_nodes(alone)
+    restart_nodes()
+    done = wait_for("DONE", lambda: final_event(paths), 300, explain=explain)
+    assert done["action"] == "DONE", describe(paths)
+
+    jobs = read_jsonl(paths.jobs)
+    assert [(j["nodes"], j.get("short_of")) for j in jobs] == [(2, None), (1, 2), (2, None)]
+    assert [e["move"] for e in events(paths, "nodes")] == ["wait", "shrink", "grow"]
+    acted = [(e["job_id"], e["action"], e["class"]) for e in events(paths, "decision")
+             if e["action"] not in ("NONE", "WAIT")]  # fmt: skip
+    assert acted == [
+        (lost.job, "CANCEL_AND_RESUBMIT", "node_fail"),
+        (alone, "CANCEL_AND_RESUBMIT", "nodes_back"),
+        (jobs[-1]["job_id"], "DONE", "finished"),
+    ], describe(paths)
+    assert sacct_attempts(lost.job)[0][0] == "NODE_FAIL"
+    assert step_nodes(jobs[-1]["job_id"]) == "grpo-n[1-2]"
+    rec = progress(paths)
+    assert rec.state is TrainState.FINISHED and rec.step == STEPS
+    assert set(step_log(paths)) == set(range(1, STEPS + 1))
+    view = cli("cli.status", "shrink", "--logs", str(logs))
+    assert re.search(r"1 of 2\s+monitor: node_fail \(on 1 node\(s\)\)", view.stdout), view.stdout
+    assert re.search(r"nodes: \d\d:\d\d wait \(1/2 up\), \d\d:\d\d shrink to 1, "
+                     r"\d\d:\d\d grow to 2", view.stdout), view.stdout  # fmt: skip

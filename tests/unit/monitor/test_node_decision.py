@@ -162,6 +162,7 @@ def test_a_requeued_job_waits_for_its_node_then_runs_on_the_nodes_left_then_on_a
     )
     assert s.cancelled == ["100", "201"] and s.on_nodes == [2] and jobs_of(p)[-1] == "202"
     assert "nodes" not in read_jsonl(p.jobs)[-1]  # the profile's own count (FakeSlurm.resubmit)
+    assert node_events(p) == [("wait", 4, 2), ("shrink", 2, 2), ("grow", 4, 4)]
 
     s.states["202"] = "COMPLETED"  # on all 4 nodes, nothing more to decide about nodes
     calls = s.sinfo_calls

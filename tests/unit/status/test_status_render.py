@@ -402,3 +402,4 @@ def test_a_run_carried_on_with_the_nodes_left_says_so(tmp_path: Path) -> None:
     text = render(build_details(collect_detail(paths, running), NOW))
     assert re.search(r"1\s+102\s+.*\s2 of 4\s+monitor: node_fail \(on 2 node\(s\)\)", text), text
     assert re.search(r"101\s+nodes\s+SHRINK\s+-\s+2 of the 4 nodes up for 10 min", text), text
+    assert re.search(r"nodes: \d\d:\d\d wait \(2/4 up\), \d\d:\d\d shrink to 2\n", text), text
