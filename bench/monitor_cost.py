@@ -157,6 +157,16 @@ def wait_all_beating(logs: Path, n: int, timeout_s: float) -> int:
         time.sleep(2)
 
 
+def wait_gone(ids: list[str], timeout_s: float) -> None:
+    """Until squeue lists none of ``ids`` (their payloads stopped writing), or timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+        if not set(ids) & set(out.stdout.split()):
+            return
+        time.sleep(2)
+
+
 # ------------------------------------------------------------------------ the passes
 
 
@@ -315,7 +325,9 @@ def measure(a: argparse.Namespace, work: Path) -> dict:
     finally:
         for pid_name in ("slurmctld", "slurmdbd"):  # never leave a daemon stopped
             os.kill(daemon_pid(pid_name), signal.SIGCONT)
-        subprocess.run(["scancel", *ids], capture_output=True) if ids else None
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
+            wait_gone(ids, 120)
         subprocess.run(["scontrol", "update", part, "OverSubscribe=NO"], capture_output=True)
     return {
         "runs": a.runs,
@@ -333,13 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.job is not None:
         job_payload(a.job, a.beat)
         return 0
-    with tempfile.TemporaryDirectory(prefix="monitor-cost-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="monitor-cost-", ignore_cleanup_errors=True) as tmp:
         result = measure(a, Path(tmp))
-    text = markdown(result)
-    print(text)
-    if a.out is not None:
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
-        a.out.with_suffix(".md").write_text(text)
+        text = markdown(result)
+        print(text)
+        if a.out is not None:
+            a.out.write_text(json.dumps(result, indent=1) + "\n")
+            a.out.with_suffix(".md").write_text(text)
     return 0
 
 
