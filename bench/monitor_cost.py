@@ -18,7 +18,10 @@ counted. Every Slurm command the passes start goes through a logging shim first 
 (``sdiag``) and slurmdbd's (``sacctmgr show stats``) are read before and after each phase.
 
 Phases: ``steady`` (Slurm answering), ``ctld_stopped`` (slurmctld SIGSTOPped: alive but
-silent, the slow-controller case), ``dbd_stopped`` (slurmdbd SIGSTOPped), ``recovered``.
+silent, the slow-controller case), ``dbd_stopped`` (slurmdbd SIGSTOPped), ``recovered``,
+and with ``--stall N`` ``stalled``: N jobs stop beating and ignore SIGTERM, so the monitor
+(heartbeat limit 20 s) cancels each and waits for it to leave the queue (Slurm's KillWait),
+then fails to resubmit it (a benchmark run directory has no config.yaml) and stops it.
 
 Examples::
 
@@ -26,6 +29,7 @@ Examples::
     python -m bench.monitor_cost --runs 100 --interval 20 --steady-s 180 --stop-s 60 \
         --out bench/results/monitor_cost_cpu_2026-12-04.json
     python -m bench.monitor_cost --runs 10 --steady-s 30 --stop-s 0   # a quick look
+    python -m bench.monitor_cost --runs 20 --steady-s 40 --stop-s 0 --stall 5 --interval 10
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from pathlib import Path
 TOOLS = ("sacct", "squeue", "scancel", "sbatch", "sinfo", "scontrol")
 STATE_DIR = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
 REPO = Path(__file__).resolve().parents[1]
+STALL_FILE = "stall-now"
+"""A job whose run directory holds this file stops beating and ignores SIGTERM (``--stall``):
+the monitor cancels it, and it leaves the queue only at Slurm's KillWait (SIGKILL)."""
 
 
 @dataclass
@@ -83,9 +90,12 @@ def job_payload(run_dir: Path, beat_s: float) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     rec = ProgressRecord(run=paths.name, job_id=job, state=TrainState.TRAINING, max_steps=10**6)
     while not stop:
-        rec.heartbeat = time.time()
-        write_progress(paths.progress, rec)
-        rec.step += 1
+        if (run_dir / STALL_FILE).exists():  # a hung trainer: no beat, deaf to SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            rec.heartbeat = time.time()
+            write_progress(paths.progress, rec)
+            rec.step += 1
         time.sleep(beat_s)
 
 
@@ -137,7 +147,7 @@ def submit_runs(logs: Path, n: int, partition: str, beat_s: float) -> list[str]:
     for i in range(n):
         paths = RunPaths(logs / f"cost-{i:03d}")
         paths.root.mkdir(parents=True)
-        payload = f"{sys.executable} -m bench.monitor_cost --job {paths.root} --beat {beat_s}"
+        payload = f"exec {sys.executable} -m bench.monitor_cost --job {paths.root} --beat {beat_s}"
         cmd = ["sbatch", "--parsable", "-p", partition, "-J", job_name(paths.name), "--mem=64M"]
         cmd += ["-o", str(paths.root / "slurm.out"), "--chdir", str(REPO), "--wrap", payload]
         job = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
@@ -184,7 +194,7 @@ def calls_since(log: Path, offset: int) -> tuple[Counter[str], int]:
     return Counter(line.split()[1] for line in text[offset:].splitlines() if line), len(text)
 
 
-def one_pass(logs: Path, phase: str, shim_log: Path) -> PassRecord:
+def one_pass(logs: Path, phase: str, shim_log: Path, heartbeat_s: float = 600.0) -> PassRecord:
     """The calls of one ``grpo-monitor`` pass (cli/monitor.py's loop body), measured."""
     from grpo_hpc.core.errors import SlurmUnavailableError
     from grpo_hpc.core.runs import resolve_runs
@@ -196,7 +206,7 @@ def one_pass(logs: Path, phase: str, shim_log: Path) -> PassRecord:
     error = None
     runs = resolve_runs([], logs)
     try:
-        monitor_pass(runs, MonitorPolicy())
+        monitor_pass(runs, MonitorPolicy(heartbeat_timeout_s=heartbeat_s))
     except (SlurmUnavailableError, OSError) as e:
         error = str(e)
     [is_final(p) for p in runs]
@@ -205,12 +215,14 @@ def one_pass(logs: Path, phase: str, shim_log: Path) -> PassRecord:
     return PassRecord(phase, start, wall, s1 - s0, c1 - c0, dict(calls), error)
 
 
-def run_phase(logs: Path, phase: str, seconds: float, interval: float, shim: Path) -> list:
+def run_phase(
+    logs: Path, phase: str, seconds: float, interval: float, shim: Path, heartbeat_s: float = 600.0
+) -> list:
     """Passes every ``interval`` seconds (sleeping ``interval`` after each, as the CLI
     does) for ``seconds``; at least one pass."""
     out, end = [], time.monotonic() + seconds
     while True:
-        rec = one_pass(logs, phase, shim)
+        rec = one_pass(logs, phase, shim, heartbeat_s)
         out.append(rec)
         print(f"  {phase}: pass {rec.wall_s:.2f} s, calls {rec.calls}, err {rec.error}", flush=True)
         if time.monotonic() + interval > end:
@@ -294,6 +306,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steady-s", type=float, default=180.0, help="length of the steady phase")
     p.add_argument("--stop-s", type=float, default=60.0, help="each daemon's stop (0: skip)")
     p.add_argument("--beat", type=float, default=10.0, help="the jobs' progress period, s")
+    p.add_argument("--stall", type=int, default=0, help="runs that hang at the end (cancelled)")
     p.add_argument("--partition", default="debug", help="partition the jobs run in")
     p.add_argument("--out", type=Path, help="result JSON (a .md beside it)")
     p.add_argument("--job", type=Path, help=argparse.SUPPRESS)  # the jobs' payload
@@ -322,6 +335,11 @@ def measure(a: argparse.Namespace, work: Path) -> dict:
         if a.stop_s > 0:
             passes += run_phase(logs, "recovered", 2 * a.interval, a.interval, shim_log)
             server["recovered"] = server_stats()
+        if a.stall > 0:  # hung trainers: the monitor cancels each (heartbeat limit 20 s)
+            for d in sorted(logs.iterdir())[: a.stall]:
+                (d / STALL_FILE).touch()
+            passes += run_phase(logs, "stalled", 40 + 2 * a.interval, a.interval, shim_log, 20.0)
+            server["stalled"] = server_stats()
     finally:
         for pid_name in ("slurmctld", "slurmdbd"):  # never leave a daemon stopped
             os.kill(daemon_pid(pid_name), signal.SIGCONT)
