@@ -81,10 +81,18 @@ def test_short_since_counts_from_the_first_shortage_until_the_nodes_are_back() -
     assert short_since([ev(1, "wait"), ev(5, "grow"), ev(7, "wait")]) == 7
 
 
-def test_profile_refuses_a_negative_nodes_wait(tmp_path: Path) -> None:
-    data = {**profile_to_dict(load_profile("slurm-local-2node")), "nodes_wait_s": -1}
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("nodes_wait_s", -1, "nodes_wait_s must be a number of seconds >= 0"),
+        ("nodes_wait_s", "900", "nodes_wait_s must be a number, written unquoted"),
+        ("link_gbps", 0, "link_gbps must be > 0"),
+    ],
+)
+def test_profile_refuses_bad_node_keys(tmp_path: Path, key: str, value: object, says: str) -> None:
+    data = {**profile_to_dict(load_profile("slurm-local-2node")), key: value}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match="nodes_wait_s must be a number of seconds >= 0"):
+    with pytest.raises(ConfigError, match=says):
         load_profile(str(tmp_path / "p.yaml"))
 
 
