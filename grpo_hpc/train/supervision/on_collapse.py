@@ -70,6 +70,24 @@ def rollback_cap(at_cap: bool, cap: int, configured: int, growth: float, limit: 
     return max(cap, min(limit or 2 * configured, round(cap * growth)))
 
 
+def rollback_target(
+    peak: int, kept: bool, at_cap: bool, trapped: tuple[int, ...], can_restart: bool
+) -> int | None:
+    """Where a rollback goes (pure): the step of the peak validation score (``kept``: its
+    checkpoint is still there), else the start (0); None when it cannot go anywhere (the
+    start, for a LoRA policy). For a collapse at the cap, a peak saved at the cap
+    (``trapped``: :attr:`collapse.Watch.trapped`) is a model already in the trap: the start
+    instead. Of 17 recorded seeds rolled back only to such checkpoints, 13 were handed over
+    below 0.5; of 16 whose first rollback went to the start, 13 were rescued (2026-12-01/04,
+    learning_2term_mask_*48 in bench/results)."""
+    target = peak if kept else 0
+    if target and at_cap and target in trapped and can_restart:
+        target = 0
+    if target == 0 and not can_restart:
+        return None
+    return target
+
+
 def rollback_seed(seed: int, attempt: int) -> int:
     """The sampling seed of rollback ``attempt`` (1, 2, ...): pure, so a resume knows it."""
     return seed + attempt * SEED_STRIDE
@@ -253,13 +271,15 @@ class CollapseGuard:
         # The peak, not the model to hand over (which may be a later one within noise of
         # it: on 2026-12-04 rollbacks to such a model went back into the stall, 5 of 10
         # seeds handed over below 0.5)
-        target = best.peak[1] if best is not None else 0
-        ckpt = self.paths.checkpoint(target)
+        peak = best.peak[1] if best is not None else 0
         at_cap = collapse.at_cap(v, self.watch)  # before the watch starts afresh
-        if target and not ckpt.is_dir():
-            target = 0  # the best's checkpoint is gone: start afresh rather than guess
-        if target == 0 and not _can_restart(self.cfg):
+        kept = peak > 0 and self.paths.checkpoint(peak).is_dir()
+        target = rollback_target(peak, kept, at_cap, self.watch.trapped, _can_restart(self.cfg))
+        if target is None:
             return False
+        ckpt = self.paths.checkpoint(target)
+        skipped = kept and target != peak
+        trapped = f" (the peak, step {peak}, was saved at the cap)" if skipped else ""
         if target:
             _load_checkpoint_weights(trainer, ckpt, self.tools)
         else:
@@ -271,7 +291,8 @@ class CollapseGuard:
         t = self.cfg.training
         note = (
             f"rollback {self.rollbacks}/{t.collapse_retries} to step {target} "
-            f"({'best checkpoint' if target else 'the start'}) with sampling seed {self.seed}; "
+            f"({'best checkpoint' if target else 'the start'}){trapped} with sampling seed "
+            f"{self.seed}; "
             f"{self._grow_cap(trainer, at_cap)}"
         )
         cap = self.rollout_cap
