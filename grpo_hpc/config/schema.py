@@ -118,6 +118,13 @@ class RolloutConfig:
     rows still decode (math-verify and the code sandbox, on a thread; custom rewards still
     after generation). The rewards are the same (train/rewards/streaming.py); only the wait
     is shorter. False: score everything after generation."""
+    seed_per_group: bool = False
+    """Sample each prompt group from its own random stream, seeded by the run's seed, the
+    group's place in the data order and the resample round (not by the rank that holds
+    it), one group per generate call: the completions are then the same on any number of
+    ranks, so a run resumed on fewer nodes (the profile's ``nodes_wait_s``) or more
+    continues as the uninterrupted run would have, within fp32 rounding
+    (docs/scaling.md). Costs batching: each group decodes alone."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rewards.code import code_workers
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
+from grpo_hpc.train.rollout import per_group
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
 
 ABORT, RESAMPLE, DONE = 2.0, 1.0, 0.0
@@ -91,6 +92,8 @@ class Collector:
     """Progress file and heartbeat."""
     engine: Any
     """The rollout engine (native or HF generate)."""
+    _draw: int = field(default=0, init=False, repr=False)
+    """Where in the data order this round's prompts were drawn from (``seed_per_group``)."""
 
     @property
     def per_rank(self) -> int:
@@ -142,7 +145,7 @@ class Collector:
         g = self.cfg.rollout.num_generations
         try:
             with phase("generate"):
-                batch = self.engine.generate(self._prompts(mine), g, **hand)
+                batch = self._sample(self._prompts(mine), g, hand)
         except BaseException as e:
             if stream:
                 stream.close()  # the rollout is abandoned: so is its head start
@@ -168,8 +171,21 @@ class Collector:
             samples, decode, rc.timeout_s, rc.require_marker, bool(rc.correctness), workers
         )
 
+    def _sample(self, prompts: list[str], g: int, hand: dict[str, Any]) -> RolloutBatch:
+        """The engine's completions; with ``rollout.seed_per_group`` one group at a time,
+        each from its own stream (rollout/per_group.py), the same on any number of ranks."""
+        if not self.cfg.rollout.seed_per_group:
+            return self.engine.generate(prompts, g, **hand)
+        first = self.info.rank * self.per_rank  # this rank's first group in the global draw
+        seeds = [
+            per_group.group_seed(self.cfg.training.seed, self._draw, first + j)
+            for j in range(len(prompts))
+        ]
+        return per_group.generate_per_group(self.engine.generate, prompts, g, seeds, **hand)
+
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
+        self._draw = self.sampler.epoch * self.sampler.n + self.sampler.position
         idx = self.sampler.take(self.cfg.rollout.prompts_per_step)
         lo = self.info.rank * self.per_rank
         return [self.train_set[i] for i in idx[lo : lo + self.per_rank]]
