@@ -106,8 +106,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("rollout.temperature must be > 0 for sampling")
     if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
         raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
-    if not 0 <= cfg.algo.tis_cap or 0 < cfg.algo.tis_cap < 1:
+    cap = cfg.algo.tis_cap
+    if cap is not None and (not 0 <= cap or 0 < cap < 1):
         raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
+    _validate_async(cfg)
     if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
         raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
     if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:
@@ -116,6 +118,22 @@ def validate(cfg: Config) -> None:
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
         )
     _validate_faults(cfg.faults)
+
+
+def _validate_async(cfg: Config) -> None:
+    """``algo.max_staleness``: a count of updates, in one process for now (docs/async.md)."""
+    k = cfg.algo.max_staleness
+    if k < 0:
+        raise ConfigError(
+            f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
+            "generated up to k updates ahead)"
+        )
+    if k and cfg.dist.nproc_per_node > 1:
+        raise ConfigError(
+            f"algo.max_staleness={k} runs in one process in this release, not "
+            f"dist.nproc_per_node={cfg.dist.nproc_per_node}: set dist.nproc_per_node=1 or "
+            "algo.max_staleness=0 (docs/async.md)"
+        )
 
 
 def _validate_faults(f: FaultsConfig) -> None:

@@ -17,6 +17,8 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -46,28 +48,13 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
+from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.setup import autos, models
+from grpo_hpc.train.setup.autos import kernels_line
 from grpo_hpc.train.state import best, checkpoint, state_digest
 from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
-
-
-def kernels_line(
-    precision: str,
-    scaler: bool,
-    attn: str | None,
-    decode: str,
-    capability: tuple[int, int] | None,
-) -> str:
-    """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
-    say, so that a run's log shows what a GPU of its capability ran (issue 55's V100 path)."""
-    where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
-    scaled = " with the grad scaler" if scaler else ""
-    return (
-        f"[Kernels] dist.precision={precision}{scaled}; update attention {attn or 'unknown'}; "
-        f"{decode}{where}"
-    )
 
 
 class Trainer:
@@ -196,22 +183,18 @@ class Trainer:
         if self.info.is_main and cfg.optim.state != "fp32":
             kind = type(self.opt.optim)
             print(f"[Optim] optim.state={cfg.optim.state}: {kind.__module__}.{kind.__name__}")
-        self.engine = rollout.build_engine(
-            cfg.rollout.engine,
-            dist.unwrap(self.model),
-            self.tok,
-            rollout.EngineOptions.for_run(
-                cfg,
-                dtype if on_gpu and dtype else torch.float32,
-                synced=self.info.enabled and cfg.dist.strategy == "fsdp",
-                max_prompt_tokens=data.longest_prompt_tokens(
-                    self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
-                ),
+        self.engine_options = rollout.EngineOptions.for_run(
+            cfg,
+            dtype if on_gpu and dtype else torch.float32,
+            synced=self.info.enabled and cfg.dist.strategy == "fsdp",
+            max_prompt_tokens=data.longest_prompt_tokens(
+                self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
             ),
-            tick=self.tracker.heartbeat,
-            # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
-            abort=lambda: self.stop_signal is not None and not self.evaluating,
-            autocast=self.autocast,
+        )
+        # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
+        stop = lambda: self.stop_signal is not None  # noqa: E731
+        self.engine = self._build_engine(
+            dist.unwrap(self.model), lambda: stop() and not self.evaluating
         )
         if self.info.is_main:
             print(f"{self.speed_line}, {self.engine.choice.line}", flush=True)
@@ -219,14 +202,23 @@ class Trainer:
             scaler = self.opt.scaler is not None
             line = kernels_line(cfg.dist.precision, scaler, attn, self.engine.decode_path, cap)
             print(line, flush=True)
-        self.collector = Collector(
+        collector = Collector(
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,
         )  # fmt: skip
+        policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
+        self.rollouts = RolloutPipeline(collector, policy, self._build_engine, stop, self.autocast)
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
         )
         self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
+
+    def _build_engine(self, model: torch.nn.Module, abort: Callable[[], bool]) -> Any:
+        """A rollout engine on ``model`` (the policy, or an async run's copy of it)."""
+        return rollout.build_engine(
+            self.cfg.rollout.engine, model, self.tok, self.engine_options,
+            tick=self.tracker.heartbeat, abort=abort, autocast=self.autocast,
+        )  # fmt: skip
 
     def _maybe_resume(self) -> None:
         step = self.paths.latest_checkpoint()
@@ -241,6 +233,7 @@ class Trainer:
         )
         self.opt.sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        self.rollouts.load_state_dict(state.get("rollouts"))  # batches generated ahead
         self.step = state["step"]
         self.streaks = breakers.Streaks(state["zero_streak"])
         # the collapse watch, its rollbacks and seed (older checkpoints: the cut-off streak)
@@ -268,6 +261,7 @@ class Trainer:
             "scheduler": self.opt.sched.state_dict(),
             "zero_streak": self.streaks.zero_reward,
             "collapse": self.collapse.state(),
+            "rollouts": self.rollouts.state_dict(),
         }
 
     def _write_digest(self, name: str, rng: dict) -> None:
@@ -441,7 +435,7 @@ class Trainer:
             cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
         )
         self.tracker.update(TrainState.GENERATING)
-        got = self.collector.collect()
+        got = self.rollouts.collect(self.step, self.collapse.rollbacks, self.collapse.seed_in_use)
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
         if cfg.rollout.release_engine_memory:  # the update needs the engine's memory
             self.engine.release()
@@ -458,8 +452,10 @@ class Trainer:
                 t1 = time.monotonic()
                 torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
                 t_sync = time.monotonic() - t1
+        self.rollouts.settle()  # the batches generated meanwhile, before anything reads state
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score} | host.metrics("train", t_sync)
+        times |= self.rollouts.metrics(len(sel.rewards))  # async: staleness, wait
         verify = got.verify_counts()
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)

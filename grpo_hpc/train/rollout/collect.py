@@ -91,6 +91,9 @@ class Collector:
     """Progress file and heartbeat."""
     engine: Any
     """The rollout engine (native or HF generate)."""
+    quiet: bool = False
+    """Leave the progress file's state alone: the rollouts of an asynchronous run's next
+    steps are generated while the trainer says TRAINING (rollout/pipeline.py)."""
 
     @property
     def per_rank(self) -> int:
@@ -110,7 +113,7 @@ class Collector:
             out.generate_s += time.monotonic() - t
             vote = ABORT
             if batch is not None:
-                self.tracker.update(TrainState.SCORING)
+                self._say(TrainState.SCORING)
                 t = time.monotonic()
                 with phase("score"):
                     ahead = stream.finish() if stream else None  # the head start's rest
@@ -126,9 +129,13 @@ class Collector:
                 raise GenerationAborted()
             if verdict == DONE:
                 break
-            self.tracker.update(TrainState.GENERATING)
+            self._say(TrainState.GENERATING)
         out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
         return out
+
+    def _say(self, state: TrainState) -> None:
+        if not self.quiet:
+            self.tracker.update(state)
 
     def _generate(self, mine: list[dict]) -> tuple[RolloutBatch | None, StreamingJudge | None]:
         """This round's completions (None when a stop reached this rank mid-generation)

@@ -49,3 +49,20 @@ def resolve(cfg: Config, info: DistInfo) -> Config:
         max(1, info.world_size // cfg.dist.nproc_per_node),
         where.capability if where.cuda else None,
     )
+
+
+def kernels_line(
+    precision: str,
+    scaler: bool,
+    attn: str | None,
+    decode: str,
+    capability: tuple[int, int] | None,
+) -> str:
+    """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
+    say, so that a run's log shows what a GPU of its capability ran (issue 55's V100 path)."""
+    where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
+    scaled = " with the grad scaler" if scaler else ""
+    return (
+        f"[Kernels] dist.precision={precision}{scaled}; update attention {attn or 'unknown'}; "
+        f"{decode}{where}"
+    )

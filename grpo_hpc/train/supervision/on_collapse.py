@@ -110,6 +110,11 @@ class CollapseGuard:
     finished: Verdict | None = None
     """The solved verdict that ends training early (``training.on_solved=finish``)."""
 
+    @property
+    def seed_in_use(self) -> int:
+        """The sampling seed now: the last rollback's, or ``training.seed``."""
+        return self.seed if self.seed is not None else self.cfg.training.seed
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
         return {"watch": self.watch.to_state(), "rollbacks": self.rollbacks, "seed": self.seed}
