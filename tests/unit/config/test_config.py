@@ -44,6 +44,11 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
         (["data.num_train=-1"], "data.num_train=-1 must be >= 0"),
         (["algo.tis_cap=0.5"], "algo.tis_cap must be 0"),
         (["algo.tis_cap=-1"], "algo.tis_cap must be 0"),
+        (["algo.max_staleness=-1"], "algo.max_staleness=-1 must be >= 0"),
+        (
+            ["algo.max_staleness=1", "dist.nproc_per_node=2"],
+            "algo.max_staleness=1 runs in one process in this release",
+        ),
         (["training.cut_off_patience=-1"], "training.cut_off_patience must be >= 0"),
     ],
 )
