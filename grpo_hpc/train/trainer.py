@@ -484,6 +484,7 @@ class Trainer:
             entropy=_finite(stats.get("entropy")),
             engine_kl=stats.get("rollout/engine_kl"),
             clip_frac=stats.get("clip_frac"),
+            staleness=self.rollouts.staleness,
         )
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.status import report
+from grpo_hpc.status.view import health_line
 from grpo_hpc.train.state import state_digest
 
 from .helpers import assert_same, make_run, train, training
@@ -49,6 +51,9 @@ def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
             assert r["rollout/logp_diff"] == 0.0 and r["rollout/engine_kl"] == 0.0, r
         else:
             assert r["rollout/logp_diff"] > 0.0 and r["rollout/engine_kl"] > 0.0, r
+    # what grpo-status RUN shows of the last step
+    row = report.collect_rows(tmp_path, [run.name])[0]
+    assert row.staleness == k and health_line(row).endswith(f"batch {k} update(s) stale")
 
 
 @pytest.mark.slow

@@ -135,6 +135,11 @@ class RolloutPipeline:
             error, self.error = self.error, None
             raise error
 
+    @property
+    def staleness(self) -> int | None:
+        """Updates between the last step's batch's weights and its own (None: synchronous)."""
+        return self.last.step - self.last.version if self.k and self.last else None
+
     def metrics(self, samples: int) -> dict[str, float]:
         """The step's staleness histogram (``samples`` trained) and the seconds the step
         waited for the generator after its update (asynchronous runs only)."""
