@@ -8,17 +8,19 @@ import json
 import math
 import os
 import random
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
+from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 from grpo_hpc.train.state import state_digest
 
-from .helpers import assert_same, make_run, train, training
+from .helpers import assert_same, make_run, signal_job, start_forked, train, training
 from .test_resume_exact import MAX_STEPS, STEPS, _final_state, _kill_and_resume
 
 SAMPLES = 8  # the tiny config's 2 prompts x 4 completions, all trained each step
@@ -81,3 +83,33 @@ def test_async_kill_and_resume_is_bit_exact(tmp_path: Path, k: int, engine: str)
     assert resumed == 1 and differ == [], differ
     # the run really was asynchronous: its last step trained a batch k updates old
     assert _rows(run)[-1]["staleness/max"] == k
+
+
+@pytest.mark.slow
+def test_a_stop_signal_saves_the_batches_generated_ahead(tmp_path: Path) -> None:
+    """SIGTERM (Slurm's preemption) while batches are generated ahead: the generation in
+    flight finishes, the checkpoint of the stop holds it, exit 5; resumed, the run ends
+    equal to the uninterrupted one (a batch cut short and made again by newer weights
+    would not)."""
+    steps = ["training.max_steps=8", "training.save_every_steps=0", "algo.max_staleness=1"]
+    steps.append("rollout.max_new_tokens=48")  # a generation long enough to land in
+    ref = make_run(tmp_path, "uninterrupted", *steps)
+    run = make_run(tmp_path, "stopped", *steps)
+    with training(ref) as ref_result:  # beside the stopped and resumed runs: shares nothing
+        proc = start_forked(run)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            rec = read_progress(run.progress)
+            if rec is not None and rec.step >= 2:
+                break
+            assert proc.poll() is None, "trainer exited before step 2"
+            time.sleep(0.02)
+        signal_job(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) is not None
+        rec = read_progress(run.progress)
+        assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+        assert rec.step < 8, "the run finished before the stop; the test proved nothing"
+        result = train(run)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ref_result().returncode == 0
+    assert_same(_final_state(ref, 8), _final_state(run, 8))
