@@ -103,7 +103,7 @@ class RolloutPipeline:
             return self.collector.collect()
         self.settle()
         made = [e.made for e in self.pending.values()]
-        decision = plan(step, self.k, lineage, made)
+        decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
         for s in decision.drop:
             del self.pending[s]
         self._copy_weights()

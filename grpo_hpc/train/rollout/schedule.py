@@ -56,12 +56,16 @@ def usable(made: Made, step: int, k: int, lineage: int) -> bool:
     )
 
 
-def plan(step: int, k: int, lineage: int, made: list[Made]) -> Plan:
+def plan(step: int, k: int, lineage: int, made: list[Made], end: int | None = None) -> Plan:
     """The pipeline's decision at ``step`` (its weights are version ``step``) with the bound
-    ``k`` (>= 0), ``lineage`` rollbacks so far and the batches ``made`` ahead."""
+    ``k`` (>= 0), ``lineage`` rollbacks so far and the batches ``made`` ahead. ``end``: the
+    run's step count (``training.max_steps``); nothing is generated for a step at or past
+    it (a longer run resumed from the last checkpoint makes those batches then, at
+    staleness 0)."""
     kept = {m.step for m in made if usable(m, step, k, lineage)}
     drop = tuple(sorted(m.step for m in made if m.step not in kept))
-    ahead = tuple(s for s in range(step + 1, step + k + 1) if s not in kept)
+    last = step + k + 1 if end is None else min(step + k + 1, end)
+    ahead = tuple(s for s in range(step + 1, last) if s not in kept)
     return Plan(drop, step not in kept, ahead)
 
 

@@ -49,6 +49,13 @@ def test_plan(step: int, k: int, lineage: int, made: list[Made], expected: Plan)
     assert plan(step, k, lineage, made) == expected
 
 
+def test_nothing_is_generated_for_steps_the_run_will_not_train() -> None:
+    """At the run's last steps the batches past ``training.max_steps`` are not made."""
+    assert plan(8, 2, 0, _made((8, 6, 0), (9, 7, 0)), end=10) == Plan((), False, ())
+    assert plan(7, 2, 0, _made((7, 5, 0), (8, 6, 0)), end=10) == Plan((), False, (9,))
+    assert plan(0, 3, 0, [], end=2) == Plan((), True, (1,))
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_a_run_that_follows_the_plan_trains_nothing_staler_than_k(k: int) -> None:
     """Carrying the plan out step by step (ahead batches take the current version):
