@@ -20,7 +20,15 @@ from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 from grpo_hpc.train.state import state_digest
 
-from .helpers import assert_same, make_run, signal_job, start_forked, train, training
+from .helpers import (
+    assert_same,
+    make_run,
+    signal_job,
+    start_forked,
+    train,
+    train_side_by_side,
+    training,
+)
 from .test_resume_exact import MAX_STEPS, STEPS, _final_state, _kill_and_resume
 
 SAMPLES = 8  # the tiny config's 2 prompts x 4 completions, all trained each step
@@ -56,6 +64,18 @@ def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
     # what grpo-status RUN shows of the last step
     row = report.collect_rows(tmp_path, [run.name])[0]
     assert row.staleness == k and health_line(row).endswith(f"batch {k} update(s) stale")
+
+
+def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:
+    """The same seed with the generator thread finishing long before the update (the
+    update held back one second at step 3: ``faults.stall_at_step=2``) and racing it (no
+    stall): the same weights and optimizer at the end, bit for bit."""
+    steps = ["training.max_steps=5", "algo.max_staleness=1"]
+    ref = make_run(tmp_path, "racing", *steps)
+    held = make_run(tmp_path, "held", *steps, "faults.enabled=true", "faults.stall_at_step=2")
+    train_side_by_side(ref, held)
+    assert_same(_final_state(ref, 5), _final_state(held, 5))
+    assert _rows(held)[2]["time/step"] >= 1.0  # the stall landed in step 3 (self.step 2)
 
 
 @pytest.mark.slow
