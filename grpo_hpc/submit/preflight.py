@@ -334,6 +334,13 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
     problem = _precision_problem(precision, profile)
     if problem:
         problems.append(problem)
+    ranks, k = profile.nodes * cfg.dist.nproc_per_node, cfg.algo.max_staleness
+    if k and ranks > 1:
+        problems.append(
+            f"algo.max_staleness={k} runs in one process in this release; profile "
+            f"{profile.name!r} starts {ranks}: use a one-GPU profile or algo.max_staleness=0 "
+            "(docs/async.md)"
+        )
     if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:
         problems.append(
             f"profile {profile.name!r}: time limit {profile.time_min} min is not longer than "

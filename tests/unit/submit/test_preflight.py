@@ -446,3 +446,25 @@ def test_cli_refuses_a_quoted_gpu_capability(tmp_path: Path) -> None:
     [line] = _errors(result)
     assert "gpu_capability must be a number, written unquoted (gpu_capability: 7.0)" in line
     assert not logs.exists()
+
+
+def test_cli_dry_run_places_an_asynchronous_run_and_refuses_several_processes(
+    tmp_path: Path,
+) -> None:
+    """algo.max_staleness: ``--dry-run`` says where generation runs; a profile that starts
+    more than one process (h100x2's two GPUs) is refused before anything queues, exit 2."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--config", "tiny", "--dry-run", "algo.max_staleness=1")
+    result = _grpo_submit("--profile", "local", *args, env=env)
+    assert result.returncode == ExitCode.OK, result.stderr
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("placement: ")]
+    assert "a generator thread on a copy of the weights" in line and "1 update(s)" in line
+    two = _grpo_submit("--profile", "h100x2", *args, env=env)
+    assert two.returncode == ExitCode.CONFIG_ERROR
+    assert (
+        "algo.max_staleness=1 runs in one process in this release; profile 'h100x2' starts 2"
+        in (two.stdout + two.stderr)
+    )
+    sync = _grpo_submit("--profile", "local", "--config", "tiny", "--dry-run", env=env)
+    assert "placement: " not in sync.stdout
+    assert not (tmp_path / "logs").exists()
