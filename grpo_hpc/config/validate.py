@@ -110,6 +110,11 @@ def validate(cfg: Config) -> None:
     if cap is not None and (not 0 <= cap or 0 < cap < 1):
         raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
     _validate_async(cfg)
+    if cfg.training.rollback_cap_growth < 1 or cfg.training.rollback_cap_max < 0:
+        raise ConfigError(
+            "training.rollback_cap_growth must be >= 1 (1: a rollback keeps the cap) and "
+            "training.rollback_cap_max >= 0 (0: twice rollout.max_new_tokens)"
+        )
     if cfg.data.min_terms < 1 or cfg.data.max_terms < cfg.data.min_terms:
         raise ConfigError("data.min_terms must be >= 1 and <= data.max_terms")
     if not 0 <= cfg.reward.overlong_buffer < cfg.rollout.max_new_tokens:

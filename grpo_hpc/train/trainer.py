@@ -238,6 +238,8 @@ class Trainer:
         self.streaks = breakers.Streaks(state["zero_streak"])
         # the collapse watch, its rollbacks and seed (older checkpoints: the cut-off streak)
         self.collapse.load(state.get("collapse"), state.get("cut_streak", 0))
+        if self.collapse.cap is not None:  # a rollback before the stop raised it
+            self.set_rollout_cap(self.collapse.cap)
         if rng is not None:
             checkpoint.set_rng_state(rng)
         if faults.digests_on(self.cfg.faults):
@@ -489,12 +491,19 @@ class Trainer:
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
 
+    def set_rollout_cap(self, cap: int) -> None:
+        """Rollouts of up to ``cap`` new tokens from now on (a rollback's remedy for a
+        collapse at the cap). The config keeps the configured cap: evaluations, the
+        export's generation config and Dr. GRPO's loss constant go on reading it."""
+        self.rollouts.set_max_new_tokens(cap)  # the policy's engine, and an async run's copy
+
     def evaluate(self) -> bool:
         """The held-out evaluation at this step (:mod:`grpo_hpc.train.evaluation.held_out`); False
         when a stop agreed between two chunks dropped it."""
         self.evaluating = True  # no abort mid-chunk: the ranks agree on a stop between chunks
-        try:
-            result = self.held_out.run(self.step)
+        try:  # at the configured cap, whatever a rollback made the rollouts': comparable
+            with rollout.capped(self.engine, self.cfg.rollout.max_new_tokens):
+                result = self.held_out.run(self.step)
         finally:
             self.evaluating = False
         if result is not None and self.keep_best.metric is not None:
@@ -513,6 +522,7 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     checkpoint.seed_all,
     models.materialize,
     models.load_model_and_tokenizer,
+    autos.cap_fits,
 )
 
 

@@ -211,3 +211,28 @@ def test_without_a_validation_split_the_test_problems_steer_nothing(tmp_path: Pa
     assert not state["collapse"]["watch"]["evals"]  # and no decision saw them
     assert "[Eval] no validation split (data.num_val=0)" in result.stdout
     assert not paths.best.exists()
+
+
+def test_a_rollback_for_a_collapse_at_the_cap_raises_the_rollouts_cap(tmp_path: Path) -> None:
+    """Every completion ran to the tiny config's 8 tokens (``all_cut``): the rollback
+    doubles the rollouts' cap (``training.rollback_cap_growth``), said in its event; the
+    next rollouts run past 8 tokens, up to 16, and a resumed run keeps 16 (evaluations keep
+    8: tests/unit/train/rollout/test_native_engine.py)."""
+    args = ("algo.mask_truncated=true", "training.cut_off_patience=1",
+            "training.collapse_patience=0", "training.collapse_window=2",
+            "training.max_steps=4", "faults.enabled=true", "faults.crash_at_step=3")  # fmt: skip
+    paths = make_run(tmp_path, "cap", *args)
+    assert train(paths).returncode != 0 and paths.latest_checkpoint() == 2
+    state = torch.load(paths.checkpoint(2) / "trainer.pt", weights_only=False)
+    assert state["collapse"]["cap"] == 16
+    (ev,) = _collapses(paths)
+    assert (ev["signal"], ev["action"], ev["step"], ev["cap"]) == ("all_cut", "ROLLBACK", 1, 16)
+    assert "rollouts' cap raised 8 -> 16 tokens" in ev["reason"]
+    assert "evaluations keep 8" in ev["reason"]
+    paths.config.write_text(
+        paths.config.read_text().replace("crash_at_step: 3", "crash_at_step: -1")
+    )
+    result = train(paths)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mean = {m["step"]: m["gen_len/mean"] for m in _steps(paths)}  # steps 3-4: resumed
+    assert mean[1] <= 8 and all(8 < mean[s] <= 16 for s in (2, 3, 4)), mean

@@ -194,7 +194,12 @@ class Collector:
         g = self.cfg.rollout.num_generations
         samples = [p for p in problems for _ in range(g)]
         out = rewards.run_rewards(
-            batch.texts, samples, self.cfg.reward, self.custom, lengths(batch, self.cfg), ahead
+            batch.texts,
+            samples,
+            self.cfg.reward,
+            self.custom,
+            lengths(batch, self.cfg, self.engine.max_new_tokens),
+            ahead,
         )
         for name in self.custom:
             if out.errors.get(name, 0) == len(samples):
@@ -210,8 +215,9 @@ class Collector:
         return Scored(batch, total, out.components, dict(out.errors), questions, full)
 
 
-def lengths(batch: RolloutBatch, cfg: Config) -> rewards.Lengths:
-    """Token counts and EOS flags of a batch, for the overlong reward."""
+def lengths(batch: RolloutBatch, cfg: Config, cap: int) -> rewards.Lengths:
+    """Token counts and EOS flags of a batch generated with up to ``cap`` new tokens (the
+    engine's: a rollback may have raised it), for the overlong reward."""
     tokens = batch.completion_mask.sum(1).tolist()
     finished = batch.finished.tolist() if batch.finished is not None else [True] * len(tokens)
-    return rewards.Lengths(tokens, finished, cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer)
+    return rewards.Lengths(tokens, finished, cap, cfg.reward.overlong_buffer)

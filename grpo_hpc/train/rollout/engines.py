@@ -114,6 +114,21 @@ class HFEngine:
     def release(self) -> None:
         """Nothing to free: generate's cache lives only while it generates."""
 
+    def set_max_new_tokens(self, cap: int) -> None:
+        self.max_new_tokens = cap
+
+
+@contextlib.contextmanager
+def capped(engine: RolloutEngine, cap: int):  # noqa: ANN201
+    """While active, ``engine`` generates up to ``cap`` new tokens (then its cap again):
+    evaluations keep the configured cap when a rollback raised the rollouts'."""
+    before = engine.max_new_tokens
+    engine.set_max_new_tokens(cap)
+    try:
+        yield engine
+    finally:
+        engine.set_max_new_tokens(before)
+
 
 @contextlib.contextmanager
 def fp32_logits(model: torch.nn.Module, on: bool = True):  # noqa: ANN201

@@ -149,6 +149,13 @@ class RolloutPipeline:
         stale = self.last.step - self.last.version
         return staleness_metrics(stale, samples, self.k) | {"time/wait_rollouts": waited}
 
+    def set_max_new_tokens(self, cap: int) -> None:
+        """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
+        the policy's engine and the shadow's alike."""
+        self.collector.engine.set_max_new_tokens(cap)
+        if self.k:
+            self.now.engine.set_max_new_tokens(cap)
+
     # ------------------------------------------------------------------ generation
     def _copy_weights(self) -> None:
         with torch.no_grad():

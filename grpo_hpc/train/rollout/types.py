@@ -69,8 +69,15 @@ class RolloutEngine(Protocol):
         on_running: OnRows | None = None,
     ) -> RolloutBatch: ...
 
+    max_new_tokens: int
+    """The cap of the next ``generate``: set through :meth:`set_max_new_tokens`."""
+
     def release(self) -> None:
         """Free device memory the engine keeps between rollouts (before an update)."""
+
+    def set_max_new_tokens(self, cap: int) -> None:
+        """Generate up to ``cap`` new tokens from now on (a rollback's larger cap; an
+        evaluation's configured one)."""
 
 
 class GenerationAborted(Exception):

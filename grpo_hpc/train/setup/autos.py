@@ -5,12 +5,15 @@ resolved values."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.memory import plan as memory_plan
+from grpo_hpc.memory.estimate import estimate
 from grpo_hpc.train.algo import packing
 from grpo_hpc.train.distributed import gpu
 from grpo_hpc.train.distributed.dist import DistInfo
@@ -49,6 +52,20 @@ def resolve(cfg: Config, info: DistInfo) -> Config:
         max(1, info.world_size // cfg.dist.nproc_per_node),
         where.capability if where.cuda else None,
     )
+
+
+def cap_fits(cfg: Config, cap: int, info: DistInfo) -> bool:
+    """Whether rollouts of ``cap`` new tokens fit this rank's GPU by the memory estimate
+    (what a rollback that grows the cap asks: ``training.rollback_cap_growth``); True on
+    a CPU, and where the model's shape is unknown here (no figure to refuse on)."""
+    gib = device_gib(info.device)
+    shape = memory_plan.model_shape(cfg.model)
+    if gib is None or shape is None:
+        return True
+    grown = replace(cfg, rollout=replace(cfg.rollout, max_new_tokens=cap))
+    nodes = max(1, info.world_size // cfg.dist.nproc_per_node)
+    settings = memory_plan.settings_of(grown, nodes, gpu.capability(info.device))
+    return estimate(shape, settings).total_gib <= gib
 
 
 def kernels_line(

@@ -193,6 +193,21 @@ warning: every recorded seed at the learning benchmark's stalling settings had 0
 at step 1, and 6 of its 29 seeds stalled at the cap (docs/ALGORITHM.md)."""
 
 
+CAP_SIGNALS = ("all_cut", "pinned")
+"""Signals that are about the length cap by definition."""
+
+
+def at_cap(v: Verdict, w: Watch) -> bool:
+    """Whether a verdict is a collapse at the length cap (pure): ``all_cut``/``pinned``, or
+    ``no_signal`` over a window whose mean share cut under the mask is at least
+    :data:`STALL_RISK_CUT` (the steps trained nothing because their completions ran into the
+    cap). Each of the 54 ``no_signal`` verdicts recorded in bench/results (48 and 96 tokens,
+    2026-11-28 to 2026-12-04) had 0.90-1.00; a watch read with the mask off holds no cuts."""
+    if v.signal in CAP_SIGNALS:
+        return True
+    return v.signal == "no_signal" and bool(w.cut) and sum(w.cut) / len(w.cut) >= STALL_RISK_CUT
+
+
 def stall_risk(step: int, cut: float, masked: bool, cap: int) -> str | None:
     """A warning after the first step when the settings are likely to stall (pure)."""
     if step != 1 or not masked or cut < STALL_RISK_CUT:

@@ -135,6 +135,9 @@ class NativeEngine:
         self.decode_path = decode_path(compiled, self.graphed, compiled and fused)
         """How each decode step runs, for the training log's [Kernels] line."""
         self.spaces: dict[int, Workspace] = {}
+        self.width = self.max_new_tokens
+        """Completion columns of every workspace: the largest cap set so far, so a smaller
+        one (an evaluation's) decodes in the same workspaces and graphs."""
         self.floor = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
         """Least KV cache capacity of a new workspace (raised when a cache had to regrow)."""
         self.eos = int(self.tokenizer.eos_token_id)
@@ -224,6 +227,16 @@ class NativeEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the graphs' private pool goes back with its blocks
 
+    def set_max_new_tokens(self, cap: int) -> None:
+        """Up to ``cap`` new tokens from the next ``generate``; a cap wider than every
+        workspace drops them (and their graphs): the next rollout allocates wider ones."""
+        if cap > self.width:
+            self._drop_all_graphs()
+            self.width = cap
+            if self.max_prompt_tokens:
+                self.floor = max(self.floor, self.max_prompt_tokens + cap)
+        self.max_new_tokens = cap
+
     # ------------------------------------------------------------------ internals
     def _workspace(self, rows: int, capacity: int) -> Workspace:
         ws = self.spaces.get(rows)
@@ -253,7 +266,7 @@ class NativeEngine:
             gc.collect()
 
     def _new_workspace(self, cache: forward.KVCache) -> Workspace:
-        rows, dev, m = cache.rows, self.device, self.max_new_tokens
+        rows, dev, m = cache.rows, self.device, self.width
 
         def zeros(*size: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*size, dtype=dt, device=dev)

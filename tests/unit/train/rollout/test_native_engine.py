@@ -17,6 +17,7 @@ from grpo_hpc.train.rollout.engines import (
     GenerationAborted,
     HFEngine,
     build_engine,
+    capped,
     pick_engine,
 )
 from grpo_hpc.train.rollout.native.engine import (
@@ -293,6 +294,28 @@ def test_cache_sized_once_for_the_longest_prompt(llama) -> None:  # noqa: ANN001
         assert torch.equal(a.input_ids, b.input_ids)
     assert grow.totals["caches"] > 1
     assert fixed.totals["caches"] == 1
+
+
+@pytest.mark.parametrize("name", ["native", "hf"])
+def test_a_raised_cap_decodes_longer_and_a_capped_evaluation_keeps_the_old(
+    llama,  # noqa: ANN001
+    name: str,
+) -> None:
+    """A rollback's larger cap (``training.rollback_cap_growth``): the engine decodes up to
+    the new cap (the native engine's workspaces widened), an evaluation under ``capped``
+    decodes up to the configured one, greedy tokens the same as an engine built at that
+    cap, and the rollouts go back to the raised cap after it."""
+    model, tok = llama
+    make = NativeEngine if name == "native" else HFEngine
+    engine, small = make(model, tok, 8, 1.0, 1.0, 60), make(model, tok, 8, 1.0, 1.0, 60)
+    engine.generate(PROMPTS, 2)  # workspaces 8 wide
+    engine.set_max_new_tokens(24)
+    assert engine.generate(PROMPTS, 2, greedy=True).completion_mask.shape[1] == 24
+    with capped(engine, 8):
+        a = engine.generate(PROMPTS, 1, greedy=True)
+    assert torch.equal(a.input_ids, small.generate(PROMPTS, 1, greedy=True).input_ids)
+    assert engine.max_new_tokens == 24
+    assert engine.generate(PROMPTS, 1, greedy=True).completion_mask.shape[1] == 24
 
 
 def test_release_frees_the_engine_and_the_next_rollout_is_the_same(llama) -> None:  # noqa: ANN001

@@ -12,16 +12,19 @@ import pytest
 from grpo_hpc.train.supervision.collapse import (
     SOLVED,
     Thresholds,
+    Verdict,
     Watch,
+    at_cap,
     replay,
     reported,
     solved,
     stall_risk,
     verdict,
 )
-from grpo_hpc.train.supervision.on_collapse import action_for, rollback_seed
+from grpo_hpc.train.supervision.on_collapse import action_for, rollback_cap, rollback_seed
 
-RECORDED = Path(__file__).parents[4] / "bench/results/learning_2term_mask_h100x4_2026-11-27.json"
+RESULTS = Path(__file__).parents[4] / "bench/results"
+RECORDED = RESULTS / "learning_2term_mask_h100x4_2026-11-27.json"
 
 
 def _seed(n: int) -> dict:
@@ -157,6 +160,50 @@ def test_the_action_table() -> None:
     assert action_for("rollback", 1, 2) == "rollback"
     assert action_for("rollback", 2, 2) == "stop"  # the retry budget is spent
     assert rollback_seed(7, 2) == 2007
+
+
+def test_a_rollback_for_a_collapse_at_the_cap_grows_the_rollouts_cap() -> None:
+    # (at the cap, cap in force, configured cap, growth, limit) -> the next attempt's cap
+    table = [
+        ((True, 48, 48, 2.0, 0), 96),  # twice, the default limit
+        ((True, 96, 48, 2.0, 0), 96),  # the default limit reached: it stays
+        ((True, 96, 48, 2.0, 256), 192),  # a larger limit: grown again
+        ((True, 48, 48, 1.5, 0), 72),
+        ((True, 48, 48, 4.0, 0), 96),  # never past the limit
+        ((True, 48, 48, 1.0, 0), 48),  # growth 1: off
+        ((False, 48, 48, 2.0, 0), 48),  # not at the cap: a new seed alone
+        ((False, 96, 48, 2.0, 0), 96),  # a cap raised before is kept
+    ]
+    assert [rollback_cap(*args) for args, _ in table] == [want for _, want in table]
+
+
+def test_which_collapses_are_at_the_cap() -> None:
+    """``all_cut``/``pinned`` always; ``no_signal`` when its window was mostly cut under the
+    mask (the recorded stalls), not when its groups were flat for another reason."""
+    cut = Watch(cut=(0.9,) * 8 + (1.0,) * 2)
+    flat = Watch(cut=(0.1,) * 10)
+    unmasked = Watch()  # the mask off: cuts are not recorded
+    assert at_cap(Verdict("pinned", 10, ""), flat) and at_cap(Verdict("all_cut", 10, ""), flat)
+    assert at_cap(Verdict("no_signal", 10, ""), cut)
+    assert not at_cap(Verdict("no_signal", 10, ""), flat)
+    assert not at_cap(Verdict("no_signal", 10, ""), unmasked)
+    assert not at_cap(Verdict("eval_drop", 10, ""), cut)
+
+
+@pytest.mark.parametrize("seed", [409, 415, 416])
+def test_the_recorded_seeds_two_new_seeds_did_not_rescue_were_at_the_cap(seed: int) -> None:
+    """Seeds 409, 415 and 416 of 2026-12-04 (48 tokens) spent both rollbacks on
+    ``no_signal`` verdicts with a new seed alone and were handed over below 0.5: replayed,
+    each verdict is at the cap, so each rollback now grows it."""
+    path = RESULTS / "learning_2term_mask_rollback48_h200_2026-12-04.json"
+    run = next(r for r in json.loads(path.read_text())["systems"]["grpo_hpc_rollback"]
+               if r["seed"] == seed)  # fmt: skip
+    first = run["collapses"][0]["step"]
+    w = Watch()
+    for s in run["steps"][:first]:
+        w = w.after_step(s["reward"], s["grad_norm"], s["cut"], s["entropy"], True)
+    v = verdict(w, Thresholds(), first)
+    assert v is not None and v.signal == "no_signal" and at_cap(v, w)
 
 
 def test_a_solved_task_is_no_collapse_but_a_solved_verdict() -> None:
