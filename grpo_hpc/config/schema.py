@@ -338,9 +338,10 @@ class TrainingConfig:
     """``on_collapse=rollback``: a rollback for a collapse at the length cap (``all_cut``,
     ``pinned``, or ``no_signal`` with most completions cut: they ran into
     ``rollout.max_new_tokens`` and, masked, taught nothing) multiplies the rollouts' cap by
-    this, at most to ``rollback_cap_max``, when the memory estimate says it fits the GPU; evaluations keep the configured cap, so scores
-    stay comparable (1 disables). A new seed alone from the peak went back into the cap on
-    5 of 20 seeds at 48 tokens (2026-12-04); at 96 tokens 19 of 20 ended above 0.5."""
+    this, at most to ``rollback_cap_max``, when the memory estimate says it fits the GPU;
+    evaluations keep the configured cap, so scores stay comparable (1 disables). A new seed
+    alone from the peak went back into the cap on 5 of 20 seeds at 48 tokens (2026-12-04);
+    at 96 tokens 19 of 20 ended above 0.5."""
     rollback_cap_max: int = 0
     """The largest rollout cap a rollback may raise to (0: twice ``rollout.max_new_tokens``)."""
     collapse_window: int = 10
