@@ -158,7 +158,8 @@ class Estimate:
     engine_released: bool = False
     """The engine's weights and cache are freed while the update runs."""
     shadow: int = 0
-    """An asynchronous run's copy of the weights its generator reads (resident)."""
+    """An asynchronous run's copy of the weights its generator reads, with that copy's
+    engine (the native engine's packed weights and KV cache; resident)."""
     overlapped: int = 0
     """What generation holds while the update and the optimizer step run, in an
     asynchronous run (its transient, HF generate's cache)."""
@@ -388,6 +389,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         micro_batch_tokens=tokens,
         optimizer_step=optimizer_step,
         engine_released=native and s.release_engine and not s.staleness,
-        shadow=weight_bytes if s.staleness else 0,
+        # the generator's copy of the weights and its own engine (packed copy, KV cache):
+        # the policy's engine stays for the held-out evaluation
+        shadow=weight_bytes + engine_weights + kv_resident if s.staleness else 0,
         overlapped=transient + kv_transient if s.staleness else 0,
     )

@@ -138,13 +138,14 @@ def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> N
 
 def test_an_asynchronous_run_holds_a_second_copy_and_generates_during_the_update() -> None:
     """algo.max_staleness >= 1: the generator's copy of the weights (fp32 masters: 4 bytes a
-    parameter) is resident, its generation transient overlaps the update and the optimizer
-    step, and its engine is never released for the update (it is generating then)."""
+    parameter) and its own engine are resident, its generation transient overlaps the update
+    and the optimizer step, and no engine is released for the update (it is generating)."""
     qwen = shape("qwen2.5-1.5b")
     sync = memory.Settings(rows=64, max_new_tokens=1024, release_engine=True)
     asyn = replace(sync, staleness=1)
     a, b = memory.estimate(qwen, sync), memory.estimate(qwen, asyn)
-    assert b.shadow == 4 * qwen.params and a.shadow == 0
+    # fp32 masters, and the shadow engine's packed bf16 copy and KV cache beside the policy's
+    assert b.shadow == 4 * qwen.params + a.engine_weights + a.kv_cache and a.shadow == 0
     assert b.generate_bytes == a.generate_bytes + b.shadow
     released = a.engine_weights + a.kv_cache
     assert b.update_bytes == a.update_bytes + released + b.shadow + b.generation_transient
