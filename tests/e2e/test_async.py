@@ -66,6 +66,24 @@ def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
     assert row.staleness == k and health_line(row).endswith(f"batch {k} update(s) stale")
 
 
+def test_a_rollback_drops_the_batches_of_the_abandoned_weights(tmp_path: Path) -> None:
+    """A collapse rolled back at step 2 (to the start: tests/e2e/test_collapse_run.py's
+    setting) leaves a batch generated ahead by weights that no longer exist: step 3 trains
+    a batch made then by the restored weights (staleness 0), not that one; step 4 is one
+    update stale again."""
+    dead = ("faults.enabled=true", "faults.zero_reward=true")  # flat groups: no signal
+    collapse = ("training.collapse_window=2", "training.collapse_patience=2")
+    rollback = ("training.on_collapse=rollback", "training.max_steps=4")
+    run = make_run(tmp_path, "rb", *dead, *collapse, *rollback, "algo.max_staleness=1")
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = [json.loads(x) for x in run.events.read_text().splitlines()]
+    assert [(e["action"], e["step"]) for e in events if e.get("phase") == "collapse"][:1] == [
+        ("ROLLBACK", 2)
+    ]
+    assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
+
+
 def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:
     """The same seed with the generator thread finishing long before the update (the
     update held back one second at step 3: ``faults.stall_at_step=2``) and racing it (no
