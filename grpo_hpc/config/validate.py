@@ -126,19 +126,37 @@ def validate(cfg: Config) -> None:
 
 
 def _validate_async(cfg: Config) -> None:
-    """``algo.max_staleness``: a count of updates, in one process for now (docs/async.md)."""
+    """``algo.max_staleness``: a count of updates (docs/async.md)."""
     k = cfg.algo.max_staleness
     if k < 0:
         raise ConfigError(
             f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
             "generated up to k updates ahead)"
         )
-    if k and cfg.dist.nproc_per_node > 1:
-        raise ConfigError(
-            f"algo.max_staleness={k} runs in one process in this release, not "
-            f"dist.nproc_per_node={cfg.dist.nproc_per_node}: set dist.nproc_per_node=1 or "
-            "algo.max_staleness=0 (docs/async.md)"
+    problem = async_ranks_problem(cfg, cfg.dist.nproc_per_node)
+    if problem:
+        raise ConfigError(problem)
+
+
+def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
+    """Why an asynchronous run cannot run on ``ranks`` processes (pure; None: it can). Each
+    DDP rank generates its share ahead with no collective (``Collector.ahead``); FSDP2's
+    shards would have to be gathered for the copy, and dynamic sampling's rounds are agreed
+    between the ranks."""
+    k = cfg.algo.max_staleness
+    if not k or ranks <= 1:
+        return None
+    if cfg.dist.strategy == "fsdp":
+        return (
+            f"algo.max_staleness={k} runs on one process or DDP ranks in this release, not "
+            f"FSDP2 over {ranks}: set dist.strategy=ddp, one GPU, or algo.max_staleness=0"
         )
+    if cfg.rollout.dynamic_sampling:
+        return (
+            f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "
+            f"release, not {ranks}: turn one of them off (docs/async.md)"
+        )
+    return None
 
 
 def _validate_faults(f: FaultsConfig) -> None:

@@ -62,8 +62,10 @@ class SubmitPlan:
         k = self.config.algo.max_staleness
         if not k:
             return ""
+        ranks = self.profile.nodes * self.config.dist.nproc_per_node
+        where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
         return (
-            f"placement: one process: the trainer, and a generator thread on a copy of the "
+            f"placement: {where}: the trainer, and a generator thread on a copy of the "
             f"weights, batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
         )
 

@@ -13,7 +13,6 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 from __future__ import annotations
 
 import copy
-import math
 import os
 import signal
 import time
@@ -42,7 +41,7 @@ from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric, steer
 from grpo_hpc.train.measure import stall_sampler
 from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
 from grpo_hpc.train.measure.stall_sampler import StallSampler
-from grpo_hpc.train.measure.step_report import StepReporter
+from grpo_hpc.train.measure.step_report import StepReporter, finite
 from grpo_hpc.train.measure.tracking import Tracker, step_samples
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
@@ -233,7 +232,6 @@ class Trainer:
         )
         self.opt.sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        self.rollouts.load_state_dict(state.get("rollouts"))  # batches generated ahead
         self.step = state["step"]
         self.streaks = breakers.Streaks(state["zero_streak"])
         # the collapse watch, its rollbacks and seed (older checkpoints: the cut-off streak)
@@ -242,11 +240,12 @@ class Trainer:
             self.set_rollout_cap(self.collapse.cap)
         if rng is not None:
             checkpoint.set_rng_state(rng)
+        self.rollouts.load_state_dict(rng)  # this rank's batches generated ahead, if any
         if faults.digests_on(self.cfg.faults):
             # named by this launch (rank 0's token: a rank's own attempt count is read from
             # progress.json, which rank 0 may already have rewritten)
             launch = dist.launch_token(self.info)
-            self._write_digest(f"resume-{launch}-step{self.step}", checkpoint.rng_state())
+            self._write_digest(f"resume-{launch}-step{self.step}", self._rank_state())
         self.tracker.update(
             restarts=self.tracker.record.restarts + 1,
             step=self.step,
@@ -263,8 +262,12 @@ class Trainer:
             "scheduler": self.opt.sched.state_dict(),
             "zero_streak": self.streaks.zero_reward,
             "collapse": self.collapse.state(),
-            "rollouts": self.rollouts.state_dict(),
         }
+
+    def _rank_state(self) -> dict:
+        """What a checkpoint keeps of this rank alone: its RNG and (asynchronous runs) the
+        batches it generated ahead from its share of the prompts (``rng-rank<R>.pt``)."""
+        return checkpoint.rng_state() | self.rollouts.state_dict()
 
     def _write_digest(self, name: str, rng: dict) -> None:
         """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state.state_digest)."""
@@ -400,7 +403,7 @@ class Trainer:
         if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)
-        state, rng = self._trainer_state(), checkpoint.rng_state()
+        state, rng = self._trainer_state(), self._rank_state()
         # before the save: a rank killed once its checkpoint is complete (its peer finished
         # it) has written its digest already (a save that never completes is never loaded)
         self._write_digest(f"save-step{self.step}", rng)
@@ -427,15 +430,11 @@ class Trainer:
     def train_step(self) -> None:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
-        self.gc.before_step(
-            self.step
-        )  # the same point on every rank (train/supervision/gc_schedule.py)
+        self.gc.before_step(self.step)  # the same point on every rank (gc_schedule.py)
         self.profiler.before_step(self.step + 1)
         if self.stalls is not None:
             self.stalls.step = self.step + 1
-        faults.before_step(
-            cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
-        )
+        faults.before_step(cfg.faults, self.step, self.tracker, lambda: bool(self.stop_signal))
         self.tracker.update(TrainState.GENERATING)
         got = self.rollouts.collect(self.step, self.collapse.rollbacks, self.collapse.seed_in_use)
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
@@ -483,7 +482,7 @@ class Trainer:
             reward_mean=m["reward/mean"],
             kl=stats.get("kl"),
             tokens_per_s=m["tokens_per_s"],
-            entropy=_finite(stats.get("entropy")),
+            entropy=finite(stats.get("entropy")),
             engine_kl=stats.get("rollout/engine_kl"),
             clip_frac=stats.get("clip_frac"),
             staleness=self.rollouts.staleness,
@@ -524,9 +523,3 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     models.load_model_and_tokenizer,
     autos.cap_fits,
 )
-
-
-def _finite(x: float | None) -> float | None:
-    """``x`` unless it is NaN/inf (a step whose groups were all flat skips the forward and
-    has no entropy): progress.json is JSON, which has no NaN."""
-    return x if x is not None and math.isfinite(x) else None

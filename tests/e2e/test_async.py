@@ -97,28 +97,35 @@ def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("k", "engine"), [(1, "hf"), (2, "native")])
-def test_async_kill_and_resume_is_bit_exact(tmp_path: Path, k: int, engine: str) -> None:
+@pytest.mark.parametrize(("k", "engine", "nproc"), [(1, "hf", 1), (2, "native", 1), (1, "hf", 2)])
+def test_async_kill_and_resume_is_bit_exact(
+    tmp_path: Path, k: int, engine: str, nproc: int
+) -> None:
     """As tests/e2e/test_resume_exact.py, asynchronous: SIGKILL at a random moment after the
     first checkpoint (while batches are generated ahead, or inside a save), resume, and the
     weights and optimizer at the end equal an uninterrupted run's of the same seed. The two
     runs' threads run at different moments, so it also shows the run does not depend on
     thread timing; the resumed rank's state digest equals its checkpoint's (the batches
-    generated ahead included)."""
+    generated ahead included). Two DDP ranks (under the real torchrun): each generates its
+    share ahead with no collective."""
     seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
-    ref = make_run(tmp_path, "uninterrupted", *steps)
+    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
     digests = ["faults.enabled=true", "faults.state_digest=true"]
-    run = make_run(tmp_path, "killed", *steps, *digests)
-    with training(ref) as ref_result:  # beside the killed and resumed runs: shares nothing
-        _kill_and_resume(run, 1, rng, seed)
-        assert ref_result().returncode == 0
+    run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)
+    if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
+        assert train(ref, nproc).returncode == 0
+        _kill_and_resume(run, nproc, rng, seed)
+    else:
+        with training(ref) as ref_result:  # beside the killed and resumed runs
+            _kill_and_resume(run, 1, rng, seed)
+            assert ref_result().returncode == 0
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
     assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
     resumed, differ = state_digest.compare_folder(run.state_digest)
-    assert resumed == 1 and differ == [], differ
+    assert resumed == nproc and differ == [], differ
     # the run really was asynchronous: its last step trained a batch k updates old
     assert _rows(run)[-1]["staleness/max"] == k
 

@@ -91,9 +91,11 @@ class Collector:
     """Progress file and heartbeat."""
     engine: Any
     """The rollout engine (native or HF generate)."""
-    quiet: bool = False
-    """Leave the progress file's state alone: the rollouts of an asynchronous run's next
-    steps are generated while the trainer says TRAINING (rollout/pipeline.py)."""
+    ahead: bool = False
+    """Generating an asynchronous run's next steps in a thread while the update runs
+    (rollout/pipeline.py): the progress file's state is left alone (the trainer says
+    TRAINING), and nothing is agreed with the other ranks (a collective from this thread
+    would meet the update's; nothing can cut this rollout, and it runs one round)."""
 
     @property
     def per_rank(self) -> int:
@@ -124,7 +126,7 @@ class Collector:
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
             with phase("vote"):  # this rank waits here for the others' rollouts
-                verdict = dist.all_reduce_max(vote, self.info)
+                verdict = vote if self.ahead else dist.all_reduce_max(vote, self.info)
             if verdict == ABORT:
                 raise GenerationAborted()
             if verdict == DONE:
@@ -134,7 +136,7 @@ class Collector:
         return out
 
     def _say(self, state: TrainState) -> None:
-        if not self.quiet:
+        if not self.ahead:
             self.tracker.update(state)
 
     def _generate(self, mine: list[dict]) -> tuple[RolloutBatch | None, StreamingJudge | None]:

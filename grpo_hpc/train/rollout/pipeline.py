@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
@@ -81,17 +82,15 @@ class RolloutPipeline:
         self.waited_s = 0.0
         if not self.k:
             return
-        if collector.info.world_size > 1:
-            raise ConfigError(
-                f"algo.max_staleness={self.k} runs in one process in this release, not "
-                f"{collector.info.world_size}: set algo.max_staleness=0 or run one process"
-            )
+        problem = async_ranks_problem(cfg, collector.info.world_size)
+        if problem:
+            raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
         self.shadow = copy.deepcopy(policy).eval().requires_grad_(False)
         self.on_main = False
         engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
         self.now = dataclasses.replace(collector, engine=engine)
-        self.ahead = dataclasses.replace(collector, engine=engine, quiet=True)
+        self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
 
     # ------------------------------------------------------------------ the step
@@ -141,13 +140,15 @@ class RolloutPipeline:
         return self.last.step - self.last.version if self.k and self.last else None
 
     def metrics(self, samples: int) -> dict[str, float]:
-        """The step's staleness histogram (``samples`` trained) and the seconds the step
-        waited for the generator after its update (asynchronous runs only)."""
+        """The step's staleness histogram (``samples`` trained on this rank) and the seconds
+        the step waited for the generator after its update (asynchronous runs only). Every
+        rank trains as many samples at the same staleness (one schedule, whole groups per
+        rank), so the run's count is this rank's times the ranks, with no collective."""
         if not self.k or self.last is None:
             return {}
         waited, self.waited_s = self.waited_s, 0.0
-        stale = self.last.step - self.last.version
-        return staleness_metrics(stale, samples, self.k) | {"time/wait_rollouts": waited}
+        stale, ranks = self.last.step - self.last.version, self.collector.info.world_size
+        return staleness_metrics(stale, samples * ranks, self.k) | {"time/wait_rollouts": waited}
 
     def set_max_new_tokens(self, cap: int) -> None:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
@@ -169,7 +170,7 @@ class RolloutPipeline:
             self.error = e
 
     def _generate(self, collector: Collector, made: Made, seed: int) -> Entry:
-        torch.manual_seed(rollout_seed(seed, made.step))
+        torch.manual_seed(rollout_seed(seed, made.step, self.collector.info.rank))
         got = collector.collect()
         for scored in got.scored:
             if scored.batch.sampled_logp is None:  # HF generate reports none
@@ -192,20 +193,24 @@ class RolloutPipeline:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The batches generated and not trained, as plain values (waits for the ones in
-        flight first)."""
+        """This rank's batches generated and not trained, as plain values (waits for the
+        ones in flight first); empty for a synchronous run. Kept per rank (each generated
+        from its own share of the prompts), beside its RNG state."""
         self.settle()
+        if not self.k:
+            return {}
         return {
-            "pending": [
+            "rollouts_pending": [
                 {"made": dataclasses.asdict(e.made), "collected": dataclasses.asdict(e.collected)}
                 for _, e in sorted(self.pending.items())
             ]
         }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """What :meth:`state_dict` returned (None: a checkpoint without it)."""
+        """What :meth:`state_dict` returned (None or without it: a checkpoint of a
+        synchronous run, or of another world size, whose shares differ: nothing pending)."""
         self.pending = {}
-        for item in (state or {}).get("pending", []):
+        for item in (state or {}).get("rollouts_pending", []):
             entry = Entry(Made(**item["made"]), _collected(item["collected"]))
             self.pending[entry.made.step] = entry
 

@@ -69,11 +69,11 @@ def plan(step: int, k: int, lineage: int, made: list[Made], end: int | None = No
     return Plan(drop, step not in kept, ahead)
 
 
-def rollout_seed(seed: int, step: int) -> int:
-    """The random stream of the rollouts of ``step`` in an asynchronous run (pure): the same
-    for every run of ``seed`` whatever generated before it, so a batch regenerated or
-    generated on another thread draws the same numbers."""
-    digest = hashlib.sha256(f"grpo_hpc rollout {seed} {step}".encode()).digest()
+def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The random stream of ``rank``'s rollouts of ``step`` in an asynchronous run (pure):
+    the same for every run of ``seed`` whatever generated before it, so a batch regenerated
+    or generated on another thread draws the same numbers; each rank its own."""
+    digest = hashlib.sha256(f"grpo_hpc rollout {seed} {step} {rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
 
 
