@@ -12,11 +12,11 @@
 #           tests_native, tests_update, decode, decode2, trl (OUT STAGE...)
 #   real    the real SmolLM2-135M-Instruct: setup, model, decode, parity, learn2, gsm8k, supercloud,
 #           reallen, ... (OUT STAGE...)
-#   memory  a run's GPU memory under bench/mem_probe.py: 7b, 7b_sync, 7b_int8, small, ...
+#   memory  a run's GPU memory under bench/memory/probe.py: 7b, 7b_sync, 7b_int8, small, ...
 #           (OUT [STAGE...], default 7b 7b_sync small)
 #   slurm   Slurm on the machine, a --gres job, a GSM8K run through grpo-submit to it:
 #           probe, up, gres, submit (OUT [STAGE...], default all)
-#   faults  the GPU fault campaign on the Slurm GPU node (OUT [bench.gpu_faults arguments])
+#   faults  the GPU fault campaign on the Slurm GPU node (OUT [bench.faults.gpu_run arguments])
 #   code    the code task on one GPU, then the sandbox's throughput there (OUT)
 #   export  a GSM8K run exported and scored by grpo-eval against the trainer's figure ([OUT])
 #   prep    run HERE, not on the GPU machine: the GGUF parts and wheels a call carries (no OUT;

@@ -68,10 +68,10 @@ CU126_ARCH_LIST = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90"
 @pytest.fixture(autouse=True)
 def _torch_arch_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """grpo-submit refuses a torch without kernels for the profile's GPUs, a CPU build
-    included (grpo_hpc.submit.torch_build), and CI's torch is a CPU build: every test
+    included (grpo_hpc.node.torch_build), and CI's torch is a CPU build: every test
     (and the CLIs it starts) sees a CUDA 12.6 build's arch list instead, so a dry run of a
     GPU profile tests what it means to, not this machine's torch. The tests of that check
-    set their own list or remove this one (tests/unit/submit/test_torch_arch.py)."""
+    set their own list or remove this one (tests/unit/node/test_torch_arch.py)."""
     monkeypatch.setenv("GRPO_HPC_TORCH_ARCH_LIST", CU126_ARCH_LIST)
     monkeypatch.setenv("GRPO_HPC_TORCH_CUDA", "12.6")
 

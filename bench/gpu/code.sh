@@ -61,6 +61,6 @@ summary = {
 json.dump(summary, open(sys.argv[2], "w"), indent=2)
 print(json.dumps(summary, indent=2))
 PY
-python3 -m bench.sandbox_throughput --workers "${SANDBOX_WORKERS:-1,2,4,8,16}" \
+python3 -m bench.speed.sandbox_throughput --workers "${SANDBOX_WORKERS:-1,2,4,8,16}" \
     --out "$out/sandbox_throughput_gpu_machine.json"
 echo "done: $((SECONDS - t0)) s"

@@ -11,7 +11,7 @@
 #   decode        per shape (DECODE_SHAPES, default the first three of the six), one
 #                 bench.decode run: native and HF generate tok/s at 64 rows x 256 tokens,
 #                 the bf16 agreement with HF generate (32 rows x 128 greedy tokens), weights
-#                 --init scaled (DECODE_INIT; bench/decode.py's docstring); no shape starts
+#                 --init scaled (DECODE_INIT; bench/decode/run.py's docstring); no shape starts
 #                 after DECODE_TIME_BUDGET s (default 400), each at most DECODE_TIMEOUT s
 #                 (default 190): gemma-3-1b took 77 s on an H100 (2026-11-28)
 #   decode2       the same for the other three (phi-4-mini olmo-2-1b smollm3-3b)
@@ -60,7 +60,7 @@ for stage in "$@"; do
     decode2) # shellcheck disable=SC2086
         decode_shapes ${DECODE_SHAPES:-phi-4-mini olmo-2-1b smollm3-3b} ;;
     trl) # TRL once, then grpo_hpc's defaults on the same saved random Qwen3-1.7B
-        timeout "${TRL_TIMEOUT:-570}" python3 -m bench.trl_baseline --shape "${TRL_SHAPE:-qwen3-1.7b}" \
+        timeout "${TRL_TIMEOUT:-570}" python3 -m bench.trl.baseline --shape "${TRL_SHAPE:-qwen3-1.7b}" \
             --micro 16 --engine native --variant-timeout 240 --variants "default=" \
             --out "$out/trl_vs_grpo_hpc_${TRL_SHAPE:-qwen3-1.7b}_${dev:-gpu}_$day.json" 2>&1 |
             grep -v "it/s\]" | tail -6 ;;

@@ -1,9 +1,9 @@
 # Stage file of bench/gpu.sh: on a lent multi-GPU machine (root, no network), the Slurm GPU
 # node of slurm/up.sh --real-gpus (from the Debian packages in .slurmdebs,
-# slurm/offline-debs.sh), then the GPU fault campaign (python -m bench.gpu_faults) on it.
+# slurm/offline-debs.sh), then the GPU fault campaign (python -m bench.faults.gpu_run) on it.
 # Carry .whl and .slurmdebs.
 #
-#   bash bench/gpu.sh faults OUT [gpu_faults.py arguments]
+#   bash bench/gpu.sh faults OUT [faults/gpu_run.py arguments]
 #
 # Results accumulate in OUT/gpu_faults.json, starting from bench/results/gpu_faults.json
 # when an earlier call's file was copied there (it travels with the tree; trials run again
@@ -12,7 +12,7 @@
 # end (by its kind's usual length) later than GPU_FAULTS_DEADLINE s (default 570) after
 # this script's start.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu.sh faults OUT [gpu_faults.py arguments]}
+OUT=${1:?usage: bash bench/gpu.sh faults OUT [faults/gpu_run.py arguments]}
 shift
 mkdir -p "$OUT"
 device_env
@@ -25,7 +25,7 @@ EV=/tmp/gpu_faults_evidence
 rm -rf "$EV"
 cp bench/results/gpu_faults.json "$OUT/" 2>/dev/null
 deadline=$((${GPU_FAULTS_DEADLINE:-570} - (SECONDS - t0)))
-python3 -m bench.gpu_faults --out "$OUT/gpu_faults.json" --evidence "$EV" \
+python3 -m bench.faults.gpu_run --out "$OUT/gpu_faults.json" --evidence "$EV" \
     --deadline "$deadline" "$@"
 rc=$?
 tar czf "$OUT/gpu_faults_evidence.tgz" -C "$EV" . 2>/dev/null

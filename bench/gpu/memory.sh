@@ -1,8 +1,8 @@
-# Stage file of bench/gpu.sh: a run's GPU memory and step under bench/mem_probe.py on a lent
+# Stage file of bench/gpu.sh: a run's GPU memory and step under bench/memory/probe.py on a lent
 # 2-GPU machine (nvidia-h100-x2), in one call:
 #   bash bench/gpu.sh memory OUT [STAGE...]   (default: 7b 7b_sync small)
 #   7b        the 2-GPU ladder's 7B full-parameter plan (h100x2: FSDP2, checkpointing, engine
-#             released) under bench/mem_probe.py, 2 steps, the allocator's history over
+#             released) under bench/memory/probe.py, 2 steps, the allocator's history over
 #             step 2's update (7b_plan.json)
 #   7b_sync   the same plan reduce-scattering after every micro-batch, 3 steps
 #             (PROBE_FSDP_SYNC_EACH=1; 7b_sync_each.json)
@@ -48,13 +48,13 @@ small() { # name nproc strategy extra-args... (each run's probe files in /tmp/pr
     rm -rf "/tmp/probe-$name"
     echo "== $name $(date +%T)"
     PROBE_OUT=/tmp/probe-$name PROBE_PROFILE_STEP=5 timeout "${SMALL_TIMEOUT:-150}" \
-        python3 -m bench.grpo_step --shape "$shape" --precision bf16 --steps 5 \
+        python3 -m bench.speed.grpo_step --shape "$shape" --precision bf16 --steps 5 \
         --prompts $((8 * nproc)) --G 8 --max-new 256 ${SMALL_FLAGS---micro 64 --no-grad-ckpt} \
         --nproc "$nproc" \
         --strategy "$strategy" --engine native --probe "$@" \
         --out "/tmp/probe-$name/step.json" >/dev/null 2>"/tmp/probe-$name.err" ||
         echo "$name failed: $(grep -E 'Error|error' "/tmp/probe-$name.err" | tail -3)"
-    python3 -m bench.mem_probe merge --name "$name" --step-json "/tmp/probe-$name/step.json" \
+    python3 -m bench.memory.probe merge --name "$name" --step-json "/tmp/probe-$name/step.json" \
         --probe-dir "/tmp/probe-$name" --into "$out/small_${shape#qwen2.5-}.json"
 }
 for stage in $stages; do
@@ -62,32 +62,32 @@ for stage in $stages; do
     7b)
         late 7b && continue
         echo "== 7b $(date +%T)"
-        PROBE_HISTORY_STEP=2 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+        PROBE_HISTORY_STEP=2 python3 -m bench.memory.probe ladder --shape qwen2.5-7b --nproc 2 \
             --steps 2 --timeout 210 --out /tmp/probe-7b --summary "$out/7b_plan.json" 2>&1 |
             tail -3 ;;
     7b_sync)
         late 7b_sync && continue
         echo "== 7b_sync $(date +%T)"
-        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.memory.probe ladder --shape qwen2.5-7b --nproc 2 \
             --steps 3 --timeout 200 --out /tmp/probe-7b-sync --summary "$out/7b_sync_each.json" \
             2>&1 | tail -3 ;;
     7b_offload)
         late 7b_offload && continue
         echo "== 7b_offload $(date +%T)"
-        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.mem_probe ladder --shape qwen2.5-7b --nproc 2 \
+        PROBE_FSDP_SYNC_EACH=1 python3 -m bench.memory.probe ladder --shape qwen2.5-7b --nproc 2 \
             --steps 2 --cpu-offload --timeout "${OFFLOAD_TIMEOUT:-300}" --out /tmp/probe-7b-off \
             --summary "$out/7b_offload.json" 2>&1 | tail -3 ;;
     7b_int8)
         late 7b_int8 && continue
         echo "== 7b_int8 $(date +%T)"
         rm -rf /tmp/probe-7b-int8
-        PROBE_OUT=/tmp/probe-7b-int8 timeout "${INT8_TIMEOUT:-300}" python3 -m bench.grpo_step \
+        PROBE_OUT=/tmp/probe-7b-int8 timeout "${INT8_TIMEOUT:-300}" python3 -m bench.speed.grpo_step \
             --shape qwen2.5-7b --precision bf16 --steps 3 --prompts 16 --G 8 --max-new 512 \
             --nproc 2 --strategy fsdp --engine native --grad-ckpt --micro-tokens 4096 \
             --cap-gib 80 --probe --override optim.state=int8 \
             --out /tmp/probe-7b-int8/step.json >/dev/null 2>/tmp/probe-7b-int8.err ||
             echo "7b_int8 failed: $(grep -E 'Error|error' /tmp/probe-7b-int8.err | tail -3)"
-        python3 -m bench.mem_probe merge --name 7b_int8 --step-json /tmp/probe-7b-int8/step.json \
+        python3 -m bench.memory.probe merge --name 7b_int8 --step-json /tmp/probe-7b-int8/step.json \
             --probe-dir /tmp/probe-7b-int8 --into "$out/7b_int8.json" ;;
     small)
         for run in ${SMALL_RUNS:-ddp_auto fsdp_auto fsdp_compile_pack fsdp_compile_pack_noreshard}; do

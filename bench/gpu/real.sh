@@ -8,8 +8,8 @@
 #           setup with .gpu/part2, model with .gpu/part3)
 #   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
-#   parity  bench/trl_parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
-#   learn2 / learn3   bench/learning.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
+#   parity  bench/trl/parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
+#   learn2 / learn3   bench/learning/run.py: held-out accuracy over paired seeds, grpo_hpc vs TRL,
 #           two-/three-term sums (LEARN_SEEDS, LEARN_SYSTEMS, LEARN_STEPS, LEARN_TAG,
 #           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm),
 #           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed;
@@ -28,14 +28,14 @@
 #           supercloud_emulated_{metrics.jsonl,config.yaml,output_tail.log,settings.log,summary.json}
 #   supercloud_ladder  the 1.5B ladder row (random weights, full and LoRA, one GPU) of the
 #           supercloud budget under GRPO_HPC_EMULATE_GPU=7.0:32: ladder_supercloud_emulated.json
-#   reallen bench/trl_baseline.py at real lengths: TRL's step and grpo_hpc's default step on
+#   reallen bench/trl/baseline.py at real lengths: TRL's step and grpo_hpc's default step on
 #           the same GSM8K questions, 8 prompts x G 8, 512 new tokens, EOS where the model
 #           puts it; s/step, mean completion length, share cut at the cap (REALLEN_STEPS)
 # Knobs (environment): GSM8K_STEPS (40) GSM8K_PROMPTS (16)
 #   GSM8K_MAX_NEW (512) GSM8K_LR (5e-6) GSM8K_EVAL (1319) GSM8K_OVERRIDES (more key=value
 #   words, e.g. "training.save_every_steps=3 training.stall_sample_ms=10") DECODE_BATCH ("64 256")
 #   REALLEN_STEPS (5: both sides, the first dropped as warm-up) REALLEN_TIMEOUT (470 s)
-#   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl_baseline.py --variants entries;
+#   REALLEN_VARIANTS (grpo_hpc's variants, ';'-separated trl/baseline.py --variants entries;
 #   "default=" unless given, e.g. "default=;packc=--packing --compile")
 #   SC_STEPS (25) SC_PROMPTS (16) SC_MAX_NEW (512) SC_EVAL (256) SC_TIMEOUT (420 s)
 #   SC_OVERRIDES (more key=value words) SC_LADDER_SHAPES (qwen2.5-1.5b)
@@ -107,8 +107,8 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             grep -vE '^\{"mode"|Warning' | tail -30 ;;
     e2e) need_model
         python3 -m pytest -q -x -p no:cacheprovider tests/e2e/test_real_gpu.py 2>&1 | tail -15 ;;
-    parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl_parity.py)
-        python3 -m bench.trl_parity --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
+    parity) need_model  # one batch through both updates, fp32 and bf16 (bench/trl/parity.py)
+        python3 -m bench.trl.parity --out "$out" --model $MODEL 2>&1 | grep -v Warning | tail -60 ;;
     sampler) need_model
         python3 -m bench.probes.sampler_check --out "$out/h100_sampler_check.json" 2>&1 |
             grep -E "^(native|hf)|Error"
@@ -184,7 +184,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             for f in metrics.jsonl events.jsonl progress.json; do
                 [ -f $run/$f ] && cp $run/$f "$out/solved_${mode}_$f"
             done
-            python3 -m bench.solved_summary $run "$out/solved_${mode}_summary.json"
+            python3 -m bench.collapse.solved_summary $run "$out/solved_${mode}_summary.json"
         done ;;
     supercloud) need_model  # supercloud's settings, every decision a V100's (issue 55)
         steps=${SC_STEPS:-25} name=supercloud-emulated-smollm2
@@ -205,17 +205,17 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         for f in metrics.jsonl config.yaml; do [ -f $run/$f ] && cp $run/$f "$out/supercloud_emulated_$f"; done
         [ -f $run/training_output.log ] && tail -c 20000 $run/training_output.log >"$out/supercloud_emulated_output_tail.log"
         grep -hE '^\[(Device|Speed|Kernels|Eval)\]' $run/training_output.log | tee "$out/supercloud_emulated_settings.log"
-        python3 -m bench.emulated_summary $run "$out/supercloud_emulated_summary.json" ;;
+        python3 -m bench.memory.emulated_summary $run "$out/supercloud_emulated_summary.json" ;;
     supercloud_ladder)  # the 1.5B ladder row as a V100 would plan and run it (random weights)
         # shellcheck disable=SC2086  (SC_LADDER_SHAPES is a list)
-        GRPO_HPC_EMULATE_GPU=7.0:32 python3 -m bench.ladder --shapes ${SC_LADDER_SHAPES:-qwen2.5-1.5b} \
+        GRPO_HPC_EMULATE_GPU=7.0:32 python3 -m bench.memory.ladder --shapes ${SC_LADDER_SHAPES:-qwen2.5-1.5b} \
             --budgets supercloud --row-timeout 200 --time-budget 400 \
             --out "$out/ladder_supercloud_emulated.json" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     reallen) need_model  # TRL side by side at real lengths
         # TRL runs first (HF generate: ~10-20 s/step at 512 new tokens, so few steps), then
         # grpo_hpc's defaults on the same questions; the timeout keeps one call under 8 min
         IFS=';' read -ra variants <<<"${REALLEN_VARIANTS:-default=}"
-        timeout "${REALLEN_TIMEOUT:-470}" python3 -m bench.trl_baseline --model-dir $MODEL \
+        timeout "${REALLEN_TIMEOUT:-470}" python3 -m bench.trl.baseline --model-dir $MODEL \
             --shape smollm2-135m --prompts-from gsm8k --prompts 8 --G 8 --max-new 512 \
             --micro 16 --steps "${REALLEN_STEPS:-5}" --engine native --variants "${variants[@]}" \
             --variant-timeout 240 --out "$out/h100_reallen_smollm2_gsm8k.json" 2>&1 |

@@ -16,7 +16,7 @@
 # weights of DIR/config.json with the gsm8k config's own batch and memory plan). GPU_STEPS (6), SUBMIT_TIMEOUT (300 s),
 # GPU_PROFILE (another profile, e.g. templates/slurm-local.yaml to try this on a CPU cluster),
 # GPU_OVERRIDES (more grpo-submit overrides, e.g. "dist.strategy=fsdp": the profile is DDP first).
-# The submit stage ends with python -m bench.step_spread over the run's metrics.
+# The submit stage ends with python -m bench.speed.step_spread over the run's metrics.
 # Every process started here and every Slurm job gets NVLink multicast off. All output files
 # end up in OUT/slurm_gpu.tgz (the device tool returns only a few files per call).
 set -uo pipefail
@@ -235,7 +235,7 @@ submit() {
         done
     fi
     # how steady the steps were (size groups after warm-up, compilations)
-    python3 -m bench.step_spread "$run/metrics.jsonl" --steps --json "$OUT/step_spread.json" 2>&1 |
+    python3 -m bench.speed.step_spread "$run/metrics.jsonl" --steps --json "$OUT/step_spread.json" 2>&1 |
         tee "$OUT/step_spread.txt"
     cat "$OUT/nccl_lines.txt" | head -n 30
     cat "$OUT/rank_env.txt"

@@ -8,7 +8,7 @@ configurations is decided by timing noise. The choice is then cached on the mach
 resubmitted on another node need not. Inductor's deterministic mode skips the timings
 that affect numerics; the trainer runs in it unless ``dist.deterministic_kernels=false``.
 
-This script starts ``--runs`` copies of the same short ``bench/learning.py`` run (one
+This script starts ``--runs`` copies of the same short ``bench/learning/run.py`` run (one
 seed, grpo_hpc's defaults) at once, each with an empty Inductor cache of its own (so each
 compiles and times afresh, while the others load the GPU), first with Inductor's timed
 choices (``learning.py``'s system ``grpo_hpc_timed``) and then in the deterministic mode

@@ -28,7 +28,7 @@ import torch
 
 from bench.common import SHAPES, build_model, env_info, write_result
 from bench.probes.update_jitter import load_compiled
-from bench.update_speed import fake_batch
+from bench.speed.update_speed import fake_batch
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.optimization import autocast_factory

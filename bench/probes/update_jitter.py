@@ -4,7 +4,7 @@ thread just before it.
 
 Issue 38: a 135M model's update is bound by the host (the GPU was busy 75 of 380 ms in a
 profiled real step), and the same ~27k tokens took 0.15-0.36 s in real 2-GPU runs. On one
-H100, ``bench.update_speed`` repeating one fixed update gave 0.087-0.189 s. Here the work
+H100, ``bench.speed.update_speed`` repeating one fixed update gave 0.087-0.189 s. Here the work
 cannot change between repetitions (same batch, same shapes, garbage collection off, as the
 trainer has it), so what varies is how fast the host ran it. The fixed work (``--work``
 iterations of a Python loop, a few milliseconds) samples the speed of the core this thread
@@ -34,7 +34,7 @@ from torch._dynamo.utils import counters
 
 from bench.common import SHAPES, build_model, env_info, write_result
 from bench.probes.host_clock import work
-from bench.update_speed import fake_batch, run_update
+from bench.speed.update_speed import fake_batch, run_update
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo import logp_head, update
 from grpo_hpc.train.algo.packing import use_packed_attention

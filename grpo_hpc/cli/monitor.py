@@ -72,7 +72,7 @@ def _parser() -> Parser:
 
 
 def _say(line: str, stream) -> None:  # noqa: ANN001
-    """Print a line; a log on a full disk must not kill the monitor (bench/faults.py)."""
+    """Print a line; a log on a full disk must not kill the monitor (bench/faults/run.py)."""
     with contextlib.suppress(OSError):
         print(line, file=stream, flush=True)
 

@@ -14,6 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from grpo_hpc.cli.common import EXIT_CODES_HELP, Parser, run_cli
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths, logs_root
@@ -95,7 +96,7 @@ def _status(argv: list[str]) -> int:
         from grpo_hpc.status.plot import plot_data, write_png
 
         metrics, jobs = read_jsonl(single.metrics), read_jsonl(single.jobs)
-        events = read_jsonl(single.events)
+        events = event_log.read(single.events)
         data = plot_data(metrics, jobs, beta=run_beta(single), events=events)
         write_png(data, args.plot, single.name)
         print(f"wrote {args.plot}")

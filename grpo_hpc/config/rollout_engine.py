@@ -7,7 +7,7 @@ model's config) both make, so the line a submission prints is what the job will 
   when the architecture is not one it implements (:func:`native_problem`).
 - ``auto``: native on a CUDA GPU where the architecture is supported, else HF generate. On
   a CPU the native engine does not pay (59 tok/s against HF's 61 on SmolLM2-135M:
-  bench/results/LOG.md, the CPU demo after issue 24), so ``auto`` keeps HF generate there.
+  bench/results/LOG.md, the CPU demo after the engine work), so ``auto`` keeps HF generate there.
 
 Imports nothing but the standard library: the login node reads it (tests/unit/test_layering.py).
 """
@@ -47,8 +47,6 @@ HF_SLOWDOWN = "7-14x"
 to 14.3x (Gemma-3-1B), Qwen2.5-0.5B 13.5x (one H100 or H200, 2026-11-23 to 11-28:
 docs/models.md, "On a GPU"; bench/results/decode_*.json). At 256 rows the gap narrows
 (Qwen2.5-0.5B: 9.2x)."""
-
-ENGINES = ("auto", "native", "hf")
 
 LORA_PROJECTIONS = (
     "q_proj",

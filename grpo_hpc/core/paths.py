@@ -9,7 +9,8 @@ Layout of ``logs/<run>/``::
     progress.json          trainer's progress record (see grpo_hpc.core.progress)
     metrics.jsonl          one line per training step
     samples.jsonl          a few completions of each step, as written and scored
-    events.jsonl           monitor decisions and actions
+    events.jsonl           monitor decisions and actions, the trainer's collapse and solved
+                           records (grpo_hpc.core.events: their one writer and reader)
     best.json              the best evaluation so far: step, metric, score, checkpoint (core.best)
     eval_samples/step_N.jsonl  each evaluation's held-out completions, scored
     training_output.log    combined stdout/stderr of the torchrun processes
@@ -25,6 +26,7 @@ Layout of ``logs/<run>/``::
     submitit/              submitit's own files (sbatch script, pickles, stdout/stderr)
     checkpoints/step-N/    checkpoints; COMPLETE + a manifest listing the weights make one count
     wandb/                 offline W&B run (one per training run, across attempts)
+    wandb_id               its id, so that the next attempt resumes that W&B run
     tiny_model/            the random ``tiny`` model a run built for itself
     final/                 the finished run's model as a Hugging Face directory (export.run):
                            the best evaluation's by default (training.final)
@@ -170,8 +172,9 @@ class RunPaths:
         return self.root / "checkpoints"
 
     @property
-    def wandb_dir(self) -> Path:
-        return self.root / "wandb"
+    def wandb_id(self) -> Path:
+        """The W&B run id, kept so that every attempt logs to one W&B run."""
+        return self.root / "wandb_id"
 
     @property
     def tiny_model(self) -> Path:

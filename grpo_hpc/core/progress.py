@@ -133,7 +133,7 @@ class ProgressWriter:
     filesystem: a rename or an append in a directory whose filesystem is committing its
     journal (a checkpoint just written, an old one deleted) can block for hundreds of
     milliseconds (0.23-0.39 s measured on this project's CI disk by
-    ``bench/probes/write_stall.py``; issue 38's real 2-GPU runs lost 0.5-0.8 s on rank 0,
+    ``bench/probes/write_stall.py``; the real 2-GPU runs lost 0.5-0.8 s on rank 0,
     the rank that writes, in the steps right after a checkpoint).
 
     Only the newest progress record matters, so a record put while another waits replaces

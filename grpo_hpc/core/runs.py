@@ -15,6 +15,7 @@ from typing import Any
 
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.events import Phase
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.slurm import JobRecord
 
@@ -42,7 +43,7 @@ def running_since(events: list[dict[str, Any]], job_id: str) -> float | None:
     """Start of the latest streak of RUNNING observations of a job (pure)."""
     since = None
     for ev in events:
-        if str(ev.get("job_id")) != job_id or ev.get("phase") != "decision":
+        if str(ev.get("job_id")) != job_id or ev.get("phase") != Phase.DECISION:
             continue
         if ev.get("slurm_state") in RUNNING_STATES:
             since = since if since is not None else float(ev["time"])

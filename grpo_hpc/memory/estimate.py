@@ -52,7 +52,7 @@ FRAGMENTATION = 1.05
 """The headroom: a plan fits when its peak x FRAGMENTATION + the CUDA context is within the
 GPU's memory, so the peak estimate may use at most 1/1.05 (95 %) of what the allocator can
 get. It covers the caching allocator holding more than it hands out (3.0 GiB, 4 %, unusable
-at the 7B OOM of issue 38) and the estimate's own misses: every measured ladder row peaked
+at a 7B OOM on 2x H100) and the estimate's own misses: every measured ladder row peaked
 below this line (tests/unit/memory/test_memory_ladder.py holds it)."""
 HEAD_CHUNK_TOKENS = 1024
 """grpo_hpc.train.algo.logp_head.DEFAULT_CHUNK_TOKENS."""
@@ -254,11 +254,11 @@ size (fitted with LORA_HIDDEN_SAVED; where it comes from is not pinned down)."""
 COMPILED_INTERMEDIATE_SAVED, COMPILED_HIDDEN_SAVED = 2, 19
 """Intermediate- and hidden-sized tensors a compiled, fully trained decoder layer keeps per
 token (compute dtype), against eager's 4 and 20: the compiled backward keeps gate and up
-and recomputes the cheap pointwise work. Fitted on one H100 (bench/results, issue 24,
-third pass) to stay at or above every measured peak: the 1.5B step without recompute and
-with every other layer recomputed (~85 KB per token and layer kept, 2 and 17 would give
-88 KB), and the one-GPU ladder rows of ``ladder_auto24.json`` (0.5B-3B, compiled, no
-recompute; 2 and 18 meet the 3B row's peak, 19 leaves a margin)."""
+and recomputes the cheap pointwise work. Fitted on one H100 (bench/results/LOG.md, the
+default step measured as it runs) to stay at or above every measured peak: the 1.5B step
+without recompute and with every other layer recomputed (~85 KB per token and layer kept,
+2 and 17 would give 88 KB), and the one-GPU ladder rows of ``ladder_auto24.json``
+(0.5B-3B, compiled, no recompute; 2 and 18 meet the 3B row's peak, 19 leaves a margin)."""
 
 
 def _round_up(n: int, k: int) -> int:

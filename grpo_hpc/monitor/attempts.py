@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.errors import ConfigError, ExitCode, GrpoError
-from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.events import Event, Phase
+from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.core.runs import pid_alive
@@ -200,23 +202,26 @@ def open_intent(paths: RunPaths, reason: str) -> dict[str, Any]:
     """Record, before submitting, that a person is resubmitting the run (about the newest
     job, as the monitor's own intents are)."""
     jobs = read_jsonl(paths.jobs)
-    ev = {
-        "time": time.time(),
-        "job_id": str(jobs[-1]["job_id"]) if jobs else "none",
-        "slurm_state": None,
-        "phase": "intent",
-        "action": ActionKind.RESUBMIT.value,
-        "class": FailureClass.MANUAL.value,
-        "reason": reason,
-        "cancel": False,
-    }
-    append_jsonl(paths.events, ev)
-    return ev
+    job_id = str(jobs[-1]["job_id"]) if jobs else "none"
+    ev = Event(
+        time.time(),
+        job_id,
+        Phase.INTENT,
+        ActionKind.RESUBMIT.value,
+        FailureClass.MANUAL.value,
+        reason,
+        extra={"cancel": False},
+    )
+    return event_log.append(paths.events, ev)
 
 
-def close_intent(paths: RunPaths, intent: dict[str, Any], phase: str, **extra: Any) -> None:
-    """``done`` or ``error`` for an intent: the submitter lived to record the outcome."""
-    append_jsonl(paths.events, {**intent, "time": time.time(), "phase": phase, **extra})
+def close_intent(
+    paths: RunPaths, intent: dict[str, Any], phase: Phase, t: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    """``done`` or ``error`` for an intent (at ``t``, default now): whoever acted on it
+    lived to record the outcome. The record written."""
+    closed = Event.parse(intent).closing(phase, time.time() if t is None else t, **extra)
+    return event_log.append(paths.events, closed)
 
 
 def close_superseded(
@@ -228,9 +233,9 @@ def close_superseded(
     prev, newest = str(jobs[-2]["job_id"]), str(jobs[-1]["job_id"])
     intent = pending_intent(events, prev)
     if intent is not None:
-        done = {**intent, "time": t, "phase": "done", "new_job_id": newest, "note": "superseded"}
-        append_jsonl(paths.events, done)
-        events.append(done)
+        events.append(
+            close_intent(paths, intent, Phase.DONE, t, new_job_id=newest, note="superseded")
+        )
 
 
 def adopt_orphan(paths: RunPaths, reason: str, since: float, fx: Effects) -> str | None:
@@ -294,7 +299,7 @@ def _start_locked(
     jobs = read_jsonl(paths.jobs)
     newest = str(jobs[-1]["job_id"]) if jobs else None
     if intent is not None and str(intent["job_id"]) != newest:
-        close_intent(paths, intent, "done", new_job_id=newest, note="superseded")
+        close_intent(paths, intent, Phase.DONE, new_job_id=newest, note="superseded")
         return Started(newest, "superseded")
     adopted = _adopt(paths, jobs, intent, since, fx)
     if adopted is not None:
@@ -303,7 +308,7 @@ def _start_locked(
         refuse_if_live(paths, fx)
     except LiveJobError as e:
         if intent is not None:
-            close_intent(paths, intent, "error", error=str(e))
+            close_intent(paths, intent, Phase.ERROR, error=str(e))
         raise
     intent = intent if intent is not None else open_intent(paths, reason)
     set_aside = None
@@ -314,10 +319,10 @@ def _start_locked(
             set_aside = rewind(paths, from_step)
         result = fx.submit(paths, reason)
     except (GrpoError, KeyboardInterrupt) as e:  # refused or stopped: nothing to adopt
-        close_intent(paths, intent, "error", error=str(e) or type(e).__name__)
+        close_intent(paths, intent, Phase.ERROR, error=str(e) or type(e).__name__)
         raise
     job_id = result if isinstance(result, str) else str(result.job_id)
-    close_intent(paths, intent, "done", new_job_id=job_id)
+    close_intent(paths, intent, Phase.DONE, new_job_id=job_id)
     attempt = getattr(result, "attempt", None)
     return Started(job_id, "submitted", attempt, getattr(result, "job", None), set_aside)
 
@@ -335,7 +340,7 @@ def _adopt(
     if not jobs or jobs[-1].get("executor") == "local":
         return None
     if intent is None:
-        intent = pending_intent(read_jsonl(paths.events), str(jobs[-1]["job_id"]))
+        intent = pending_intent(event_log.read(paths.events), str(jobs[-1]["job_id"]))
         since = float(intent["time"]) if intent is not None else None
     if intent is None or since is None:
         return None
@@ -343,5 +348,5 @@ def _adopt(
     job = adopt_orphan(paths, why, since, fx)
     if job is None:
         return None
-    close_intent(paths, intent, "done", new_job_id=job, note="adopted")
+    close_intent(paths, intent, Phase.DONE, new_job_id=job, note="adopted")
     return Started(job, "adopted", len(read_jsonl(paths.jobs)) - 1)

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_hpc.core.errors import ConfigError, ExitCode
+from grpo_hpc.core.events import CLOSING, Phase
 from grpo_hpc.core.progress import ProgressRecord, TrainState
 from grpo_hpc.core.runs import RUNNING_STATES, JobView
 from grpo_hpc.core.slurm import ACTIVE_STATES
@@ -128,9 +129,6 @@ ENDED_CLASS = {
     "TIMEOUT": C.TIMEOUT, "DEADLINE": C.TIMEOUT, "PREEMPTED": C.PREEMPTED,
     "CANCELLED": C.PREEMPTED, "NODE_FAIL": C.NODE_FAIL, "BOOT_FAIL": C.NODE_FAIL,
 }  # fmt: skip
-MAX_SUBMIT_ERRORS = 5
-COLLAPSE_PHASE = "collapse"
-"""``phase`` of the trainer's collapse events (grpo_hpc/train/supervision/on_collapse.py)."""
 
 
 @dataclass
@@ -410,14 +408,14 @@ def history_from(events: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Ru
     counted: set[str] = set()
     for ev in events:
         job, kind = str(ev.get("job_id")), ev.get("action")
-        if ev.get("phase") == "intent" and kind in (k.value for k in RESUBMIT_KINDS):
+        if ev.get("phase") == Phase.INTENT and kind in (k.value for k in RESUBMIT_KINDS):
             if job != current and job not in counted and ev.get("class") in RETRY_BUCKET_BY_VALUE:
                 counted.add(job)
                 bucket = RETRY_BUCKET_BY_VALUE[ev["class"]]
                 h.retries[bucket] = h.retries.get(bucket, 0) + 1
-        elif ev.get("phase") == COLLAPSE_PHASE and job == current and kind == "STOP":
+        elif ev.get("phase") == Phase.COLLAPSE and job == current and kind == "STOP":
             h.collapse_stop = str(ev.get("reason", ""))
-        elif ev.get("phase") == "decision" and job == current:
+        elif ev.get("phase") == Phase.DECISION and job == current:
             if kind == ActionKind.WAIT.value and h.last_failure_time is None:
                 h.last_failure_time = float(ev["time"])
             if kind in (k.value for k in FINAL_KINDS):
@@ -431,8 +429,8 @@ def pending_intent(events: list[dict[str, Any]], job_id: str) -> dict[str, Any] 
     for ev in events:
         if str(ev.get("job_id")) != job_id:
             continue
-        if ev.get("phase") == "intent":
+        if ev.get("phase") == Phase.INTENT:
             open_intent = ev
-        elif ev.get("phase") in ("done", "error"):
+        elif ev.get("phase") in CLOSING:
             open_intent = None
     return open_intent

@@ -24,9 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.errors import ConfigError, GrpoError, SlurmUnavailableError
-from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.events import Event, Phase
+from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.core.runs import SlurmView, job_view, pid_alive, query_slurm, slurm_ids
@@ -55,7 +57,7 @@ from grpo_hpc.monitor.decision import (
 MAX_SUBMIT_ERRORS = 5
 SUBMIT_ERROR_WINDOW_S = 600.0
 """Failed resubmissions STOP a run only when they persisted this long (and at least
-MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults.py)."""
+MAX_SUBMIT_ERRORS times): a disk full for a few passes must not end it (bench/faults/run.py)."""
 CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
@@ -129,27 +131,28 @@ class Outcome:
     """Why applying the action failed."""
 
 
-def _event(now: float, job: JobView, action: Action, phase: str, **extra: Any) -> dict[str, Any]:
+def _event(now: float, job: JobView, action: Action, phase: Phase, **extra: Any) -> Event:
     cls = action.failure_class.value if action.failure_class else None
-    ev = {"time": now, "job_id": job.job_id, "slurm_state": job.state, "phase": phase}
-    return {**ev, "action": action.kind.value, "class": cls, "reason": action.reason, **extra}
+    return Event(now, job.job_id, phase, action.kind.value, cls, action.reason, job.state, extra)
 
 
-def _action_of(ev: dict[str, Any]) -> Action:
-    cls = FailureClass(ev["class"]) if ev.get("class") else None
-    return Action(ActionKind(ev["action"]), cls, str(ev.get("reason", "")), bool(ev.get("cancel")))
+def _action_of(intent: dict[str, Any]) -> Action:
+    ev = Event.parse(intent)
+    cls = FailureClass(ev.cls) if ev.cls else None
+    return Action(ActionKind(ev.action), cls, ev.reason, bool(ev.extra.get("cancel")))
 
 
-def _is_new(events: list[dict[str, Any]], ev: dict[str, Any]) -> bool:
-    last = next((e for e in reversed(events) if e.get("phase") == "decision"), None)
+def _is_new(events: list[dict[str, Any]], ev: Event) -> bool:
+    last = next((e for e in reversed(events) if e.get("phase") == Phase.DECISION), None)
+    row = ev.row()
     keys = ("job_id", "slurm_state", "action", "class")
-    return last is None or any(str(last.get(k)) != str(ev.get(k)) for k in keys)
+    return last is None or any(str(last.get(k)) != str(row.get(k)) for k in keys)
 
 
 def is_final(paths: RunPaths) -> ActionKind | None:
     """STOP/DONE if a pass ended the run's newest job (sticky until someone resubmits)
     and left no unfinished intent (e.g. the cancel of a stalled job it stopped)."""
-    jobs, events = read_jsonl(paths.jobs), read_jsonl(paths.events)
+    jobs, events = read_jsonl(paths.jobs), event_log.read(paths.events)
     if not jobs or pending_intent(events, str(jobs[-1]["job_id"])) is not None:
         return None
     return history_from(events, jobs).final
@@ -168,7 +171,7 @@ def monitor_run(
         jobs = read_jsonl(paths.jobs)
         if not locked or not jobs:
             return None
-        events, entry = read_jsonl(paths.events), jobs[-1]
+        events, entry = event_log.read(paths.events), jobs[-1]
         close_superseded(paths, events, jobs, now())
         history = history_from(events, jobs)
         intent = pending_intent(events, str(entry["job_id"]))
@@ -182,13 +185,16 @@ def monitor_run(
             out = Outcome(paths.name, job.job_id, action)
             return _apply(paths, job, action, t, backend, out, intent, since=float(intent["time"]))
         action = decide(read_progress(paths.progress), job, history, t, policy)
-        ev = _event(t, job, action, "decision")
+        ev = _event(t, job, action, Phase.DECISION)
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
         if out.logged:
-            append_jsonl(paths.events, ev)
+            event_log.append(paths.events, ev)
         if action.kind in RESUBMIT_KINDS or action.cancel:
-            intent = _event(t, job, action, "intent", cancel=action.cancel)
-            append_jsonl(paths.events, intent)
+            # on disk before the cancel or the submission: a monitor killed in between
+            # finds it open and finishes it (core/events.py)
+            intent = event_log.append(
+                paths.events, _event(t, job, action, Phase.INTENT, cancel=action.cancel)
+            )
             return _apply(paths, job, action, t, backend, out, intent)
         return out
 
@@ -214,7 +220,7 @@ def _apply(
             out.error = f"job {job.job_id} is still ending after the cancel; resubmit next pass"
             return out  # the intent stays open: a later pass cancels again and goes on
     if action.kind not in RESUBMIT_KINDS:
-        append_jsonl(paths.events, _event(t, job, action, "done"))
+        event_log.append(paths.events, _event(t, job, action, Phase.DONE))
         return out
     reason = f"monitor: {action.failure_class.value}"
     try:
@@ -223,8 +229,8 @@ def _apply(
         )
     except GrpoError as e:
         out.error = str(e)
-        if pending_intent(read_jsonl(paths.events), job.job_id) is not None:
-            append_jsonl(paths.events, _event(t, job, action, "error", error=str(e)))
+        if pending_intent(event_log.read(paths.events), job.job_id) is not None:
+            event_log.append(paths.events, _event(t, job, action, Phase.ERROR, error=str(e)))
         _maybe_give_up(paths, job, t, e)
         return out
     out.new_job_id = started.job_id
@@ -256,16 +262,17 @@ def _wait_gone(job: JobView, backend: Backend, timeout_s: float = CANCEL_WAIT_S)
 
 def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:
     """A config error (not Slurm being away) or repeated failures: STOP the run."""
-    events = read_jsonl(paths.events)
-    errors = [e for e in events if e.get("phase") == "error" and e.get("job_id") == job.job_id]
+    events = event_log.read(paths.events)
+    errors = [e for e in events if e.get("phase") == Phase.ERROR and e.get("job_id") == job.job_id]
     config = isinstance(err, ConfigError) and not isinstance(err, SlurmUnavailableError)
-    tries = [e for e in events if e.get("phase") == "intent" and e.get("job_id") == job.job_id]
+    tries = [e for e in events if e.get("phase") == Phase.INTENT and e.get("job_id") == job.job_id]
     first = min((float(e.get("time", t)) for e in tries), default=t)  # the pass's own clock
     persistent = len(errors) >= MAX_SUBMIT_ERRORS and t - first >= SUBMIT_ERROR_WINDOW_S
     if config or persistent:
         why = f"resubmission failed ({len(errors)}x): {err}"
         cls = FailureClass.CONFIG_ERROR if config else FailureClass.BUDGET_EXHAUSTED
-        append_jsonl(paths.events, _event(t, job, Action(ActionKind.STOP, cls, why), "decision"))
+        stop = Action(ActionKind.STOP, cls, why)
+        event_log.append(paths.events, _event(t, job, stop, Phase.DECISION))
 
 
 def monitor_pass(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.events import Phase
 
 PANELS = (
     ("reward/mean", "reward (mean ± std)"),
@@ -33,8 +34,6 @@ CODE_REWARD = ("reward/code", "code reward (every test passes)")
 """Drawn in the correctness panel of a run that logs the code reward and no correctness."""
 KL = "kl"
 """The KL-to-reference panel's key: drawn only for a run that has a reference policy."""
-COLLAPSE_PHASE = "collapse"
-"""``phase`` of the trainer's collapse events in events.jsonl (train/supervision/on_collapse.py)."""
 NO_REFERENCE = "no KL panel: algo.beta = 0,\nthe run has no reference policy"
 """Written where the KL panel would be in a run without a reference."""
 
@@ -103,7 +102,7 @@ def collapse_marks(events: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return [
         (int(e["step"]), f"{e.get('signal', '?')}: {str(e.get('action', '')).lower()}")
         for e in events
-        if e.get("phase") == COLLAPSE_PHASE and isinstance(e.get("step"), int)
+        if e.get("phase") == Phase.COLLAPSE and isinstance(e.get("step"), int)
     ]
 
 

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo_hpc.config.load import load_resolved
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core.best import read_best
 from grpo_hpc.core.errors import ConfigError, ExitCode, SlurmUnavailableError
+from grpo_hpc.core.events import Phase
 from grpo_hpc.core.fsutil import read_jsonl, tail_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, read_progress
@@ -45,7 +47,7 @@ TREND_POINTS = 16
 
 def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     """One run's row from its files (``view`` None: Slurm did not answer)."""
-    jobs, events = read_jsonl(paths.jobs), read_jsonl(paths.events)
+    jobs, events = read_jsonl(paths.jobs), event_log.read(paths.events)
     row = RunRow(run=paths.name, attempts=len(jobs), last_checkpoint=paths.latest_checkpoint())
     if jobs:
         entry = jobs[-1]
@@ -55,7 +57,9 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         row.slurm_state = job_view(entry, view or SlurmView(), events).state if known else "?"
         record = view.records.get(row.job_id) if view is not None else None
         row.nodes = record.nodes if record is not None else None
-        last = [e for e in events if e.get("phase") == "decision" and e.get("job_id") == row.job_id]
+        last = [
+            e for e in events if e.get("phase") == Phase.DECISION and e.get("job_id") == row.job_id
+        ]
         if last:
             row.monitor_action, row.monitor_class = last[-1].get("action"), last[-1].get("class")
             row.monitor_reason = last[-1].get("reason")
@@ -167,7 +171,7 @@ def collect_detail(
     return RunDetail(
         row,
         read_jsonl(paths.jobs),
-        read_jsonl(paths.events)[-10:],
+        event_log.read(paths.events)[-10:],
         rewards,
         paths.checkpoint_steps(),
         next(iter(tail_jsonl(paths.samples)[-1:]), None),

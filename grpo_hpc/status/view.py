@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from grpo_hpc.core.events import TRAINER
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.core.runs import RUNNING_STATES
 from grpo_hpc.monitor.decision import heartbeat_watched
@@ -147,7 +148,7 @@ def collapse_flag(events: list[dict[str, Any]]) -> str | None:
     """``signal@step action`` of the newest collapse the trainer logged in events.jsonl
     (phase ``collapse``; grpo_hpc/train/supervision/on_collapse.py), or of a solved task
     (phase ``solved``: ``solved@step finish``), or None (pure)."""
-    marks = [e for e in events if e.get("phase") in ("collapse", "solved")]
+    marks = [e for e in events if e.get("phase") in TRAINER]
     if not marks:
         return None
     e = marks[-1]

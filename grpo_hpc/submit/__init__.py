@@ -1,3 +1,3 @@
-"""The login-node side of grpo-submit: preflight checks, the job's rendering and submission
-through submitit, the per-node launcher, and starting a run's next attempt. No torch.
+"""The login-node side of grpo-submit: preflight checks, the submission plan, and carrying
+it out through submitit (the per-node launcher it hands over is grpo_hpc.node's). No torch.
 """

@@ -32,8 +32,8 @@ from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.errors import ConfigError, GrpoError
 from grpo_hpc.core.fsutil import append_jsonl, atomic_write_text, read_jsonl
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.node.launch import NodeLauncher
 from grpo_hpc.submit import preflight
-from grpo_hpc.submit.launch import NodeLauncher
 from grpo_hpc.submit.plan import (
     SubmitPlan,
     executor_parameters,

@@ -23,8 +23,8 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.memory import plan as memory_plan
+from grpo_hpc.node.launch import NodeContext, torchrun_command
 from grpo_hpc.submit import preflight
-from grpo_hpc.submit.launch import NodeContext, torchrun_command
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.memory import estimate as memory_estimate
-from grpo_hpc.submit import torch_build
+from grpo_hpc.node import torch_build
 
 ROWS_CHECKED = 5
 """First rows of a local data file that must parse (reading all of a big file is the job's)."""
@@ -358,7 +358,7 @@ def _precision_problem(precision: str, profile: Profile) -> str | None:
 
 def check_torch(profile: Profile, build: torch_build.TorchBuild | None) -> list[str]:
     """The installed torch has code for the profile's GPUs (``gpu_capability``), or one
-    line naming the torch build that has (grpo_hpc.submit.torch_build): the job runs this
+    line naming the torch build that has (grpo_hpc.node.torch_build): the job runs this
     same interpreter, so a torch without kernels for them (a CPU build included) would die
     at its first kernel, after the queue wait. A profile that names no capability, one
     whose job loads another torch (``torch_check: job``: the job checks that one) and a

@@ -4,7 +4,7 @@ Algorithm: GRPO (Shao et al. 2024, DeepSeekMath) — G sampled completions per
 prompt, group-relative advantages, PPO-style clipped surrogate, optional k3 KL
 to a frozen reference — with the DAPO refinements as options (clip-higher,
 token-level aggregation, dynamic sampling) and Dr. GRPO's mean-only advantages /
-constant normaliser. Defaults (config.py): token-level loss, eps 0.2/0.28, beta 0.
+constant normaliser. Defaults (config/schema.py): token-level loss, eps 0.2/0.28, beta 0.
 
 Every rank runs this loop on its own share of prompts (whole groups per rank).
 Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
@@ -399,7 +399,7 @@ class Trainer:
         # Step 0 is never saved: every attempt rebuilds it identically from the seed, and
         # saving it would change it. torch's get_state_dict fills an empty optimizer state
         # by taking an AdamW step on zero gradients, so a step-0 checkpoint carries Adam
-        # step count 1 and every later bias correction is off by one (issue 14, hang_rank).
+        # step count 1 and every later bias correction is off by one (a hang_rank fault trial).
         if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)

@@ -1,11 +1,12 @@
-"""bench/cap_trap.py and bench/cap_trap_probe.py: the pure pieces of the cap-trap analysis."""
+"""bench/collapse/cap_trap.py and bench/collapse/cap_trap_probe.py: the pure pieces of the
+cap-trap analysis."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.cap_trap import Run, adam_coast, auc, gold_of, outcome, repeated_ngram
-from bench.cap_trap_probe import group_stats
+from bench.collapse.cap_trap import Run, adam_coast, auc, gold_of, outcome, repeated_ngram
+from bench.collapse.cap_trap_probe import group_stats
 
 
 def test_a_cut_right_answer_turns_a_finished_wrong_one_negative() -> None:

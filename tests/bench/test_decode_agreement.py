@@ -1,4 +1,4 @@
-"""bench/decode_agreement.py's figures (issue 53): each row's first difference between HF
+"""bench/decode/agreement.py's figures (issue 53): each row's first difference between HF
 generate's and the native engine's greedy tokens, the near-tie rule at it, and the fp32
 judge; on a stand-in model whose logits are a table indexed by the last token."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from bench import decode_agreement as decode
 from bench.common import shape_dir, shape_names
+from bench.decode import agreement as decode
 
 V = 6
 

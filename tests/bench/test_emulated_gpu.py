@@ -10,8 +10,8 @@ import argparse
 import pytest
 import torch
 
-from bench import emulated_summary, ladder
-from bench.ladder_parts import plan
+from bench.memory import emulated_summary, ladder
+from bench.memory import ladder_plan as plan
 from grpo_hpc.train.distributed import gpu
 
 ARGS = argparse.Namespace(device="cuda", prompts=8, G=8, max_new=512, micro_tokens=4096)

@@ -1,4 +1,4 @@
-"""The fault campaign's pure parts (bench/fault_plan.py): schedule from a seed, verdicts."""
+"""The fault campaign's pure parts (bench/faults/plan.py): schedule from a seed, verdicts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fault_plan import (
+from bench.faults.plan import (
     COMBINABLE,
     KINDS,
     SINGLE_NODE,

@@ -18,8 +18,7 @@ DOCS = [
     REPO / "README.md",
     REPO / "bench/README.md",
     REPO / "bench/GPU_REAL.md",
-    REPO / "bench/results/README.md",
-    REPO / "bench/probes/README.md",
+    *sorted(REPO.glob("bench/[a-z]*/README.md")),  # each subject's, probes/, results/
     *sorted((REPO / "docs").glob("*.md")),
 ]
 

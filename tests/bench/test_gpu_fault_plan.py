@@ -1,11 +1,11 @@
-"""The GPU fault campaign's pure parts (bench/gpu_fault_plan.py): the schedule, the
+"""The GPU fault campaign's pure parts (bench/faults/gpu_plan.py): the schedule, the
 verdict of each fault kind, the per-kind table."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from bench.gpu_fault_plan import (
+from bench.faults.gpu_plan import (
     KINDS,
     RANK_LIMIT_S,
     GpuTrialResult,

@@ -1,4 +1,4 @@
-"""bench/ladder.py's family rows (``--shapes families``): one shape per model family of
+"""bench/memory/ladder.py's family rows (``--shapes families``): one shape per model family of
 docs/models.md, each a bench/shapes config the estimator plans for a one-H100 row."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench import ladder
-from bench.ladder_parts.plan import FAMILY_SHAPES, SHAPES_DIR
+from bench.memory import ladder
+from bench.memory.ladder_plan import FAMILY_SHAPES, SHAPES_DIR
 
 
 def test_families_expands_to_the_family_shapes() -> None:

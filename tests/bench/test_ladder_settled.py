@@ -1,4 +1,4 @@
-"""bench/ladder.py keeps a measured row only while the estimator still resolves the
+"""bench/memory/ladder.py keeps a measured row only while the estimator still resolves the
 settings it ran: a field the row predates counts as its default, any other difference
 (a new plan) makes the row run again."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from bench import ladder
+from bench.memory import ladder
 from grpo_hpc.memory import estimate as memory
 from grpo_hpc.memory.fit import Plan
 

@@ -1,8 +1,8 @@
-"""bench/learning.py's clock: evaluation time is excluded, training time counted."""
+"""bench/learning/run.py's clock: evaluation time is excluded, training time counted."""
 
 from __future__ import annotations
 
-from bench.learning import curve_from_metrics, time_to
+from bench.learning.run import curve_from_metrics, time_to
 
 
 def _eval(step: int, t: float, acc: float) -> dict:

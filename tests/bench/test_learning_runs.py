@@ -1,4 +1,4 @@
-"""bench/learning.py's run bookkeeping: which (seed, system) pairs still need a run, and how
+"""bench/learning/run.py's run bookkeeping: which (seed, system) pairs still need a run, and how
 runs that shared the machine (``--jobs``) count in the summary."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.learning import merge_runs, pending_runs, summarize
+from bench.learning.run import merge_runs, pending_runs, summarize
 
 
 def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:
-    """A run as bench/learning.py stores it; ``jobs`` absent as in runs from before --jobs."""
+    """A run as bench/learning/run.py stores it; ``jobs`` absent as in runs from before --jobs."""
     run = {
         "seed": seed,
         "evals": [{"step": st, "s": s, "accuracy": a, "strict": a} for st, s, a in evals],
@@ -164,8 +164,8 @@ def test_summary_counts_the_handed_over_model_on_the_test_problems() -> None:
 def test_each_curve_names_the_problems_it_scored() -> None:
     """The keep-best systems evaluate their validation split during the run (their test
     figure is the handed-over model's, afterwards); the others evaluate the test problems."""
-    from bench.learning import NUM_VAL
-    from bench.learning_results import curve_problems
+    from bench.learning.results import curve_problems
+    from bench.learning.systems import NUM_VAL
 
     assert curve_problems("grpo_hpc_rollback", 256) == f"{NUM_VAL} validation"
     assert curve_problems("grpo_hpc_flag", 256) == f"{NUM_VAL} validation"

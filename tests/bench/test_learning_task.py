@@ -1,10 +1,10 @@
-"""bench/learning_task.py: the reward and problems both systems of bench/learning.py get."""
+"""bench/sums_task.py: the reward and problems both systems of bench/learning/run.py get."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench.learning_task import REWARD, SYSTEM, data_config, reward_config
+from bench.sums_task import REWARD, SYSTEM, data_config, reward_config
 
 
 def test_overlong_mask_zeroes_only_the_length_penalty() -> None:

@@ -1,8 +1,8 @@
-"""bench/solved_summary.py: what the GPU stage ``solved`` reports of a run (pure)."""
+"""bench/collapse/solved_summary.py: what the GPU stage ``solved`` reports of a run (pure)."""
 
 from __future__ import annotations
 
-from bench.solved_summary import summarize
+from bench.collapse.solved_summary import summarize
 
 
 def test_counts_solved_steps_their_longest_run_and_what_was_handed_over() -> None:

@@ -1,4 +1,4 @@
-"""bench/step_spread.py: a real run's steps grouped by size, the spread within each group,
+"""bench/speed/step_spread.py: a real run's steps grouped by size, the spread within each group,
 and the steps whose compile or capture counters grew."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import step_spread
+from bench.speed import step_spread
 
 REPO = Path(__file__).resolve().parents[2]
 H100X2 = REPO / "bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl"
@@ -60,7 +60,7 @@ def test_the_real_two_gpu_run_under_slurm(tmp_path: Path) -> None:
     """The recorded 2x H100 Slurm run (SmolLM2, GSM8K, FSDP2; logged before train/tokens):
     steps 2-4 trained ~26k tokens each in 4.2-4.8 s, steps 5-6 trained nothing in 0.6 s."""
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "bench.step_spread", str(H100X2), "--warmup", "1",
+    cmd = [sys.executable, "-m", "bench.speed.step_spread", str(H100X2), "--warmup", "1",
            "--json", str(out), "--target", "1.1"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr  # 1.16 > the 1.1 asked
@@ -72,7 +72,7 @@ def test_the_real_two_gpu_run_under_slurm(tmp_path: Path) -> None:
 
 
 def test_the_step_table_shows_the_update_s_cpu_seconds_where_logged() -> None:
-    from bench.step_spread import step_table
+    from bench.speed.step_spread import step_table
 
     rows = [
         {"step": 1, "time": 10.0, "time/step": 1.0, "time/generate": 0.4, "time/train": 0.5},

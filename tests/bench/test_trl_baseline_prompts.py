@@ -1,11 +1,13 @@
-"""bench/trl_baseline.py's real-length mode: TRL gets the GSM8K questions grpo_hpc's
+"""bench/trl/baseline.py's real-length mode: TRL gets the GSM8K questions grpo_hpc's
 trainer draws, in its order, and both sides' length logs summarise alike."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench import common, grpo_step, trl_baseline
+from bench import common
+from bench.speed import grpo_step
+from bench.trl import baseline as trl_baseline
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.rewards.functions import ANSWER_INSTRUCTION

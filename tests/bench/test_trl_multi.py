@@ -1,4 +1,4 @@
-"""bench/trl_multi.py's pure parts: the accelerate config a TRL user would launch with, the
+"""bench/trl/multi.py's pure parts: the accelerate config a TRL user would launch with, the
 merge of the ranks' results, and the check that the Trainer really sharded."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import trl_multi
+from bench.trl import multi as trl_multi
 
 
 def test_fsdp2_config_shards_the_decoder_layers_with_checkpointing() -> None:

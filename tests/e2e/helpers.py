@@ -15,8 +15,8 @@ from typing import IO
 
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.node.launch import exit_code_from_progress, ignore_preempt_signals
 from grpo_hpc.submit.job import create_run
-from grpo_hpc.submit.launch import exit_code_from_progress, ignore_preempt_signals
 
 from .trainer_fork import ForkedRun
 

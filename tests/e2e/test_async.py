@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.events import read as read_events
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
@@ -77,7 +78,7 @@ def test_a_rollback_drops_the_batches_of_the_abandoned_weights(tmp_path: Path) -
     run = make_run(tmp_path, "rb", *dead, *collapse, *rollback, "algo.max_staleness=1")
     result = train(run)
     assert result.returncode == 0, result.stderr[-3000:]
-    events = [json.loads(x) for x in run.events.read_text().splitlines()]
+    events = read_events(run.events)
     assert [(e["action"], e["step"]) for e in events if e.get("phase") == "collapse"][:1] == [
         ("ROLLBACK", 2)
     ]

@@ -1,5 +1,5 @@
-"""bench/ladder.py (``python -m bench.ladder``) end to end on CPU with the tiny shape: a row
-runs the real trainer in its own process, lands in the JSON with its figures and the
+"""bench/memory/ladder.py (``python -m bench.memory.ladder``) end to end on CPU with the tiny
+shape: a row runs the real trainer in its own process, lands in the JSON with its figures and the
 estimator's, and is not rerun."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.e2e.helpers import env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-LADDER = [sys.executable, "-m", "bench.ladder"]  # run from REPO
+LADDER = [sys.executable, "-m", "bench.memory.ladder"]  # run from REPO
 
 
 def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ most rows, at positions where the two tokens' exact (fp32) logits differed by at
 exact answer, fp32 over the same weights, as tests/e2e/test_update_families_gpu.py judges
 the update: a row of the compiled path may leave the eager one only where the two tokens'
 fp32 logits are within max(0.125, 2 x the bf16 forward's largest logit error) of each
-other (bench/decode.py's "within bf16 error"), and the sampled tokens' bf16 log-probs
+other (bench/decode/run.py's "within bf16 error"), and the sampled tokens' bf16 log-probs
 must be about as close to fp32 as HF's own bf16 forward is (on the CPU: 1.0-1.25x in
 mean, up to 1.6x at the largest)."""
 

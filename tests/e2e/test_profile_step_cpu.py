@@ -1,4 +1,4 @@
-"""bench/profile_step.py on CPU with the tiny shape: one profiled step of the real trainer,
+"""bench/speed/profile_step.py on CPU with the tiny shape: one profiled step of the real trainer,
 its time split by phase and category, written as JSON and a markdown table."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_profile_step_splits_a_tiny_step_by_phase_and_category(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bench.profile_step", "--shapes", "tiny", "--warmup", "1",
+    cmd = [sys.executable, "-m", "bench.speed.profile_step", "--shapes", "tiny", "--warmup", "1",
            "--prompts", "2", "--G", "4", "--max-new", "8", "--top", "500",
            "--out", str(tmp_path)]  # fmt: skip
     # --top 500: every op listed. In the default top 15 the small silu_backward ranked

@@ -83,7 +83,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     rng = random.Random(seed)
     steps = [*STEPS, f"rollout.engine={engine}"]
     ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
-    # the killed run also writes state digests (bench/gpu_faults.py judges GPU resumes by
+    # the killed run also writes state digests (bench/faults/gpu_run.py judges GPU resumes by
     # them): here they must agree with the bit-exact comparison below, and change nothing
     digests = ["faults.enabled=true", "faults.state_digest=true"]
     run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)

@@ -17,7 +17,7 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.submit.launch import ignore_preempt_signals
+from grpo_hpc.node.launch import ignore_preempt_signals
 from tests.e2e.helpers import env, make_run, signal_job, torchrun_cmd
 
 SLOW_TORCH_IMPORT = '''

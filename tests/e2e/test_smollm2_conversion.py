@@ -2,7 +2,7 @@
 the model config and the generation config agree that a turn ends at ``<|im_end|>``,
 whatever the installed transformers reads from the GGUF (5.17 read ``<|im_start|>``, which
 made every completion that ended at ``<|im_end|>`` count as cut off in the TRL runs of
-bench/learning.py), and a cache converted with a misread EOS is repaired (its weights kept)
+bench/learning/run.py), and a cache converted with a misread EOS is repaired (its weights kept)
 or, where it cannot be, converted again."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""bench.trl_baseline --nproc 2 end to end on a CPU: TRL under a real ``accelerate launch``
+"""bench.trl.baseline --nproc 2 end to end on a CPU: TRL under a real ``accelerate launch``
 of two processes with the FSDP2 config, grpo_hpc under torchrun with two ranks, one result.
 On a CPU the Trainer wraps nothing (it trains each rank alone), and the result says so;
-on GPUs the same check turns that into an error (bench/trl_multi.py)."""
+on GPUs the same check turns that into an error (bench/trl/multi.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_process_trl_and_grpo_hpc_in_one_result(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     cmd = [
-        sys.executable, "-m", "bench.trl_baseline", "--shape=tiny", "--prompts=2", "--G=2",
+        sys.executable, "-m", "bench.trl.baseline", "--shape=tiny", "--prompts=2", "--G=2",
         "--max-new=8", "--micro=1", "--steps=2", "--precision=fp32", "--nproc=2",
         "--trl-mode=fsdp2", "--engine=native",
         "--variants", "fsdp=--strategy fsdp --no-compile --no-packing", f"--out={out}",

@@ -3,7 +3,7 @@
 Both sides take the same prompt and completion ids, masks and rewards (TRL through its
 ``rollout_func`` hook) and run their own advantages, loss, micro-batching, accumulation,
 clip and AdamW step: the loss, the clipped gradient and the parameters after the step must
-agree. bench/trl_parity.py holds the harness; docs/ALGORITHM.md says what each side
+agree. bench/trl/parity.py holds the harness; docs/ALGORITHM.md says what each side
 computes. The one difference the settings expose (the temperature of the log-probs in the
 update) is pinned as its own test.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import trl_parity as tp
+from bench.trl import parity as tp
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""A short fault campaign (bench/faults.py) on the real local Slurm cluster, as CI runs it:
+"""A short fault campaign (bench/faults/run.py) on the real local Slurm cluster, as CI runs it:
 a trainer SIGKILLed inside a checkpoint save, grpo-monitor SIGKILLed and started again,
 the job scancel'd. Every trial must finish with the uninterrupted run's weights, with
 never two live jobs of one run and no checkpoint failing grpo-ckpt verify. (slurmctld

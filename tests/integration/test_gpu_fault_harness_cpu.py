@@ -1,4 +1,4 @@
-"""The GPU fault campaign's harness (bench/gpu_faults.py) on the CPU test cluster, as CI can
+"""The GPU fault campaign's harness (bench/faults/gpu_run.py) on the CPU test cluster, as CI can
 run it: the same 2-rank FSDP2 run through grpo-submit and grpo-monitor on CPU ranks (gloo),
 a rank SIGKILLed inside a DCP save, resumed from the checkpoint before it with every rank's
 state equal to its digest. On a GPU node the harness ran 18 trials of six kinds
@@ -25,7 +25,7 @@ CI_TRIAL = "3"
 @pytest.mark.timeout(300)
 def test_gpu_fault_harness_on_cpu_ranks(slurm_cluster, tmp_path: Path) -> None:
     out = tmp_path / "gpu_faults.json"
-    cmd = [sys.executable, "-m", "bench.gpu_faults", "--only", CI_TRIAL, "--max-steps", "6"]
+    cmd = [sys.executable, "-m", "bench.faults.gpu_run", "--only", CI_TRIAL, "--max-steps", "6"]
     cmd += ["--profile", str(REPO / "templates/slurm-local.yaml"), "--out", str(out)]
     cmd += ["--work", str(tmp_path / "work"), "--evidence", str(tmp_path / "evidence")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=290, cwd=REPO)

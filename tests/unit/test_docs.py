@@ -13,10 +13,10 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 BENCH_DOCS = [
     ROOT / "bench/README.md",
+    *sorted(ROOT.glob("bench/[a-z]*/README.md")),  # each subject's, probes/, results/, shapes/
     ROOT / "bench/GPU_REAL.md",
-    ROOT / "bench/probes/README.md",
-    ROOT / "bench/results/README.md",
     ROOT / "bench/results/LOG.md",
+    *sorted((ROOT / "bench/results").glob("LOG-*.md")),  # the log's files, one per subject
 ]
 CHECKED = [README, *DOCS, *BENCH_DOCS]
 """The files whose links and quoted bench paths must resolve: where a reader finds a figure."""
@@ -241,6 +241,7 @@ def test_results_readme_lists_exactly_the_current_files() -> None:
         for quoted in re.findall(r"`([^`]+)`", row.split("|")[1])
         for p in _expand_braces(quoted)
     }
-    on_disk = {p.name for p in results.iterdir()} - {"README.md", "LOG.md", "archive"}
+    logs = {p.name for p in results.glob("LOG*.md")}  # the dated history, not results
+    on_disk = {p.name for p in results.iterdir()} - {"README.md", "archive"} - logs
     assert sorted(on_disk - listed) == [], "in bench/results/ but not in its README"
     assert sorted(listed - on_disk) == [], "in the README but not in bench/results/"

@@ -1,4 +1,4 @@
-"""Which package may import which (issues 14 and 39, "the house"): read from the source, so
+"""Which package may import which: read from the source, so
 a new import that points the wrong way fails here, not in a newcomer's head.
 
 The packages stand in layers (docs/ARCHITECTURE.md draws them); a module imports its own
@@ -20,6 +20,7 @@ LAYER = {
     "config": 1,  # schema, loading, profiles, what auto means
     "memory": 2,  # the estimator and what both sides ask of it
     "tasks": 2,  # problems and answers, read by preflight and the trainer alike
+    "node": 2,  # compute node: the per-node launcher submit pickles, the job's torch check
     "submit": 3,  # login node: preflight, plan, render, submit
     "train": 3,  # compute node: the trainer (never imports submit, nor submit it)
     "monitor": 4,  # decisions and attempts (starts jobs through submit)
@@ -29,7 +30,8 @@ LAYER = {
     "cli": 8,  # the thin mains
 }
 # The packages a login node runs (grpo-submit, grpo-status, grpo-monitor): no torch.
-LOGIN_NODE = ("core", "config", "memory", "tasks", "submit", "monitor", "status")
+# node/ runs on compute nodes, but submit pickles its launcher: torch-free at import too.
+LOGIN_NODE = ("core", "config", "memory", "tasks", "node", "submit", "monitor", "status")
 # Imports that point up on purpose, each with its reason.
 ALLOWED_UP = {
     # The trainer writes final/ with grpo-export's own writer: one writer of that format.

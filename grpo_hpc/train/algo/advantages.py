@@ -17,7 +17,8 @@ completion's advantage is its reward relative to its own group. Variants:
 
 In every mode a group whose rewards are all equal gets an advantage of exactly 0
 (it carries no learning signal); DAPO (Yu et al. 2025) "dynamic sampling" drops such
-groups altogether, see :func:`informative_groups` and :func:`select_informative`.
+groups altogether, see :func:`informative_groups` (batching.py keeps informative groups
+first).
 """
 
 from __future__ import annotations
@@ -88,17 +89,3 @@ def group_advantages(
     # non-zero advantages that group_norm could then amplify by 1/eps.
     keep = informative_groups(rewards).unsqueeze(1)
     return torch.where(keep, adv, torch.zeros_like(adv))
-
-
-def select_informative(rewards: torch.Tensor, target: int | None = None) -> list[int]:
-    """Indices of informative groups (in order), at most ``target`` of them.
-
-    For DAPO dynamic sampling: the trainer keeps generating batches, calls this on
-    each batch's rewards and concatenates the kept groups until it has ``target``.
-    ``target=None`` keeps every informative group. Returned indices index dim 0
-    of ``rewards`` (and of whatever per-group lists the caller holds).
-    """
-    if target is not None and target < 0:
-        raise ValueError(f"target must be >= 0, got {target}")
-    keep = informative_groups(rewards).nonzero(as_tuple=True)[0].tolist()
-    return keep if target is None else keep[:target]

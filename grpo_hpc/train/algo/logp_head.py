@@ -160,7 +160,7 @@ def compile_chunks() -> None:
     """Compile the head's per-chunk softmax arithmetic (``dist.compile``; the trainer calls
     this where it compiles the decoder layers). Eager, each chunk makes about ten passes
     over its [1024, vocab] fp32 logits, which cost more than the head's four matrix
-    products (bench/results/LOG.md, issue 24); compiled, one pass forward and one in
+    products (bench/results/LOG.md, the head's arithmetic); compiled, one pass forward and one in
     backward read the products' bf16 output. Same arithmetic: the fp32 gradients are the
     eager ones (tests/unit/train/algo/test_logp_head_compiled.py)."""
     _CHUNK.stats = torch.compile(chunk_stats, dynamic=None, fullgraph=True)

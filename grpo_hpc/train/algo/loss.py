@@ -233,23 +233,3 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     if dim is None:
         return total.sum() / keep.sum().clamp(min=1)
     return total.sum(dim) / keep.sum(dim).clamp(min=1)
-
-
-def loss_stats(stats: TokenStats, mask: torch.Tensor) -> dict[str, float]:
-    """Masked means of the per-token stats, as Python floats (one device sync).
-
-    Keys: ``kl``, ``clip_frac_low``, ``clip_frac_high``, ``clip_frac`` (either side),
-    ``ratio_mean``, and ``num_tokens`` (the weight to use when averaging these over
-    micro-batches or ranks).
-    """
-    with torch.no_grad():
-        parts = {
-            "kl": stats.kl,
-            "clip_frac_low": stats.is_clipped_low,
-            "clip_frac_high": stats.is_clipped_high,
-            "clip_frac": stats.is_clipped_low | stats.is_clipped_high,
-            "ratio_mean": stats.ratio,
-        }
-        means = [masked_mean(v, mask).float() for v in parts.values()]
-        values = torch.stack([*means, mask.bool().sum().float()]).tolist()
-    return dict(zip([*parts, "num_tokens"], values, strict=True))

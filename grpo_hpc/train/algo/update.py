@@ -311,7 +311,7 @@ def accumulate(
     reduced = dict(zip(STAT_KEYS, all_reduce_sum(sums.tolist(), info), strict=True))
     tokens = max(reduced.pop("tokens"), 1.0)
     # The step's size, summed over ranks: a step's time is compared with steps of a similar
-    # size (a steady step, issue 38), and micro-batches count the launches it took.
+    # size (a steady step), and micro-batches count the launches it took.
     out = {"loss": reduced.pop("loss"), "train/tokens": total_tokens, "train/sequences": num_seqs}
     out["train/micro_batches"] = float(len(mbs))
     diff, engine_tokens = reduced.pop("logp_diff"), reduced.pop("engine_tokens")

@@ -1,7 +1,7 @@
 """``dist.bind_cpus``: each rank of a node on a share of the job's CPUs of its own.
 
 A small model's update is bound by the host: one thread launches the forward, autograd's
-device thread the backward, and the step waits for them. Issue 38's 2-GPU runs had slow
+device thread the backward, and the step waits for them. The real 2-GPU runs had slow
 updates whose CPU seconds grew with their time, on a VM host whose cores ran a fixed piece
 of work 2-3x slower from one moment to the next (bench/results/weak_scaling_h100x4_2026-11-27.md).
 Whether a rank that keeps cores of its own, apart from the other ranks' threads, steps

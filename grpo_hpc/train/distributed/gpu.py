@@ -6,7 +6,7 @@ smaller GPU of the real one: every decision that asks for the capability gets th
 one (``auto`` compile and packing, the bf16 refusal, ``algo.micro_batch_tokens=auto``, the
 native engine's attention path), the memory decisions get ``GIB``, and :func:`emulate`
 caps this process's caching allocator at ``GIB`` with
-``torch.cuda.set_per_process_memory_fraction``. Issue 55: the supercloud profile's V100
+``torch.cuda.set_per_process_memory_fraction``. So the supercloud profile's V100
 code path run on a lent H100/H200 (``bench/supercloud-emulated.yaml``). What it cannot
 change is the kernels: they are the real GPU's (docs/profiles.md says what that leaves
 unproven).

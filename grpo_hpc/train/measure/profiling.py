@@ -1,7 +1,7 @@
 """A few training steps under ``torch.profiler`` (``training.profile_steps``): where a real
 run's step goes, per rank, with the run's own shapes.
 
-A benchmark profiles a fixed step (bench/profile_step.py); a user's run has its own
+A benchmark profiles a fixed step (bench/speed/profile_step.py); a user's run has its own
 lengths, packing, collectives and host. Steps ``profile_from`` .. ``profile_from +
 profile_steps - 1`` run under the profiler on every rank (CPU activity, and CUDA where the
 rank has a GPU); after the last one each rank writes two files to ``torch_profile/``:

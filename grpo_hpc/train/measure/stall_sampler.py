@@ -2,7 +2,7 @@
 (``training.stall_sample_ms``): what a rank was doing in a slow step, where the profiler
 cannot look.
 
-Issue 38's real 2-GPU runs had rank 0 generating 1.16 s in one step against 0.4-0.5 s in
+The real 2-GPU runs had rank 0 generating 1.16 s in one step against 0.4-0.5 s in
 every other. The two runs with ``training.profile_steps`` over that step did not have it, so
 the profiler, whose overhead changes the timing, cannot say what the rank was doing then.
 This sampler costs nothing until a phase (:func:`grpo_hpc.train.measure.profiling.phase`:

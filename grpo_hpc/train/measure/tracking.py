@@ -248,7 +248,7 @@ class Tracker:
         except ImportError:
             print("wandb not installed: metrics go to metrics.jsonl only", file=sys.stderr)
             return
-        id_file = self.paths.root / "wandb_id"
+        id_file = self.paths.wandb_id
         if not id_file.is_file():
             atomic_write_text(id_file, uuid.uuid4().hex[:12] + "\n")
         self._wandb = wandb.init(
@@ -337,7 +337,7 @@ def gpu_memory_metrics(device: torch.device) -> dict[str, float]:
     retry is a device-wide sync, so a count that grows step by step means memory is nearly
     full and the step runs slower than its kernels (reading them does not sync the GPU).
     ``gpu_reserved_gb``: what the caching allocator holds from the device; one that still
-    grows after warm-up is a step paying for new device memory (issue 38: the update's time
+    grows after warm-up is a step paying for new device memory (real 2-GPU runs: the update's time
     drifted down over real runs, 1.0 s early to 0.76 s late). A count of segments stood in
     for it until two real runs showed it 0 throughout: under ``expandable_segments`` (the
     ``h100x2`` profile's allocator setting) memory grows by mapping pages into one

@@ -2,7 +2,7 @@
 
 Correctness: :mod:`answers` finds the final answer and settles most items exactly (missing
 answer, hedged answers, exact numeric matches); the rest go to math-verify in the worker
-process of :mod:`verifier`, under a per-item deadline. ``bench/answer_throughput.py``
+process of :mod:`verifier`, under a per-item deadline. ``bench/speed/answer_throughput.py``
 measured (2 shared CPU cores, ~900-character completions) 4,000-6,000 items/s for items
 the pre-judge settles and ~800 items/s for items math-verify decides: a 512-completion
 step costs well under a second of scoring.

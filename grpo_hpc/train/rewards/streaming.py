@@ -7,7 +7,7 @@ pre-judge and sends what is left to the math-verify worker, and starts its code 
 sandbox (code tasks), so that the scoring after generation finds most of the work done.
 What it hides: math-verify's first parse of a new string (30-120 ms of one item on the
 CPU test machine, 0.1-0.37 s in real 2-GPU runs, while the other ranks waited at the next
-collective: issue 38), and the code sandboxes' run time.
+collective), and the code sandboxes' run time.
 
 Rows that end with the rollout (the ones that run to the length cap, and the last to
 finish) are never handed over finished, and in real runs they held the remaining slow

@@ -79,7 +79,7 @@ WARM_UP: tuple[tuple[str, str, bool], ...] = (
 first worker is forked. The first time a process meets a kind of answer, math-verify and
 sympy pay for it once (lazy imports: ``sympy.simplify`` imports the 33 modules of
 ``sympy.physics.units`` on its first call; parsers built per LaTeX command): 0.1-0.25 s in
-one item on the CPU test machine; likely the 0.08-0.45 s single items of issue 38's real
+one item on the CPU test machine; likely the 0.08-0.45 s single items of the real 2-GPU
 runs, during which the other ranks waited (not yet confirmed on a GPU node). Every worker
 forked after this inherits the warm state (a restarted one too) and freezes it with the
 rest; the slowest item then took
@@ -112,7 +112,7 @@ def _worker_main(conn: Connection, other_end: Connection) -> None:
     # (it is forked at start-up, before the trainer's GC schedule). An occasional full
     # collection then walks them all: 0.30-0.31 s in one item on the CPU test machine (806k
     # objects inherited; bench/probes/verifier_gc.py), while the trainer's other ranks
-    # wait at the next collective (issue 38: one rank scoring 0.14-0.45 s in some steps
+    # wait at the next collective (one rank scoring 0.14-0.45 s in some steps
     # of real 2-GPU runs). Frozen, they are never collected here; the worker's own
     # garbage still is, whenever the worker was forked (a restart after a timeout comes
     # while the trainer's own automatic collection is off).
@@ -148,7 +148,7 @@ class _Verifier:
     def take_stats(self) -> tuple[int, float]:
         """(items judged, slowest item's seconds) since the last call, then reset: one
         odd completion can hold a rank's scoring for tenths of a second while its peers
-        wait for it (issue 38), and this says whether it was one item or many."""
+        wait for it (real 2-GPU runs), and this says whether it was one item or many."""
         with self.lock:
             out, self.items, self.slowest_s = (self.items, self.slowest_s), 0, 0.0
         return out
@@ -236,7 +236,7 @@ SELF_CHECK = (("\\frac{1}{2}", "0.5", True), ("\\frac{1}{3}", "0.5", True))
 def self_check(timeout_s: float = 30.0, tries: int = 2) -> str | None:
     """None when the worker scores :data:`SELF_CHECK` as (1, 0); else why not. A worker
     that died under the check (the job's SIGTERM from a scancel reaches it too: found by
-    bench/faults.py) gets a second try with a fresh one before the run is refused."""
+    bench/faults/run.py) gets a second try with a fresh one before the run is refused."""
     for _ in range(tries):
         try:
             scores, failures = VERIFIER.judge(list(SELF_CHECK), timeout_s)

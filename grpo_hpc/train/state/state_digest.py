@@ -1,5 +1,5 @@
 """Digests of a rank's training state, to show that a resumed attempt starts from exactly
-what its checkpoint saved (issue 37: GPU kernels are not bit-deterministic, so a faulted
+what its checkpoint saved (GPU kernels are not bit-deterministic, so a faulted
 GPU run cannot be judged by its final weights; its resume can).
 
 With ``faults.state_digest`` the trainer writes, per rank, one JSON file at every save

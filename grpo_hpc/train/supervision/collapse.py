@@ -5,7 +5,7 @@ held-out accuracy (:meth:`Watch.after_eval`) into a :class:`Watch`; :func:`verdi
 which signal fired, at which step and why, in one line, or None. Every rank computes the
 same verdict from the same all-reduced numbers, so every rank acts at the same step.
 
-Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse_replay.py`` on the
+Signals (thresholds: :class:`Thresholds`, calibrated by ``bench/collapse/replay.py`` on the
 29 recorded seeds of the learning benchmark at its stalling settings; docs/ALGORITHM.md):
 
 - ``all_cut``: every completion cut at the cap under ``algo.mask_truncated`` for
@@ -44,8 +44,6 @@ from grpo_hpc.core.best import eval_noise
 
 SIGNALS = ("all_cut", "no_signal", "pinned", "entropy", "eval_drop", "reward_hacking")
 """Every signal, in the order :func:`verdict` checks them."""
-ACTIONS = ("flag", "stop", "rollback")
-"""What ``training.on_collapse`` may say."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +117,12 @@ class Watch:
     """Steps summed in ``reward_sum``."""
     fired: tuple[str, ...] = field(default=())
     """Signals already reported in this attempt (each is reported once per attempt)."""
+    cut_sum: float = 0.0
+    """Sum of the steps' shares cut under the mask since the last evaluation."""
+    trapped: tuple[int, ...] = ()
+    """Steps of the evaluations (so of their checkpoints) whose steps since the evaluation
+    before were at the cap: a mean share cut under the mask of at least
+    :data:`STALL_RISK_CUT`. A rollback for a collapse at the cap does not go back there."""
 
     def after_step(
         self,
@@ -153,6 +157,7 @@ class Watch:
             low_entropy=low if entropy is not None else self.low_entropy,
             reward_sum=self.reward_sum + reward,
             reward_steps=self.reward_steps + 1,
+            cut_sum=self.cut_sum + cut,
         )
 
     def after_eval(self, step: int, accuracy: float, problems: int = 0) -> Watch:
@@ -160,7 +165,12 @@ class Watch:
         mean = self.reward_sum / self.reward_steps if self.reward_steps else float("nan")
         evals = (*self.evals, (step, accuracy, mean))
         n = problems or self.problems
-        return replace(self, evals=evals, reward_sum=0.0, reward_steps=0, problems=n)
+        at_cap = self.reward_steps and self.cut_sum / self.reward_steps >= STALL_RISK_CUT
+        trapped = (*self.trapped, step) if at_cap else self.trapped
+        return replace(
+            self, evals=evals, reward_sum=0.0, reward_steps=0, problems=n, cut_sum=0.0,
+            trapped=trapped,
+        )  # fmt: skip
 
     def restarted(self) -> Watch:
         """After a rollback: the step window, the reports and the evaluations start afresh
@@ -170,7 +180,8 @@ class Watch:
         again at the new attempt's first evaluation and once more a step later, with no
         new evaluation, and spent the retry budget in 5 steps)."""
         best = max(self.evals, key=lambda e: e[1], default=None)
-        return Watch(evals=(best,) if best is not None else (), problems=self.problems)
+        evals = (best,) if best is not None else ()
+        return Watch(evals=evals, problems=self.problems, trapped=self.trapped)
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able, for a checkpoint (:meth:`from_state` reads it back)."""
@@ -181,7 +192,7 @@ class Watch:
         if not state:
             return Watch()
         s = dict(state)
-        for key in ("dead", "solved", "cut", "fired"):
+        for key in ("dead", "solved", "cut", "fired", "trapped"):
             s[key] = tuple(s.get(key, ()))
         s["evals"] = tuple(tuple(e) for e in s.get("evals", ()))
         return Watch(**s)

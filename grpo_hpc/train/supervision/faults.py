@@ -1,5 +1,5 @@
 """Test-only fault injection (``faults.*``, rejected unless ``faults.enabled``): what the
-trainer does to itself so that the fault campaigns (bench/faults.py, bench/gpu_faults.py)
+trainer does to itself so that the fault campaigns (bench/faults/run.py, bench/faults/gpu_run.py)
 and the tests can strike a real run at a chosen step. Nothing here runs in a normal run."""
 
 from __future__ import annotations

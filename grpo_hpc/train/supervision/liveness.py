@@ -1,4 +1,4 @@
-"""Every rank's pulse, and each rank's watch on its peers' (issue 37).
+"""Every rank's pulse, and each rank's watch on its peers'.
 
 A rank that stops answering (SIGSTOP, a hung driver, a node that vanished under a
 multi-node job) leaves its peers blocked in their next collective. The process group's

@@ -21,20 +21,16 @@ from typing import Any, Protocol
 import torch
 
 from grpo_hpc.config.schema import Config
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core.errors import CircuitBreakerError
-from grpo_hpc.core.fsutil import append_jsonl
+from grpo_hpc.core.events import Event, Phase
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.supervision import collapse
 from grpo_hpc.train.supervision.collapse import Thresholds, Verdict, Watch
 
-EVENT_PHASE = "collapse"
-"""``phase`` of a collapse event in events.jsonl (the monitor's are intent/decision/done)."""
 EVENT_CLASS = "collapsed"
-SOLVED_PHASE = "solved"
-"""``phase`` of the event a solved task writes (never a collapse: the monitor and the
-COLLAPSE flag do not read it; grpo-status shows it as SOLVED)."""
 SEED_STRIDE = 1000
 """Rollback k samples with ``training.seed + k * SEED_STRIDE``: far from the seeds that
 other runs of a seed sweep use (consecutive seeds)."""
@@ -68,6 +64,24 @@ def rollback_cap(at_cap: bool, cap: int, configured: int, growth: float, limit: 
     if not at_cap or growth <= 1:
         return cap
     return max(cap, min(limit or 2 * configured, round(cap * growth)))
+
+
+def rollback_target(
+    peak: int, kept: bool, at_cap: bool, trapped: tuple[int, ...], can_restart: bool
+) -> int | None:
+    """Where a rollback goes (pure): the step of the peak validation score (``kept``: its
+    checkpoint is still there), else the start (0); None when it cannot go anywhere (the
+    start, for a LoRA policy). For a collapse at the cap, a peak saved at the cap
+    (``trapped``: :attr:`collapse.Watch.trapped`) is a model already in the trap: the start
+    instead. Of 17 recorded seeds rolled back only to such checkpoints, 13 were handed over
+    below 0.5; of 16 whose first rollback went to the start, 13 were rescued (2026-12-01/04,
+    learning_2term_mask_*48 in bench/results)."""
+    target = peak if kept else 0
+    if target and at_cap and target in trapped and can_restart:
+        target = 0
+    if target == 0 and not can_restart:
+        return None
+    return target
 
 
 def rollback_seed(seed: int, attempt: int) -> int:
@@ -239,13 +253,13 @@ class CollapseGuard:
         )
         if self.cfg.training.on_solved == "flag":
             note = f"flagged (training.on_solved=flag); training goes on ({more})"
-            self._event(trainer, v, "FLAG", note, phase=SOLVED_PHASE, cls="solved")
+            self._event(trainer, v, "FLAG", note, phase=Phase.SOLVED, cls="solved")
             return True
         note = (
             f"training ends here as finished (training.on_solved=finish), the best model "
             f"handed over; {more}"
         )
-        self._event(trainer, v, "FINISH", note, phase=SOLVED_PHASE, cls="solved")
+        self._event(trainer, v, "FINISH", note, phase=Phase.SOLVED, cls="solved")
         self.finished = Verdict(v.signal, v.step, f"{v.why}; {note}")
         return True
 
@@ -258,13 +272,15 @@ class CollapseGuard:
         # The peak, not the model to hand over (which may be a later one within noise of
         # it: on 2026-12-04 rollbacks to such a model went back into the stall, 5 of 10
         # seeds handed over below 0.5)
-        target = best.peak[1] if best is not None else 0
-        ckpt = self.paths.checkpoint(target)
+        peak = best.peak[1] if best is not None else 0
         at_cap = collapse.at_cap(v, self.watch)  # before the watch starts afresh
-        if target and not ckpt.is_dir():
-            target = 0  # the best's checkpoint is gone: start afresh rather than guess
-        if target == 0 and not _can_restart(self.cfg):
+        kept = peak > 0 and self.paths.checkpoint(peak).is_dir()
+        target = rollback_target(peak, kept, at_cap, self.watch.trapped, _can_restart(self.cfg))
+        if target is None:
             return False
+        ckpt = self.paths.checkpoint(target)
+        skipped = kept and target != peak
+        trapped = f" (the peak, step {peak}, was saved at the cap)" if skipped else ""
         if target:
             _load_checkpoint_weights(trainer, ckpt, self.tools)
         else:
@@ -276,7 +292,8 @@ class CollapseGuard:
         t = self.cfg.training
         note = (
             f"rollback {self.rollbacks}/{t.collapse_retries} to step {target} "
-            f"({'best checkpoint' if target else 'the start'}) with sampling seed {self.seed}; "
+            f"({'best checkpoint' if target else 'the start'}){trapped} with sampling seed "
+            f"{self.seed}; "
             f"{self._grow_cap(trainer, at_cap)}"
         )
         cap = self.rollout_cap
@@ -308,29 +325,17 @@ class CollapseGuard:
         v: Verdict,
         action: str,
         note: str,
-        phase: str = EVENT_PHASE,
+        phase: Phase = Phase.COLLAPSE,
         cls: str = EVENT_CLASS,
         **extra: Any,
     ) -> None:
         if trainer.info.is_main:
-            tag = "[Solved]" if phase == SOLVED_PHASE else "[Collapse]"
+            tag = "[Solved]" if phase == Phase.SOLVED else "[Collapse]"
             print(f"{tag} {v.line()}; {note}", flush=True)
-            append_jsonl(
-                self.paths.events,
-                {
-                    "time": time.time(),
-                    "job_id": str(trainer.tracker.record.job_id),
-                    "slurm_state": None,
-                    "phase": phase,
-                    "action": action,
-                    "class": cls,
-                    "reason": f"{v.line()}; {note}",
-                    "signal": v.signal,
-                    "step": v.step,
-                    "rollbacks": self.rollbacks,
-                    **extra,
-                },
-            )
+            job_id = str(trainer.tracker.record.job_id)
+            more = {"signal": v.signal, "step": v.step, "rollbacks": self.rollbacks, **extra}
+            ev = Event(time.time(), job_id, phase, action, cls, f"{v.line()}; {note}", extra=more)
+            event_log.append(self.paths.events, ev)
 
 
 def _agreed(v: Verdict | None, trainer: TrainerLike) -> Verdict | None:

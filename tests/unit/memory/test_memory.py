@@ -54,11 +54,11 @@ def test_lora_parameter_count_matches_peft() -> None:
 
 
 CALIBRATION = (
-    # bench/trl_baseline.py: the trainer's step beside TRL's; then the same, token budget
+    # bench/trl/baseline.py: the trainer's step beside TRL's; then the same, token budget
     # 4096 + checkpointing
     "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23.json",
     "trl_side_by_side_qwen2.5-0.5b_h100_2026-11-23_gradckpt.json",
-    # bench/grpo_step.py (bench/gpu.sh random, stage multi)
+    # bench/speed/grpo_step.py (bench/gpu.sh random, stage multi)
     "grpo_step_1gpu_ddp_h200_2026-11-23.json",
     "grpo_step_2gpu_ddp_h200x2_2026-11-23.json",
     "grpo_step_2gpu_fsdp_h200x2_2026-11-23.json",

@@ -29,8 +29,8 @@ def _shape(name: str) -> memory.ModelShape:
 
 
 def _step_settings(**changes: object) -> memory.Settings:
-    """bench/grpo_step.py's default step as recompute_h100_2026-11-25.json ran it: 8 prompts x G=8
-    of ~270 tokens (a character tokenizer over the chat template), 256 new tokens, the
+    """bench/speed/grpo_step.py's default step as recompute_h100_2026-11-25.json ran it: 8
+    prompts x G=8 of ~270 tokens (a character tokenizer over the chat template), 256 new tokens, the
     project's micro-batch limits, compiled layers."""
     base = memory.Settings(
         rows=64,

@@ -1,7 +1,7 @@
 """The memory estimator against the model-size ladders measured on a GPU
 (bench/results/ladder_h100_2026-11-26.json, Qwen2.5 0.5B-7B on one and two GPUs, and
 bench/results/ladder_families_h200_2026-11-28.json, the model families of docs/models.md;
-written by bench/ladder.py): within 15 % of every measured peak,
+written by bench/memory/ladder.py): within 15 % of every measured peak,
 no measured peak above the line a plan must fit under (the stated headroom), and no row
 the estimator let run ran out of memory."""
 
@@ -26,7 +26,7 @@ def _gpu_rows() -> list[dict]:
     measured = []
     for ladder in LADDERS:
         name = ladder.relative_to(ROOT)
-        assert ladder.exists(), f"{name} is absent: bench/ladder.py on a GPU"
+        assert ladder.exists(), f"{name} is absent: bench/memory/ladder.py on a GPU"
         rows = json.loads(ladder.read_text())["rows"]
         # A stale row measured code that has changed since (its reason says what); the
         # ladder runs it again.

@@ -1,4 +1,4 @@
-"""Found by the fault campaign (bench/faults.py, disk_full): grpo-monitor died on a full
+"""Found by the fault campaign (bench/faults/run.py, disk_full): grpo-monitor died on a full
 disk. Its events.jsonl append raised ENOSPC (so did its own log, kept in the run
 directory), the run went unwatched and never finished. The monitor must keep going and act
 once the disk has room again.

@@ -1,4 +1,4 @@
-"""Found by the fault campaign (bench/faults.py, disk_full): five failed resubmissions in
+"""Found by the fault campaign (bench/faults/run.py, disk_full): five failed resubmissions in
 five one-second passes (``submission failed: [Errno 28] No space left on device``) STOPPED
 the run for good, although the disk had room again seconds later. Failures must persist
 (SUBMIT_ERROR_WINDOW_S) before the monitor gives up."""

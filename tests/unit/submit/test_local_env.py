@@ -14,8 +14,9 @@ from grpo_hpc.config.load import build_config
 from grpo_hpc.config.profiles import profile_from_dict
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
-from grpo_hpc.submit import job, launch, plan
-from grpo_hpc.submit.launch import NodeLauncher
+from grpo_hpc.node import launch
+from grpo_hpc.node.launch import NodeLauncher
+from grpo_hpc.submit import job, plan
 
 FAKE_TRAINER = """
 import os, sys

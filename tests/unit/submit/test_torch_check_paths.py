@@ -16,15 +16,15 @@ from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.monitor.attempts import start_next_attempt
-from grpo_hpc.submit import torch_build
+from grpo_hpc.node import torch_build
+from grpo_hpc.node.job_torch import check_job_torch, job_problem
+from grpo_hpc.node.torch_build import TorchBuild, arch_problem
 from grpo_hpc.submit.job import create_run
-from grpo_hpc.submit.job_torch import check_job_torch, job_problem
-from grpo_hpc.submit.torch_build import TorchBuild, arch_problem
 from tests.conftest import run_cli
 
 V100 = (7, 0)
 CU128_2_11 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
-"""torch 2.11+cu128's architectures (tests/unit/submit/test_torch_arch.py): no Volta."""
+"""torch 2.11+cu128's architectures (tests/unit/node/test_torch_arch.py): no Volta."""
 V100_LOCAL = {
     "executor": "local",
     "gpus_per_node": 1,

@@ -21,7 +21,7 @@ need its own positions and masks in every graph, and a rollout has no further pr
 to refill with unless steps overlap (off-policy). Compaction keeps the decode step as it
 is and costs one gather of the live rows' cache per halving. With the real model on
 GSM8K prompts, a few long completions hold the rollout for hundreds of steps at a
-fraction of the batch (``bench/decode.py --model DIR --prompts gsm8k`` measures both).
+fraction of the batch (``bench/decode/run.py --model DIR --prompts gsm8k`` measures both).
 Sampling stays exact: the race noise is drawn for the whole original batch and each
 compacted row takes its own row of it (``sampling.choose``), so a row's tokens are those
 it would have had without compaction.
@@ -103,7 +103,7 @@ class NativeEngine:
     that rollouts of that shape can meet (each row bucket compaction can move to, times
     each span bucket up to the cache's capacity), not each one the first time a rollout
     meets it. A graph first met mid-run made that step slower on the rank that met it,
-    and its peers waited at the next collective (issue 38: 0.15-0.7 s at 3 of 18 trained
+    and its peers waited at the next collective (0.15-0.7 s at 3 of 18 trained
     steps of a 2-GPU GSM8K run). Pointless when the engine is released before each
     update (its graphs do not outlive the step): ``release()`` turns it off."""
     max_prompt_tokens: int = 0

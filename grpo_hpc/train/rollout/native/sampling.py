@@ -48,7 +48,7 @@ def pick(
     """The arithmetic of :func:`choose` once the noise is drawn (``race`` None: greedy).
     Pure and free of randomness, so the engine compiles it on CUDA, where its passes over
     the [B, vocab] logits (casts, two softmaxes, the race, the argmax) become a few fused
-    kernels (bench/results/LOG.md, issue 24)."""
+    kernels (bench/results/LOG.md, the decode's token choice)."""
     z = logits.float()
     logp_all = torch.log_softmax(z if logp_temperature == 1.0 else z / logp_temperature, dim=-1)
     if race is None:

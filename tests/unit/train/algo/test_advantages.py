@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_hpc.train.algo.advantages import group_advantages, informative_groups, select_informative
+from grpo_hpc.train.algo.advantages import group_advantages, informative_groups
 
 MODES = ("group_norm", "mean_only", "loo")
 
@@ -96,13 +96,3 @@ def test_informative_groups() -> None:
         [[1.0, 0.0], [1.0, 1.0], [0.5, 0.5 + 1e-9], [0.5, 0.5 + 1e-6]], dtype=torch.float64
     )
     assert informative_groups(rewards).tolist() == [True, False, False, True]
-
-
-def test_select_informative() -> None:
-    rewards = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.2, 0.7]])
-    assert select_informative(rewards) == [1, 3, 4]
-    assert select_informative(rewards, target=2) == [1, 3]
-    assert select_informative(rewards, target=0) == []
-    assert select_informative(rewards, target=10) == [1, 3, 4]
-    with pytest.raises(ValueError):
-        select_informative(rewards, target=-1)

@@ -9,7 +9,6 @@ import torch
 
 from grpo_hpc.train.algo.loss import (
     aggregate,
-    loss_stats,
     masked_mean,
     per_token_loss,
     selective_log_softmax,
@@ -282,18 +281,17 @@ def test_masked_mean() -> None:
     assert masked_mean(LOSS, torch.zeros_like(MASK)).item() == 0.0
 
 
-def test_loss_stats_hand_values() -> None:
+def test_token_stats_hand_values() -> None:
     # 4 tokens, last one padded. ratios [1.5, 0.5, 1.0 | 9.0], A = [2, -1, 1 | 5]
     # valid: clipped high tok 0, clipped low tok 1 -> 1/3 each, 2/3 either; ratio mean 1.0
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 9.0]]))
     ref = torch.log(torch.tensor([[0.75, 0.5, 1.0, 9.0]]))  # k3 at ratio ref/pi = .5: 0.193147
     adv = torch.tensor([[2.0, -1.0, 1.0, 5.0]])
     _, st = per_token_loss(logp, torch.zeros(1, 4), adv, 0.2, 0.28, ref_logp=ref)
-    out = loss_stats(st, torch.tensor([[1, 1, 1, 0]]))
-    assert out["clip_frac_high"] == pytest.approx(1 / 3)
-    assert out["clip_frac_low"] == pytest.approx(1 / 3)
-    assert out["clip_frac"] == pytest.approx(2 / 3)
-    assert out["ratio_mean"] == pytest.approx(1.0)
-    assert out["kl"] == pytest.approx(0.1931472 / 3, abs=1e-6)
-    assert out["num_tokens"] == 3.0
-    assert all(isinstance(v, float) for v in out.values())
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert masked_mean(st.is_clipped_high, mask).item() == pytest.approx(1 / 3)
+    assert masked_mean(st.is_clipped_low, mask).item() == pytest.approx(1 / 3)
+    either = st.is_clipped_low | st.is_clipped_high
+    assert masked_mean(either, mask).item() == pytest.approx(2 / 3)
+    assert masked_mean(st.ratio, mask).item() == pytest.approx(1.0)
+    assert masked_mean(st.kl, mask).item() == pytest.approx(0.1931472 / 3, abs=1e-6)

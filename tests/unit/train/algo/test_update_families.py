@@ -1,4 +1,4 @@
-"""The update's fast paths on every model family of tests/fixtures/families (issue 53): the
+"""The update's fast paths on every model family of tests/fixtures/families: the
 packed forward (algo.packing: rows as one sequence, attention kept within a row and within
 each layer's sliding window) with the fused log-prob head gives the per-token log-probs and
 parameter gradients of the plain HF forward (padded rows, full logits, log_softmax) in
@@ -48,7 +48,7 @@ ATOL = 1e-5
 """fp32 tolerance of a log-prob (and, relative to each parameter's largest, a gradient)."""
 
 
-def test_every_family_of_issue_53_is_here() -> None:
+def test_every_family_of_the_fixtures_is_here() -> None:
     assert FAMILIES == sorted(
         [
             "gemma3",

@@ -147,7 +147,7 @@ def _die_once(marker: str):  # noqa: ANN202
 
 
 def test_math_verifier_self_check_survives_worker_killed_by_scancel(monkeypatch, tmp_path) -> None:
-    """Found by bench/faults.py (two_faults: disk_full + scancel): the scancel's SIGTERM
+    """Found by bench/faults/run.py (two_faults: disk_full + scancel): the scancel's SIGTERM
     killed the worker during the start-up self-check; the run was refused as a config error
     (exit 2) and the monitor STOPPED it for good."""
     monkeypatch.setattr(verifier, "_judge", _die_once(str(tmp_path / "died")))

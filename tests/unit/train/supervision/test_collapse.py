@@ -21,7 +21,12 @@ from grpo_hpc.train.supervision.collapse import (
     stall_risk,
     verdict,
 )
-from grpo_hpc.train.supervision.on_collapse import action_for, rollback_cap, rollback_seed
+from grpo_hpc.train.supervision.on_collapse import (
+    action_for,
+    rollback_cap,
+    rollback_seed,
+    rollback_target,
+)
 
 RESULTS = Path(__file__).parents[4] / "bench/results"
 RECORDED = RESULTS / "learning_2term_mask_h100x4_2026-11-27.json"
@@ -124,7 +129,8 @@ def test_each_signal_is_reported_once_and_the_watch_survives_a_checkpoint() -> N
     assert again is None or again.signal != "no_signal"
     w = w.after_eval(10, 0.2)
     assert Watch.from_state(json.loads(json.dumps(w.to_state()))) == w
-    assert w.restarted() == Watch(evals=w.evals, problems=w.problems)
+    assert w.trapped == (10,)  # its steps were at the cap: a rollback does not go there
+    assert w.restarted() == Watch(evals=w.evals, problems=w.problems, trapped=(10,))
 
 
 def test_a_rollback_measures_the_new_attempt_by_its_own_evaluations() -> None:
@@ -204,6 +210,41 @@ def test_the_recorded_seeds_two_new_seeds_did_not_rescue_were_at_the_cap(seed: i
         w = w.after_step(s["reward"], s["grad_norm"], s["cut"], s["entropy"], True)
     v = verdict(w, Thresholds(), first)
     assert v is not None and v.signal == "no_signal" and at_cap(v, w)
+
+
+def test_where_a_rollback_goes() -> None:
+    # (peak, its checkpoint kept, collapse at the cap, steps saved at the cap, can restart)
+    table = [
+        ((15, True, False, (), True), 15),  # the peak
+        ((15, True, True, (), True), 15),  # at the cap, the peak was not: the peak
+        ((15, True, True, (10, 15), True), 0),  # the peak saved at the cap: the start
+        ((15, True, False, (15,), True), 15),  # another collapse: the peak still
+        ((15, True, True, (15,), False), 15),  # LoRA cannot restart: the peak still
+        ((15, False, False, (), True), 0),  # its checkpoint gone: the start
+        ((0, False, True, (), False), None),  # nowhere to go (LoRA, no peak): stop
+    ]
+    assert [rollback_target(*args) for args, _ in table] == [want for _, want in table]
+
+
+@pytest.mark.parametrize("seed", [427, 431, 438])
+def test_recorded_seeds_rolled_back_into_the_cap_now_go_to_the_start(seed: int) -> None:
+    """Seeds 427, 431 and 438 of the cap-growth run (2026-12-04) were rolled back to their
+    step-5 peak, saved with every completion at the cap, and handed over below 0.5.
+    Replayed (steps and validation scores as recorded), the peak is one saved at the cap
+    and the first rollback goes to the start."""
+    path = RESULTS / "learning_2term_mask_capgrow48_h200_2026-12-04.json"
+    run = next(r for r in json.loads(path.read_text())["systems"]["grpo_hpc_rollback"]
+               if r["seed"] == seed)  # fmt: skip
+    first = run["collapses"][0]
+    scores = {e["step"]: e["accuracy"] for e in run["evals"]}
+    w = Watch()
+    for s in run["steps"][: first["step"]]:
+        w = w.after_step(s["reward"], s["grad_norm"], s["cut"], s["entropy"], True)
+        if s["step"] in scores:
+            w = w.after_eval(s["step"], scores[s["step"]], 128)
+    v = verdict(w, Thresholds(), first["step"])
+    assert v is not None and at_cap(v, w) and first["to_step"] in w.trapped
+    assert rollback_target(first["to_step"], True, True, w.trapped, True) == 0
 
 
 def test_a_solved_task_is_no_collapse_but_a_solved_verdict() -> None:

@@ -1,0 +1,1 @@
+"""The native decode engine against HF generate: speed and agreement."""

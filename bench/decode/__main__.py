@@ -1,0 +1,5 @@
+"""`python -m bench.decode`: the runner, decode/run.py."""
+
+from bench.decode.run import main
+
+main()

@@ -1,1 +1,0 @@
-"""The parts of bench/ladder.py: the plan of each row, and a row run for real."""

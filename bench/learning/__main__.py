@@ -1,0 +1,5 @@
+"""`python -m bench.learning`: the runner, learning/run.py."""
+
+from bench.learning.run import main
+
+main()

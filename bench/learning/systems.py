@@ -1,0 +1,42 @@
+"""The systems the learning benchmark compares (``--systems``): each a runner (grpo_hpc or
+TRL) and what it sets over the shared settings. Read by the runner (run.py) and by the
+analysis (results.py: which problems a system's curve scores)."""
+
+from __future__ import annotations
+
+PLAIN = ["dist.compile=false", "algo.packing=false"]
+"""The update as it was before 2026-11-25's defaults (auto: compiled layers and packed
+micro-batches on the GPU): the runs stored under ``grpo_hpc_plain`` and every variant
+below (each is plain with one change), so stored runs keep meaning what they measured."""
+
+NUM_VAL = 128
+"""Validation problems of the keep-best systems: drawn apart from the test problems (the
+same ``--num-eval`` ones every system is scored on), so no figure is selected on."""
+HANDED = [
+    f"data.num_val={NUM_VAL}",
+    "training.cut_off_patience=10",  # the defaults of the detector, not the plain run's 0
+    "training.final=best",
+]
+"""The keep-best systems' settings over the shared ones: grpo_hpc's defaults for a run
+that has a validation split (``training.on_collapse`` is set per system)."""
+
+SYSTEMS = {
+    # name: (runner, extra grpo_hpc overrides or TRL precision)
+    "grpo_hpc": ("grpo_hpc", []),
+    "grpo_hpc_timed": ("grpo_hpc", ["dist.deterministic_kernels=false"]),  # Inductor's timing
+    "grpo_hpc_int8": ("grpo_hpc", ["optim.state=int8"]),  # the defaults, 8-bit AdamW moments
+    "grpo_hpc_plain": ("grpo_hpc", PLAIN),
+    "grpo_hpc_tempered": ("grpo_hpc", [*PLAIN, "algo.tempered_logp=true"]),
+    "grpo_hpc_hf": ("grpo_hpc", [*PLAIN, "rollout.engine=hf"]),
+    "grpo_hpc_tis": ("grpo_hpc", [*PLAIN, "algo.tis_cap=2"]),
+    "grpo_hpc_fp32head": ("grpo_hpc", [*PLAIN, "algo.fp32_lm_head=true"]),
+    "grpo_hpc_eager": ("grpo_hpc", [*PLAIN, "rollout.enforce_eager=true"]),
+    # What a user gets (issue 56): keep-best on a validation split, the collapse detector
+    # acting, final/ (the best validation model) scored on the test problems afterwards
+    "grpo_hpc_stop": ("grpo_hpc", HANDED + ["training.on_collapse=stop"]),
+    "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
+    # the detector only: which seeds it alarms on, and whether they would have recovered
+    "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
+    "trl": ("trl", "bf16"),
+    "trl_fp32": ("trl", "fp32"),
+}

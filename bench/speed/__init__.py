@@ -1,0 +1,1 @@
+"""How fast a step and its parts are: the step, the update, profiles, checkpoints, rewards."""

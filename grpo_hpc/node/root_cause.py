@@ -1,0 +1,94 @@
+"""Which process of a job died first, from torchrun's own report (pure).
+
+When a worker dies of a signal (SIGKILL from the kernel's OOM killer or a user, a segfault)
+it records nothing itself: progress.json would say only "job FAILED exit 1". torchrun's
+agent prints a "Root Cause (first observed failure)" block naming the rank, its pid, host
+and exit code; the per-node launcher (grpo_hpc.node.launch) keeps the tail of torchrun's
+output, reads that block here, and puts the rank's death into the record's reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+from dataclasses import dataclass
+
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.progress import ProgressRecord, TrainState
+
+_BLOCK = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The first failure torchrun observed on this node."""
+
+    rank: int
+    host: str
+    exitcode: int
+    pid: int | None
+
+    @property
+    def signal_name(self) -> str | None:
+        """SIGKILL etc. when the process died of a signal (torchrun: negative exit code)."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+
+def parse(text: str) -> RootCause | None:
+    """The last root-cause block of torchrun's output, None without one."""
+    at = text.rfind(_BLOCK)
+    if at < 0:
+        return None
+    fields: dict[str, str] = {}
+    for line in text[at + len(_BLOCK) :].splitlines()[1:12]:
+        m = _FIELD.match(line)
+        if m:
+            fields.setdefault(m.group(1), m.group(2))
+    try:
+        rank = int(fields["rank"].split()[0])
+        code = fields["exitcode"].split()
+        exitcode = int(code[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+    pid = re.search(r"pid:\s*(\d+)", fields.get("exitcode", ""))
+    return RootCause(rank, fields.get("host", "?"), exitcode, int(pid.group(1)) if pid else None)
+
+
+def death_line(cause: RootCause, step: int) -> str | None:
+    """The reason a death by signal gets (None for an ordinary non-zero exit, whose rank
+    printed its own error)."""
+    sig = cause.signal_name
+    if sig is None:
+        return None
+    pid = f"pid {cause.pid} " if cause.pid is not None else ""
+    hint = " (the kernel's out-of-memory killer sends SIGKILL too: check the node's memory)"
+    return f"rank {cause.rank} ({pid}on {cause.host}) was killed by {sig} at step {step}" + (
+        hint if sig == "SIGKILL" else ""
+    )
+
+
+def explained(
+    rec: ProgressRecord | None, cause: RootCause, started: float
+) -> ProgressRecord | None:
+    """The record with the death in its reason, or None when it needs no change: a record
+    of an earlier attempt is replaced only when this one wrote none; a failure the trainer
+    classified itself (stalled, out of memory, checkpointed...) keeps its reason; a crash
+    it recorded (a peer's death seen as a broken collective) gets the death in front."""
+    if rec is None or rec.heartbeat < started:
+        return None  # this attempt wrote no record: the trainer never started
+    line = death_line(cause, rec.step)
+    if line is None or rec.state is TrainState.FINISHED:
+        return None
+    if rec.state.terminal and rec.exit_code not in (None, int(ExitCode.CRASH)):
+        return None
+    reason = f"{line}; then: {rec.reason}" if rec.state.terminal and rec.reason else line
+    return dataclasses.replace(
+        rec, state=TrainState.FAILED, exit_code=int(ExitCode.CRASH), reason=reason
+    )

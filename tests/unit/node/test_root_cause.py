@@ -1,0 +1,73 @@
+"""Which process died first (grpo_hpc.node.root_cause), from a real torchrun's report: two
+workers, one SIGKILLs itself; the record then names it instead of "job FAILED exit 1"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.progress import ProgressRecord, TrainState
+from grpo_hpc.node import root_cause
+
+WORKER = """
+import os, signal, time
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(600)  # rank 0 never ends by itself: torchrun ends it once rank 1 has died
+"""
+
+
+@pytest.fixture(scope="module")
+def torchrun_report(tmp_path_factory: pytest.TempPathFactory) -> str:
+    script = tmp_path_factory.mktemp("tr") / "worker.py"
+    script.write_text(WORKER)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+         str(script)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    return out.stdout + out.stderr
+
+
+def test_the_first_death_is_read_from_torchruns_report(torchrun_report: str) -> None:
+    cause = root_cause.parse(torchrun_report)
+    assert cause is not None, torchrun_report[-2000:]
+    assert (cause.rank, cause.exitcode, cause.signal_name) == (1, -9, "SIGKILL")
+    assert cause.pid is not None and cause.host
+    line = root_cause.death_line(cause, 4)
+    assert line.startswith(f"rank 1 (pid {cause.pid} on {cause.host}) was killed by SIGKILL")
+    assert "at step 4" in line and "out-of-memory killer" in line
+    assert root_cause.parse("no report here") is None
+
+
+def _rec(state: TrainState, code: int | None = None, reason: str | None = None) -> ProgressRecord:
+    return ProgressRecord(run="r", state=state, step=4, exit_code=code, reason=reason,
+                          heartbeat=time.time())  # fmt: skip
+
+
+def test_what_the_record_becomes() -> None:
+    cause = root_cause.RootCause(rank=1, host="n1", exitcode=-9, pid=77)
+    started = time.time() - 10
+    # nobody recorded anything (NCCL: the peer sat in a collective until torchrun killed it)
+    silent = root_cause.explained(_rec(TrainState.TRAINING), cause, started)
+    assert silent.state is TrainState.FAILED and silent.exit_code == ExitCode.CRASH
+    assert silent.reason.startswith("rank 1 (pid 77 on n1) was killed by SIGKILL at step 4")
+    # rank 0 recorded the broken collective it saw (gloo): the death goes first
+    crash = _rec(TrainState.FAILED, int(ExitCode.CRASH), "RuntimeError: connection reset")
+    got = root_cause.explained(crash, cause, started)
+    assert got.reason.endswith("; then: RuntimeError: connection reset")
+    # a failure the trainer classified itself keeps its reason (the pulse SIGKILLs a hung
+    # rank: that kill is not the story), and so does a finished run
+    stalled = _rec(TrainState.FAILED, int(ExitCode.STALLED), "rank 1 stopped answering")
+    assert root_cause.explained(stalled, cause, started) is None
+    assert root_cause.explained(_rec(TrainState.FINISHED, 0), cause, started) is None
+    # a record of an earlier attempt, and an ordinary non-zero exit, are left alone
+    old = _rec(TrainState.TRAINING)
+    assert root_cause.explained(old, cause, time.time() + 10) is None
+    exited = root_cause.RootCause(rank=1, host="n1", exitcode=1, pid=77)
+    assert root_cause.explained(_rec(TrainState.TRAINING), exited, started) is None
