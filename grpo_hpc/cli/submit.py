@@ -115,8 +115,9 @@ def _submit(argv: list[str]) -> int:
     print(result.memory_line)
     if torch_note:
         print(torch_note)
-    if plan.rollout_line:
-        print(plan.rollout_line)
+    for line in (plan.rollout_line, plan.placement_line):
+        if line:
+            print(line)
     executor = plan.profile.executor
     print(f"submitted run {paths.name}: job {result.job_id} ({executor}), dir {paths.root}")
     if args.watch:

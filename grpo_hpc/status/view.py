@@ -70,6 +70,8 @@ class RunRow:
     entropy_step: int | None = None
     """The step ``entropy`` was measured at when that is not the last step (None: it is)."""
     engine_kl: float | None = None
+    staleness: int | None = None
+    """Of the last step's batch, in updates (asynchronous runs; None: synchronous)."""
     """Engine-vs-trainer KL (k3, per token) of the last step."""
     clip_frac: float | None = None
     """Share of the last step's tokens whose PPO ratio was clipped."""
@@ -385,9 +387,11 @@ def health_line(row: RunRow) -> str:
     for its batch. A last step that measured no entropy shows the newest one measured, with
     its step."""
     at = "" if row.entropy_step is None else f" (step {row.entropy_step})"
+    stale = "" if row.staleness is None else f", batch {row.staleness} update(s) stale"
     return (
         f"last step: entropy {_num(row.entropy, '.3f')} nats/token{at}, "
         f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"
+        f"{stale}"
     )
 
 

@@ -57,6 +57,19 @@ class SubmitPlan:
         return self.rollout.line
 
     @property
+    def placement_line(self) -> str:
+        """Where generation runs, for an asynchronous run (none for a synchronous one)."""
+        k = self.config.algo.max_staleness
+        if not k:
+            return ""
+        ranks = self.profile.nodes * self.config.dist.nproc_per_node
+        where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
+        return (
+            f"placement: {where}: the trainer, and a generator thread on a copy of the "
+            f"weights, batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
+        )
+
+    @property
     def refused(self) -> bool:
         return bool(self.problems)
 
@@ -235,6 +248,6 @@ def dry_run_text(plan: SubmitPlan) -> str:
     """What ``--dry-run`` prints: the job, the memory and rollout lines the submission
     prints, a multi-node plan's scaling estimate, and each problem that refuses it."""
     refused = [f"# refused at submission: {line}" for line in plan.problems]
-    said = [plan.memory.line, *([plan.rollout_line] if plan.rollout_line else [])]
-    said += [line for line in (scaling_text(plan),) if line] + refused
+    lines = (plan.memory.line, plan.rollout_line, plan.placement_line, scaling_text(plan))
+    said = [line for line in lines if line] + refused
     return preview(plan) + "\n".join(said) + "\n"

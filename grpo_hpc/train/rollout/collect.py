@@ -94,6 +94,11 @@ class Collector:
     """The rollout engine (native or HF generate)."""
     _draw: int = field(default=0, init=False, repr=False)
     """Where in the data order this round's prompts were drawn from (``seed_per_group``)."""
+    ahead: bool = False
+    """Generating an asynchronous run's next steps in a thread while the update runs
+    (rollout/pipeline.py): the progress file's state is left alone (the trainer says
+    TRAINING), and nothing is agreed with the other ranks (a collective from this thread
+    would meet the update's; nothing can cut this rollout, and it runs one round)."""
 
     @property
     def per_rank(self) -> int:
@@ -113,7 +118,7 @@ class Collector:
             out.generate_s += time.monotonic() - t
             vote = ABORT
             if batch is not None:
-                self.tracker.update(TrainState.SCORING)
+                self._say(TrainState.SCORING)
                 t = time.monotonic()
                 with phase("score"):
                     ahead = stream.finish() if stream else None  # the head start's rest
@@ -124,14 +129,18 @@ class Collector:
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
             with phase("vote"):  # this rank waits here for the others' rollouts
-                verdict = dist.all_reduce_max(vote, self.info)
+                verdict = vote if self.ahead else dist.all_reduce_max(vote, self.info)
             if verdict == ABORT:
                 raise GenerationAborted()
             if verdict == DONE:
                 break
-            self.tracker.update(TrainState.GENERATING)
+            self._say(TrainState.GENERATING)
         out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
         return out
+
+    def _say(self, state: TrainState) -> None:
+        if not self.ahead:
+            self.tracker.update(state)
 
     def _generate(self, mine: list[dict]) -> tuple[RolloutBatch | None, StreamingJudge | None]:
         """This round's completions (None when a stop reached this rank mid-generation)

@@ -321,6 +321,8 @@ def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
     assert health_line(row) == (
         "last step: entropy 0.421 nats/token, engine-trainer KL 1.23e-03, clipped 5.0%"
     )
+    row.staleness = 1  # an asynchronous run (algo.max_staleness)
+    assert health_line(row).endswith("clipped 5.0%, batch 1 update(s) stale")
 
 
 def test_health_line_shows_the_last_measured_entropy_and_its_step() -> None:
