@@ -28,7 +28,7 @@ SETTINGS = {
     "engine": ("[Speed]", r"(rollout: .+)$"),
 }
 """What the summary reads from the trainer's lines (grpo_hpc/train/distributed/gpu.py,
-config/speed.py's describe, trainer.py's kernels_line)."""
+config/speed.py's describe, setup/autos.py's kernels_line)."""
 
 
 def resolved(lines: list[str]) -> dict:

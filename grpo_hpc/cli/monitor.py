@@ -25,6 +25,11 @@ EXAMPLES = """examples:
   grpo-monitor --step0-timeout 3600 --heartbeat-timeout 900 --max-retries 8
   nohup grpo-monitor --forever > monitor.log 2>&1 &
 
+A pass asks Slurm one squeue and one sacct for all runs (docs/scaling.md). A multi-node
+run whose profile sets nodes_wait_s goes on with the nodes left when one is lost and not
+back within that many seconds, and returns to all of them when they are (a nodes event
+in events.jsonl for each move).
+
 Each decision is logged to logs/<run>/events.jsonl; STOP and DONE stick until the run is
 resubmitted by hand (grpo-submit --resume RUN). The loop exits 0 when every watched run is
 DONE and 1 when some run was STOPPED (circuit breaker, config error, out of memory,

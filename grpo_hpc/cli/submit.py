@@ -18,6 +18,7 @@ SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile local --config demo            # train SmolLM2-135M on this machine
   grpo-submit --profile local --config code            # SmolLM2-135M on HumanEval, pass@1
   grpo-submit --profile supercloud --config gsm8k --dry-run
+  grpo-submit --profile my-4node.yaml --config gsm8k --dry-run   # nodes: 4: a scaling: line too
   grpo-submit --profile h100x2 --config gsm8k training.max_steps=500 --name gsm8k-a
   grpo-submit --profile slurm-local --config tiny --wait --rollout.temperature=0.7
   grpo-submit --resume gsm8k-a                          # next attempt of an existing run
@@ -52,7 +53,9 @@ def _parser() -> Parser:
     )
     p.add_argument("--watch", action="store_true", help="start grpo-monitor for this run")
     p.add_argument(
-        "--dry-run", action="store_true", help="print the job and its memory estimate only"
+        "--dry-run",
+        action="store_true",
+        help="print the job, its memory estimate (several nodes: the scaling model's step) only",
     )
     p.add_argument(
         "--force",
@@ -112,8 +115,9 @@ def _submit(argv: list[str]) -> int:
     print(result.memory_line)
     if torch_note:
         print(torch_note)
-    if plan.rollout_line:
-        print(plan.rollout_line)
+    for line in (plan.rollout_line, plan.placement_line):
+        if line:
+            print(line)
     executor = plan.profile.executor
     print(f"submitted run {paths.name}: job {result.job_id} ({executor}), dir {paths.root}")
     if args.watch:

@@ -37,6 +37,15 @@ class Profile:
     """Slurm quality of service."""
     nodes: int = 1
     """Nodes per job; one task per node launches torchrun for that node."""
+    link_gbps: float | None = None
+    """Network bandwidth of each node to the others, Gb/s (None: not known). A multi-node
+    ``--dry-run`` prints the scaling model's step and communication share on it
+    (docs/scaling.md; 100 Gb/s assumed where it is not given)."""
+    nodes_wait_s: float | None = None
+    """Multi-node runs: how long grpo-monitor waits for a lost node to return before it
+    resubmits the run on the nodes that are left (global batch kept, more accumulation per
+    rank), and back on all ``nodes`` once they are up again (grpo_hpc/monitor/nodes.py).
+    None (the default): a run always waits in the queue for its full allocation."""
     gpus_per_node: int = 0
     """GPUs per node (0 on CPU profiles)."""
     gpu_mem_gb: float | None = None
@@ -182,7 +191,8 @@ def profile_from_dict(data: dict[str, Any], name: str, path: Path | None = None)
     return prof
 
 
-NUMBER_KEYS = {"gpu_mem_gb": "80", "gpu_capability": "7.0", "mem_gb": "64"}
+NUMBER_KEYS = {"gpu_mem_gb": "80", "gpu_capability": "7.0", "mem_gb": "64", "nodes_wait_s": "900",
+               "link_gbps": "200"}  # fmt: skip
 """Profile keys that hold a number (or are left out), each with an example value."""
 
 
@@ -211,6 +221,11 @@ def _validate(p: Profile) -> None:
             "attn_implementation must be sdpa, eager or flash_attention_2",
         ),
         (isinstance(p.nodes, int) and p.nodes >= 1, "nodes must be an integer >= 1"),
+        (p.link_gbps is None or p.link_gbps > 0, "link_gbps must be > 0 (or left out)"),
+        (
+            p.nodes_wait_s is None or p.nodes_wait_s >= 0,
+            "nodes_wait_s must be a number of seconds >= 0 (or left out: off)",
+        ),
         (p.gpu_mem_gb is None or p.gpu_mem_gb > 0, "gpu_mem_gb must be > 0 (or left out)"),
         (
             p.gpu_capability is None or p.gpu_capability > 0,

@@ -94,8 +94,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("rollout.temperature must be > 0 for sampling")
     if not 0 < cfg.algo.eps_low < 1 or cfg.algo.eps_high <= 0:
         raise ConfigError("algo.eps_low must be in (0, 1) and algo.eps_high > 0")
-    if not 0 <= cfg.algo.tis_cap or 0 < cfg.algo.tis_cap < 1:
+    cap = cfg.algo.tis_cap
+    if cap is not None and (not 0 <= cap or 0 < cap < 1):
         raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
+    _validate_async(cfg)
     if cfg.training.rollback_cap_growth < 1 or cfg.training.rollback_cap_max < 0:
         raise ConfigError(
             "training.rollback_cap_growth must be >= 1 (1: a rollback keeps the cap) and "
@@ -109,6 +111,40 @@ def validate(cfg: Config) -> None:
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
         )
     _validate_faults(cfg.faults)
+
+
+def _validate_async(cfg: Config) -> None:
+    """``algo.max_staleness``: a count of updates (docs/async.md)."""
+    k = cfg.algo.max_staleness
+    if k < 0:
+        raise ConfigError(
+            f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
+            "generated up to k updates ahead)"
+        )
+    problem = async_ranks_problem(cfg, cfg.dist.nproc_per_node)
+    if problem:
+        raise ConfigError(problem)
+
+
+def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
+    """Why an asynchronous run cannot run on ``ranks`` processes (pure; None: it can). Each
+    DDP rank generates its share ahead with no collective (``Collector.ahead``); FSDP2's
+    shards would have to be gathered for the copy, and dynamic sampling's rounds are agreed
+    between the ranks."""
+    k = cfg.algo.max_staleness
+    if not k or ranks <= 1:
+        return None
+    if cfg.dist.strategy == "fsdp":
+        return (
+            f"algo.max_staleness={k} runs on one process or DDP ranks in this release, not "
+            f"FSDP2 over {ranks}: set dist.strategy=ddp, one GPU, or algo.max_staleness=0"
+        )
+    if cfg.rollout.dynamic_sampling:
+        return (
+            f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "
+            f"release, not {ranks}: turn one of them off (docs/async.md)"
+        )
+    return None
 
 
 def _validate_faults(f: FaultsConfig) -> None:

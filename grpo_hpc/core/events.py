@@ -46,6 +46,9 @@ class Phase(str, enum.Enum):
     """An intent that failed (``error``); the monitor may try again next pass."""
     COLLAPSE = "collapse"
     """The trainer saw the run stop learning (action FLAG, STOP or ROLLBACK)."""
+    NODES = "nodes"
+    """The monitor's node decision changed for a multi-node run (``move``: wait, shrink,
+    grow; ``nodes``, ``up``, ``full``): grpo_hpc.monitor.node_loss."""
     SOLVED = "solved"
     """The trainer saw the task solved (action FLAG or FINISH); never a collapse."""
 

@@ -82,6 +82,9 @@ class ProgressRecord:
     policy (bf16 kernels, a stale weight) shows here before it shows in the reward."""
     clip_frac: float | None = None
     """Share of the last step's completion tokens whose PPO ratio was clipped."""
+    staleness: int | None = None
+    """Updates between the weights that generated the last step's batch and the weights
+    it trained (asynchronous runs, ``algo.max_staleness``; None: a synchronous run)."""
     last_checkpoint: int | None = None
     """Step of the newest COMPLETE checkpoint."""
     restarts: int = 0

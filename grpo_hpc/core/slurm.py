@@ -72,8 +72,9 @@ def _run(cmd: list[str], check: bool = True, env: dict[str, str] | None = None) 
             env={**os.environ, **env} if env else None,
         )
     except subprocess.TimeoutExpired:
+        daemon = "slurmdbd" if cmd[0] == "sacct" else "slurmctld"  # sacct asks accounting
         raise SlurmUnavailableError(
-            f"{cmd[0]} did not answer within {TIMEOUT_S:.0f} s: is slurmctld up?"
+            f"{cmd[0]} did not answer within {TIMEOUT_S:.0f} s: is {daemon} up?"
         ) from None
     if check and proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip().splitlines()
@@ -205,6 +206,32 @@ def pending_reason(job_id: str) -> str | None:
     out = _run(["squeue", "-h", "-j", str(job_id), "-t", "PD", "-o", "%r"], check=False)
     lines = [x.strip() for x in out.splitlines() if x.strip()]
     return lines[0] if lines else None
+
+
+UP_STATES = ("idle", "alloc", "mix", "comp", "resv", "plnd", "planned", "maint")
+"""sinfo's short node states of a node in service (``%t``); a trailing ``*`` (not
+responding), ``~`` (powered off) or ``#``/``!``/``%`` (powering up or down) is not up."""
+
+
+def parse_up_nodes(text: str, partition: str | None) -> int:
+    """Nodes in service in ``partition`` (None: the default one, ``%P`` ending in ``*``)
+    from ``sinfo -h -N -o %N|%t|%P`` (pure)."""
+    up = set()
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3:
+            continue
+        node, state, part = parts
+        if (part.rstrip("*") != partition) if partition else not part.endswith("*"):
+            continue
+        if state in UP_STATES:
+            up.add(node)
+    return len(up)
+
+
+def up_nodes(partition: str | None) -> int:
+    """How many nodes of ``partition`` are in service now, in one sinfo call."""
+    return parse_up_nodes(_run(["sinfo", "-h", "-N", "-o", "%N|%t|%P"]), partition)
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:

@@ -97,6 +97,10 @@ class Settings:
     false keeps every layer gathered from its forward to its backward."""
     optim_state: str = "fp32"
     """AdamW's moments (``optim.state``): fp32, or int8 (torchao's AdamW8bit)."""
+    staleness: int = 0
+    """``algo.max_staleness``: >= 1 generates while the update runs, from a second copy of
+    the weights with an engine of its own (docs/async.md); nothing of the engine is then
+    released for the update."""
 
     @property
     def compute_bytes(self) -> int:
@@ -119,8 +123,10 @@ class Settings:
             parts.append("8-bit AdamW state")
         if self.cpu_offload:
             parts.append("optimizer CPU offload")
-        if self.release_engine and self.engine == "native":
+        if self.release_engine and self.engine == "native" and not self.staleness:
             parts.append("engine released during the update")
+        if self.staleness:
+            parts.append(f"generation overlapped (max_staleness={self.staleness})")
         if self.engine == "hf":
             parts.append("HF generate")
         parts.append(f"micro_batch_tokens={self.micro_batch_tokens}")
@@ -151,12 +157,19 @@ class Estimate:
     one parameter's moments dequantized to fp32, and its update)."""
     engine_released: bool = False
     """The engine's weights and cache are freed while the update runs."""
+    shadow: int = 0
+    """An asynchronous run's copy of the weights its generator reads, with that copy's
+    engine (the native engine's packed weights and KV cache; resident)."""
+    overlapped: int = 0
+    """What generation holds while the update and the optimizer step run, in an
+    asynchronous run (its transient, HF generate's cache)."""
     """Padded tokens in the largest micro-batch."""
 
     @property
     def resident(self) -> int:
         """Kept across phases: weights, optimizer state, engine copy and cache, reference."""
-        return self.weights + self.optimizer + self.engine_weights + self.kv_cache + self.reference
+        kept = self.weights + self.optimizer + self.engine_weights + self.kv_cache
+        return kept + self.reference + self.shadow
 
     @property
     def generate_bytes(self) -> int:
@@ -173,6 +186,7 @@ class Estimate:
             + self.compute_weights
             + self.activations
             + self.logp_head
+            + self.overlapped
         )
 
     @property
@@ -180,7 +194,8 @@ class Estimate:
         """The optimizer step: the update's state without its activations, plus the step's
         own transient."""
         released = self.engine_weights + self.kv_cache if self.engine_released else 0
-        return self.resident - released + self.grads + self.ddp_buckets + self.optimizer_step
+        kept = self.resident - released + self.grads + self.ddp_buckets
+        return kept + self.optimizer_step + self.overlapped
 
     @property
     def peak_phase(self) -> str:
@@ -373,5 +388,9 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         generation_transient=transient + kv_transient,
         micro_batch_tokens=tokens,
         optimizer_step=optimizer_step,
-        engine_released=native and s.release_engine,
+        engine_released=native and s.release_engine and not s.staleness,
+        # the generator's copy of the weights and its own engine (packed copy, KV cache):
+        # the policy's engine stays for the held-out evaluation
+        shadow=weight_bytes + engine_weights + kv_resident if s.staleness else 0,
+        overlapped=transient + kv_transient if s.staleness else 0,
     )

@@ -53,7 +53,7 @@ def _apply(s: Settings, mean: str) -> Settings | None:
         ok = s.micro_batch_tokens == 0 or s.micro_batch_tokens > 2048
         return replace(s, micro_batch_tokens=2048) if ok else None
     if mean == "release_engine":  # weights and cache rebuilt (graphs recaptured) per rollout
-        ok = s.engine == "native" and not s.release_engine
+        ok = s.engine == "native" and not s.release_engine and not s.staleness  # it generates
         return replace(s, release_engine=True) if ok else None
     if mean == "engine_hf":  # HF generate: no packed weight copy, a smaller KV cache
         return replace(s, engine="hf") if s.engine == "native" else None

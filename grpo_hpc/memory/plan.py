@@ -87,6 +87,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         optim_state=cfg.optim.state,
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
+        staleness=cfg.algo.max_staleness,
     )
 
 

@@ -50,6 +50,19 @@ ENDING_WAIT_S = 60.0
 to leave the queue (Slurm's epilog and KillWait; ``--wait`` returns on the outcome, so a
 ``--resume`` typed right after it meets the job still COMPLETING)."""
 POLL_S = 0.5
+POLL_CAP_S = 5.0
+"""Polls of the queue while a job leaves it start POLL_S apart and double up to this: a job
+that takes a site's KillWait (30 s) to end costs ~10 squeue calls, not 60 (each squeue is
+a full job-table RPC to slurmctld; docs/scaling.md, "What one monitor costs Slurm")."""
+
+
+def poll_delays(total_s: float, first_s: float = POLL_S, cap_s: float = POLL_CAP_S) -> list[float]:
+    """The pauses between polls while waiting up to ``total_s`` for a job to leave the
+    queue: doubling from ``first_s`` to ``cap_s``, summing to at least ``total_s`` (pure)."""
+    out: list[float] = []
+    while sum(out) < total_s:
+        out.append(min(cap_s, first_s * 2 ** len(out)))
+    return out
 
 
 class LiveJobError(GrpoError):
@@ -60,12 +73,12 @@ class LiveJobError(GrpoError):
     exit_code = ExitCode.CONFIG_ERROR
 
 
-def submit_next(paths: RunPaths, reason: str) -> Any:
+def submit_next(paths: RunPaths, reason: str, nodes: int | None = None) -> Any:
     from grpo_hpc.submit import (
         job as submit,  # submitit, omegaconf...: only when something is submitted
     )
 
-    return submit.resubmit(paths, reason)
+    return submit.resubmit(paths, reason, nodes)
 
 
 def record_adopted(paths: RunPaths, job_id: str, reason: str) -> None:
@@ -159,17 +172,17 @@ def refuse_if_live(paths: RunPaths, fx: Effects | None = None) -> None:
     """Raise LiveJobError naming the live job of the run, if there is one. A job whose
     trainer has recorded its outcome gets up to ENDING_WAIT_S to leave the queue first."""
     fx = fx or Effects()
-    waited = 0.0
+    pauses = iter(poll_delays(ENDING_WAIT_S))
     while (found := live_job(paths, fx)) is not None:
         job, where = found
-        if waited >= ENDING_WAIT_S or not _ending(paths, job):
+        pause = next(pauses, None) if _ending(paths, job) else None
+        if pause is None:
             stop = f"kill {job}" if where == "local process" else f"scancel {job}"
             raise LiveJobError(
                 f"run {paths.name!r} still has a live job {job} ({where}): {stop} or wait "
                 "for it to end, then resume (two jobs would train on one run directory)"
             )
-        fx.sleep(POLL_S)
-        waited += POLL_S
+        fx.sleep(pause)
 
 
 # ------------------------------------------------------------------------ the run's lock

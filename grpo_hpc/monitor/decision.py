@@ -109,6 +109,9 @@ class FailureClass(str, enum.Enum):
     """The trainer stopped the run because it had stopped learning (a ``collapse`` event
     with action STOP in events.jsonl, exit 3): resubmitting would go on from the same
     collapsed state."""
+    NODES_BACK = "nodes_back"
+    """A run on fewer nodes than its profile's (a node was lost, ``nodes_wait_s``) whose
+    nodes are up again: checkpointed and resubmitted on all of them (monitor/nodes.py)."""
     MANUAL = "manual"
     """A person resubmitted (grpo-submit --resume): no retry budget is spent."""
 
@@ -117,7 +120,7 @@ C = FailureClass
 RETRY_BUCKET: dict[FailureClass, str] = {
     C.STALLED_STEP0: "stalled", C.STALLED_HEARTBEAT: "stalled", C.STALLED_PHASE: "stalled",
     C.TIMEOUT: "preempted", C.PREEMPTED: "preempted", C.CHECKPOINTED: "preempted",
-    C.NODE_FAIL: "lost", C.LOST: "lost", C.CRASH: "crash",
+    C.NODE_FAIL: "lost", C.LOST: "lost", C.CRASH: "crash", C.NODES_BACK: "preempted",
 }  # fmt: skip
 RETRY_BUCKET_BY_VALUE = {c.value: b for c, b in RETRY_BUCKET.items()}
 PROGRESS_BUCKETS = frozenset({"preempted"})

@@ -17,6 +17,8 @@ monitor continues the budget.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import signal
 import time
@@ -36,6 +38,7 @@ from grpo_hpc.core.slurm import JobRecord
 from grpo_hpc.monitor.attempts import (
     Effects,
     close_superseded,
+    poll_delays,
     record_adopted,
     run_lock,
     slurm_submitted_jobs,
@@ -53,6 +56,7 @@ from grpo_hpc.monitor.decision import (
     history_from,
     pending_intent,
 )
+from grpo_hpc.monitor.node_loss import on_nodes_left
 
 MAX_SUBMIT_ERRORS = 5
 SUBMIT_ERROR_WINDOW_S = 600.0
@@ -62,7 +66,6 @@ CANCEL_WAIT_S = 30.0
 """How long one pass waits for a cancelled job to leave the queue before resubmitting
 (Slurm's KillWait); a job still ending after that keeps its intent open for the next pass,
 so an old and a new trainer never write one run directory at the same time."""
-POLL_S = 0.5
 
 
 def cancel_local(pid: int) -> None:
@@ -99,13 +102,22 @@ class Backend:
     """Record in jobs.jsonl a job that was submitted but never recorded."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
+    up_nodes: Callable[[str | None], int] = slurm_query.up_nodes
+    """Nodes of a partition in service (sinfo): asked only about multi-node runs with
+    ``nodes_wait_s`` (grpo_hpc/monitor/node_loss.py)."""
+    resubmit_on: Callable[[RunPaths, str, int], object] = submit_next
+    """Submit the next attempt on this many nodes (the nodes left after a loss)."""
 
-    def effects(self) -> Effects:
-        """The part grpo_hpc.monitor.attempts uses to start the next attempt."""
+    def effects(self, nodes: int | None = None) -> Effects:
+        """The part grpo_hpc.monitor.attempts uses to start the next attempt (on ``nodes``
+        nodes where given)."""
+        submit = (
+            self.resubmit if nodes is None else functools.partial(self.resubmit_on, nodes=nodes)
+        )
         return Effects(
             queued_job_ids=self.queued_job_ids,
             pid_alive=self.pid_alive,
-            submit=self.resubmit,
+            submit=submit,
             submitted_jobs=self.submitted_jobs,
             cancel_slurm=self.cancel_slurm,
             adopt=self.adopt,
@@ -185,15 +197,17 @@ def monitor_run(
             out = Outcome(paths.name, job.job_id, action)
             return _apply(paths, job, action, t, backend, out, intent, since=float(intent["time"]))
         action = decide(read_progress(paths.progress), job, history, t, policy)
+        action, nodes = on_nodes_left(paths, job, action, jobs, events, t, backend.up_nodes)
         ev = _event(t, job, action, Phase.DECISION)
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
         if out.logged:
             event_log.append(paths.events, ev)
         if action.kind in RESUBMIT_KINDS or action.cancel:
+            extra = {} if nodes is None else {"nodes": nodes}
             # on disk before the cancel or the submission: a monitor killed in between
             # finds it open and finishes it (core/events.py)
             intent = event_log.append(
-                paths.events, _event(t, job, action, Phase.INTENT, cancel=action.cancel)
+                paths.events, _event(t, job, action, Phase.INTENT, cancel=action.cancel, **extra)
             )
             return _apply(paths, job, action, t, backend, out, intent)
         return out
@@ -223,9 +237,12 @@ def _apply(
         event_log.append(paths.events, _event(t, job, action, Phase.DONE))
         return out
     reason = f"monitor: {action.failure_class.value}"
+    nodes = intent.get("nodes")  # the nodes left after a loss (an intent keeps them)
+    reason += f" (on {nodes} node(s))" if nodes is not None else ""
     try:
+        fx = backend.effects(nodes)
         started = start_next_attempt(
-            paths, reason, intent=intent, since=since, effects=backend.effects(), lock_held=True
+            paths, reason, intent=intent, since=since, effects=fx, lock_held=True
         )
     except GrpoError as e:
         out.error = str(e)
@@ -245,19 +262,19 @@ def _cancel(job: JobView, backend: Backend) -> None:
 
 
 def _wait_gone(job: JobView, backend: Backend, timeout_s: float = CANCEL_WAIT_S) -> bool:
-    """Whether the cancelled job has left the queue (its processes are gone) in time."""
-    waited = 0.0
-    while True:
+    """Whether the cancelled job has left the queue (its processes are gone) in time;
+    polled at growing intervals (attempts.poll_delays), each poll one squeue."""
+    for pause in [*poll_delays(timeout_s), None]:
         if job.state.startswith("LOCAL_"):
             alive = job.job_id.isdigit() and backend.pid_alive(int(job.job_id))
         else:
             alive = job.job_id in backend.queued_job_ids()
         if not alive:
             return True
-        if waited >= timeout_s:
+        if pause is None:
             return False
-        backend.sleep(POLL_S)
-        waited += POLL_S
+        backend.sleep(pause)
+    return False
 
 
 def _maybe_give_up(paths: RunPaths, job: JobView, t: float, err: GrpoError) -> None:
@@ -283,6 +300,8 @@ def monitor_pass(
 ) -> list[Outcome]:
     """One pass over many runs with one sacct and one squeue call for all of them."""
     backend = backend or Backend()
+    # at most one sinfo per partition per pass, whatever the number of multi-node runs
+    backend = dataclasses.replace(backend, up_nodes=functools.lru_cache(backend.up_nodes))
     live = [p for p in runs if not is_final(p)]
     ids = slurm_ids(next(iter(read_jsonl(p.jobs)[-1:]), None) for p in live)
     view = query_slurm(ids, backend.job_records, backend.queued_job_ids)

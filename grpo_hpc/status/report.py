@@ -29,6 +29,7 @@ from grpo_hpc.core.runs import (
 )
 from grpo_hpc.export.plan import read_provenance
 from grpo_hpc.monitor.decision import decide, history_from
+from grpo_hpc.monitor.node_loss import NODES_PHASE
 from grpo_hpc.status.view import (
     RunDetail,
     RunRow,
@@ -64,6 +65,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
             row.monitor_action, row.monitor_class = last[-1].get("action"), last[-1].get("class")
             row.monitor_reason = last[-1].get("reason")
         row.collapse = collapse_flag(events)
+        row.node_note = node_note(entry, events)
         final = history_from(events, jobs).final
         row.monitor_action = final.value if final else row.monitor_action
     rec = read_progress(paths.progress)
@@ -71,6 +73,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         row.train_state, row.step, row.max_steps = rec.state.value, rec.step, rec.max_steps
         row.reward_mean, row.kl, row.tokens_per_s = rec.reward_mean, rec.kl, rec.tokens_per_s
         row.entropy, row.engine_kl, row.clip_frac = rec.entropy, rec.engine_kl, rec.clip_frac
+        row.staleness = rec.staleness
         row.heartbeat = rec.heartbeat
         if rec.last_checkpoint is not None:
             row.last_checkpoint = max(rec.last_checkpoint, row.last_checkpoint or 0)
@@ -92,6 +95,17 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
     times = [float(m["time/step"]) for m in metrics if "time/step" in m]
     row.sec_per_step = sum(times) / len(times) if times else None
     return row
+
+
+def node_note(entry: dict, events: list[dict]) -> str | None:
+    """``on 2/4 nodes`` for a job on fewer nodes than its profile's, ``waiting for nodes
+    (2/4 up)`` while the monitor waits for a lost node (its ``nodes`` events) (pure)."""
+    if entry.get("short_of"):
+        return f"on {entry.get('nodes')}/{entry['short_of']} nodes"
+    last = next((e for e in reversed(events) if e.get("phase") == NODES_PHASE), None)
+    if last is not None and last.get("move") == "wait":
+        return f"waiting for nodes ({last.get('up')}/{last.get('full')} up)"
+    return None
 
 
 def fill_failure(
@@ -167,13 +181,15 @@ def collect_detail(
     ]
     row = rows_for([paths], query)[0]
     fill_entropy(row, metrics)  # the tail held none: the whole history
+    events = event_log.read(paths.events)
     return RunDetail(
         row,
         read_jsonl(paths.jobs),
-        event_log.read(paths.events)[-10:],
+        events[-10:],
         rewards,
         paths.checkpoint_steps(),
         next(iter(tail_jsonl(paths.samples)[-1:]), None),
+        [e for e in events if e.get("phase") == NODES_PHASE],
     )
 
 

@@ -44,6 +44,9 @@ class RunRow:
     """Slurm state, LOCAL_RUNNING/LOCAL_EXITED, MISSING, or ? when Slurm did not answer."""
     nodes: str | None = None
     """The newest job's nodes as Slurm writes them (``grpo-n[1-2]``); None before any."""
+    node_note: str | None = None
+    """A multi-node run carried on with the nodes left (``nodes_wait_s``): ``on 2/4
+    nodes``, or ``waiting for nodes (2/4 up)`` while the monitor waits for a lost one."""
     train_state: str | None = None
     """Trainer state from progress.json (None: no progress yet)."""
     step: int | None = None
@@ -67,6 +70,8 @@ class RunRow:
     entropy_step: int | None = None
     """The step ``entropy`` was measured at when that is not the last step (None: it is)."""
     engine_kl: float | None = None
+    staleness: int | None = None
+    """Of the last step's batch, in updates (asynchronous runs; None: synchronous)."""
     """Engine-vs-trainer KL (k3, per token) of the last step."""
     clip_frac: float | None = None
     """Share of the last step's tokens whose PPO ratio was clipped."""
@@ -132,6 +137,7 @@ def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> li
     age = None if row.heartbeat is None else now - row.heartbeat
     if watched and running and age is not None and age > heartbeat_timeout_s:
         flags.append(f"stalled {fmt_age(age)}")
+    flags += [row.node_note] if row.node_note else []
     flags += failure_flags(row)
     if row.collapse and row.monitor_class != "collapsed":  # a collapse STOP says it already
         solved = row.collapse.startswith("solved@")  # a solved task: no collapse
@@ -303,6 +309,20 @@ class RunDetail:
     """Complete checkpoint steps."""
     sample: dict[str, Any] | None = None
     """The newest samples.jsonl entry (a completion as written and scored), if any."""
+    node_moves: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``nodes`` event of the monitor (a lost node: wait, shrink, grow), oldest first."""
+
+
+def nodes_line(moves: list[dict[str, Any]]) -> str:
+    """``nodes: 19:24 wait (1/2 up), 19:24 shrink to 1, 19:25 grow to 2`` (pure); empty
+    for a run whose node count never changed."""
+    said = []
+    for e in moves:
+        at = time.strftime("%H:%M", time.localtime(float(e.get("time", 0))))
+        move, n = str(e.get("move")), e.get("nodes")
+        what = f"{move} ({e.get('up')}/{e.get('full')} up)" if move == "wait" else f"{move} to {n}"
+        said.append(f"{at} {what}")
+    return "nodes: " + ", ".join(said) if said else ""
 
 
 def _plain_table(title: str, columns: str, rows: list[list[str]]) -> Table:
@@ -367,9 +387,11 @@ def health_line(row: RunRow) -> str:
     for its batch. A last step that measured no entropy shows the newest one measured, with
     its step."""
     at = "" if row.entropy_step is None else f" (step {row.entropy_step})"
+    stale = "" if row.staleness is None else f", batch {row.staleness} update(s) stale"
     return (
         f"last step: entropy {_num(row.entropy, '.3f')} nats/token{at}, "
         f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"
+        f"{stale}"
     )
 
 
@@ -388,24 +410,31 @@ def sample_line(sample: dict[str, Any] | None, limit: int = 240) -> str:
     )
 
 
+def _event_cells(e: dict, now: float) -> list[str]:
+    """One row of the run view's last events; a node decision's has its move as action."""
+    keys = ("job_id", "phase", "action", "class", "reason")
+    cells = [fmt_age(now - float(e.get("time", now)))] + [str(e.get(k) or "-") for k in keys]
+    if not e.get("action"):
+        cells[3] = str(e.get("move", "-")).upper()
+    return cells
+
+
 def build_details(d: RunDetail, now: float) -> Group:
     """The ``grpo-status RUN`` view (pure)."""
-    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "reason")
+    keys = ("attempt", "job_id", "submitted_at", "executor", "profile", "nodes", "reason")
     job_rows = [[str(j.get(k, "-")) for k in keys] for j in d.jobs]
     for cells, j in zip(job_rows, d.jobs, strict=True):
         cells[2] = time.strftime("%m-%d %H:%M", time.localtime(j.get("submitted_at") or 0))
-    keys = ("job_id", "phase", "action", "class", "reason")
-    ev_rows = [
-        [fmt_age(now - float(e.get("time", now)))] + [str(e.get(k) or "-") for k in keys]
-        for e in d.events
-    ]
+        cells[5] += f" of {j['short_of']}" if j.get("short_of") else ""
+    ev_rows = [_event_cells(e, now) for e in d.events]
     ckpts = ", ".join(map(str, d.checkpoints[-8:])) or "none"
     final = final_line(d.row)
     parts = [
         build_table([d.row], now),
         *([Text("\n".join(failure_lines(d.row)))] if failure_lines(d.row) else []),
-        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE REASON", job_rows),
+        _plain_table("jobs", "ATTEMPT JOB SUBMITTED EXECUTOR PROFILE NODES REASON", job_rows),
         _plain_table("last events", "AGO JOB PHASE ACTION CLASS REASON", ev_rows),
+        *([Text(nodes_line(d.node_moves))] if d.node_moves else []),
         Text(health_line(d.row)),
         Text(sample_line(d.sample)),
         Text(f"complete checkpoints: {ckpts}"),

@@ -73,10 +73,16 @@ def next_attempt(paths: RunPaths) -> int:
 
 
 def submit_attempt(
-    paths: RunPaths, profile: Profile, cfg: Config, params: dict[str, Any], reason: str
+    paths: RunPaths,
+    profile: Profile,
+    cfg: Config,
+    params: dict[str, Any],
+    reason: str,
+    short_of: int | None = None,
 ) -> SubmitResult:
     """Submit one attempt of an existing run directory with these executor parameters and
-    record it in jobs.jsonl (the caller has checked that Slurm answers)."""
+    record it in jobs.jsonl (the caller has checked that Slurm answers); ``short_of``: the
+    profile's node count, where this attempt runs on fewer (``profile.nodes``)."""
     executor = make_executor(profile, paths, params)
     local_env = dict(profile.env) if profile.executor == "local" else {}  # Slurm: setup lines
     launcher = NodeLauncher(str(paths.root), cfg.dist.nproc_per_node, local_env)
@@ -87,13 +93,17 @@ def submit_attempt(
     except SUBMISSION_ERRORS as e:
         first = str(e).strip().splitlines()
         raise GrpoError(f"submission failed: {first[-1] if first else e}") from None
-    attempt = record_job(paths, str(job.job_id), profile, reason)
+    attempt = record_job(paths, str(job.job_id), profile, reason, short_of)
     return SubmitResult(str(job.job_id), attempt, job)
 
 
-def record_job(paths: RunPaths, job_id: str, profile: Profile, reason: str) -> int:
-    """Append a submitted job to jobs.jsonl; returns its attempt number."""
+def record_job(
+    paths: RunPaths, job_id: str, profile: Profile, reason: str, short_of: int | None = None
+) -> int:
+    """Append a submitted job to jobs.jsonl (with ``short_of``, the profile's node count,
+    when it runs on fewer nodes); returns its attempt number."""
     attempt = next_attempt(paths)
+    short = {} if short_of is None else {"short_of": short_of}
     append_jsonl(
         paths.jobs,
         {
@@ -103,6 +113,8 @@ def record_job(paths: RunPaths, job_id: str, profile: Profile, reason: str) -> i
             "reason": reason,
             "profile": profile.name,
             "executor": profile.executor,
+            "nodes": profile.nodes,
+            **short,
         },
     )
     return attempt
@@ -170,11 +182,16 @@ def create_run(
     return plan
 
 
-def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
-    """Submit the next attempt of an existing run with its stored config and profile."""
+def resubmit(paths: RunPaths, reason: str, nodes: int | None = None) -> SubmitResult:
+    """Submit the next attempt of an existing run with its stored config and profile;
+    ``nodes``: on this many nodes instead of the profile's (the monitor, after a node was
+    lost: grpo_hpc/monitor/nodes.py), recorded in jobs.jsonl."""
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     profile = load_run_profile(paths)
+    full = profile.nodes
+    if nodes is not None:
+        profile = dataclasses.replace(profile, nodes=nodes)
     # the torch the job would run, checked again (it may have changed since submission):
     # refused in one line, which the monitor records and stops on (a configuration error)
     preflight.refuse(preflight.torch_problems(profile))
@@ -182,7 +199,8 @@ def resubmit(paths: RunPaths, reason: str) -> SubmitResult:
         slurm_query.check_available()
     setup = render_setup(profile, template_context(paths))
     params = executor_parameters(profile, paths.name, setup)
-    return submit_attempt(paths, profile, load_resolved(paths.config), params, reason)
+    short_of = full if profile.nodes < full else None
+    return submit_attempt(paths, profile, load_resolved(paths.config), params, reason, short_of)
 
 
 def rewind(paths: RunPaths, step: int) -> list[int]:

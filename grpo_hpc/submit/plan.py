@@ -24,7 +24,7 @@ from grpo_hpc.core import slurm as slurm_query
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.memory import plan as memory_plan
 from grpo_hpc.node.launch import NodeContext, torchrun_command
-from grpo_hpc.submit import preflight
+from grpo_hpc.submit import preflight, scaling
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,19 @@ class SubmitPlan:
         if self.rollout is None or self.rollout.refusal:
             return ""
         return self.rollout.line
+
+    @property
+    def placement_line(self) -> str:
+        """Where generation runs, for an asynchronous run (none for a synchronous one)."""
+        k = self.config.algo.max_staleness
+        if not k:
+            return ""
+        ranks = self.profile.nodes * self.config.dist.nproc_per_node
+        where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
+        return (
+            f"placement: {where}: the trainer, and a generator thread on a copy of the "
+            f"weights, batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
+        )
 
     @property
     def refused(self) -> bool:
@@ -218,9 +231,23 @@ def preview(plan: SubmitPlan) -> str:
     return "\n".join(parts) + "\n"
 
 
+def scaling_text(plan: SubmitPlan) -> str:
+    """The ``scaling:`` line of a multi-node plan: the scaling model's step and
+    communication share (grpo_hpc/submit/scaling.py); empty for one node."""
+    p = plan.profile
+    if p.nodes <= 1:
+        return ""
+    shape = memory_plan.model_shape(plan.config.model)
+    params = shape.params if shape is not None else None
+    return scaling.scaling_line(
+        params, p.capability, p.gpus_requested, p.nodes, p.link_gbps, plan.config.dist.strategy
+    )
+
+
 def dry_run_text(plan: SubmitPlan) -> str:
     """What ``--dry-run`` prints: the job, the memory and rollout lines the submission
-    prints, and each problem that refuses the submission."""
+    prints, a multi-node plan's scaling estimate, and each problem that refuses it."""
     refused = [f"# refused at submission: {line}" for line in plan.problems]
-    said = [plan.memory.line, *([plan.rollout_line] if plan.rollout_line else []), *refused]
+    lines = (plan.memory.line, plan.rollout_line, plan.placement_line, scaling_text(plan))
+    said = [line for line in lines if line] + refused
     return preview(plan) + "\n".join(said) + "\n"

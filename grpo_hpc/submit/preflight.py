@@ -20,6 +20,7 @@ from grpo_hpc.config import rollout_engine
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
+from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.memory import estimate as memory_estimate
@@ -334,6 +335,10 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
     problem = _precision_problem(precision, profile)
     if problem:
         problems.append(problem)
+    # after the profile and any memory means (FSDP2 among them) are applied
+    problem = async_ranks_problem(cfg, profile.nodes * cfg.dist.nproc_per_node)
+    if problem:
+        problems.append(f"profile {profile.name!r}: {problem}")
     if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:
         problems.append(
             f"profile {profile.name!r}: time limit {profile.time_min} min is not longer than "

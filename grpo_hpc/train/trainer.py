@@ -13,10 +13,11 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 from __future__ import annotations
 
 import copy
-import math
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -40,34 +41,19 @@ from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric, steer
 from grpo_hpc.train.measure import stall_sampler
 from grpo_hpc.train.measure.profiling import StepProfiler, phase, thread_clock, window
 from grpo_hpc.train.measure.stall_sampler import StallSampler
-from grpo_hpc.train.measure.step_report import StepReporter
+from grpo_hpc.train.measure.step_report import StepReporter, finite
 from grpo_hpc.train.measure.tracking import Tracker, step_samples
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
+from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.setup import autos, models
+from grpo_hpc.train.setup.autos import kernels_line
 from grpo_hpc.train.state import best, checkpoint, state_digest
 from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
-
-
-def kernels_line(
-    precision: str,
-    scaler: bool,
-    attn: str | None,
-    decode: str,
-    capability: tuple[int, int] | None,
-) -> str:
-    """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
-    say, so that a run's log shows what a GPU of its capability ran (a V100's fp16 path, say)."""
-    where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
-    scaled = " with the grad scaler" if scaler else ""
-    return (
-        f"[Kernels] dist.precision={precision}{scaled}; update attention {attn or 'unknown'}; "
-        f"{decode}{where}"
-    )
 
 
 class Trainer:
@@ -196,22 +182,18 @@ class Trainer:
         if self.info.is_main and cfg.optim.state != "fp32":
             kind = type(self.opt.optim)
             print(f"[Optim] optim.state={cfg.optim.state}: {kind.__module__}.{kind.__name__}")
-        self.engine = rollout.build_engine(
-            cfg.rollout.engine,
-            dist.unwrap(self.model),
-            self.tok,
-            rollout.EngineOptions.for_run(
-                cfg,
-                dtype if on_gpu and dtype else torch.float32,
-                synced=self.info.enabled and cfg.dist.strategy == "fsdp",
-                max_prompt_tokens=data.longest_prompt_tokens(
-                    self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
-                ),
+        self.engine_options = rollout.EngineOptions.for_run(
+            cfg,
+            dtype if on_gpu and dtype else torch.float32,
+            synced=self.info.enabled and cfg.dist.strategy == "fsdp",
+            max_prompt_tokens=data.longest_prompt_tokens(
+                self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
             ),
-            tick=self.tracker.heartbeat,
-            # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
-            abort=lambda: self.stop_signal is not None and not self.evaluating,
-            autocast=self.autocast,
+        )
+        # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
+        stop = lambda: self.stop_signal is not None  # noqa: E731
+        self.engine = self._build_engine(
+            dist.unwrap(self.model), lambda: stop() and not self.evaluating
         )
         if self.info.is_main:
             print(f"{self.speed_line}, {self.engine.choice.line}", flush=True)
@@ -219,14 +201,23 @@ class Trainer:
             scaler = self.opt.scaler is not None
             line = kernels_line(cfg.dist.precision, scaler, attn, self.engine.decode_path, cap)
             print(line, flush=True)
-        self.collector = Collector(
+        collector = Collector(
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,
         )  # fmt: skip
+        policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
+        self.rollouts = RolloutPipeline(collector, policy, self._build_engine, stop, self.autocast)
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
         )
         self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
+
+    def _build_engine(self, model: torch.nn.Module, abort: Callable[[], bool]) -> Any:
+        """A rollout engine on ``model`` (the policy, or an async run's copy of it)."""
+        return rollout.build_engine(
+            self.cfg.rollout.engine, model, self.tok, self.engine_options,
+            tick=self.tracker.heartbeat, abort=abort, autocast=self.autocast,
+        )  # fmt: skip
 
     def _maybe_resume(self) -> None:
         step = self.paths.latest_checkpoint()
@@ -249,11 +240,12 @@ class Trainer:
             self.set_rollout_cap(self.collapse.cap)
         if rng is not None:
             checkpoint.set_rng_state(rng)
+        self.rollouts.load_state_dict(rng)  # this rank's batches generated ahead, if any
         if faults.digests_on(self.cfg.faults):
             # named by this launch (rank 0's token: a rank's own attempt count is read from
             # progress.json, which rank 0 may already have rewritten)
             launch = dist.launch_token(self.info)
-            self._write_digest(f"resume-{launch}-step{self.step}", checkpoint.rng_state())
+            self._write_digest(f"resume-{launch}-step{self.step}", self._rank_state())
         self.tracker.update(
             restarts=self.tracker.record.restarts + 1,
             step=self.step,
@@ -271,6 +263,11 @@ class Trainer:
             "zero_streak": self.streaks.zero_reward,
             "collapse": self.collapse.state(),
         }
+
+    def _rank_state(self) -> dict:
+        """What a checkpoint keeps of this rank alone: its RNG and (asynchronous runs) the
+        batches it generated ahead from its share of the prompts (``rng-rank<R>.pt``)."""
+        return checkpoint.rng_state() | self.rollouts.state_dict()
 
     def _write_digest(self, name: str, rng: dict) -> None:
         """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state.state_digest)."""
@@ -406,7 +403,7 @@ class Trainer:
         if self.step == 0 or self.paths.latest_checkpoint() == self.step:
             return
         self.tracker.update(TrainState.CHECKPOINTING)
-        state, rng = self._trainer_state(), checkpoint.rng_state()
+        state, rng = self._trainer_state(), self._rank_state()
         # before the save: a rank killed once its checkpoint is complete (its peer finished
         # it) has written its digest already (a save that never completes is never loaded)
         self._write_digest(f"save-step{self.step}", rng)
@@ -433,17 +430,13 @@ class Trainer:
     def train_step(self) -> None:
         cfg, info = self.cfg, self.info
         t0 = time.monotonic()
-        self.gc.before_step(
-            self.step
-        )  # the same point on every rank (train/supervision/gc_schedule.py)
+        self.gc.before_step(self.step)  # the same point on every rank (gc_schedule.py)
         self.profiler.before_step(self.step + 1)
         if self.stalls is not None:
             self.stalls.step = self.step + 1
-        faults.before_step(
-            cfg.faults, self.step, self.tracker, lambda: self.stop_signal is not None
-        )
+        faults.before_step(cfg.faults, self.step, self.tracker, lambda: bool(self.stop_signal))
         self.tracker.update(TrainState.GENERATING)
-        got = self.collector.collect()
+        got = self.rollouts.collect(self.step, self.collapse.rollbacks, self.collapse.seed_in_use)
         scored, t_gen, t_score = got.scored, got.generate_s, got.score_s
         if cfg.rollout.release_engine_memory:  # the update needs the engine's memory
             self.engine.release()
@@ -460,8 +453,10 @@ class Trainer:
                 t1 = time.monotonic()
                 torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
                 t_sync = time.monotonic() - t1
+        self.rollouts.settle()  # the batches generated meanwhile, before anything reads state
         self.step += 1
         times = {"time/generate": t_gen, "time/score": t_score} | host.metrics("train", t_sync)
+        times |= self.rollouts.metrics(len(sel.rewards))  # async: staleness, wait
         verify = got.verify_counts()
         with phase("report"):
             self._report(stats, sel, scored, times, t0, verify)
@@ -487,9 +482,10 @@ class Trainer:
             reward_mean=m["reward/mean"],
             kl=stats.get("kl"),
             tokens_per_s=m["tokens_per_s"],
-            entropy=_finite(stats.get("entropy")),
+            entropy=finite(stats.get("entropy")),
             engine_kl=stats.get("rollout/engine_kl"),
             clip_frac=stats.get("clip_frac"),
+            staleness=self.rollouts.staleness,
         )
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
@@ -498,7 +494,7 @@ class Trainer:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's remedy for a
         collapse at the cap). The config keeps the configured cap: evaluations, the
         export's generation config and Dr. GRPO's loss constant go on reading it."""
-        self.engine.set_max_new_tokens(cap)
+        self.rollouts.set_max_new_tokens(cap)  # the policy's engine, and an async run's copy
 
     def evaluate(self) -> bool:
         """The held-out evaluation at this step (:mod:`grpo_hpc.train.evaluation.held_out`); False
@@ -527,9 +523,3 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     models.load_model_and_tokenizer,
     autos.cap_fits,
 )
-
-
-def _finite(x: float | None) -> float | None:
-    """``x`` unless it is NaN/inf (a step whose groups were all flat skips the forward and
-    has no entropy): progress.json is JSON, which has no NaN."""
-    return x if x is not None and math.isfinite(x) else None

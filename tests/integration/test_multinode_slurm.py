@@ -9,11 +9,14 @@ c10d rendezvous and gloo, and what happens when one node dies mid-run.
   resubmits), then its job processes on grpo-n2 are SIGKILLed (the monitor resubmits), then
   the whole of grpo-n2 dies, slurmd included (Slurm marks the job NODE_FAIL and requeues
   it; it runs again once the node is back). Its final weights equal the reference's.
+* a lost node with the profile's ``nodes_wait_s``: the run goes on with the node left (4 ->
+  2 ranks) and back on both (4 ranks), ending as an uninterrupted 4-rank run does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -312,3 +315,77 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(
     resumed = model_weights(paths.checkpoint(4))
     differ = [k for k in uninterrupted if not torch.equal(resumed[k], uninterrupted[k])]
     assert resumed.keys() == uninterrupted.keys() and not differ, differ
+
+
+RESIZE = [
+    "training.num_threads=1", "training.max_steps=8", "training.save_every_steps=2",
+    "training.keep_last=8", "rollout.prompts_per_step=4", "rollout.seed_per_group=true",
+]  # fmt: skip
+"""Four ranks (2 nodes x 2 processes, FSDP2), groups seeded by their place in the data."""
+
+
+@pytest.mark.slow
+def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
+    two_nodes, monitor: tuple, tmp_path: Path
+) -> None:
+    """Profile ``nodes_wait_s: 5``, 2 nodes x 2 ranks: grpo-n2 dies mid-run; Slurm requeues
+    the job (NODE_FAIL), which then waits for two nodes. The monitor waits 5 s for the node,
+    cancels the pending job and resubmits on grpo-n1 alone (2 ranks, the global batch kept:
+    each trains two groups); once grpo-n2 is back it checkpoints that job (cancel: the
+    trainer saves on SIGTERM) and resubmits on both nodes (4 ranks), where the run finishes.
+    With ``rollout.seed_per_group`` it ends as the uninterrupted 4-rank run does: rewards
+    to the bit, weights within fp32 rounding (DCP resharded 4 -> 2 -> 4). The events and
+    grpo-status say each move and why."""
+    logs, log, procs = monitor
+    profile = write_profile(tmp_path / "wait-2x2.yaml", base=PROFILE, nodes_wait_s=5,
+                            nproc_per_node=2, cpus_per_task=2, strategy="fsdp")  # fmt: skip
+    ref = RunPaths(logs / "whole")
+    done = cli("cli.submit", "--profile", str(profile), "--config", "tiny", "--name", "whole",
+               "--logs", str(logs), "--wait", *RESIZE, timeout=300)  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{describe(ref)}"
+    submit(logs, "shrink", *RESIZE[1:], "faults.enabled=true", "faults.step_sleep=1",
+           profile=str(profile))  # fmt: skip
+    paths = RunPaths(logs / "shrink")
+    procs.append(start_cli("cli.monitor", "--logs", str(logs), "shrink", *MONITOR_ARGS, log=log))
+    explain = lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}"  # noqa: E731
+
+    lost = _wait_and_kill(paths, 0, SAVE_EVERY + 1, kill_node, VICTIM)
+    short = lambda: read_jsonl(paths.jobs)[-1].get("short_of") == 2  # noqa: E731
+    wait_for("a job on the node left", short, 180, explain=explain)
+    alone = job_ids(paths)[1]
+    _wait_training(paths, 1, lost.step + 1)
+    assert step_nodes(alone) == "grpo-n1", step_nodes(alone)
+    restart_nodes()
+    done = wait_for("DONE", lambda: final_event(paths), 300, explain=explain)
+    assert done["action"] == "DONE", describe(paths)
+
+    jobs = read_jsonl(paths.jobs)
+    assert [(j["nodes"], j.get("short_of")) for j in jobs] == [(2, None), (1, 2), (2, None)]
+    assert [e["move"] for e in events(paths, "nodes")] == ["wait", "shrink", "grow"]
+    acted = [(e["job_id"], e["action"], e["class"]) for e in events(paths, "decision")
+             if e["action"] not in ("NONE", "WAIT")]  # fmt: skip
+    assert acted == [
+        (lost.job, "CANCEL_AND_RESUBMIT", "node_fail"),
+        (alone, "CANCEL_AND_RESUBMIT", "nodes_back"),
+        (jobs[-1]["job_id"], "DONE", "finished"),
+    ], describe(paths)
+    assert sacct_attempts(lost.job)[0][0] == "NODE_FAIL"
+    assert step_nodes(jobs[-1]["job_id"]) == "grpo-n[1-2]"
+    worlds = {json.loads((c / "manifest.json").read_text())["world_size"]
+              for c in paths.checkpoints.glob("step-*")}  # fmt: skip
+    assert worlds == {2, 4}, worlds  # saved on 2 ranks and on 4
+    rec = progress(paths)
+    assert rec.state is TrainState.FINISHED and rec.step == 8
+    got = {
+        int(m["step"]): m["reward/mean"] for m in read_jsonl(paths.metrics) if "reward/mean" in m
+    }
+    want = {int(m["step"]): m["reward/mean"] for m in read_jsonl(ref.metrics) if "reward/mean" in m}
+    assert got == want, (got, want)  # the same completions, resumed on 2 ranks and on 4
+    mine, theirs = model_weights(paths.checkpoint(8)), model_weights(ref.checkpoint(8))
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
+    view = cli("cli.status", "shrink", "--logs", str(logs))
+    assert re.search(r"1 of 2\s+monitor: node_fail \(on 1 node\(s\)\)", view.stdout), view.stdout
+    assert re.search(r"nodes: \d\d:\d\d wait \(1/2 up\), \d\d:\d\d shrink to 1, "
+                     r"\d\d:\d\d grow to 2", view.stdout), view.stdout  # fmt: skip

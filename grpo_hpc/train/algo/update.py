@@ -278,6 +278,8 @@ def accumulate(
     # Statistics stay on the device until the end: a host sync per micro-batch would
     # stall the launch queue, and this loop is launch-bound on a GPU.
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=info.device)
+    top = torch.zeros((), dtype=torch.float64, device=info.device)  # largest raw IS weight
+    cap = algo.importance_cap
     for i, mb in enumerate(mbs):
         with _no_sync(model, last=i == len(mbs) - 1), autocast():
             logp, entropy = completion_logp(model, mb, True, scoring)
@@ -291,7 +293,7 @@ def accumulate(
                 ref_logp=mb.ref_logp,
                 beta=algo.beta,
             )
-            loss_tok = loss_tok * tis_weight(logp, mb, algo.tis_cap)
+            loss_tok = loss_tok * tis_weight(logp, mb, cap)
             loss = aggregate(
                 loss_tok,
                 cmask,
@@ -302,7 +304,10 @@ def accumulate(
             ) * (info.world_size * mb.weight)
             (scaler.scale(loss) if scaler else loss).backward()
         if mb.weight:
-            sums += _stat_sums(loss.detach() / info.world_size, logp, entropy, stats, cmask, mb)
+            sums += _stat_sums(
+                loss.detach() / info.world_size, logp, entropy, stats, cmask, mb, cap
+            )
+            top = torch.maximum(top, _largest_weight(logp, mb, cmask))
     reduced = dict(zip(STAT_KEYS, all_reduce_sum(sums.tolist(), info), strict=True))
     tokens = max(reduced.pop("tokens"), 1.0)
     # The step's size, summed over ranks: a step's time is compared with steps of a similar
@@ -310,10 +315,15 @@ def accumulate(
     out = {"loss": reduced.pop("loss"), "train/tokens": total_tokens, "train/sequences": num_seqs}
     out["train/micro_batches"] = float(len(mbs))
     diff, engine_tokens = reduced.pop("logp_diff"), reduced.pop("engine_tokens")
-    engine_kl = reduced.pop("engine_kl")
+    engine_kl, weight, clipped = (reduced.pop(k) for k in ("engine_kl", "is_weight", "is_clip"))
     if engine_tokens:
         out["rollout/logp_diff"] = diff / engine_tokens
         out["rollout/engine_kl"] = engine_kl / engine_tokens
+        # the importance weights pi_old / pi_sampler: their mean as applied (capped where
+        # algo.tis_cap is on), the largest before the cap, the share the cap cut
+        out["rollout/is_weight_mean"] = weight / engine_tokens
+        out["rollout/is_weight_max"] = all_reduce_max(float(top), info)
+        out["rollout/is_clipped_frac"] = clipped / engine_tokens
     return out | {k: v / tokens for k, v in reduced.items()}
 
 
@@ -325,12 +335,16 @@ def _tokens(mb: MicroBatch) -> float:
 
 
 def tis_weight(logp: torch.Tensor, mb: MicroBatch, cap: float) -> torch.Tensor | float:
-    """Truncated importance sampling weights ``min(pi_old / pi_engine, cap)`` per token
-    (``algo.tis_cap``; 1.0 when off or when the engine reported no log-probs). The engine
-    sampled from its own distribution; the update's estimator assumes the trainer's at
-    sampling time (``old_logp``, or this forward detached when it is on-policy). Detached:
-    a weight on the gradient, not a term of it. Masked positions are capped like the rest
-    and dropped by the aggregation."""
+    """Truncated importance sampling weights ``min(pi_old / pi_sampler, cap)`` per token
+    (``algo.tis_cap``; 1.0 when off or when the sampler's log-probs are not known). The
+    sampler drew from its own distribution (the engine's numerics; in an asynchronous run,
+    weights up to ``algo.max_staleness`` updates old); the update's estimator assumes the
+    trainer's (``old_logp``, or this forward detached when it is on-policy). Variant: token-
+    level TIS (Yao et al. 2025) on the behaviour policy, with the clipped ratio taken
+    against the trainer's own ``pi_old``: the decoupled PPO objective of asynchronous RL
+    (Hilton et al. 2022; AReaL), its behaviour weight truncated instead of unbounded.
+    Detached: a weight on the gradient, not a term of it. Masked positions are capped like
+    the rest and dropped by the aggregation."""
     if cap <= 0 or mb.batch.sampled_logp is None:
         return 1.0
     old = mb.old_logp if mb.old_logp is not None else logp.detach()
@@ -349,6 +363,8 @@ STAT_KEYS = (
     "logp_diff",
     "engine_kl",
     "engine_tokens",
+    "is_weight",
+    "is_clip",
 )
 
 
@@ -360,6 +376,7 @@ def _stat_sums(
     stats: TokenStats,
     cmask: torch.Tensor,
     mb: MicroBatch,
+    cap: float = 0.0,
 ) -> torch.Tensor:
     """Token sums of the step statistics (order of STAT_KEYS), as one device tensor.
     ``logp_diff`` compares the rollout engine's log-probs with this forward's: a large
@@ -367,17 +384,21 @@ def _stat_sums(
     k3 estimate of KL(engine || trainer) on the engine's samples: with ``d = log p_trainer -
     log p_engine``, ``exp(d) - d - 1 >= 0`` per token (Schulman's k3; unbiased for the KL
     when the tokens are drawn from the engine's distribution, i.e. at T = 1 or with
-    ``algo.tempered_logp``)."""
+    ``algo.tempered_logp``). ``is_weight`` / ``is_clip``: the importance weights
+    :func:`tis_weight` applies (uncapped where ``cap`` is 0) and the tokens the cap cut."""
     m = cmask.bool()
     low, high = stats.is_clipped_low & m, stats.is_clipped_high & m
     zero = loss.new_zeros(())
-    diff, kl, n_engine = zero, zero, zero
+    diff, kl, n_engine, weight, cut = zero, zero, zero, zero, zero
     if mb.batch.sampled_logp is not None:
         sampled = mb.batch.sampled_logp[mb.rows].to(loss.device)
         d = logp - sampled
         diff = torch.where(m, d.abs(), 0.0).sum()
         kl = torch.where(m, torch.exp(d) - d - 1.0, 0.0).sum()
         n_engine = m.sum()
+        raw = _raw_weight(logp, mb)
+        weight = torch.where(m, raw.clamp(max=cap) if cap > 0 else raw, 0.0).sum()
+        cut = (m & (raw > cap)).sum() if cap > 0 else zero
     parts = [
         loss,
         torch.where(m, entropy, 0.0).sum() if entropy is not None else zero,
@@ -389,5 +410,25 @@ def _stat_sums(
         diff,
         kl,
         n_engine,
+        weight,
+        cut,
     ]
     return torch.stack([p.double() for p in parts])
+
+
+def _raw_weight(logp: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """``pi_old / pi_sampler`` per token before any cap (:func:`tis_weight`'s ratio);
+    ``mb.batch.sampled_logp`` must be there."""
+    assert mb.batch.sampled_logp is not None
+    old = mb.old_logp if mb.old_logp is not None else logp.detach()
+    return torch.exp(old - mb.batch.sampled_logp[mb.rows].to(logp.device))
+
+
+@torch.no_grad()
+def _largest_weight(logp: torch.Tensor, mb: MicroBatch, cmask: torch.Tensor) -> torch.Tensor:
+    """The largest uncapped importance weight of ``mb``'s tokens (0 without sampler
+    log-probs or tokens), on the device."""
+    if mb.batch.sampled_logp is None or not mb.weight:
+        return torch.zeros((), dtype=torch.float64, device=logp.device)
+    raw = torch.where(cmask.bool(), _raw_weight(logp, mb), 0.0)
+    return raw.max().double() if raw.numel() else raw.new_zeros((), dtype=torch.float64)

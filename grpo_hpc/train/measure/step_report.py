@@ -4,6 +4,7 @@ recompilations named. The trainer hands the row to its tracker (rank 0 writes it
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,3 +121,9 @@ class StepReporter:
         if line := recompile_line(step, self.graphs_seen, own, why, rank):
             print(line, flush=True)
         self.graphs_seen, self.reasons_seen = own, len(reasons)
+
+
+def finite(x: float | None) -> float | None:
+    """``x`` unless it is NaN/inf (a step whose groups were all flat skips the forward and
+    has no entropy): progress.json is JSON, which has no NaN."""
+    return x if x is not None and math.isfinite(x) else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rewards.code import code_workers
 from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
+from grpo_hpc.train.rollout import per_group
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
 
 ABORT, RESAMPLE, DONE = 2.0, 1.0, 0.0
@@ -91,6 +92,13 @@ class Collector:
     """Progress file and heartbeat."""
     engine: Any
     """The rollout engine (native or HF generate)."""
+    _draw: int = field(default=0, init=False, repr=False)
+    """Where in the data order this round's prompts were drawn from (``seed_per_group``)."""
+    ahead: bool = False
+    """Generating an asynchronous run's next steps in a thread while the update runs
+    (rollout/pipeline.py): the progress file's state is left alone (the trainer says
+    TRAINING), and nothing is agreed with the other ranks (a collective from this thread
+    would meet the update's; nothing can cut this rollout, and it runs one round)."""
 
     @property
     def per_rank(self) -> int:
@@ -110,7 +118,7 @@ class Collector:
             out.generate_s += time.monotonic() - t
             vote = ABORT
             if batch is not None:
-                self.tracker.update(TrainState.SCORING)
+                self._say(TrainState.SCORING)
                 t = time.monotonic()
                 with phase("score"):
                     ahead = stream.finish() if stream else None  # the head start's rest
@@ -121,14 +129,18 @@ class Collector:
                 have = sum(int(informative_groups(s.rewards).sum()) for s in out.scored)
                 vote = RESAMPLE if have < self.per_rank and r + 1 < rounds else DONE
             with phase("vote"):  # this rank waits here for the others' rollouts
-                verdict = dist.all_reduce_max(vote, self.info)
+                verdict = vote if self.ahead else dist.all_reduce_max(vote, self.info)
             if verdict == ABORT:
                 raise GenerationAborted()
             if verdict == DONE:
                 break
-            self.tracker.update(TrainState.GENERATING)
+            self._say(TrainState.GENERATING)
         out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
         return out
+
+    def _say(self, state: TrainState) -> None:
+        if not self.ahead:
+            self.tracker.update(state)
 
     def _generate(self, mine: list[dict]) -> tuple[RolloutBatch | None, StreamingJudge | None]:
         """This round's completions (None when a stop reached this rank mid-generation)
@@ -142,7 +154,7 @@ class Collector:
         g = self.cfg.rollout.num_generations
         try:
             with phase("generate"):
-                batch = self.engine.generate(self._prompts(mine), g, **hand)
+                batch = self._sample(self._prompts(mine), g, hand)
         except BaseException as e:
             if stream:
                 stream.close()  # the rollout is abandoned: so is its head start
@@ -168,8 +180,21 @@ class Collector:
             samples, decode, rc.timeout_s, rc.require_marker, bool(rc.correctness), workers
         )
 
+    def _sample(self, prompts: list[str], g: int, hand: dict[str, Any]) -> RolloutBatch:
+        """The engine's completions; with ``rollout.seed_per_group`` one group at a time,
+        each from its own stream (rollout/per_group.py), the same on any number of ranks."""
+        if not self.cfg.rollout.seed_per_group:
+            return self.engine.generate(prompts, g, **hand)
+        first = self.info.rank * self.per_rank  # this rank's first group in the global draw
+        seeds = [
+            per_group.group_seed(self.cfg.training.seed, self._draw, first + j)
+            for j in range(len(prompts))
+        ]
+        return per_group.generate_per_group(self.engine.generate, prompts, g, seeds, **hand)
+
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
+        self._draw = self.sampler.epoch * self.sampler.n + self.sampler.position
         idx = self.sampler.take(self.cfg.rollout.prompts_per_step)
         lo = self.info.rank * self.per_rank
         return [self.train_set[i] for i in idx[lo : lo + self.per_rank]]

@@ -66,3 +66,20 @@ def cap_fits(cfg: Config, cap: int, info: DistInfo) -> bool:
     nodes = max(1, info.world_size // cfg.dist.nproc_per_node)
     settings = memory_plan.settings_of(grown, nodes, gpu.capability(info.device))
     return estimate(shape, settings).total_gib <= gib
+
+
+def kernels_line(
+    precision: str,
+    scaler: bool,
+    attn: str | None,
+    decode: str,
+    capability: tuple[int, int] | None,
+) -> str:
+    """The training log's [Kernels] line (pure): the paths a step takes that [Speed] does not
+    say, so that a run's log shows what a GPU of its capability ran (a V100's fp16 path, say)."""
+    where = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
+    scaled = " with the grad scaler" if scaler else ""
+    return (
+        f"[Kernels] dist.precision={precision}{scaled}; update attention {attn or 'unknown'}; "
+        f"{decode}{where}"
+    )

@@ -2,7 +2,8 @@
 
 Layout of ``checkpoints/step-N/``: the weights and optimizer state in one of two formats,
 ``trainer.pt`` (step, scheduler, data position, counters, world size), ``rng-rank{R}.pt``
-(each rank's RNG states), ``manifest.json`` (format, world size, size and sha256 of every
+(each rank's RNG states and, in an asynchronous run, the batches it generated ahead:
+``train/rollout/pipeline.py``), ``manifest.json`` (format, world size, size and sha256 of every
 file), and ``COMPLETE``. All of it is written into ``.tmp-step-N/``, renamed, and only then
 marked COMPLETE (by rank 0, after every rank's files are on disk, and only when the
 manifest lists the model and optimizer files and they are all there): a job killed at any

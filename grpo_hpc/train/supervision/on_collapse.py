@@ -148,6 +148,11 @@ class CollapseGuard:
         """The rollouts' cap in force."""
         return self.cap or self.cfg.rollout.max_new_tokens
 
+    @property
+    def seed_in_use(self) -> int:
+        """The sampling seed now: the last rollback's, or ``training.seed``."""
+        return self.seed if self.seed is not None else self.cfg.training.seed
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
         return {

@@ -44,6 +44,15 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
         (["data.num_train=-1"], "data.num_train=-1 must be >= 0"),
         (["algo.tis_cap=0.5"], "algo.tis_cap must be 0"),
         (["algo.tis_cap=-1"], "algo.tis_cap must be 0"),
+        (["algo.max_staleness=-1"], "algo.max_staleness=-1 must be >= 0"),
+        (
+            ["algo.max_staleness=1", "dist.nproc_per_node=2", "dist.strategy=fsdp"],
+            "algo.max_staleness=1 runs on one process or DDP ranks in this release, not FSDP2",
+        ),
+        (
+            ["algo.max_staleness=2", "dist.nproc_per_node=2", "rollout.dynamic_sampling=true"],
+            "algo.max_staleness=2 with rollout.dynamic_sampling runs in one process",
+        ),
         (["training.cut_off_patience=-1"], "training.cut_off_patience must be >= 0"),
     ],
 )

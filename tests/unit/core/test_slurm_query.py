@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_hpc.core.runs import SlurmView, job_view
-from grpo_hpc.core.slurm import JobRecord, parse_sacct, parse_submit_lines
+from grpo_hpc.core.slurm import JobRecord, parse_sacct, parse_submit_lines, parse_up_nodes
 
 
 def test_parse_sacct_fields_and_states() -> None:
@@ -51,3 +51,16 @@ def test_ended_job_still_in_squeue_is_completing() -> None:
     rec = JobRecord("11", "CANCELLED", exit_code=0)
     assert job_view(entry, SlurmView({"11": rec}, {"11"}), []).state == "COMPLETING"
     assert job_view(entry, SlurmView({"11": rec}, set()), []).state == "CANCELLED"
+
+
+def test_nodes_in_service_of_a_partition() -> None:
+    """``sinfo -h -N -o %N|%t|%P``: a node down, drained or not responding (``*``) is not up;
+    a node of two partitions counts once; None: the default partition (``*`` after it)."""
+    text = "\n".join([
+        "grpo-n1|idle|multi", "grpo-n2|down*|multi", "grpo-n3|mix|multi", "grpo-n4|drain|multi",
+        "grpo-n5|idle*|multi", "grpo-n6|alloc|multi", "grpo-n6|alloc|other",
+        "localhost|comp|debug*", "localhost|comp|debug*",
+    ])  # fmt: skip
+    assert parse_up_nodes(text, "multi") == 3
+    assert parse_up_nodes(text, None) == 1
+    assert parse_up_nodes(text, "gone") == 0

@@ -136,6 +136,24 @@ def test_7b_full_on_h100x2_fits_by_releasing_the_engine_not_by_offloading() -> N
     assert e.generate_bytes == kept.generate_bytes  # the rollout still holds them
 
 
+def test_an_asynchronous_run_holds_a_second_copy_and_generates_during_the_update() -> None:
+    """algo.max_staleness >= 1: the generator's copy of the weights (fp32 masters: 4 bytes a
+    parameter) and its own engine are resident, its generation transient overlaps the update
+    and the optimizer step, and no engine is released for the update (it is generating)."""
+    qwen = shape("qwen2.5-1.5b")
+    sync = memory.Settings(rows=64, max_new_tokens=1024, release_engine=True)
+    asyn = replace(sync, staleness=1)
+    a, b = memory.estimate(qwen, sync), memory.estimate(qwen, asyn)
+    # fp32 masters, and the shadow engine's packed bf16 copy and KV cache beside the policy's
+    assert b.shadow == 4 * qwen.params + a.engine_weights + a.kv_cache and a.shadow == 0
+    assert b.generate_bytes == a.generate_bytes + b.shadow
+    released = a.engine_weights + a.kv_cache
+    assert b.update_bytes == a.update_bytes + released + b.shadow + b.generation_transient
+    assert "generation overlapped (max_staleness=1)" in asyn.describe()
+    assert "engine released" not in asyn.describe()
+    assert memory_fit._apply(replace(asyn, release_engine=False), "release_engine") is None
+
+
 def test_under_fsdp2_checkpointing_is_preferred_to_halving_the_token_budget() -> None:
     """Halving micro_batch_tokens doubles FSDP2's per-micro-batch weight gathers: at 7B on
     2x H100 it stepped in 14.3 s where checkpointing stepped in 11.6 s (bench/results/

@@ -321,6 +321,8 @@ def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
     assert health_line(row) == (
         "last step: entropy 0.421 nats/token, engine-trainer KL 1.23e-03, clipped 5.0%"
     )
+    row.staleness = 1  # an asynchronous run (algo.max_staleness)
+    assert health_line(row).endswith("clipped 5.0%, batch 1 update(s) stale")
 
 
 def test_health_line_shows_the_last_measured_entropy_and_its_step() -> None:
@@ -377,3 +379,29 @@ def test_one_run_view_of_a_run_whose_last_step_was_flat(tmp_path: Path) -> None:
 
 def _progress(run: str) -> dict:
     return dict(run=run, job_id="999999999", state=TrainState.TRAINING, heartbeat=NOW - 5)
+
+
+def test_a_run_carried_on_with_the_nodes_left_says_so(tmp_path: Path) -> None:
+    """The monitor's node decision (grpo_hpc/monitor/node_loss.py) as grpo-status shows it:
+    a flag while it waits for a lost node, another while the run trains on fewer nodes,
+    the jobs' node counts and the node events in the one-run view."""
+    waiting = "2 of the 4 nodes up: waiting 10 min more"
+    nodes_ev = {"time": NOW - 700, "job_id": "101", "phase": "nodes", "move": "wait",
+                "nodes": 4, "up": 2, "full": 4, "reason": waiting}  # fmt: skip
+    paths = make_run(tmp_path, "multi", "101", events=[nodes_ev])
+    running = lambda ids: SlurmView({j: JobRecord(j, "RUNNING") for j in ids}, set(ids))  # noqa: E731
+    (row,) = collect_rows(tmp_path, ["multi"], query=running)
+    assert row.node_note == "waiting for nodes (2/4 up)"
+    assert "waiting for nodes (2/4 up)" in row_flags(row, NOW)
+    why = "2 of the 4 nodes up for 10 min >= nodes_wait_s 10 min: on 2 node(s)"
+    shrink = {**nodes_ev, "time": NOW - 60, "move": "shrink", "nodes": 2, "reason": why}
+    append_jsonl(paths.events, shrink)
+    append_jsonl(paths.jobs, {"job_id": "102", "attempt": 1, "submitted_at": NOW - 50,
+                              "reason": "monitor: node_fail (on 2 node(s))", "profile": "h100x2",
+                              "executor": "slurm", "nodes": 2, "short_of": 4})  # fmt: skip
+    (row,) = collect_rows(tmp_path, ["multi"], query=running)
+    assert row.node_note == "on 2/4 nodes" and "on 2/4 nodes" in row_flags(row, NOW)
+    text = render(build_details(collect_detail(paths, running), NOW))
+    assert re.search(r"1\s+102\s+.*\s2 of 4\s+monitor: node_fail \(on 2 node\(s\)\)", text), text
+    assert re.search(r"101\s+nodes\s+SHRINK\s+-\s+2 of the 4 nodes up for 10 min", text), text
+    assert re.search(r"nodes: \d\d:\d\d wait \(2/4 up\), \d\d:\d\d shrink to 2\n", text), text

@@ -446,3 +446,25 @@ def test_cli_refuses_a_quoted_gpu_capability(tmp_path: Path) -> None:
     [line] = _errors(result)
     assert "gpu_capability must be a number, written unquoted (gpu_capability: 7.0)" in line
     assert not logs.exists()
+
+
+def test_cli_dry_run_places_an_asynchronous_run_and_refuses_fsdp(tmp_path: Path) -> None:
+    """algo.max_staleness: ``--dry-run`` says where generation runs; on h100x2's two GPUs
+    DDP is accepted, FSDP2 (each rank's shard, no whole copy to generate from) is refused
+    before anything queues, exit 2."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--config", "tiny", "--dry-run", "algo.max_staleness=1")
+    result = _grpo_submit("--profile", "local", *args, env=env)
+    assert result.returncode == ExitCode.OK, result.stderr
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("placement: ")]
+    assert "a generator thread on a copy of the weights" in line and "1 update(s)" in line
+    ddp = _grpo_submit("--profile", "h100x2", *args, "dist.strategy=ddp", env=env)
+    assert ddp.returncode == ExitCode.OK, ddp.stderr
+    assert "placement: each of 2 DDP processes: the trainer, and a generator thread" in ddp.stdout
+    fsdp = _grpo_submit("--profile", "h100x2", *args, "dist.strategy=fsdp", env=env)
+    assert fsdp.returncode == ExitCode.CONFIG_ERROR
+    said = "profile 'h100x2': algo.max_staleness=1 runs on one process or DDP ranks"
+    assert said in fsdp.stdout + fsdp.stderr
+    sync = _grpo_submit("--profile", "local", "--config", "tiny", "--dry-run", env=env)
+    assert "placement: " not in sync.stdout
+    assert not (tmp_path / "logs").exists()

@@ -146,3 +146,28 @@ def test_truncated_importance_sampling_weights_each_token() -> None:
     for name, g in off.items():
         torch.testing.assert_close(doubled[name], 2 * g, rtol=1e-5, atol=1e-7)
     assert stats["rollout/engine_kl"] == pytest.approx(math.exp(shift) - shift - 1, rel=1e-5)
+    # the importance weights as applied: every token's ratio 4, capped at 2, all cut
+    assert stats["rollout/is_weight_mean"] == pytest.approx(2.0, rel=1e-5)
+    assert stats["rollout/is_weight_max"] == pytest.approx(4.0, rel=1e-5)
+    assert stats["rollout/is_clipped_frac"] == 1.0
+    assert same_stats["rollout/is_weight_mean"] == pytest.approx(1.0, rel=1e-6)
+    assert same_stats["rollout/is_clipped_frac"] == 0.0
+
+
+def test_an_asynchronous_run_corrects_with_cap_2_unless_told_otherwise() -> None:
+    """algo.tis_cap unset: a synchronous run leaves the loss alone, an asynchronous one
+    (algo.max_staleness >= 1) weights tokens by min(pi_old / pi_sampler, 2); a cap set
+    by hand wins either way, 0 included."""
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    off, sync_stats = _grads_and_stats(
+        _with_engine_logp(_ragged_batch([6, 2, 4, 5]), math.log(4.0)), adv, AlgoConfig()
+    )
+    stale = _with_engine_logp(_ragged_batch([6, 2, 4, 5]), math.log(4.0))
+    doubled, stats = _grads_and_stats(stale, adv, AlgoConfig(max_staleness=1))
+    for name, g in off.items():
+        torch.testing.assert_close(doubled[name], 2 * g, rtol=1e-5, atol=1e-7)
+    assert sync_stats["rollout/is_clipped_frac"] == 0.0  # uncapped: reported, not applied
+    assert sync_stats["rollout/is_weight_mean"] == pytest.approx(4.0, rel=1e-5)
+    assert stats["rollout/is_clipped_frac"] == 1.0
+    assert AlgoConfig(max_staleness=2, tis_cap=0.0).importance_cap == 0.0
+    assert AlgoConfig(max_staleness=0, tis_cap=3.0).importance_cap == 3.0

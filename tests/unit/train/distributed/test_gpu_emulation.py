@@ -166,7 +166,7 @@ def test_an_injected_oom_never_lifts_the_emulated_cap(
 
 def test_the_kernels_line_says_what_speed_does_not() -> None:
     from grpo_hpc.train.rollout.native.engine import decode_path
-    from grpo_hpc.train.trainer import kernels_line
+    from grpo_hpc.train.setup.autos import kernels_line
 
     v100 = decode_path(compiled=True, graphed=True, fused=False)
     assert v100 == "native decode: compiled layers, CUDA graphs, matrix-product attention"

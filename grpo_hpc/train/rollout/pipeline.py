@@ -1,0 +1,221 @@
+"""A step's rollouts, synchronous or generated ahead while earlier steps train.
+
+``algo.max_staleness = 0``: the trainer's collector generates the step's batch with the
+policy itself, then the step trains (every figure measured before this mode).
+
+``k >= 1`` (asynchronous GRPO, docs/async.md): a copy of the policy's weights (the
+*shadow*, with its own engine) generates. At step ``t`` the shadow takes the current
+weights (version ``t``), the step's batch comes from those generated earlier (or is made
+now when there is none: the first step), and a thread generates the batches of steps up
+to ``t + k`` while the main thread runs the update (torch releases the GIL in its
+kernels). :mod:`schedule` decides which, as a pure function. The thread is joined
+before the step is reported, evaluated or saved, so nothing else reads or writes the
+state it touches meanwhile (the sampler, the math-verify worker, the global RNG).
+
+Determinism: each batch is generated from ``torch.manual_seed(rollout_seed(seed,
+step))``, after the sampler drew the batches before it, by the weights :mod:`schedule`
+names. The update on the main thread draws no random numbers (no dropout in the policies
+trained; SDPA without dropout), so the thread's reseeding changes nothing there and the
+run does not depend on thread timing. A batch generated ahead is not cut by a stop
+signal: the checkpoint that follows holds it, so that the resumed run trains what the
+uninterrupted one would (a stop waits at most one generation).
+
+Checkpoints hold the batches generated and not trained (samples, rewards, the sampler's
+log-probs, their version) in ``trainer.pt`` (:meth:`RolloutPipeline.state_dict`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_hpc.config.validate import async_ranks_problem
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.train.algo.batching import Scored
+from grpo_hpc.train.algo.logp_head import Scoring
+from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
+from grpo_hpc.train.rollout.types import RolloutBatch
+
+MakeEngine = Callable[[torch.nn.Module, Callable[[], bool]], Any]
+"""Builds a rollout engine on a model with an abort test (the trainer's engine options)."""
+
+
+@dataclass
+class Entry:
+    """A batch generated ahead: what it is and where it came from."""
+
+    made: Made
+    collected: Collected
+
+
+class RolloutPipeline:
+    """The trainer's rollouts: :meth:`collect` at each step, :meth:`settle` after its
+    update, :meth:`state_dict` / :meth:`load_state_dict` in checkpoints."""
+
+    def __init__(
+        self,
+        collector: Collector,
+        policy: torch.nn.Module,
+        make_engine: MakeEngine,
+        stop_requested: Callable[[], bool],
+        autocast: Callable[[], Any],
+    ) -> None:
+        """``collector``: the trainer's (its engine on the policy); ``policy``: the
+        unwrapped model; ``stop_requested``: a stop signal arrived (cuts a batch generated
+        on the main thread, never one generated ahead)."""
+        cfg = collector.cfg
+        self.collector, self.k = collector, cfg.algo.max_staleness
+        self.pending: dict[int, Entry] = {}
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.last: Made | None = None
+        """The batch the current step trains."""
+        self.waited_s = 0.0
+        if not self.k:
+            return
+        problem = async_ranks_problem(cfg, collector.info.world_size)
+        if problem:
+            raise ConfigError(problem)
+        self.policy, self.autocast = policy, autocast
+        self.shadow = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.on_main = False
+        engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
+        self.now = dataclasses.replace(collector, engine=engine)
+        self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
+        self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
+
+    # ------------------------------------------------------------------ the step
+    def collect(self, step: int, lineage: int, seed: int) -> Collected:
+        """The batch step ``step`` trains; with ``k >= 1`` also starts generating ahead.
+        ``lineage``: rollbacks so far; ``seed``: the sampling seed in use."""
+        if not self.k:
+            self.last = Made(step, step, lineage)
+            return self.collector.collect()
+        self.settle()
+        made = [e.made for e in self.pending.values()]
+        decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
+        for s in decision.drop:
+            del self.pending[s]
+        self._copy_weights()
+        if decision.now:
+            self.on_main = True  # a stop cuts it: the trainer restores the step's start
+            try:
+                entry = self._generate(self.now, Made(step, step, lineage), seed)
+            finally:
+                self.on_main = False
+        else:
+            entry = self.pending.pop(step)
+        self.last = entry.made
+        if decision.ahead:
+            jobs = [Made(s, step, lineage) for s in decision.ahead]
+            self.thread = threading.Thread(
+                target=self._run_ahead, args=(jobs, seed), name="grpo-rollout-ahead", daemon=True
+            )
+            self.thread.start()
+        return entry.collected
+
+    def settle(self) -> None:
+        """Wait for the batches being generated ahead; raise what failed there."""
+        if self.thread is not None:
+            t = time.monotonic()
+            self.thread.join()
+            self.waited_s += time.monotonic() - t
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    @property
+    def staleness(self) -> int | None:
+        """Updates between the last step's batch's weights and its own (None: synchronous)."""
+        return self.last.step - self.last.version if self.k and self.last else None
+
+    def metrics(self, samples: int) -> dict[str, float]:
+        """The step's staleness histogram (``samples`` trained on this rank) and the seconds
+        the step waited for the generator after its update (asynchronous runs only). Every
+        rank trains as many samples at the same staleness (one schedule, whole groups per
+        rank), so the run's count is this rank's times the ranks, with no collective."""
+        if not self.k or self.last is None:
+            return {}
+        waited, self.waited_s = self.waited_s, 0.0
+        stale, ranks = self.last.step - self.last.version, self.collector.info.world_size
+        return staleness_metrics(stale, samples * ranks, self.k) | {"time/wait_rollouts": waited}
+
+    def set_max_new_tokens(self, cap: int) -> None:
+        """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
+        the policy's engine and the shadow's alike."""
+        self.collector.engine.set_max_new_tokens(cap)
+        if self.k:
+            self.now.engine.set_max_new_tokens(cap)
+
+    # ------------------------------------------------------------------ generation
+    def _copy_weights(self) -> None:
+        with torch.no_grad():
+            self.shadow.load_state_dict(self.policy.state_dict())
+
+    def _run_ahead(self, jobs: list[Made], seed: int) -> None:
+        try:
+            for made in jobs:
+                self.pending[made.step] = self._generate(self.ahead, made, seed)
+        except BaseException as e:  # handed to the main thread by settle()
+            self.error = e
+
+    def _generate(self, collector: Collector, made: Made, seed: int) -> Entry:
+        torch.manual_seed(rollout_seed(seed, made.step, self.collector.info.rank))
+        got = collector.collect()
+        for scored in got.scored:
+            if scored.batch.sampled_logp is None:  # HF generate reports none
+                scored.batch.sampled_logp = self._behaviour_logp(scored.batch)
+        return Entry(made, got)
+
+    @torch.no_grad()
+    def _behaviour_logp(self, batch: RolloutBatch) -> torch.Tensor:
+        """The log-probs of the sampled tokens under the weights that generated them (the
+        shadow's), scored as the update scores, micro-batch by micro-batch."""
+        n, rows = batch.input_ids.shape[0], self.collector.cfg.algo.micro_batch_size
+        parts = []
+        for a in range(0, n, rows):
+            idx = torch.arange(a, min(a + rows, n), device=batch.input_ids.device)
+            mb = MicroBatch(batch, idx, torch.zeros(len(idx), device=idx.device))
+            with self.autocast():
+                logp, _ = completion_logp(self.shadow, mb, scoring=self.scoring)
+            parts.append(logp)
+        return torch.cat(parts) * batch.completion_mask
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's batches generated and not trained, as plain values (waits for the
+        ones in flight first); empty for a synchronous run. Kept per rank (each generated
+        from its own share of the prompts), beside its RNG state."""
+        self.settle()
+        if not self.k:
+            return {}
+        return {
+            "rollouts_pending": [
+                {"made": dataclasses.asdict(e.made), "collected": dataclasses.asdict(e.collected)}
+                for _, e in sorted(self.pending.items())
+            ]
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """What :meth:`state_dict` returned (None or without it: a checkpoint of a
+        synchronous run, or of another world size, whose shares differ: nothing pending)."""
+        self.pending = {}
+        for item in (state or {}).get("rollouts_pending", []):
+            entry = Entry(Made(**item["made"]), _collected(item["collected"]))
+            self.pending[entry.made.step] = entry
+
+
+def _collected(d: dict[str, Any]) -> Collected:
+    """A :class:`Collected` back from ``dataclasses.asdict``."""
+    scored = [Scored(**(s | {"batch": RolloutBatch(**s["batch"])})) for s in d["scored"]]
+    return Collected(**(d | {"scored": scored}))

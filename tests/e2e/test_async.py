@@ -1,0 +1,168 @@
+"""Asynchronous GRPO (algo.max_staleness) on the real trainer: no sample trains staler than
+the bound, the staleness it reports is the weights' (not a label), a run SIGKILLed or
+stopped mid-run and resumed ends equal, bit for bit, to the uninterrupted one (one process
+and two DDP ranks), thread timing changes nothing, and a rollback trains nothing of the
+weights it abandoned."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.events import read as read_events
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.status import report
+from grpo_hpc.status.view import health_line
+from grpo_hpc.train.state import state_digest
+
+from .helpers import (
+    assert_same,
+    make_run,
+    signal_job,
+    start_forked,
+    train,
+    train_side_by_side,
+    training,
+)
+from .test_resume_exact import MAX_STEPS, STEPS, _final_state, _kill_and_resume
+
+SAMPLES = 8  # the tiny config's 2 prompts x 4 completions, all trained each step
+
+
+def _bucket(key: str) -> bool:
+    """A staleness histogram's bucket (``staleness/<n>``, not ``staleness/max``)."""
+    return key.startswith("staleness/") and key.removeprefix("staleness/").isdigit()
+
+
+def _rows(run) -> list[dict]:  # noqa: ANN001 - RunPaths
+    lines = run.metrics.read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "reward/mean" in r]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
+    """Every step's histogram counts its samples at staleness min(step - 1, k) (the batch of
+    step s is made by the weights of step s - k) and none past k. At staleness 0 the
+    sampler's log-probs equal the trainer's to the bit (the same weights, scored alike), and
+    at staleness >= 1 they differ: the version is the weights', not a label."""
+    run = make_run(tmp_path, f"async-k{k}", "training.max_steps=5", f"algo.max_staleness={k}")
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for r in rows:
+        stale = min(r["step"] - 1, k)
+        counts = {int(key.split("/")[1]): v for key, v in r.items() if _bucket(key)}
+        assert counts == {s: (SAMPLES if s == stale else 0.0) for s in range(k + 1)}, r
+        assert r["staleness/max"] == stale <= k
+        assert 0.0 <= r["rollout/is_clipped_frac"] <= 1.0
+        assert math.isfinite(r["rollout/is_weight_mean"]) and r["rollout/is_weight_max"] > 0
+        if stale == 0:
+            assert r["rollout/logp_diff"] == 0.0 and r["rollout/engine_kl"] == 0.0, r
+        else:
+            assert r["rollout/logp_diff"] > 0.0 and r["rollout/engine_kl"] > 0.0, r
+    # what grpo-status RUN shows of the last step
+    row = report.collect_rows(tmp_path, [run.name])[0]
+    assert row.staleness == k and health_line(row).endswith(f"batch {k} update(s) stale")
+
+
+def test_a_rollback_drops_the_batches_of_the_abandoned_weights(tmp_path: Path) -> None:
+    """A collapse rolled back at step 2 (to the start: tests/e2e/test_collapse_run.py's
+    setting) leaves a batch generated ahead by weights that no longer exist: step 3 trains
+    a batch made then by the restored weights (staleness 0), not that one; step 4 is one
+    update stale again."""
+    dead = ("faults.enabled=true", "faults.zero_reward=true")  # flat groups: no signal
+    collapse = ("training.collapse_window=2", "training.collapse_patience=2")
+    rollback = ("training.on_collapse=rollback", "training.max_steps=4")
+    run = make_run(tmp_path, "rb", *dead, *collapse, *rollback, "algo.max_staleness=1")
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = read_events(run.events)
+    assert [(e["action"], e["step"]) for e in events if e.get("phase") == "collapse"][:1] == [
+        ("ROLLBACK", 2)
+    ]
+    assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
+
+
+def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:
+    """The same seed with the generator thread finishing long before the update (the
+    update held back one second at step 3: ``faults.stall_at_step=2``) and racing it (no
+    stall): the same weights and optimizer at the end, bit for bit."""
+    steps = ["training.max_steps=5", "algo.max_staleness=1"]
+    ref = make_run(tmp_path, "racing", *steps)
+    held = make_run(tmp_path, "held", *steps, "faults.enabled=true", "faults.stall_at_step=2")
+    train_side_by_side(ref, held)
+    assert_same(_final_state(ref, 5), _final_state(held, 5))
+    assert _rows(held)[2]["time/step"] >= 1.0  # the stall landed in step 3 (self.step 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("k", "engine", "nproc"), [(1, "hf", 1), (2, "native", 1), (1, "hf", 2)])
+def test_async_kill_and_resume_is_bit_exact(
+    tmp_path: Path, k: int, engine: str, nproc: int
+) -> None:
+    """As tests/e2e/test_resume_exact.py, asynchronous: SIGKILL at a random moment after the
+    first checkpoint (while batches are generated ahead, or inside a save), resume, and the
+    weights and optimizer at the end equal an uninterrupted run's of the same seed. The two
+    runs' threads run at different moments, so it also shows the run does not depend on
+    thread timing; the resumed rank's state digest equals its checkpoint's (the batches
+    generated ahead included). Two DDP ranks (under the real torchrun): each generates its
+    share ahead with no collective."""
+    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
+    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
+    digests = ["faults.enabled=true", "faults.state_digest=true"]
+    run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)
+    if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
+        assert train(ref, nproc).returncode == 0
+        _kill_and_resume(run, nproc, rng, seed)
+    else:
+        with training(ref) as ref_result:  # beside the killed and resumed runs
+            _kill_and_resume(run, 1, rng, seed)
+            assert ref_result().returncode == 0
+    rec = read_progress(run.progress)
+    assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
+    assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
+    resumed, differ = state_digest.compare_folder(run.state_digest)
+    assert resumed == nproc and differ == [], differ
+    # the run really was asynchronous: its last step trained a batch k updates old
+    assert _rows(run)[-1]["staleness/max"] == k
+
+
+@pytest.mark.slow
+def test_a_stop_signal_saves_the_batches_generated_ahead(tmp_path: Path) -> None:
+    """SIGTERM (Slurm's preemption) while batches are generated ahead: the generation in
+    flight finishes, the checkpoint of the stop holds it, exit 5; resumed, the run ends
+    equal to the uninterrupted one (a batch cut short and made again by newer weights
+    would not)."""
+    steps = ["training.max_steps=8", "training.save_every_steps=0", "algo.max_staleness=1"]
+    steps.append("rollout.max_new_tokens=48")  # a generation long enough to land in
+    ref = make_run(tmp_path, "uninterrupted", *steps)
+    run = make_run(tmp_path, "stopped", *steps)
+    with training(ref) as ref_result:  # beside the stopped and resumed runs: shares nothing
+        proc = start_forked(run)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            rec = read_progress(run.progress)
+            if rec is not None and rec.step >= 2:
+                break
+            assert proc.poll() is None, "trainer exited before step 2"
+            time.sleep(0.02)
+        signal_job(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) is not None
+        rec = read_progress(run.progress)
+        assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+        assert rec.step < 8, "the run finished before the stop; the test proved nothing"
+        result = train(run)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ref_result().returncode == 0
+    assert_same(_final_state(ref, 8), _final_state(run, 8))
