@@ -89,15 +89,17 @@ def compile_in_turn(compiled: torch.nn.Module, rank: int, marker: Path) -> None:
     broadcast, in a hook on the embedding (outside the compiled layers), until rank 0's
     first backward has accumulated into the embedding, the last weight a backward reaches.
     Rank 1 then traces the same layers itself (Dynamo, the graph-break check below) and
-    takes the compiled kernels from the cache. Bounded: a rank 0 that never gets there
-    leaves rank 1 compiling on its own after two minutes, not hanging."""
+    takes rank 0's forward and backward from the cache (it still compiles the graphs of
+    its one-row micro-batch, a width rank 0 never has). Bounded: should rank 0 never get
+    there (a failed rank 0 ends the group at once, trainer_fork.supervise), rank 1
+    compiles on its own after 240 s, within the test's 300."""
     embed = compiled.get_input_embeddings()
     if rank == 0:
         embed.weight.register_post_accumulate_grad_hook(lambda _w: marker.touch())
         return
 
     def wait_for_rank0(_module: torch.nn.Module, _args: tuple) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
