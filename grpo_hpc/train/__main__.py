@@ -36,6 +36,7 @@ from grpo_hpc.core.progress import (  # noqa: E402
     write_progress,
 )
 from grpo_hpc.train.distributed import cpu_binding  # noqa: E402
+from grpo_hpc.train.supervision import gc_schedule  # noqa: E402
 
 if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
     from grpo_hpc.config.schema import Config
@@ -57,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         _stop_if_signalled()
         if line := cpu_binding.bind(cfg.dist.bind_cpus):  # before torch starts its threads
             print(line, flush=True)
-        from grpo_hpc.train.distributed import dist
+        with gc_schedule.imports_frozen():  # torch, the process group, transformers
+            from grpo_hpc.train.distributed import dist
 
-        info = dist.init(cfg.dist)
-        pulse = _watch_peers(cfg, paths, info, lambda: trainer)
-        from grpo_hpc.train.trainer import Trainer
+            info = dist.init(cfg.dist)
+            pulse = _watch_peers(cfg, paths, info, lambda: trainer)
+            from grpo_hpc.train.trainer import Trainer
 
         _stop_if_signalled()
         trainer = Trainer(cfg, paths, info, stop_signal=signals.pending())

@@ -1,9 +1,12 @@
 """training.gc_every_steps: automatic collection off while training, young collections at
-a fixed point of the step, a full one every hundredth step, every collection timed."""
+a fixed point of the step, a full one every hundredth step, every collection timed; the
+entry point's imports made without collections and frozen out of later ones."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -85,3 +88,41 @@ def test_a_negative_interval_is_refused_in_one_line() -> None:
 
     with pytest.raises(ConfigError, match=r"training.gc_every_steps=-1 must be >= 0"):
         build_config("tiny", ["training.gc_every_steps=-1"])
+
+
+FROZEN_IMPORTS = """
+import gc
+from grpo_hpc.train.supervision.gc_schedule import imports_frozen
+
+passes = []
+gc.callbacks.append(lambda phase, info: phase == "start" and passes.append(info["generation"]))
+with imports_frozen():
+    assert not gc.isenabled()
+    import email.mime.multipart  # noqa: F401  (an import that makes long-lived objects)
+    made = [[i] for i in range(50_000)]  # enough allocations for many automatic passes
+assert passes == [], passes  # none ran inside
+assert gc.isenabled() and gc.get_freeze_count() > len(made)  # and all of it is frozen
+gc.collect()
+assert gc.get_freeze_count() > len(made)  # out of every later pass
+try:
+    with imports_frozen():
+        raise ImportError("a failed import")
+except ImportError:
+    pass
+assert gc.isenabled()  # back on after a failure too
+gc.disable()
+with imports_frozen():
+    pass
+assert not gc.isenabled()  # as it was: off stays off
+print("ok")
+"""
+
+
+def test_the_entry_points_imports_run_without_collections_and_stay_out_of_later_ones() -> None:
+    """gc_schedule.imports_frozen, in a process of its own (it freezes that process's
+    objects for good): no automatic pass while it lasts, everything frozen after it,
+    Python's setting restored, also when the imports fail."""
+    done = subprocess.run(
+        [sys.executable, "-c", FROZEN_IMPORTS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
