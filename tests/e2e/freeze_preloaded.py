@@ -12,3 +12,4 @@ import gc
 
 gc.collect()
 gc.freeze()
+gc.enable()  # off since tests/e2e/collector_off.py, preloaded first

@@ -45,6 +45,7 @@ import time
 from typing import IO, NoReturn
 
 PRELOAD = [
+    "tests.e2e.collector_off",  # first: no automatic collection during the imports below
     "grpo_hpc.train.trainer",
     "math_verify",
     "transformers.models.llama.modeling_llama",
@@ -57,8 +58,9 @@ PRELOAD = [
 the math-verify package its reward worker imports, the tiny models' architectures (the
 built-in ``tiny`` is a Llama; the tests' other small model a Qwen2), math-verify
 warmed up as each trainer warms it (tests/e2e/warm_verifier.py), what a trainer would
-import and build later in its run (tests/e2e/warm_transformers.py), and then all of it
-frozen out of the collector's walks (tests/e2e/freeze_preloaded.py)."""
+import and build later in its run (tests/e2e/warm_transformers.py), all of it imported
+with the collector off (tests/e2e/collector_off.py) and then frozen out of its walks
+(tests/e2e/freeze_preloaded.py)."""
 
 MONITOR_S = 0.1
 """How often the agent looks at its ranks (torchrun's ``--monitor-interval`` default)."""
