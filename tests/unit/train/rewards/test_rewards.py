@@ -348,12 +348,17 @@ def test_the_worker_freezes_what_it_inherits(monkeypatch: pytest.MonkeyPatch) ->
         return float(gc.get_freeze_count() > 1000 and gc.isenabled())
 
     monkeypatch.setattr(verifier, "_judge", report_gc)  # inherited by the fork
-    fresh = verifier._Verifier()
+    # This process as a trainer's: nothing frozen (tests/conftest.py froze its imports)
+    gc.unfreeze()
     try:
-        assert fresh.judge([("1", "1", False)], timeout_s=30.0) == ([1.0], 0)
+        fresh = verifier._Verifier()
+        try:
+            assert fresh.judge([("1", "1", False)], timeout_s=30.0) == ([1.0], 0)
+        finally:
+            fresh._stop()
+        assert gc.get_freeze_count() == 0  # the trainer's own process is untouched
     finally:
-        fresh._stop()
-    assert gc.get_freeze_count() == 0  # the trainer's own process is untouched
+        gc.freeze()
 
 
 def test_the_worker_is_forked_warm(monkeypatch: pytest.MonkeyPatch) -> None:
