@@ -13,13 +13,13 @@ and collect at a fixed point of the step, the same on every rank. Here:
   group, the collector is off, and what that left alive is frozen (:func:`imports_frozen`):
   modules, classes and functions that live as long as the process, left out of every
   later pass;
-- at the start of training everything alive is collected once, and automatic collection
-  is turned off (nothing made after the imports is frozen: a frozen object is never
-  collected, and the native engine frees the CUDA graphs and caches it drops through the
-  collector);
+- at the start of training everything made since is collected once, and automatic
+  collection is turned off (nothing made after the imports is frozen: a frozen object is
+  never collected, and the native engine frees the CUDA graphs and caches it drops through
+  the collector);
 - every ``gc_every_steps`` steps, at the start of the step, every rank collects the young
   generations (the objects a step made and dropped in reference cycles: milliseconds);
-- at the start of every :data:`FULL_EVERY`-th step every rank collects everything at once,
+- at the start of every :data:`FULL_EVERY`-th step every rank collects everything not frozen,
   freeing cycles that outlived a step (torchtitan never collects fully; a long run should).
   A full collection after each checkpoint save was tried and dropped: walking every object
   takes 0.1-0.5 s a save per rank, and the CPU test suite, which saves often, ran 17 %
