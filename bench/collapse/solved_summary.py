@@ -9,9 +9,14 @@ Read from the run directory; :func:`summarize` is pure.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+from grpo_hpc.core import events as event_log
+from grpo_hpc.core.events import Phase
+from grpo_hpc.core.fsutil import read_jsonl
 
 
 def _longest(flags: list[bool]) -> int:
@@ -37,17 +42,11 @@ def summarize(rows: list[dict], events: list[dict], progress: dict, final: dict 
         "steps_all_solved": sum(solved),
         "longest_all_solved": _longest(solved),
         "solved_share_by_step": [round(float(r.get("rollout/solved", 0.0)), 3) for r in steps],
-        "solved_events": [e for e in events if e.get("phase") == "solved"],
-        "collapse_events": [e for e in events if e.get("phase") == "collapse"],
+        "solved_events": [e for e in events if e.get("phase") == Phase.SOLVED],
+        "collapse_events": [e for e in events if e.get("phase") == Phase.COLLAPSE],
         "final_step": (final or {}).get("step"),
         "validation_accuracy": evals,
     }
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _json(path: Path) -> dict | None:
@@ -55,10 +54,18 @@ def _json(path: Path) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
-    run, out = Path(argv[0]), Path(argv[1])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.collapse.solved_summary",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m bench.collapse.solved_summary logs/solved OUT/solved.json",
+    )
+    p.add_argument("run", type=Path, help="the run directory (logs/<run>)")
+    p.add_argument("out", type=Path, help="the summary JSON to write")
+    args = p.parse_args(argv)
+    run, out = args.run, args.out
     summary = summarize(
-        _jsonl(run / "metrics.jsonl"),
-        _jsonl(run / "events.jsonl"),
+        read_jsonl(run / "metrics.jsonl"),
+        event_log.read(run / "events.jsonl"),
         _json(run / "progress.json") or {},
         _json(run / "final" / "grpo_export.json"),
     )
