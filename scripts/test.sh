@@ -46,9 +46,10 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # only where the launcher itself is under test),
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
-# The suite is CPU-bound, loaded or not: only less CPU makes it faster. Loaded fresh-clone
-# runs with a cold Inductor cache, as on CI's machine (2026-12-03, a77e946, AMD EPYC):
-# 13:15, 13:14, 13:42, the suite using 1305-1350 CPU s (the busy loops ~285). Where it
+# The suite is CPU-bound, loaded or not: only less CPU makes it faster. Fresh-clone runs
+# with a cold Inductor cache at 958434c (2026-12-04, 1,428 tests): 13:25 wall with a busy
+# loop per core, 11:20 without. Earlier (2026-12-03, a77e946, 1,305 tests, loaded): 13:15,
+# 13:14, 13:42, the suite using 1305-1350 CPU s (the busy loops ~285). Where it
 # went (one run sampled by process): trainers started as programs (Slurm jobs, torchrun;
 # ~8 CPU s each, ~5 of it importing torch and transformers) 400 s, forked trainers 250 s,
 # the workers' own tests 235 s, torchrun agents 87 s, the C++ compiler for Inductor's CPU
