@@ -1,0 +1,109 @@
+"""Benchmark: the same run synchronous (``algo.max_staleness=0``) and asynchronous (``=1``)
+on the same device, under a long tail of completion lengths.
+
+    python -m bench.speed.longtail --out DIR [--staleness 0 1] -- GRPO_STEP_ARGS...
+
+runs ``bench/speed/grpo_step.py`` once per staleness with GRPO_STEP_ARGS (a shape or
+``--model-dir``, ``--max-new``, ``--prompts``, ``--G``, ``--steps``, ...) plus ``--engine
+native``, ``--override algo.max_staleness=K`` and either the caller's ``--length-dist FILE``
+(random weights: each row's length drawn from FILE, the same draws in both runs) or
+``--record`` (a real model: its own lengths). Each run's metrics and generation records
+land in ``DIR/k<K>/``; ``bench/speed/longtail_analysis.py`` turns them into
+``DIR/longtail.md`` (a table) and ``DIR/longtail.json``: tokens/s/GPU as NeMo RL counts
+them, each phase's idle share, the wait for the longest row, ``time/wait_rollouts`` and
+``time/weight_sync`` where logged, and whether every imposed length was honoured.
+
+CPU smoke (the tiny shape, seconds; tests/bench/test_longtail_cpu.py)::
+
+    python -m bench.speed.longtail --out /tmp/lt -- --shape tiny --precision fp32 \
+        --max-new 32 --prompts 2 --G 4 --steps 3 --length-dist FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import env_info, write_result
+from bench.speed.longtail_analysis import markdown, speedup, summarize
+
+
+def step_command(k: int, out: Path, passthrough: list[str]) -> list[str]:
+    """The grpo_step command of the staleness-``k`` run (pure)."""
+    record = [] if "--length-dist" in passthrough else ["--record"]
+    return [
+        sys.executable, "-m", "bench.speed.grpo_step", *passthrough, "--engine", "native",
+        *record, "--override", f"algo.max_staleness={k}",
+        "--keep", str(out / f"k{k}"), "--out", str(out / f"k{k}.json"),
+    ]  # fmt: skip
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def analyze(out: Path, staleness: list[int], passthrough: list[str]) -> dict:
+    """The comparison of the runs kept under ``out`` (written to longtail.{json,md})."""
+    runs = []
+    for k in staleness:
+        kept = out / f"k{k}"
+        records = [r for f in sorted((kept / "generations").glob("*.jsonl")) for r in read_jsonl(f)]
+        runs.append(summarize(f"max_staleness={k}", read_jsonl(kept / "metrics.jsonl"), records))
+    lengths = "real lengths (the model's own EOS), recorded"
+    if "--length-dist" in passthrough:
+        lengths = f"lengths imposed from {passthrough[passthrough.index('--length-dist') + 1]}"
+    result = {
+        "benchmark": "longtail",
+        "lengths": lengths,
+        "grpo_step_args": passthrough,
+        "runs": runs,
+        "speedup_tokens_per_gpu_s": {r["run"]: speedup(runs[0], r) for r in runs[1:]},
+        "env": env_info(),
+    }
+    write_result(result, out / "longtail.json")
+    table = markdown(runs)
+    (out / "longtail.md").write_text(
+        f"# Long-tail speed, synchronous against asynchronous\n\n{lengths}; "
+        f"`bench.speed.grpo_step {' '.join(passthrough)}`\n\n{table}\n"
+    )
+    return result
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    ours, passthrough = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--analyze-only", action="store_true", help="only read DIR's runs again")
+    a = p.parse_args(ours)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not a.analyze_only:
+        for k in a.staleness:
+            cmd = step_command(k, a.out, passthrough)
+            print("+", " ".join(cmd), flush=True)
+            t0 = time.time()
+            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+            print(
+                f"max_staleness={k}: exit {proc.returncode} in {time.time() - t0:.0f} s", flush=True
+            )
+            if proc.returncode != 0:
+                sys.exit(proc.returncode)
+    result = analyze(a.out, a.staleness, passthrough)
+    print((a.out / "longtail.md").read_text())
+    bad = [m for r in result["runs"] for m in r["lengths_mismatched"]]
+    if bad:
+        print("lengths not honoured:\n" + "\n".join(bad[:10]), file=sys.stderr)
+        sys.exit(4)
+
+
+if __name__ == "__main__":
+    main()
