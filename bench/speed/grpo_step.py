@@ -272,6 +272,7 @@ def main() -> None:
     )
     p.add_argument("--record", action="store_true", help="record every generation (real lengths)")
     p.add_argument("--keep", type=Path, help="copy the run's metrics and records here")
+    p.add_argument("--work", type=Path, help="the run's folder (default: a temporary one)")
     p.add_argument(
         "--probe",
         action="store_true",
@@ -282,8 +283,11 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        result = run(args, Path(d))
+    if args.work:  # kept: a caller that stops the run still finds its metrics there
+        result = run(args, args.work)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            result = run(args, Path(d))
     paths = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result["config"] = paths
     result["env"] = env_info()

@@ -23,23 +23,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from bench.common import env_info, write_result
+from bench.speed.grpo_step import keep_run
 from bench.speed.longtail_analysis import markdown, speedup, summarize
 
 
-def step_command(k: int, out: Path, passthrough: list[str]) -> list[str]:
+def step_command(k: int, out: Path, work: Path, passthrough: list[str]) -> list[str]:
     """The grpo_step command of the staleness-``k`` run (pure)."""
     record = [] if "--length-dist" in passthrough else ["--record"]
     return [
         sys.executable, "-m", "bench.speed.grpo_step", *passthrough, "--engine", "native",
-        *record, "--override", f"algo.max_staleness={k}",
+        *record, "--override", f"algo.max_staleness={k}", "--work", str(work / f"k{k}"),
         "--keep", str(out / f"k{k}"), "--out", str(out / f"k{k}.json"),
     ]  # fmt: skip
+
+
+def run_one(cmd: list[str], timeout: float) -> int | None:
+    """Run ``cmd`` in a session of its own; past ``timeout`` s stop all of it (torchrun and
+    its ranks too, which would otherwise keep the GPU) and return None."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -47,12 +67,15 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def analyze(out: Path, staleness: list[int], passthrough: list[str]) -> dict:
-    """The comparison of the runs kept under ``out`` (written to longtail.{json,md})."""
+    """The comparison of the runs kept under ``out`` (written to longtail.{json,md}); a run
+    stopped at its timeout (``k<K>/CUT``) counts the steps it finished."""
     runs = []
     for k in staleness:
         kept = out / f"k{k}"
         records = [r for f in sorted((kept / "generations").glob("*.jsonl")) for r in read_jsonl(f)]
-        runs.append(summarize(f"max_staleness={k}", read_jsonl(kept / "metrics.jsonl"), records))
+        rows = read_jsonl(kept / "metrics.jsonl") if (kept / "metrics.jsonl").exists() else []
+        cut = (kept / "CUT").exists()
+        runs.append(summarize(f"max_staleness={k}", rows, records, cut=cut))
     lengths = "real lengths (the model's own EOS), recorded"
     if "--length-dist" in passthrough:
         lengths = f"lengths imposed from {passthrough[passthrough.index('--length-dist') + 1]}"
@@ -84,19 +107,25 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
     p.add_argument("--analyze-only", action="store_true", help="only read DIR's runs again")
+    p.add_argument(
+        "--run-timeout", type=float, default=3600, help="stop a run after this many s (kept)"
+    )
     a = p.parse_args(ours)
     a.out.mkdir(parents=True, exist_ok=True)
-    if not a.analyze_only:
-        for k in a.staleness:
-            cmd = step_command(k, a.out, passthrough)
-            print("+", " ".join(cmd), flush=True)
-            t0 = time.time()
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-            print(
-                f"max_staleness={k}: exit {proc.returncode} in {time.time() - t0:.0f} s", flush=True
-            )
-            if proc.returncode != 0:
-                sys.exit(proc.returncode)
+    work = Path(tempfile.mkdtemp(prefix="longtail-"))  # the runs' folders (not copied back)
+    for k in [] if a.analyze_only else a.staleness:
+        cmd = step_command(k, a.out, work, passthrough)
+        print("+", " ".join(cmd), flush=True)
+        t0 = time.time()
+        code = run_one(cmd, a.run_timeout)
+        print(f"max_staleness={k}: exit {code} in {time.time() - t0:.0f} s", flush=True)
+        if code is None:  # stopped: what it finished is kept and counted
+            from grpo_hpc.core.paths import RunPaths
+
+            keep_run(RunPaths(work / f"k{k}" / "run"), a.out / f"k{k}")
+            (a.out / f"k{k}" / "CUT").write_text(f"stopped after {a.run_timeout:.0f} s\n")
+        elif code != 0:
+            sys.exit(code)
     result = analyze(a.out, a.staleness, passthrough)
     print((a.out / "longtail.md").read_text())
     bad = [m for r in result["runs"] for m in r["lengths_mismatched"]]

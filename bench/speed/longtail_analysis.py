@@ -128,13 +128,19 @@ def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -
     return out
 
 
-def summarize(name: str, rows: list[Row], records: list[Row], skip: int = 1) -> dict:
-    """One run's figures (see the module's docstring)."""
+def summarize(
+    name: str, rows: list[Row], records: list[Row], skip: int = 1, cut: bool = False
+) -> dict:
+    """One run's figures (see the module's docstring). ``cut``: the run was stopped, and
+    its generations past its last logged step (made ahead, or cut) are not counted."""
     steps = train_steps(rows)
+    if cut:
+        records = [r for r in records if r.get("greedy") or r["call"] < len(steps)]
     prompts = prompt_tokens_per_step(records, len(steps))
     waits = longest_row_waits(records, skip)
     return {
         "run": name,
+        "cut": cut,
         "steps": len(steps),
         "steps_measured": max(len(steps) - skip, 0),
         "gpus": int(steps[0].get("world_size", 1)) if steps else None,
