@@ -96,3 +96,25 @@ def test_a_tiny_run_honours_every_imposed_length(tmp_path: Path) -> None:
         assert run["lengths_mismatched"] == [] and run["tokens_per_gpu_s"] > 0
     assert drawn_by_run[0] == drawn_by_run[1]  # both runs met the same tail, step for step
     assert result["runs"][1]["wait_rollouts_s"] is not None
+
+
+@pytest.mark.slow
+def test_the_lora_stage_path_on_a_cpu(tmp_path: Path) -> None:
+    """What the `lora8b` stage runs, at the tiny published shape: weights built at load
+    (``random:bench/shapes/...``), LoRA, the recorded SmolLM2 distribution scaled to 64
+    tokens, synchronous and asynchronous: both finish and honour every drawn length."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
+        "--model-dir", "random:bench/shapes/tiny", "--precision", "fp32", "--max-new", "64",
+        "--prompts", "2", "--G", "4", "--steps", "3", "--override", "model.lora_rank=16",
+        "--length-dist", "bench/speed/lengths/smollm2_gsm8k_cap1024.json",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "longtail.json").read_text())
+    assert [r["lengths_mismatched"] for r in result["runs"]] == [[], []]
+    assert [r["steps"] for r in result["runs"]] == [3, 3]
+    for k in (0, 1):
+        config = (out / f"k{k}/config.yaml").read_text()
+        assert "lora_rank: 16" in config and f"max_staleness: {k}" in config
