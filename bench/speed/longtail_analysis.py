@@ -180,6 +180,10 @@ def markdown(runs: list[dict]) -> str:
     lines = [head, rule]
     for r in runs:
         cells = ["-" if r.get(k) is None else fmt.format(r[k]) for _, k, fmt in COLUMNS]
+        if r.get("failed"):  # its figures are of the steps it finished, if any
+            cells[0] += f" (failed: {r['failed']})"
+        elif r.get("cut"):
+            cells[0] += " (stopped at its timeout)"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -136,6 +136,9 @@ def test_summary_and_table() -> None:
     assert table[0].startswith("| run | tokens/s/GPU |")
     assert table[2].startswith("| max_staleness=1 | 30 | 3.00 |") and "| - |" in table[2]
     assert la.speedup({"tokens_per_gpu_s": 20.0}, s) == pytest.approx(1.5)
+    marked = la.markdown([s | {"cut": True}, s | {"cut": True, "failed": "exit 1"}])
+    assert "| max_staleness=1 (stopped at its timeout) | 30 |" in marked
+    assert "| max_staleness=1 (failed: exit 1) | 30 |" in marked
     assert la.speedup({"tokens_per_gpu_s": None}, s) is None
 
 

@@ -118,3 +118,22 @@ def test_the_lora_stage_path_on_a_cpu(tmp_path: Path) -> None:
     for k in (0, 1):
         config = (out / f"k{k}/config.yaml").read_text()
         assert "lora_rank: 16" in config and f"max_staleness: {k}" in config
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
+    """A run that fails (here: a shape that does not exist) leaves its folder, its stderr
+    and a FAILED mark; the other staleness still runs; the table says so; the exit is not 0."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
+        "--model-dir", "random:bench/shapes/nosuch", "--precision", "fp32", "--max-new", "8",
+        "--prompts", "2", "--G", "4", "--steps", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode not in (0, None)
+    for k in (0, 1):
+        assert (out / f"k{k}/FAILED").read_text().startswith("exit ")
+        assert "nosuch" in (out / f"k{k}/grpo_step.log").read_text()
+    table = (out / "longtail.md").read_text()
+    assert "max_staleness=0 (failed: exit" in table and "max_staleness=1 (failed: exit" in table
