@@ -40,9 +40,10 @@ for stage in "$@"; do
     echo "== $stage $(date +%T)"
     t0=$SECONDS
     case $stage in
-    qwen) # every row to the cap took 35.3 s a step (18.2 generate + 16.8 update) here: 6
-        # steps a run (5 measured) at <= 35 s, plus ~90 s of compiling and graph capture
-        async_run qwen 6 --model-dir random:bench/shapes/qwen2.5-1.5b --max-new 4096 \
+    qwen) # every row to the cap took 35.3 s a step (18.2 generate + 16.8 update) here; with
+        # the tail ~27 s (all 4,096 decode steps: a third of the rows run to the cap; the
+        # update over 54 % of the tokens): 5 steps a run (4 measured) + ~90 s of start
+        async_run qwen 5 --model-dir random:bench/shapes/qwen2.5-1.5b --max-new 4096 \
             --prompts 8 --G 8 --length-dist "$LENGTHS" ;;
     lora8b) # no recorded 8B step at 4,096: ~5.5 ms a decode step (16 GB of weights read)
         # x 4,096 + a LoRA update of ~45k tokens (~6 s) ~ 30 s; 5 steps a run (4 measured).
