@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,7 @@ def main() -> None:
             (a.out / f"k{k}" / "FAILED").write_text(f"exit {code}\n")
             print(tail(log), file=sys.stderr)
             failed = failed or code
+    shutil.rmtree(work, ignore_errors=True)  # what the analysis reads was kept in DIR
     result = analyze(a.out, a.staleness, passthrough)
     print((a.out / "longtail.md").read_text())
     bad = [m for r in result["runs"] for m in r["lengths_mismatched"]]
