@@ -18,15 +18,17 @@
 #           probe, up, gres, submit (OUT [STAGE...], default all)
 #   faults  the GPU fault campaign on the Slurm GPU node (OUT [bench.faults.gpu_run arguments])
 #   code    the code task on one GPU, then the sandbox's throughput there (OUT)
+#   async   synchronous against asynchronous GRPO (algo.max_staleness 0, 1) under a long tail
+#           of lengths: qwen, lora8b, smollm2_1k, smollm2_4k (OUT STAGE...; one a call)
 #   export  a GSM8K run exported and scored by grpo-eval against the trainer's figure ([OUT])
 #   prep    run HERE, not on the GPU machine: the GGUF parts and wheels a call carries (no OUT;
 #           `prep wheels`: the wheels alone)
 # Shared helpers (wheels, import path, NVLink multicast off): bench/gpu/env.sh.
-usage="usage: bash bench/gpu.sh random|families|real|memory|slurm|faults|code|export|prep OUT [STAGE...]"
+usage="usage: bash bench/gpu.sh random|families|real|memory|slurm|faults|code|async|export|prep OUT [STAGE...]"
 subject=${1:?$usage}
 shift
 case $subject in
-random | families | real | memory | slurm | faults | code | export | prep) ;;
+random | families | real | memory | slurm | faults | code | async | export | prep) ;;
 *)
     echo "unknown subject $subject; $usage" >&2
     exit 2

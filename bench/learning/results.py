@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from bench.common import write_result
-from bench.learning.systems import HANDED, NUM_VAL, SYSTEMS
+from bench.learning.systems import HANDED, NUM_VAL, PAIRS, SYSTEMS
 
 
 def time_to(evals: list[dict], target: float) -> float | None:
@@ -84,6 +84,51 @@ def summarize(runs: list[dict], target: float) -> dict:
     }
 
 
+def paired(base: list[dict], other: list[dict]) -> dict | None:
+    """``other`` against ``base`` on the seeds both ran (pure): the accuracy each hands over
+    (:func:`handed_accuracy`), the mean of the per-seed differences (other - base) and that
+    mean's standard error. The seeds pair the two (same problems, same sampling seeds), so
+    the difference's own spread is the noise, not each system's. ``within_one_se``: the
+    mean difference is no larger than its standard error: no difference told apart.
+    None when no seed was run by both."""
+    mine = {r["seed"]: handed_accuracy(r) for r in base if r["evals"] or "handed" in r}
+    theirs = {r["seed"]: handed_accuracy(r) for r in other if r["evals"] or "handed" in r}
+    seeds = sorted(mine.keys() & theirs.keys())
+    if not seeds:
+        return None
+    diffs = [theirs[s] - mine[s] for s in seeds]
+    mean, se = mean_se(diffs)
+    return {
+        "seeds": seeds,
+        "base_mean": mean_se([mine[s] for s in seeds])[0],
+        "other_mean": mean_se([theirs[s] for s in seeds])[0],
+        "diff_mean": mean,
+        "diff_se": se,
+        "within_one_se": abs(mean) <= se,
+        "other_higher": sum(d > 0 for d in diffs),
+        "other_lower": sum(d < 0 for d in diffs),
+    }
+
+
+def pairings(systems: dict[str, list[dict]]) -> dict[str, dict]:
+    """:func:`paired` for each pair of ``PAIRS`` whose two systems the file holds."""
+    out = {}
+    for base, other in PAIRS:
+        if base in systems and other in systems:
+            if (p := paired(systems[base], systems[other])) is not None:
+                out[f"{other} - {base}"] = p
+    return out
+
+
+def paired_line(name: str, p: dict) -> str:
+    """One line of a pairing, for the runner's output."""
+    verdict = "within one standard error" if p["within_one_se"] else "more than one SE apart"
+    return (
+        f"{name}: {p['diff_mean']:+.3f} ± {p['diff_se']:.3f} over {len(p['seeds'])} paired "
+        f"seeds ({p['other_higher']} higher, {p['other_lower']} lower): {verdict}"
+    )
+
+
 COLORS = {
     "grpo_hpc": "tab:blue",
     "grpo_hpc_plain": "tab:gray",
@@ -95,6 +140,7 @@ COLORS = {
     "grpo_hpc_fp32head": "tab:olive",
     "grpo_hpc_eager": "tab:brown",
     "grpo_hpc_int8": "tab:pink",
+    "grpo_hpc_async": "navy",
 }
 
 
@@ -190,6 +236,7 @@ def merge_files(path: Path, others: list[Path], target: float) -> None:
     if result is None:
         raise SystemExit("--merge: none of the files exists")
     result["summary"] = {n: summarize(r, target) for n, r in result["systems"].items()}
+    result["paired"] = pairings(result["systems"])
     write_result(result, path)
     finish(result, path, target)
 
@@ -215,3 +262,5 @@ def finish(result: dict, path: Path, target: float) -> None:
             f"{name:18} final {final}  to {target}: {reach} "
             f"({s['seeds_reaching_target']}/{len(s['seeds'])} seeds)"
         )
+    for name, p in pairings(result["systems"]).items():
+        print(paired_line(name, p))

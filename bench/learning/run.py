@@ -34,10 +34,13 @@ one change: ``grpo_hpc_tempered``
 engine), ``grpo_hpc_tis`` (``algo.tis_cap=2``), ``grpo_hpc_fp32head``
 (``algo.fp32_lm_head=true``), ``grpo_hpc_eager`` (the native engine without CUDA graphs
 or torch.compile: ``rollout.enforce_eager``); ``grpo_hpc_int8`` is the defaults with one
-change, AdamW's moments in 8 bits (``optim.state=int8``, torchao); ``trl`` (bf16 autocast
-on a GPU, as a TRL user runs it), ``trl_fp32`` (TRL without autocast). The JSON keeps, per
-system, one run per seed, and is extended, not overwritten, by a later call with other
-seeds or systems (a GPU call is limited to 10 minutes): runs already there are kept.
+change, AdamW's moments in 8 bits (``optim.state=int8``, torchao); ``grpo_hpc_async`` the
+defaults asynchronous (``algo.max_staleness=1``: its seeds pair with ``grpo_hpc``'s, and
+the summary's ``paired`` says whether the two hand over models within one standard
+error); ``trl`` (bf16 autocast on a GPU, as a TRL user runs it), ``trl_fp32`` (TRL
+without autocast). The JSON keeps, per system, one run per seed, and is extended, not
+overwritten, by a later call with other seeds or systems (a GPU call is limited to 10
+minutes): runs already there are kept.
 
 ``--jobs N`` runs N seeds/systems at once, each in its own process (a 135M model leaves
 an H100 mostly idle, so seeds come several times faster). Their accuracy per step is what
@@ -67,7 +70,14 @@ from pathlib import Path
 import torch
 
 from bench.common import env_info, why_failed, write_result
-from bench.learning.results import finish, merge_files, merge_runs, summarize, time_to  # noqa: F401
+from bench.learning.results import (  # noqa: F401
+    finish,
+    merge_files,
+    merge_runs,
+    pairings,
+    summarize,
+    time_to,
+)
 from bench.learning.systems import HANDED, SYSTEMS
 from bench.learning.trl_runner import run_trl
 from grpo_hpc.config.profiles import load_profile
@@ -357,6 +367,7 @@ def main() -> None:
         curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in run["evals"])
         print(f"{name:18} seed {run['seed']}: {curve}", flush=True)
         result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
+        result["paired"] = pairings(result["systems"])  # grpo_hpc_async against grpo_hpc
         result["env"] = env_info()
         write_result(result, path)  # after every run: a call cut short keeps what ran
     finish(result, path, args.target)

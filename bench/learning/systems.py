@@ -37,6 +37,11 @@ SYSTEMS = {
     "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
     # the detector only: which seeds it alarms on, and whether they would have recovered
     "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
+    # the defaults, asynchronous: each batch generated one update ahead (docs/async.md)
+    "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
+
+PAIRS = [("grpo_hpc", "grpo_hpc_async")]
+"""(baseline, variant) compared seed by seed when a file holds both (results.paired)."""

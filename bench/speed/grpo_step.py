@@ -11,12 +11,19 @@ and the completions' mean length and share cut at the cap (over every step).
 With ``--model-dir`` (a real model) and ``--source gsm8k`` the prompts are GSM8K train
 questions and completions end where the model puts EOS (``--num-train`` of them, drawn
 in the trainer's seeded order: bench/trl/baseline.py gives TRL the same ones).
+
+With ``--length-dist FILE`` each sampled row stops at a length drawn (seeded by ``--seed``)
+from a recorded distribution scaled to ``--max-new`` (bench/speed/length_dist.py), through
+a bench-side subclass of the native engine (bench/speed/imposed_lengths.py; ``--engine
+native``); ``--record`` records every generation without imposing anything. Either way the
+records (``generations-rank<R>.jsonl``) and the run's metrics are copied to ``--keep DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(failure_summary(proc.stderr, paths))
+    if args.keep:
+        keep_run(paths, args.keep)
     logged = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
     logged = [m for m in logged if "loss" in m]
     steps = logged[1:]
@@ -110,7 +119,10 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "gpu_mem_gb",
         "gpu_alloc_retries",
     ]
-    return {
+    imposed = {}
+    if args.length_dist:  # said in every result of such a run
+        imposed = {"lengths": f"lengths imposed from {args.length_dist}"}
+    return imposed | {
         "median": {k: statistics.median(m[k] for m in steps) for k in keys if k in steps[0]},
         "alloc_retries_total": logged[-1].get("gpu_alloc_retries"),
         "steps_measured": len(steps),
@@ -123,11 +135,36 @@ def child_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     """What torchrun runs on each rank: the trainer; under bench/memory/probe.py's instruments
     with ``--probe``; behind the ladder's memory cap with ``--cap-gib``."""
     cap = ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
+    if args.length_dist or args.record:
+        if args.probe or args.cap_gib:
+            raise SystemExit("--length-dist/--record run without --probe and --cap-gib")
+        lengths = ["--lengths", str(args.length_dist), "--seed", str(args.seed)]
+        return [
+            "-m", "bench.speed.imposed_lengths", str(run_dir),
+            "--record", str(run_dir / RECORD_DIR), *(lengths if args.length_dist else []),
+        ]  # fmt: skip
     if args.probe:
         return ["-m", "bench.memory.probe", "child", str(run_dir), *cap]
     if args.cap_gib:  # the ladder's child caps each rank's memory at the budget first
         return ["-m", "bench.memory.ladder", "--child", str(run_dir), *cap]
     return ["-m", "grpo_hpc.train", str(run_dir)]
+
+
+RECORD_DIR = "generations"
+"""The run's folder of generation records (bench/speed/imposed_lengths.py)."""
+KEPT = ("metrics.jsonl", "samples.jsonl", "config.yaml", "progress.json", RECORD_DIR)
+
+
+def keep_run(paths: RunPaths, into: Path) -> None:
+    """Copy what an analysis reads of a finished run (metrics, samples, config, progress,
+    generation records) out of the temporary run directory."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        src = paths.root / name
+        if src.is_dir():
+            shutil.copytree(src, into / name, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copy2(src, into / name)
 
 
 def data_overrides(args: argparse.Namespace) -> list[str]:
@@ -222,7 +259,20 @@ def main() -> None:
         help="dist.compile (training forward; default: the project's, auto)",
     )
     p.add_argument("--cap-gib", type=float, default=0.0, help="cap each GPU's memory at this")
-    p.add_argument("--model-dir", type=Path, help="use this saved model, not a new one")
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        help="use this saved model, not a new one (or random:bench/shapes/S: built at load)",
+    )
+    p.add_argument(
+        "--length-dist",
+        type=Path,
+        help="impose each sampled row's length, drawn from this recorded distribution "
+        "scaled to --max-new (needs --engine native; bench/speed/length_dist.py)",
+    )
+    p.add_argument("--record", action="store_true", help="record every generation (real lengths)")
+    p.add_argument("--keep", type=Path, help="copy the run's metrics and records here")
+    p.add_argument("--work", type=Path, help="the run's folder (default: a temporary one)")
     p.add_argument(
         "--probe",
         action="store_true",
@@ -233,8 +283,11 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        result = run(args, Path(d))
+    if args.work:  # kept: a caller that stops the run still finds its metrics there
+        result = run(args, args.work)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            result = run(args, Path(d))
     paths = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result["config"] = paths
     result["env"] = env_info()

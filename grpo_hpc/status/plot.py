@@ -22,9 +22,25 @@ PANELS = (
     ("clip_frac", "clipped share of tokens"),
 )
 """(metrics key, panel title), in the order they are drawn."""
-OVERLAYS = {"eval/accuracy": "eval/accuracy_strict"}
+STALENESS_MEAN = "staleness/mean"
+"""Not logged: the mean of the step's staleness histogram (``staleness/0 .. k``), computed."""
+ASYNC_PANELS = (
+    (STALENESS_MEAN, "samples' staleness (updates; max dashed)"),
+    ("rollout/is_weight_mean", "importance weight (mean; largest dashed)"),
+    ("rollout/is_clipped_frac", "share of tokens the weight cap cut"),
+)
+"""Drawn after ``PANELS`` for an asynchronous run (``algo.max_staleness`` >= 1: its metrics
+carry ``staleness/max``): how stale the trained samples were, and the off-policy
+correction's weights. A synchronous run's panels stay as they were."""
+OVERLAYS = {
+    "eval/accuracy": "eval/accuracy_strict",
+    STALENESS_MEAN: "staleness/max",
+    "rollout/is_weight_mean": "rollout/is_weight_max",
+}
 """A second series drawn dashed in another key's panel (held-out: with an answer line)."""
-BOUNDED = ("reward/correctness", "eval/accuracy", "reward/format", "clip_frac")
+BOUNDED = (
+    "reward/correctness", "eval/accuracy", "reward/format", "clip_frac", "rollout/is_clipped_frac",
+)  # fmt: skip
 """Panels drawn on a fixed 0..1 scale, so that runs compare at a glance."""
 PASS_AT = "eval/pass@"
 """Prefix of the held-out pass@k of code tasks (eval/pass@1, eval/pass@10, ...)."""
@@ -53,10 +69,14 @@ class PlotData:
     reference: bool = True
     """Whether the run trains against a reference policy (``algo.beta`` > 0): without one
     its logged KL is 0 by construction, and the KL panel is left out."""
+    asynchronous: bool = False
+    """Whether the metrics carry a staleness histogram (an ``algo.max_staleness`` run):
+    then the ``ASYNC_PANELS`` are drawn too."""
 
     def panels(self) -> list[tuple[str, str]]:
         """(metrics key, title) of the panels drawn, in order (pure)."""
-        return [(k, t) for k, t in PANELS if k != KL or self.reference]
+        extra = list(ASYNC_PANELS) if self.asynchronous else []
+        return [(k, t) for k, t in PANELS if k != KL or self.reference] + extra
 
 
 def has_reference(beta: float | None) -> bool:
@@ -81,8 +101,11 @@ def plot_data(
     (``events``: the run's events.jsonl) is a red line at the step it was detected."""
     data = PlotData()
     pass_keys = sorted({k for m in metrics for k in m if k.startswith(PASS_AT)})
-    for key in [k for k, _ in PANELS] + list(OVERLAYS.values()) + pass_keys + [CODE_REWARD[0]]:
+    keys = [k for k, _ in PANELS + ASYNC_PANELS] + list(OVERLAYS.values()) + pass_keys
+    for key in [*keys, CODE_REWARD[0]]:
         data.series[key] = _series(metrics, key)
+    data.series[STALENESS_MEAN] = staleness_mean(metrics)
+    data.asynchronous = bool(data.series["staleness/max"])
     data.reward_std = _series(metrics, "reward/std")
     timed = [(float(m["time"]), int(m["step"])) for m in metrics if _point(m.get("time"), m)]
     last = max((s for _, s in timed), default=0)
@@ -95,6 +118,22 @@ def plot_data(
     data.reference = has_reference(beta)
     data.collapses = collapse_marks(events or [])
     return data
+
+
+def staleness_mean(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, mean staleness of the samples trained) from each row's histogram
+    ``staleness/0 .. staleness/k`` (pure; rows without one are skipped)."""
+    out = []
+    for m in metrics:
+        buckets = {
+            int(k.rsplit("/", 1)[1]): float(v)
+            for k, v in m.items()
+            if k.startswith("staleness/") and k.rsplit("/", 1)[1].isdigit() and _point(v, m)
+        }
+        if sum(buckets.values()) > 0:
+            total = sum(buckets.values())
+            out.append((int(m["step"]), sum(s * n for s, n in buckets.items()) / total))
+    return out
 
 
 def collapse_marks(events: list[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -132,11 +171,13 @@ def build_figure(data: PlotData, title: str) -> Any:
     axis; a run without a reference gets, in the grid's spare cell, a note saying why its
     KL panel is missing."""
     plt = _pyplot()
-    fig, grid = plt.subplots(3, 3, figsize=(15, 9))
     shown = data.panels()
+    rows = -(-len(shown) // 3) if len(shown) > 9 else 3  # a 4th row for the async panels
+    fig, grid = plt.subplots(rows, 3, figsize=(15, 3 * rows))
     for ax in grid.flat[len(shown) :]:  # the cell the KL panel left
         ax.axis("off")
-        ax.text(0.5, 0.5, NO_REFERENCE, ha="center", va="center", color="grey", fontsize=9)
+        if not data.reference:
+            ax.text(0.5, 0.5, NO_REFERENCE, ha="center", va="center", color="grey", fontsize=9)
     for ax, (key, panel_title) in zip(grid.flat, shown, strict=False):
         shown, label, overlay = panel(data, key, panel_title)
         points = data.series.get(shown, [])

@@ -171,3 +171,37 @@ def test_each_curve_names_the_problems_it_scored() -> None:
     assert curve_problems("grpo_hpc_flag", 256) == f"{NUM_VAL} validation"
     assert curve_problems("grpo_hpc", 256) == "256 test"
     assert curve_problems("trl", 256) == "256 test"
+
+
+def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
+    """``grpo_hpc_async`` is the defaults with one change, and its seeds pair with
+    ``grpo_hpc``'s: the difference of each seed's handed-over accuracy, its mean and that
+    mean's standard error (hand-computed), on the seeds both ran only."""
+    from bench.learning.results import paired, paired_line, pairings
+    from bench.learning.systems import SYSTEMS
+
+    assert SYSTEMS["grpo_hpc_async"] == (
+        "grpo_hpc",
+        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=1"],
+    )
+    base = [_run(s, [(40, 1.0, a)]) for s, a in ((1, 0.5), (2, 0.7), (3, 0.9), (9, 0.1))]
+    other = [_run(s, [(40, 1.0, a)]) for s, a in ((1, 0.6), (2, 0.6), (3, 1.0), (7, 0.0))]
+    p = paired(base, other)
+    assert p is not None and p["seeds"] == [1, 2, 3]  # 7 and 9 ran on one side only
+    # differences +0.1, -0.1, +0.1: mean 1/30, deviations 2/30, -4/30, 2/30, so
+    # SE = sqrt((4 + 16 + 4) / 900 / 2 / 3) = 0.0667: the mean is within one SE
+    diffs = [0.1, -0.1, 0.1]
+    m = sum(diffs) / 3
+    se = math.sqrt(sum((d - m) ** 2 for d in diffs) / 2 / 3)
+    assert p["diff_mean"] == pytest.approx(m) and p["diff_se"] == pytest.approx(se)
+    assert p["base_mean"] == pytest.approx(0.7) and p["other_mean"] == pytest.approx(2.2 / 3)
+    assert p["within_one_se"] and (p["other_higher"], p["other_lower"]) == (2, 1)
+    far = paired(base, [_run(s, [(40, 1.0, a + 0.2)]) for s, a in ((1, 0.5), (2, 0.71), (3, 0.9))])
+    assert far is not None and not far["within_one_se"]  # +0.2, +0.21, +0.2: SE 0.0033
+    assert paired(base, [_run(5, [(40, 1.0, 0.5)])]) is None
+    systems = {"grpo_hpc": base, "grpo_hpc_async": other, "trl": base}
+    assert list(pairings(systems)) == ["grpo_hpc_async - grpo_hpc"]
+    assert pairings({"grpo_hpc": base}) == {}
+    line = paired_line("grpo_hpc_async - grpo_hpc", p)
+    assert line.startswith("grpo_hpc_async - grpo_hpc: +0.033 ± 0.067 over 3 paired seeds")
+    assert line.endswith("within one standard error")

@@ -227,3 +227,64 @@ def test_grpo_status_plot_reads_beta_from_the_run(tmp_path: Path) -> None:
         assert _png_size(out) == (1500, 900)
         pixels[beta] = matplotlib.image.imread(out)
     assert (pixels[0.0] != pixels[0.04]).any()
+
+
+ASYNC_METRICS = REPO / "tests" / "fixtures" / "async_tiny_cpu" / "metrics.jsonl"
+"""A real asynchronous run's metrics (tiny, algo.max_staleness=1, 4 steps on a CPU; the
+command is in command.txt beside it): step 1 trains samples of staleness 0, steps 2-4 of 1."""
+
+
+def test_an_async_run_gets_staleness_and_importance_weight_panels(tmp_path: Path) -> None:
+    from grpo_hpc.status.plot import ASYNC_PANELS, NO_REFERENCE, STALENESS_MEAN
+
+    rows = [json.loads(x) for x in ASYNC_METRICS.read_text().splitlines()]
+    data = plot_data(rows, [])
+    assert data.asynchronous
+    assert data.series[STALENESS_MEAN] == [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0)]
+    assert data.series["staleness/max"] == [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0)]
+    logged = [(r["step"], r["rollout/is_weight_max"]) for r in rows if "rollout/is_weight_max" in r]
+    assert data.series["rollout/is_weight_max"] == logged and len(logged) == 4
+    titles, notes, _ = _figure_of(_run_dir(tmp_path, "async", ASYNC_METRICS, 0.0))
+    assert titles == [t for k, t in PANELS if k != "kl"] + [t for _, t in ASYNC_PANELS]
+    assert notes == [NO_REFERENCE]  # 11 panels in a 4 x 3 grid: the spare cell says why
+
+
+def test_the_weight_panel_draws_the_mean_and_the_largest_weight(tmp_path: Path) -> None:
+    from grpo_hpc.core.fsutil import read_jsonl
+    from grpo_hpc.status.plot import ASYNC_PANELS
+
+    rows = read_jsonl(ASYNC_METRICS)
+    fig = build_figure(plot_data(rows, []), "async")
+    try:
+        panel_of = {ax.get_title(): ax for ax in fig.get_axes()}
+        weights = panel_of[ASYNC_PANELS[1][1]].get_lines()
+        mean = [r["rollout/is_weight_mean"] for r in rows if "rollout/is_weight_mean" in r]
+        top = [r["rollout/is_weight_max"] for r in rows if "rollout/is_weight_max" in r]
+        assert [list(line.get_ydata()) for line in weights] == [mean, top]
+        assert weights[1].get_linestyle() == "--"
+        stale = panel_of[ASYNC_PANELS[0][1]].get_lines()
+        assert [list(line.get_ydata()) for line in stale] == [[0.0, 1.0, 1.0, 1.0]] * 2
+        assert panel_of[ASYNC_PANELS[2][1]].get_ylim() == (-0.03, 1.03)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_no_async_panel_without_a_staleness_histogram() -> None:
+    """A synchronous run on the native engine logs importance weights too (all 1, from the
+    sampler's log-probs) but no staleness: its figure keeps its nine panels."""
+    sync = [{"step": 1, "time": 1.0, "reward/mean": 0.1, "rollout/is_weight_mean": 1.0}]
+    data = plot_data(sync, [])
+    assert not data.asynchronous and len(data.panels()) == len(PANELS)
+    assert not plot_data(_metrics(), []).asynchronous
+
+
+def test_grpo_status_plot_of_an_async_run_is_four_rows_high(tmp_path: Path) -> None:
+    _run_dir(tmp_path / "logs", "async", ASYNC_METRICS, 0.0)
+    out = tmp_path / "curves.png"
+    result = run_cli(
+        "grpo_hpc.cli.status:main", "async", "--plot", str(out), "--logs", str(tmp_path / "logs")
+    )
+    assert result.returncode == 0, result.stderr
+    assert _png_size(out) == (1500, 1200)

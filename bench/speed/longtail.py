@@ -1,0 +1,166 @@
+"""Benchmark: the same run synchronous (``algo.max_staleness=0``) and asynchronous (``=1``)
+on the same device, under a long tail of completion lengths.
+
+    python -m bench.speed.longtail --out DIR [--staleness 0 1] -- GRPO_STEP_ARGS...
+
+runs ``bench/speed/grpo_step.py`` once per staleness with GRPO_STEP_ARGS (a shape or
+``--model-dir``, ``--max-new``, ``--prompts``, ``--G``, ``--steps``, ...) plus ``--engine
+native``, ``--override algo.max_staleness=K`` and either the caller's ``--length-dist FILE``
+(random weights: each row's length drawn from FILE, the same draws in both runs) or
+``--record`` (a real model: its own lengths). Each run's metrics and generation records
+land in ``DIR/k<K>/`` (with ``grpo_step.log``, its stderr); a run stopped at
+``--run-timeout`` or failed is kept as far as it went, and the next still runs.
+``bench/speed/longtail_analysis.py`` turns them into ``DIR/longtail.md`` (a table) and
+``DIR/longtail.json``: tokens/s/GPU as NeMo RL counts them, each phase's idle share, the
+wait for the longest row, ``time/wait_rollouts`` and ``time/weight_sync`` where logged,
+and whether every imposed length was honoured.
+
+CPU smoke (the tiny shape, seconds; tests/bench/test_longtail_cpu.py)::
+
+    python -m bench.speed.longtail --out /tmp/lt -- --shape tiny --precision fp32 \
+        --max-new 32 --prompts 2 --G 4 --steps 3 --length-dist FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import env_info, write_result
+from bench.speed.grpo_step import keep_run
+from bench.speed.longtail_analysis import markdown, speedup, summarize
+
+
+def step_command(k: int, out: Path, work: Path, passthrough: list[str]) -> list[str]:
+    """The grpo_step command of the staleness-``k`` run (pure)."""
+    record = [] if "--length-dist" in passthrough else ["--record"]
+    return [
+        sys.executable, "-m", "bench.speed.grpo_step", *passthrough, "--engine", "native",
+        *record, "--override", f"algo.max_staleness={k}", "--work", str(work / f"k{k}"),
+        "--keep", str(out / f"k{k}"), "--out", str(out / f"k{k}.json"),
+    ]  # fmt: skip
+
+
+def run_one(cmd: list[str], timeout: float, log: Path) -> int | None:
+    """Run ``cmd`` in a session of its own, its stderr to ``log``; past ``timeout`` s stop
+    all of it (torchrun and its ranks too, which would otherwise keep the GPU) and return
+    None."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return None
+
+
+def tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log, for the stage's output when a run failed."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-chars:]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def analyze(out: Path, staleness: list[int], passthrough: list[str]) -> dict:
+    """The comparison of the runs kept under ``out`` (written to longtail.{json,md}); a run
+    stopped at its timeout (``k<K>/CUT``) or failed (``k<K>/FAILED``) counts the steps it
+    finished. The environment is the runs' own (grpo_step's result), not the analyzer's."""
+    runs, env = [], None
+    for k in staleness:
+        kept = out / f"k{k}"
+        records = [r for f in sorted((kept / "generations").glob("*.jsonl")) for r in read_jsonl(f)]
+        rows = read_jsonl(kept / "metrics.jsonl") if (kept / "metrics.jsonl").exists() else []
+        cut = (kept / "CUT").exists() or (kept / "FAILED").exists()
+        run = summarize(f"max_staleness={k}", rows, records, cut=cut)
+        if (kept / "FAILED").exists():
+            run["failed"] = (kept / "FAILED").read_text().strip()
+        runs.append(run)
+        if env is None and (out / f"k{k}.json").exists():
+            env = json.loads((out / f"k{k}.json").read_text()).get("env")
+    lengths = "real lengths (the model's own EOS), recorded"
+    if "--length-dist" in passthrough:
+        lengths = f"lengths imposed from {passthrough[passthrough.index('--length-dist') + 1]}"
+    result = {
+        "benchmark": "longtail",
+        "lengths": lengths,
+        "grpo_step_args": passthrough,
+        "runs": runs,
+        "speedup_tokens_per_gpu_s": {r["run"]: speedup(runs[0], r) for r in runs[1:]},
+        "env": env or {"analyzed_on": env_info()},
+    }
+    write_result(result, out / "longtail.json")
+    table = markdown(runs)
+    (out / "longtail.md").write_text(
+        f"# Long-tail speed, synchronous against asynchronous\n\n{lengths}; "
+        f"`bench.speed.grpo_step {' '.join(passthrough)}`\n\n{table}\n"
+    )
+    return result
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    ours, passthrough = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--analyze-only", action="store_true", help="only read DIR's runs again")
+    p.add_argument(
+        "--run-timeout", type=float, default=3600, help="stop a run after this many s (kept)"
+    )
+    a = p.parse_args(ours)
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="longtail-"))  # the runs' folders (not copied back)
+    failed = 0
+    for k in [] if a.analyze_only else a.staleness:
+        cmd = step_command(k, a.out, work, passthrough)
+        print("+", " ".join(cmd), flush=True)
+        t0 = time.time()
+        log = a.out / f"k{k}" / "grpo_step.log"
+        code = run_one(cmd, a.run_timeout, log)
+        print(f"max_staleness={k}: exit {code} in {time.time() - t0:.0f} s", flush=True)
+        if code == 0:
+            continue
+        # stopped or failed: what it finished is kept and counted, and the next run still
+        # runs (an asynchronous run out of memory says nothing against the synchronous one)
+        from grpo_hpc.core.paths import RunPaths
+
+        keep_run(RunPaths(work / f"k{k}" / "run"), a.out / f"k{k}")
+        if code is None:
+            (a.out / f"k{k}" / "CUT").write_text(f"stopped after {a.run_timeout:.0f} s\n")
+        else:
+            (a.out / f"k{k}" / "FAILED").write_text(f"exit {code}\n")
+            print(tail(log), file=sys.stderr)
+            failed = failed or code
+    shutil.rmtree(work, ignore_errors=True)  # what the analysis reads was kept in DIR
+    result = analyze(a.out, a.staleness, passthrough)
+    print((a.out / "longtail.md").read_text())
+    bad = [m for r in result["runs"] for m in r["lengths_mismatched"]]
+    if bad:
+        print("lengths not honoured:\n" + "\n".join(bad[:10]), file=sys.stderr)
+        sys.exit(4)
+    sys.exit(failed)
+
+
+if __name__ == "__main__":
+    main()

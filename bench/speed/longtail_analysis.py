@@ -1,0 +1,194 @@
+"""What a synchronous and an asynchronous run of the long-tail benchmark measured (pure).
+
+Inputs are a run's metrics rows (``metrics.jsonl``: one row per training step, with
+``loss``) and its generation records (``bench/speed/imposed_lengths.py``: one per
+``generate``). Steps after the first count (the first compiles and captures); a figure a
+run does not log is None, never 0.
+
+- **tokens/s/GPU as NeMo RL counts them**: (prompt + response tokens of the steps) / (their
+  step time) / GPUs. Response tokens are the trainer's own count (``gen_len/mean`` x
+  ``completions``); prompt tokens are the records' (the trainer logs none), the n-th
+  sampled generation being step n's batch (true of a synchronous run and of an
+  asynchronous one, which generates each step's batch once, in step order, and nothing
+  past the last step);
+- **idle shares**: the part of the steps' time the engine did not generate
+  (1 - generate / step) and the part the optimizer did not train (1 - train / step), each
+  phase's seconds capped at the step's. In an asynchronous run the generation counted at
+  step s ran during step s-1, beside its update; over the measured steps the sums agree;
+- **wait for the longest row**: per generation, the seconds from the first host check at
+  or after the median row's length (when half the rows had ended) to the end of the
+  generation: the time the engine ran for the longer half of its rows (resolution: the
+  engine's ``check_every`` decode steps). Median over the measured generations, rank 0;
+- ``time/wait_rollouts`` (the step waiting for the generator after its update) and
+  ``time/weight_sync`` (a weight transfer, where a placement logs one), means per step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def train_steps(rows: list[Row]) -> list[Row]:
+    """The training rows (those with ``loss``) in step order."""
+    return sorted((r for r in rows if "loss" in r), key=lambda r: r["step"])
+
+
+def sampled_calls(records: list[Row]) -> list[Row]:
+    """The sampled (not greedy) generations, in order, per rank merged by call number."""
+    return sorted((r for r in records if not r.get("greedy")), key=lambda r: (r["call"], r["rank"]))
+
+
+def prompt_tokens_per_step(records: list[Row], steps: int) -> list[float] | None:
+    """Prompt tokens of each step's batch, summed over ranks: the n-th sampled call is step
+    n + 1's. None when the count of calls is not the count of steps (a batch dropped and
+    made again, extra rounds): then no call can be matched to its step."""
+    by_call: dict[int, float] = {}
+    for r in sampled_calls(records):
+        by_call[r["call"]] = by_call.get(r["call"], 0.0) + r["prompt_tokens"]
+    if len(by_call) != steps:
+        return None
+    return [by_call[c] for c in sorted(by_call)]
+
+
+def response_tokens(step: Row) -> float:
+    """The step's generated tokens over every rank (EOS included), as the trainer counts."""
+    return float(step["gen_len/mean"]) * float(step["completions"])
+
+
+def tokens_per_gpu_s(steps: list[Row], prompts: list[float], skip: int = 1) -> float | None:
+    """NeMo RL's throughput: (prompt + response tokens) / step seconds / GPUs over the
+    steps after the first ``skip``; ``prompts[i]`` is step ``i``'s prompt tokens."""
+    kept = list(zip(steps, prompts, strict=True))[skip:]
+    seconds = sum(float(s["time/step"]) for s, _ in kept)
+    if not kept or seconds <= 0:
+        return None
+    tokens = sum(p + response_tokens(s) for s, p in kept)
+    return tokens / seconds / int(kept[0][0].get("world_size", 1))
+
+
+def idle_share(steps: list[Row], key: str, skip: int = 1) -> float | None:
+    """1 - (phase ``key``'s seconds, each capped at its step's) / (the steps' seconds)."""
+    kept = [s for s in steps[skip:] if key in s]
+    total = sum(float(s["time/step"]) for s in kept)
+    if not kept or total <= 0:
+        return None
+    busy = sum(min(float(s[key]), float(s["time/step"])) for s in kept)
+    return 1.0 - busy / total
+
+
+def mean_of(steps: list[Row], key: str, skip: int = 1) -> float | None:
+    """Mean of ``key`` over the steps after the first ``skip`` that log it (None: none)."""
+    vals = [float(s[key]) for s in steps[skip:] if key in s]
+    return statistics.fmean(vals) if vals else None
+
+
+def longest_row_wait(call: Row) -> float:
+    """Seconds of one generation from the first host check at or after its median row's
+    length to its end (0 when the median row ended after the last check: the tail was
+    shorter than one check interval)."""
+    median = statistics.median(call["lengths"])
+    every = int(call["check_every"])
+    for k, t in enumerate(call["ticks"]):
+        if (k + 1) * every >= median:
+            return (call["end"] - call["start"]) - t
+    return 0.0
+
+
+def longest_row_waits(records: list[Row], skip: int = 1, rank: int = 0) -> list[float]:
+    """:func:`longest_row_wait` of each sampled generation of ``rank`` after the first
+    ``skip`` (the first captures graphs and compiles)."""
+    calls = [r for r in sampled_calls(records) if r["rank"] == rank]
+    return [longest_row_wait(c) for c in calls[skip:]]
+
+
+def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -> list[str]:
+    """Where the imposed lengths were not honoured (empty: everywhere they were): a row
+    whose recorded length is not its drawn one (capped at the cap), and a step whose
+    logged mean length is not the mean of its generation's recorded lengths."""
+    out = []
+    calls = sampled_calls(records)
+    for c in calls:
+        if c.get("drawn") is None:
+            continue
+        want = [min(d, c["cap"]) for d in c["drawn"]]
+        if want != c["lengths"]:
+            out.append(f"call {c['call']} rank {c['rank']}: drawn {want}, got {c['lengths']}")
+    by_call: dict[int, list[int]] = {}
+    for c in calls:
+        by_call.setdefault(c["call"], []).extend(c["lengths"])
+    if len(by_call) != len(steps):
+        return [*out, f"{len(by_call)} sampled generations for {len(steps)} steps"]
+    for s, call in zip(steps, sorted(by_call), strict=True):
+        mean = statistics.fmean(by_call[call])
+        if abs(mean - float(s["gen_len/mean"])) > tol:
+            out.append(f"step {s['step']}: logged mean length {s['gen_len/mean']}, {mean} made")
+    return out
+
+
+def summarize(
+    name: str, rows: list[Row], records: list[Row], skip: int = 1, cut: bool = False
+) -> dict:
+    """One run's figures (see the module's docstring). ``cut``: the run was stopped, and
+    its generations past its last logged step (made ahead, or cut) are not counted."""
+    steps = train_steps(rows)
+    if cut:
+        records = [r for r in records if r.get("greedy") or r["call"] < len(steps)]
+    prompts = prompt_tokens_per_step(records, len(steps))
+    waits = longest_row_waits(records, skip)
+    return {
+        "run": name,
+        "cut": cut,
+        "steps": len(steps),
+        "steps_measured": max(len(steps) - skip, 0),
+        "gpus": int(steps[0].get("world_size", 1)) if steps else None,
+        "step_s": mean_of(steps, "time/step", skip),
+        "generate_s": mean_of(steps, "time/generate", skip),
+        "train_s": mean_of(steps, "time/train", skip),
+        "tokens_per_gpu_s": tokens_per_gpu_s(steps, prompts, skip) if prompts else None,
+        "engine_idle": idle_share(steps, "time/generate", skip),
+        "optimizer_idle": idle_share(steps, "time/train", skip),
+        "longest_row_wait_s": statistics.median(waits) if waits else None,
+        "wait_rollouts_s": mean_of(steps, "time/wait_rollouts", skip),
+        "weight_sync_s": mean_of(steps, "time/weight_sync", skip),
+        "mean_length": mean_of(steps, "gen_len/mean", skip),
+        "lengths_mismatched": length_mismatches(steps, records),
+    }
+
+
+COLUMNS = (
+    ("run", "run", "{}"),
+    ("tokens/s/GPU", "tokens_per_gpu_s", "{:,.0f}"),
+    ("s/step", "step_s", "{:.2f}"),
+    ("generate s", "generate_s", "{:.2f}"),
+    ("train s", "train_s", "{:.2f}"),
+    ("engine idle", "engine_idle", "{:.0%}"),
+    ("optimizer idle", "optimizer_idle", "{:.0%}"),
+    ("longest-row wait s", "longest_row_wait_s", "{:.2f}"),
+    ("wait_rollouts s", "wait_rollouts_s", "{:.2f}"),
+    ("weight_sync s", "weight_sync_s", "{:.3f}"),
+    ("mean length", "mean_length", "{:.0f}"),
+)
+
+
+def markdown(runs: list[dict]) -> str:
+    """The runs as one markdown table (``-``: not logged by that run)."""
+    head = "| " + " | ".join(c[0] for c in COLUMNS) + " |"
+    rule = "|" + "---|" * len(COLUMNS)
+    lines = [head, rule]
+    for r in runs:
+        cells = ["-" if r.get(k) is None else fmt.format(r[k]) for _, k, fmt in COLUMNS]
+        if r.get("failed"):  # its figures are of the steps it finished, if any
+            cells[0] += f" (failed: {r['failed']})"
+        elif r.get("cut"):
+            cells[0] += " (stopped at its timeout)"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speedup(sync: dict, other: dict) -> float | None:
+    """``other``'s tokens/s/GPU over ``sync``'s (None where either is missing)."""
+    a, b = sync.get("tokens_per_gpu_s"), other.get("tokens_per_gpu_s")
+    return b / a if a and b else None

@@ -1,0 +1,109 @@
+"""The `async` subject of bench/gpu.sh, assembled without a GPU: `python3` and `nvidia-smi`
+are stubs on PATH that write down each call and its NVLink-multicast environment, so each
+stage is checked for the runner it starts, the settings it gives it (model, cap, rows,
+steps, imposed lengths or not, the staleness values) and multicast off in every process."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NVLS = ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1")
+STUB = """#!/bin/bash
+{ printf '%s' "$(basename "$0")"; printf ' %q' "$@"; echo
+  printf 'ENV'
+  for v in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS; do
+    printf ' %s=%s' "$v" "${!v:-}"
+  done
+  echo
+} >> "$CALLS"
+"""
+
+
+def _run(
+    tmp_path: Path, stages: list[str], code: int = 0, **env: str
+) -> tuple[list[list[str]], list[str], str]:
+    """Run ``bench/gpu.sh async OUT STAGES`` in a checkout of bench/ alone (no .whl);
+    return the python3 calls (argv), the environment line of each, and stdout."""
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    repo.mkdir()
+    bin_.mkdir()
+    (repo / "bench").symlink_to(REPO / "bench")
+    for name in ("python3", "nvidia-smi"):
+        (bin_ / name).write_text(STUB)
+        (bin_ / name).chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    r = subprocess.run(
+        ["bash", "bench/gpu.sh", "async", str(tmp_path / "out"), *stages],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(calls), **env},
+    )
+    assert r.returncode == code, r.stderr
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    argvs = [shlex.split(x) for x in lines[0::2]]
+    return [a for a in argvs if a[0] == "python3"], lines[1::2], r.stdout
+
+
+def _after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_random_weight_stages_impose_the_recorded_lengths(tmp_path: Path) -> None:
+    calls, envs, _ = _run(tmp_path, ["qwen", "lora8b"])
+    assert len(calls) == 2 and all(line == "ENV " + " ".join(NVLS) for line in envs)
+    for argv in calls:
+        assert argv[1:4] == ["-m", "bench.speed.longtail", "--out"]
+        ours, theirs = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+        assert ours[ours.index("--staleness") + 1 : ours.index("--run-timeout")] == ["0", "1"]
+        assert _after(theirs, "--max-new") == "4096" and _after(theirs, "--precision") == "bf16"
+        dist = _after(theirs, "--length-dist")
+        assert (REPO / dist).is_file() and dist.startswith("bench/speed/lengths/")
+    qwen, lora = calls
+    assert _after(qwen, "--model-dir") == "random:bench/shapes/qwen2.5-1.5b"
+    assert (_after(qwen, "--prompts"), _after(qwen, "--G"), _after(qwen, "--steps")) == (
+        "8", "8", "5",
+    )  # fmt: skip
+    assert _after(lora, "--model-dir") == "random:bench/shapes/llama-3.1-8b"
+    assert _after(lora, "--override") == "model.lora_rank=16" and _after(lora, "--steps") == "5"
+    for argv in calls:  # the shapes exist
+        assert (
+            REPO / _after(argv, "--model-dir").removeprefix("random:") / "config.json"
+        ).is_file()
+
+
+def test_the_real_model_stages_record_real_lengths_at_both_caps(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    calls, envs, _ = _run(
+        tmp_path, ["smollm2_1k", "smollm2_4k"], ASYNC_MODEL=str(model), ASYNC_K="1"
+    )
+    assert [_after(a, "--max-new") for a in calls] == ["1024", "4096"]
+    for argv in calls:
+        assert "--length-dist" not in argv  # the model's own EOS
+        assert _after(argv, "--source") == "gsm8k" and _after(argv, "--model-dir") == str(model)
+        assert _after(argv, "--staleness") == "1"  # ASYNC_K: one value a call when needed
+    assert all(line == "ENV " + " ".join(NVLS) for line in envs)
+
+
+def test_without_the_converted_model_the_real_stages_say_so(tmp_path: Path) -> None:
+    calls, _, out = _run(tmp_path, ["smollm2_1k"], 1, ASYNC_MODEL=str(tmp_path / "none"))
+    assert calls == [] and "no converted model" in out
+
+
+@pytest.mark.parametrize("stage", ["nosuch"])
+def test_an_unknown_async_stage_is_said_so(tmp_path: Path, stage: str) -> None:
+    _, _, out = _run(tmp_path, [stage])
+    assert f"unknown stage {stage}" in out
+
+
+def test_the_stage_file_is_listed_by_the_driver() -> None:
+    text = (REPO / "bench/gpu.sh").read_text()
+    assert "| async |" in text and os.path.isfile(REPO / "bench/gpu/async.sh")

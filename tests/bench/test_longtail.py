@@ -1,0 +1,151 @@
+"""The long-tail benchmark's pure parts: the length distribution (scaling to a cap, seeded
+draws) and the analysis of a synchronous and an asynchronous run (tokens/s/GPU as NeMo RL
+counts them, idle shares, the wait for the longest row, the check that imposed lengths
+were honoured), each on synthetic rows with answers computed by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.speed import length_dist as ld
+from bench.speed import longtail_analysis as la
+from bench.speed.longtail import step_command
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "bench/speed/lengths/smollm2_gsm8k_cap1024.json"
+
+
+def test_scaled_keeps_the_shape_and_runs_capped_rows_to_the_cap() -> None:
+    d = ld.LengthDist(lengths=[10, 100, 1000, 1024], cap=1024, at_cap=[False, False, False, True])
+    # x4: 40, 400, 4000; the row that hit the recorded cap runs to the new one (4097 = no EOS)
+    assert ld.scaled(d, 4096) == [40, 400, 4000, 4097]
+    # /4 rounds, never below 1 token: 10/4 = 2.5 -> 2 (banker's), 100/4 = 25, 1000/4 = 250
+    assert ld.scaled(d, 256) == [2, 25, 250, 257]
+    assert ld.scaled(ld.LengthDist([1], 1024), 8) == [1]
+    assert [ld.completion_length(t, 256) for t in ld.scaled(d, 256)] == [2, 25, 250, 256]
+
+
+def test_a_distribution_refuses_lengths_past_its_cap() -> None:
+    with pytest.raises(ValueError):
+        ld.LengthDist(lengths=[5, 2000], cap=1024)
+    with pytest.raises(ValueError):
+        ld.LengthDist(lengths=[5], cap=1024, at_cap=[False, True])
+
+
+def test_draws_are_seeded_by_seed_call_and_rank() -> None:
+    targets = list(range(1, 101))
+    a = ld.draw(targets, 64, seed=3, call=5)
+    assert a == ld.draw(targets, 64, seed=3, call=5)  # a sync and an async run draw alike
+    assert a != ld.draw(targets, 64, seed=3, call=6)
+    assert a != ld.draw(targets, 64, seed=4, call=5)
+    assert a != ld.draw(targets, 64, seed=3, call=5, rank=1)
+    assert set(a) <= set(targets)
+
+
+def test_the_recorded_distribution_states_its_provenance(tmp_path: Path) -> None:
+    d = ld.load(RECORDED)
+    assert "SmolLM2-135M" in d.provenance["model"] and "GSM8K" in d.provenance["data"]
+    assert d.provenance["command"].startswith("python -m bench.speed.record_lengths")
+    assert len(d.lengths) == len(d.at_cap) >= 64 and d.cap == 1024
+    ld.save(d, tmp_path / "again.json")  # save and load give the same distribution
+    assert ld.load(tmp_path / "again.json") == d
+    assert json.loads(RECORDED.read_text())["summary"] == ld.summary(d)
+
+
+def _step(step: int, **kw: float) -> dict:
+    return {"loss": 0.0, "step": step, "world_size": 2, "completions": 4, **kw}
+
+
+# Three steps, 2 GPUs, 4 completions a step. Step 1 is dropped (warm-up).
+STEPS = [
+    _step(1, **{"time/step": 9.0, "time/generate": 5.0, "time/train": 3.0, "gen_len/mean": 1.0}),
+    _step(2, **{"time/step": 2.0, "time/generate": 1.5, "time/train": 0.5, "gen_len/mean": 10.0,
+                "time/wait_rollouts": 0.25}),
+    _step(3, **{"time/step": 4.0, "time/generate": 5.0, "time/train": 1.0, "gen_len/mean": 20.0,
+                "time/wait_rollouts": 0.75}),
+]  # fmt: skip
+
+
+def _call(call: int, rank: int, prompt: int, lengths: list[int], **kw: object) -> dict:
+    return {"call": call, "rank": rank, "greedy": False, "prompt_tokens": prompt, "cap": 32,
+            "lengths": lengths, "drawn": None, "check_every": 4, "start": 100.0,
+            "end": 101.0, "ticks": [], **kw}  # fmt: skip
+
+
+# Two ranks, 2 rows each; an evaluation (greedy) call in between is not a step's batch.
+RECORDS = [
+    _call(0, 0, 30, [1, 1]), _call(0, 1, 30, [1, 1]),
+    {**_call(-1, 0, 999, [5, 5]), "greedy": True},
+    _call(1, 0, 50, [10, 10]), _call(1, 1, 50, [10, 10]),
+    _call(2, 1, 70, [20, 20]), _call(2, 0, 70, [20, 20]),
+]  # fmt: skip
+
+
+def test_tokens_per_gpu_second_as_nemo_rl_counts_them() -> None:
+    prompts = la.prompt_tokens_per_step(RECORDS, 3)
+    assert prompts == [60, 100, 140]  # per call, both ranks
+    # steps 2-3: prompt 100 + 140, response 10*4 + 20*4 = 120 -> 360 tokens in 6 s on 2 GPUs
+    assert la.tokens_per_gpu_s(STEPS, prompts) == pytest.approx(360 / 6 / 2)
+    assert la.prompt_tokens_per_step(RECORDS, 4) is None  # calls and steps do not pair
+
+
+def test_idle_shares_cap_each_phase_at_its_step() -> None:
+    # engine: generate 1.5 + min(5, 4) = 5.5 of 6 s busy -> idle 1/12
+    assert la.idle_share(STEPS, "time/generate") == pytest.approx(1 - 5.5 / 6)
+    # optimizer: 0.5 + 1.0 of 6 s -> idle 0.75
+    assert la.idle_share(STEPS, "time/train") == pytest.approx(0.75)
+    assert la.idle_share(STEPS, "time/weight_sync") is None  # not logged: None, not 0
+    assert la.mean_of(STEPS, "time/wait_rollouts") == pytest.approx(0.5)
+
+
+def test_wait_for_the_longest_row_starts_when_half_the_rows_ended() -> None:
+    # median length 6; checks every 4 steps at 0.1 s (t=4), 0.2 s (t=8), 0.3 s (t=12):
+    # the first at or after 6 tokens is t=8, 0.2 s into a 1 s generation -> 0.8 s of tail
+    call = _call(0, 0, 0, [2, 5, 7, 30], ticks=[0.1, 0.2, 0.3])
+    assert la.longest_row_wait(call) == pytest.approx(0.8)
+    # every row ended before the first check (t=4): the wait runs from it
+    assert la.longest_row_wait(_call(0, 0, 0, [1, 2, 3], ticks=[0.5])) == pytest.approx(0.5)
+    # the median row ended past the last check: a tail under one interval, 0
+    assert la.longest_row_wait(_call(0, 0, 0, [30, 30], ticks=[0.1])) == 0.0
+
+
+def test_length_mismatches_find_a_row_not_honoured_and_a_step_that_disagrees() -> None:
+    steps = [_step(1, **{"gen_len/mean": 3.0}), _step(2, **{"gen_len/mean": 8.0})]
+    good = [
+        _call(0, 0, 1, [2, 4], drawn=[2, 4]),
+        _call(1, 0, 1, [8, 8], drawn=[8, 40]),  # 40 is past the cap: 32 tokens, not 8
+    ]
+    bad = la.length_mismatches(steps, good)
+    assert bad == ["call 1 rank 0: drawn [8, 32], got [8, 8]"]
+    honoured = [good[0], _call(1, 0, 1, [8, 8], drawn=[8, 8])]
+    assert la.length_mismatches(steps, honoured) == []
+    off = [_step(1, **{"gen_len/mean": 3.0}), _step(2, **{"gen_len/mean": 7.0})]
+    assert la.length_mismatches(off, honoured) == ["step 2: logged mean length 7.0, 8.0 made"]
+    assert la.length_mismatches(steps[:1], honoured) == ["2 sampled generations for 1 steps"]
+
+
+def test_summary_and_table() -> None:
+    s = la.summarize("max_staleness=1", STEPS, RECORDS)
+    assert s["tokens_per_gpu_s"] == pytest.approx(30.0)
+    assert s["steps_measured"] == 2 and s["gpus"] == 2
+    assert s["weight_sync_s"] is None and s["wait_rollouts_s"] == pytest.approx(0.5)
+    table = la.markdown([s]).splitlines()
+    assert table[0].startswith("| run | tokens/s/GPU |")
+    assert table[2].startswith("| max_staleness=1 | 30 | 3.00 |") and "| - |" in table[2]
+    assert la.speedup({"tokens_per_gpu_s": 20.0}, s) == pytest.approx(1.5)
+    marked = la.markdown([s | {"cut": True}, s | {"cut": True, "failed": "exit 1"}])
+    assert "| max_staleness=1 (stopped at its timeout) | 30 |" in marked
+    assert "| max_staleness=1 (failed: exit 1) | 30 |" in marked
+    assert la.speedup({"tokens_per_gpu_s": None}, s) is None
+
+
+def test_each_run_imposes_or_records_and_keeps_its_files(tmp_path: Path) -> None:
+    imposed = step_command(1, tmp_path, tmp_path, ["--shape", "tiny", "--length-dist", "F"])
+    assert imposed[imposed.index("--override") + 1] == "algo.max_staleness=1"
+    assert "--record" not in imposed and imposed[imposed.index("--engine") + 1] == "native"
+    assert imposed[imposed.index("--keep") + 1] == str(tmp_path / "k1")
+    real = step_command(0, tmp_path, tmp_path, ["--model-dir", "M", "--source", "gsm8k"])
+    assert "--record" in real and "algo.max_staleness=0" in real

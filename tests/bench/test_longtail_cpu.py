@@ -1,0 +1,139 @@
+"""The long-tail benchmark on a CPU: the engine-side correction that imposes lengths, on
+its own tensors, and one real run of the ``tiny`` model through the runner, synchronous
+and asynchronous, whose recorded completion lengths are the drawn ones (row by row in the
+records, step by step in the trainer's metrics and samples)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench.speed import length_dist as ld
+from bench.speed.imposed_lengths import ImposingEngine
+
+REPO = Path(__file__).resolve().parents[2]
+EOS, PAD, FILLER = 2, 0, 7
+
+
+def _workspace(tokens: list[int], done: list[bool], rows_of: list[int], width: int = 6):
+    rows = len(tokens)
+    return SimpleNamespace(
+        tokens=torch.tensor(tokens),
+        out=torch.full((rows, width), PAD),
+        done=torch.tensor(done),
+        rows_of=torch.tensor(rows_of),
+    )
+
+
+def _engine(targets: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(target_bufs={8: torch.tensor(targets)}, eos=EOS, filler=FILLER)
+
+
+def test_the_correction_forces_eos_at_the_target_and_nothing_earlier() -> None:
+    # Column 2 was just chosen (a row of 3 tokens would end here). Root rows' targets:
+    targets = [3, 5, 3, 9, 9, 9, 9, 9]
+    # workspace compacted: its rows hold root rows 0, 1, 2, 3 (rows_of)
+    ws = _workspace(
+        tokens=[11, EOS, 12, PAD], done=[False, False, False, True], rows_of=[0, 1, 2, 3]
+    )
+    before = ws.done.clone()
+    ImposingEngine._impose(_engine(targets), ws, torch.tensor([2]), before, 8)  # type: ignore[arg-type]
+    # row 0: target 3 -> EOS; row 1: chose EOS before its target 5 -> filler, running;
+    # row 2: target 3 -> EOS; row 3: already done, untouched
+    assert ws.tokens.tolist() == [EOS, FILLER, EOS, PAD]
+    assert ws.out[:, 2].tolist() == [EOS, FILLER, EOS, PAD]
+    assert ws.done.tolist() == [True, False, True, True]
+    # the same rows compacted into other slots read their own root row's target
+    ws = _workspace(tokens=[11, 12], done=[False, False], rows_of=[3, 2])
+    ImposingEngine._impose(_engine(targets), ws, torch.tensor([2]), ws.done.clone(), 8)  # type: ignore[arg-type]
+    assert ws.tokens.tolist() == [11, EOS] and ws.done.tolist() == [False, True]
+
+
+@pytest.mark.slow
+def test_a_tiny_run_honours_every_imposed_length(tmp_path: Path) -> None:
+    # lengths 1 (forced at the first token), 2, 5, 17 (past one host check), 31, the cap
+    # (EOS as the last token), and a row that hit the recorded cap (runs to 32, no EOS)
+    dist = ld.LengthDist([1, 2, 5, 17, 31, 32, 32], 32, [False] * 6 + [True], {"test": "x"})
+    ld.save(dist, tmp_path / "dist.json")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
+        "--shape", "tiny", "--precision", "fp32", "--max-new", "32", "--prompts", "2",
+        "--G", "4", "--steps", "3", "--seed", "5", "--length-dist", str(tmp_path / "dist.json"),
+        "--override", "training.log_samples=8",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "longtail.json").read_text())
+    assert result["lengths"] == f"lengths imposed from {tmp_path / 'dist.json'}"
+    targets = ld.scaled(dist, 32)
+    drawn_by_run = []
+    for k in (0, 1):
+        calls = [json.loads(x) for x in (out / f"k{k}/generations/generations-rank0.jsonl").open()]
+        calls = [c for c in calls if not c["greedy"]]
+        assert [c["call"] for c in calls] == [0, 1, 2]
+        for c in calls:  # the seeded draw, and every row's length is it
+            assert c["drawn"] == ld.draw(targets, 8, seed=5, call=c["call"])
+            assert c["lengths"] == [min(d, 32) for d in c["drawn"]]
+            assert c["finished"] == [d <= 32 for d in c["drawn"]]
+        drawn_by_run.append([c["drawn"] for c in calls])
+        steps = [json.loads(x) for x in (out / f"k{k}/metrics.jsonl").open()]
+        steps = [s for s in steps if "loss" in s]
+        for s, c in zip(steps, calls, strict=True):  # the trainer's own count agrees
+            assert s["gen_len/mean"] == pytest.approx(sum(c["lengths"]) / 8)
+        samples = [json.loads(x) for x in (out / f"k{k}/samples.jsonl").open()]
+        assert len(samples) == 6  # the first completion of each of 2 groups, 3 steps
+        for smp in samples:  # as the trainer saw it: group i's first row is row 4 i
+            c, mine = calls[smp["step"] - 1], [x for x in samples if x["step"] == smp["step"]]
+            assert smp["tokens"] == min(c["drawn"][4 * mine.index(smp)], 32)
+        run = result["runs"][k]
+        assert run["lengths_mismatched"] == [] and run["tokens_per_gpu_s"] > 0
+    assert drawn_by_run[0] == drawn_by_run[1]  # both runs met the same tail, step for step
+    assert result["runs"][1]["wait_rollouts_s"] is not None
+
+
+@pytest.mark.slow
+def test_the_lora_stage_path_on_a_cpu(tmp_path: Path) -> None:
+    """What the `lora8b` stage runs, at the tiny published shape: weights built at load
+    (``random:bench/shapes/...``), LoRA, the recorded SmolLM2 distribution scaled to 64
+    tokens, synchronous and asynchronous: both finish and honour every drawn length."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
+        "--model-dir", "random:bench/shapes/tiny", "--precision", "fp32", "--max-new", "64",
+        "--prompts", "2", "--G", "4", "--steps", "3", "--override", "model.lora_rank=16",
+        "--length-dist", "bench/speed/lengths/smollm2_gsm8k_cap1024.json",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "longtail.json").read_text())
+    assert [r["lengths_mismatched"] for r in result["runs"]] == [[], []]
+    assert [r["steps"] for r in result["runs"]] == [3, 3]
+    for k in (0, 1):
+        config = (out / f"k{k}/config.yaml").read_text()
+        assert "lora_rank: 16" in config and f"max_staleness: {k}" in config
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
+    """A run that fails (here: a shape that does not exist) leaves its folder, its stderr
+    and a FAILED mark; the other staleness still runs; the table says so; the exit is not 0."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
+        "--model-dir", "random:bench/shapes/nosuch", "--precision", "fp32", "--max-new", "8",
+        "--prompts", "2", "--G", "4", "--steps", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode not in (0, None)
+    for k in (0, 1):
+        assert (out / f"k{k}/FAILED").read_text().startswith("exit ")
+        assert "nosuch" in (out / f"k{k}/grpo_step.log").read_text()
+    table = (out / "longtail.md").read_text()
+    assert "max_staleness=0 (failed: exit" in table and "max_staleness=1 (failed: exit" in table
