@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
         _stop_if_signalled()
         if link is not None and role.name == roles.GENERATOR:
-            from grpo_hpc.train.rollout import generator
+            from grpo_hpc.train import generator
 
             code = generator.serve(link)
         else:

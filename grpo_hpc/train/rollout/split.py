@@ -1,5 +1,5 @@
 """``rollout.placement=split``: the trainer's side of a generator process of its own
-(docs/async.md). The generator's side is :mod:`grpo_hpc.train.rollout.generator`.
+(docs/async.md). The generator's side is :mod:`grpo_hpc.train.generator`.
 
 The schedule is the thread placement's (:mod:`schedule`), carried out over the process
 group instead of a thread: at step ``t`` trainer 0 names the steps the plan generates (the
