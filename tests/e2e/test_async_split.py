@@ -86,9 +86,7 @@ def _wait_for(run: RunPaths, step: int, proc, checkpoint: bool = True) -> None: 
         time.sleep(0.02)
 
 
-def test_split_trains_what_the_thread_placement_trains(
-    tmp_path: Path, reference: RunPaths
-) -> None:
+def test_split_trains_what_the_thread_placement_trains(tmp_path: Path, reference: RunPaths) -> None:
     """The same seed and bound in one process (a generator thread) and in two (a generator
     process): the same weights and optimizer at the end, bit for bit. The generator makes
     exactly the batches the schedule names, from the weights sent to it (version t), the
@@ -120,14 +118,16 @@ def test_a_killed_role_resumes_bit_exact(tmp_path: Path, reference: RunPaths, vi
         _wait_for(run, rng.randint(2, 5), proc)
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
         proc.wait(timeout=120)  # torchrun ends the other process
+        print(f"the job ended {time.monotonic() - t0:.1f} s after the {victim} was killed")
     finally:
         signal_job(proc.pid, signal.SIGKILL)
     rec = read_progress(run.progress)
     assert rec is not None and rec.state != TrainState.FINISHED, (
         f"seed {seed}: the run finished before the kill; the test proved nothing"
     )
-    result = train(run, 2, torchrun=True)
+    result = train(run, 2)  # forked: the torchrun path is the killed run's
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_progress(run.progress).step == MAX_STEPS
     assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
@@ -148,7 +148,7 @@ def test_a_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path, reference: Ru
     rec = read_progress(run.progress)
     assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
     assert rec.step < MAX_STEPS, "the run finished before the stop; the test proved nothing"
-    result = train(run, 2, torchrun=True)
+    result = train(run, 2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
 
