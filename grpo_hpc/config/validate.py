@@ -156,9 +156,9 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
 def split_problem(cfg: Config, ranks: int | None) -> str | None:
     """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
-    one generator process and one trainer process, an asynchronous run (the synchronous
-    step has nothing to overlap), the rollouts of one round (dynamic sampling's extra
-    rounds are decided after scoring, on the trainer)."""
+    one generator process and one or more trainer processes (DDP among them), an
+    asynchronous run (the synchronous step has nothing to overlap), the rollouts of one
+    round (dynamic sampling's extra rounds are decided after scoring, on the trainer)."""
     k, g = cfg.algo.max_staleness, cfg.rollout.generators
     if not k:
         return (
@@ -168,16 +168,22 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
         )
     if g != 1:
         return f"rollout.generators={g}: rollout.placement=split runs 1 generator in this release"
-    if ranks is not None and ranks != g + 1:
+    if ranks is not None and ranks < g + 1:
         return (
-            f"rollout.placement=split runs 1 generator and 1 trainer process in this release, "
-            f"not {ranks} process(es): set dist.nproc_per_node=2 on one node, or "
+            f"rollout.placement=split runs {g} generator and at least 1 trainer process, "
+            f"not {ranks} process(es) in all: set dist.nproc_per_node=2 or more, or "
             "rollout.placement=thread"
+        )
+    if ranks is not None and ranks > cfg.dist.nproc_per_node:
+        return (
+            f"rollout.placement=split runs on one node in this release, not {ranks} processes "
+            f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.placement=thread"
         )
     if cfg.dist.strategy == "fsdp":
         return (
-            "rollout.placement=split with dist.strategy=fsdp is not built in this release: set "
-            "dist.strategy=ddp (one trainer process: no wrapper), or rollout.placement=thread"
+            "rollout.placement=split with dist.strategy=fsdp is not built in this release (the "
+            "full weights would be gathered for the generator): set dist.strategy=ddp, or "
+            "rollout.placement=thread"
         )
     if cfg.rollout.dynamic_sampling:
         return (

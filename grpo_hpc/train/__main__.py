@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
             code = generator.serve(link)
         else:
-            if link is not None:  # the trainers' ranks among themselves
-                info = dist.DistInfo(role.index, role.count, info.local_rank, info.device)
+            if link is not None:  # the trainers' ranks among themselves, in their group
+                group = link.trainer_group
+                info = dist.DistInfo(role.index, role.count, info.local_rank, info.device, group)
             trainer = Trainer(cfg, paths, info, stop_signal=signals.pending(), link=link)
             trainer.setup()
             code = trainer.run()

@@ -13,6 +13,7 @@ ends it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -67,28 +68,40 @@ def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Modul
         tick=lambda: None, abort=lambda: False, autocast=autocast,
     )  # fmt: skip
     custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
-    # trainer 0's share: its rank names the random stream (as in the thread placement)
-    info = DistInfo(0, 1, 0, device)
+    info = DistInfo(0, 1, 0, device)  # serve() makes one per trainer: its rank, its share
     collector = Collector(cfg, info, tok, [], Replay(), custom, None, engine, ahead=True)
     scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
     return collector, model, scoring, autocast
 
 
 def serve(link: Link) -> int:
-    """Generate what trainer 0 asks until it says stop; the exit code (0)."""
-    hello: Hello = recv_obj(link.peer)
+    """Generate what the trainers ask until trainer 0 says stop; the exit code (0). Each
+    step every trainer sends its request (its share of the prompts), trainer 0 then the
+    weights; the generator makes each named batch for each trainer in turn, with that
+    trainer's rank naming its random stream, as the thread placement's ranks do."""
+    hello: Hello = recv_obj(0)
     collector, model, scoring, autocast = build(hello, link.device)
+    trainers = link.role.trainers
+    shares = [
+        dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device))
+        for r in range(trainers)
+    ]
     replay = collector.sampler
     cap = hello.options.max_new_tokens
     while True:
-        req: Request = recv_obj(link.peer)
-        if req.stop:
+        first: Request = recv_obj(0)
+        if first.stop:
             return 0
+        requests = [first] + [recv_obj(r) for r in range(1, trainers)]
         broadcast_weights(model, link)
-        if req.cap != cap:  # a rollback grew the cap
-            collector.engine.set_max_new_tokens(req.cap)
-            cap = req.cap
-        for job in req.jobs:
-            collector.train_set, replay.position = job.problems, job.draw
-            entry = generate(collector, job.made, req.seed, model, autocast, scoring)
-            send_obj(entry, link.peer)
+        if first.cap != cap:  # a rollback grew the cap
+            collector.engine.set_max_new_tokens(first.cap)
+            cap = first.cap
+        for j in range(len(first.jobs)):
+            for r, (share, req) in enumerate(zip(shares, requests, strict=True)):
+                job = req.jobs[j]
+                # at the trainer's place in the step's prompts (Collector._take's slice)
+                share.train_set = [{}] * (r * share.per_rank) + job.problems
+                replay.position = job.draw
+                entry = generate(share, job.made, req.seed, model, autocast, scoring)
+                send_obj(entry, r)

@@ -1,6 +1,7 @@
 """Asynchronous GRPO with the generator in a process of its own (``rollout.placement=split``:
 rank 0 trains, rank 1 generates, gloo on the CPU) on the real trainer: the run trains, bit
-for bit, what the thread placement trains with the same seed; a SIGKILL of the generator
+for bit, what the thread placement trains with the same seed (two DDP trainers and a
+generator too, against two DDP ranks); a SIGKILL of the generator
 or of the trainer, or a SIGTERM (save, exit 5), then a resume, ends equal to the
 uninterrupted split run; a stopped generator is caught as a hung rank is, and named by its
 role. One uninterrupted split run serves the module."""
@@ -101,6 +102,24 @@ def test_split_trains_what_the_thread_placement_trains(tmp_path: Path, reference
     # a transfer at each step that asked for a batch (none at the last: nothing is left)
     assert all(r["time/weight_sync"] > 0 for r in rows[:-1]) and rows[-1]["time/weight_sync"] == 0
     assert _pulse(reference, 0)[3:] == ["trainer"] and _pulse(reference, 1)[3:] == ["generator"]
+
+
+def test_two_trainers_train_what_two_ddp_ranks_train(tmp_path: Path) -> None:
+    """Two trainers (DDP in a group of their own) and one generator against two DDP ranks
+    each generating in a thread: the same final state, bit for bit. The generator makes
+    each trainer's share from that trainer's random stream, as each rank's thread does."""
+    steps = ["training.max_steps=4", "algo.max_staleness=1", "rollout.prompts_per_step=4"]
+    thread = make_run(tmp_path, "thread", *steps, nproc=2)
+    split = make_run(tmp_path, "split", *steps, nproc=3)
+    split.config.write_text(
+        split.config.read_text().replace("placement: thread", "placement: split")
+    )
+    for run, nproc in ((thread, 2), (split, 3)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(_final_state(thread, 4), _final_state(split, 4))
+    assert [r["staleness/max"] for r in _rows(split)] == [0.0, 1.0, 1.0, 1.0]
+    assert _pulse(split, 1)[3:] == ["trainer"] and _pulse(split, 2)[3:] == ["generator"]
 
 
 @pytest.mark.parametrize("victim", ["generator", "trainer"])

@@ -57,6 +57,8 @@ class Link:
     """The global rank it exchanges messages with (trainer 0 <-> generator 0)."""
     sync_group: Any
     """The group {trainer 0, generators} the weights are broadcast in."""
+    trainer_group: Any
+    """The trainers' own group (their DDP, their agreements), generators left out."""
     device: torch.device
     """Where this process computes (the weights travel from and to it)."""
 
@@ -66,8 +68,9 @@ def connect(cfg: Config, role: Role, device: torch.device) -> Link:
     groups are created collectively)."""
     t, world = role.trainers, tdist.get_world_size()
     sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
-    peer = 0 if role.name == "generator" else t
-    return Link(role, peer, sync, device)
+    trainers = tdist.new_group(ranks=list(range(t)))
+    peer = 0 if role.name == "generator" else t  # generator 0 (the one this release runs)
+    return Link(role, peer, sync, trainers, device)
 
 
 @dataclass(frozen=True)
@@ -96,19 +99,20 @@ class Hello:
 
 @dataclass(frozen=True)
 class Job:
-    """One batch the generator is to make."""
+    """One batch the generator is to make for one trainer."""
 
     made: Made
     """Its step, version (the weights sent with the request) and lineage."""
     problems: list[dict]
-    """This trainer's share of the step's prompts, as the trainer's sampler drew them."""
+    """The trainer's share of the step's prompts, as its sampler drew them."""
     draw: int
     """Where in the data order they were drawn from (``rollout.seed_per_group``)."""
 
 
 @dataclass(frozen=True)
 class Request:
-    """Trainer 0's order for one step; the weights follow it unless ``stop``."""
+    """A trainer's order for one step (every trainer sends one, for its own share; the
+    weights follow them from trainer 0), or trainer 0's ``stop``."""
 
     jobs: tuple[Job, ...] = ()
     """The batches to make, in order: the step's own first when it is missing."""
@@ -216,8 +220,10 @@ class SplitPipeline(RolloutPipeline):
         self.policy, self.link, self.tick = policy, link, tick
         self.outstanding = Outstanding()
         self.cap = cfg.rollout.max_new_tokens
-        self.closed = False
-        send_obj(hello, link.peer)
+        self.first = link.role.index == 0  # trainer 0: the weights, the hello, the stop
+        self.closed = not self.first
+        if self.first:
+            send_obj(hello, link.peer)
 
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
         """The batch step ``step`` trains; the generator makes the batches the plan names
@@ -236,9 +242,10 @@ class SplitPipeline(RolloutPipeline):
                 problems, draw = self.collector.draw()
                 jobs.append(Job(Made(s, step, lineage), problems, draw))
             send_obj(Request(tuple(jobs), seed, self.cap), self.link.peer)
-            t = time.monotonic()
-            broadcast_weights(self.policy, self.link)
-            self.sync_s += time.monotonic() - t
+            if self.first:
+                t = time.monotonic()
+                broadcast_weights(self.policy, self.link)
+                self.sync_s += time.monotonic() - t
             self.outstanding.made = [j.made for j in jobs]
         if decision.now:
             entry = self._receive()
@@ -283,8 +290,9 @@ class SplitPipeline(RolloutPipeline):
         self.cap = cap
 
     def close(self) -> None:
-        """Tell the generator the trainer is done (after the last batch was received: the
-        generator waits for a request then). Once; a generator already gone is no error."""
+        """Trainer 0: tell the generator the trainers are done (after the last batch was
+        received: the generator waits for a request then). Once; a generator already gone
+        is no error."""
         if self.closed or self.outstanding.made:  # it is mid-batch: torchrun ends it
             return
         self.closed = True

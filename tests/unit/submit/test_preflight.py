@@ -483,7 +483,7 @@ def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     assert " GiB), generator rank 1 (engine " in line and "at most 1 update(s) stale" in line
     one = _grpo_submit("--profile", "local", *args, "algo.max_staleness=1", env=env)
     assert one.returncode == ExitCode.CONFIG_ERROR
-    said = "rollout.placement=split runs 1 generator and 1 trainer process in this release, not 1"
+    said = "rollout.placement=split runs 1 generator and at least 1 trainer process, not 1"
     assert said in one.stderr and "placement: " not in one.stdout
     sync = _grpo_submit("--profile", "h100x2", *args, env=env)
     assert sync.returncode == ExitCode.CONFIG_ERROR
