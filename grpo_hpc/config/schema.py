@@ -132,8 +132,8 @@ class RolloutConfig:
     thread inside each training process, on a copy of the weights; ``split``, processes of
     their own under the same torchrun (the last ``generators`` ranks; the others train),
     which trainer rank 0 sends the weights after each update and which send the batches
-    back (docs/async.md). This release runs split as one generator and one trainer
-    process on one node (``dist.nproc_per_node=2``)."""
+    back (docs/async.md). This release runs split as one generator and one or more DDP
+    trainer processes on one node (``dist.nproc_per_node`` = trainers + 1)."""
     generators: int = 1
     """``placement=split``: how many of the job's ranks generate (the last ones); the
     others train. This release runs 1."""
