@@ -1,20 +1,22 @@
-"""``rollout.placement=split``: the trainer's side of a generator process of its own
+"""``rollout.placement=split``: the trainers' side of a generator process of its own
 (docs/async.md). The generator's side is :mod:`grpo_hpc.train.generator`.
 
 The schedule is the thread placement's (:mod:`schedule`), carried out over the process
-group instead of a thread: at step ``t`` trainer 0 names the steps the plan generates (the
-step's own batch when it is missing, then ``t+1 .. t+k``), draws their prompts from its
-own sampler (the data order stays the trainer's, in its checkpoint), and sends them with
-the seed in use and the rollout cap; then it broadcasts the weights, version ``t``, in the
-group {trainer 0, generators}. The generator loads them, generates each named batch with
-the thread's code and random stream (``pipeline.generate``) and sends it back as a
-:class:`Collected`, the sampler's log-probs included. The generator never starts a step
-the trainer did not name, so the run stays a function of its seed: on a CPU it trains
-bit for bit what the thread placement trains (tests/e2e/test_async_split.py).
+group instead of a thread: at step ``t`` each trainer names the steps the plan generates
+(the step's own batch when it is missing, then ``t+1 .. t+k``; the plan is the same on
+every trainer), draws its share of their prompts from its own sampler (the data order
+stays the trainers', in their checkpoint), and sends them with the seed in use and the
+rollout cap; then trainer 0 broadcasts the weights, version ``t``, in the group
+{trainer 0, generators}. The generator loads them, generates each named batch for each
+trainer with the thread's code and that trainer's random stream (``pipeline.generate``)
+and sends it back as a :class:`Collected`, the sampler's log-probs included. The generator
+never starts a step the trainers did not name, so the run stays a function of its seed:
+on a CPU it trains bit for bit what the thread placement trains
+(tests/e2e/test_async_split.py).
 
-Messages are pickled values sent as byte tensors over the default (gloo) group, point to
-point; the weights are one flat tensor per dtype, broadcast (on NCCL the same code
-broadcasts the GPU tensors, no host copy; not yet run on a GPU). While the trainer waits
+Messages are pickled values sent as byte tensors point to point over the default group
+(gloo on a CPU); the weights are one flat tensor per dtype, broadcast (on NCCL the same
+code broadcasts the GPU tensors, no host copy; not yet run on a GPU). While a trainer waits
 for the generator a thread beats its heartbeat, so that a long first batch does not read
 as a hung trainer.
 """
@@ -198,7 +200,7 @@ class Outstanding:
 
 
 class SplitPipeline(RolloutPipeline):
-    """Trainer 0's rollouts from a generator process: the thread placement's
+    """A trainer's rollouts from a generator process: the thread placement's
     :class:`RolloutPipeline` (its pending batches, checkpoints and metrics), with the
     shadow and the thread replaced by messages to the generator."""
 
