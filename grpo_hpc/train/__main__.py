@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init
     from grpo_hpc.config.schema import Config
     from grpo_hpc.train.distributed.dist import DistInfo
     from grpo_hpc.train.rollout.roles import Role
+    from grpo_hpc.train.rollout.split import Link
     from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(code)
 
 
-def _split_link(cfg: Config, info: DistInfo, role: object) -> object:
+def _split_link(cfg: Config, info: DistInfo, role: Role) -> Link | None:
     """This process's end of a ``rollout.placement=split`` run (None for another run);
     refused (exit 2) where the split is not built (``config.validate.split_problem``)."""
     if cfg.rollout.placement != "split":

@@ -39,7 +39,8 @@ class PeerSeen:
     """What a rank last saw of one peer's pulse file."""
 
     content: str | None = None
-    """The file's text (``<pid> <counter> <host>``); None before the peer first pulsed."""
+    """The file's text (``<pid> <counter> <host>``, then ``<role>`` where the job's ranks do
+    different things); None before the peer first pulsed."""
     changed_at: float = 0.0
     """When (this rank's monotonic clock) the content last changed."""
     done: bool = False
