@@ -79,7 +79,7 @@ def serve(link: Link) -> int:
     step every trainer sends its request (its share of the prompts), trainer 0 then the
     weights; the generator makes each named batch for each trainer in turn, with that
     trainer's rank naming its random stream, as the thread placement's ranks do."""
-    hello: Hello = recv_obj(0)
+    hello: Hello = recv_obj(0, link.device)
     collector, model, scoring, autocast = build(hello, link.device)
     trainers = link.role.trainers
     shares = [
@@ -89,10 +89,10 @@ def serve(link: Link) -> int:
     replay = collector.sampler
     cap = hello.options.max_new_tokens
     while True:
-        first: Request = recv_obj(0)
+        first: Request = recv_obj(0, link.device)
         if first.stop:
             return 0
-        requests = [first] + [recv_obj(r) for r in range(1, trainers)]
+        requests = [first] + [recv_obj(r, link.device) for r in range(1, trainers)]
         broadcast_weights(model, link)
         if first.cap != cap:  # a rollback grew the cap
             collector.engine.set_max_new_tokens(first.cap)
@@ -104,4 +104,4 @@ def serve(link: Link) -> int:
                 share.train_set = [{}] * (r * share.per_rank) + job.problems
                 replay.position = job.draw
                 entry = generate(share, job.made, req.seed, model, autocast, scoring)
-                send_obj(entry, r)
+                send_obj(entry, r, link.device)

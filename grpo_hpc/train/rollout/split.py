@@ -127,31 +127,41 @@ class Request:
 
 
 # ---------------------------------------------------------------------- transport
-def send_obj(obj: Any, dst: int) -> None:
-    """``obj`` pickled to global rank ``dst``."""
+def send_obj(obj: Any, dst: int, device: torch.device) -> None:
+    """``obj`` pickled to global rank ``dst``; ``device``: this process's (the bytes travel
+    from there under NCCL, which moves no host tensor; from the host under gloo)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
-    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    wire = _wire(device)
+    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(wire)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=wire)
     for t in (size, payload):
-        tdist.isend(t, dst).wait()
+        _finish(tdist.isend(t, dst))
 
 
-def recv_obj(src: int, tick: Callable[[], None] | None = None) -> Any:
-    """The next object from global rank ``src``; ``tick`` is called while waiting (the
+def recv_obj(src: int, device: torch.device, tick: Callable[[], None] | None = None) -> Any:
+    """The next object from global rank ``src``, its tensors on ``device`` (this
+    process's: the sender's GPU index is not ours); ``tick`` is called while waiting (the
     trainer's heartbeat)."""
-    size = torch.zeros(1, dtype=torch.int64)
+    wire = _wire(device)
+    size = torch.zeros(1, dtype=torch.int64, device=wire)
     _wait(tdist.irecv(size, src), tick)
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
     _wait(tdist.irecv(payload, src), tick)
-    return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+    data = io.BytesIO(payload.cpu().numpy().tobytes())
+    return torch.load(data, map_location=device, weights_only=False)
+
+
+def _wire(device: torch.device) -> torch.device:
+    """Where a message's bytes travel from: the device under NCCL, the host under gloo."""
+    return device if "nccl" in str(tdist.get_backend()) else torch.device("cpu")
 
 
 def _wait(work: Any, tick: Callable[[], None] | None = None) -> None:
     """Wait for ``work``, calling ``tick`` every ``TICK_S`` meanwhile from a thread (gloo's
     point-to-point work completes only inside ``wait``: it cannot be polled)."""
     if tick is None:
-        work.wait()
+        _finish(work)
         return
     done = threading.Event()
 
@@ -162,10 +172,18 @@ def _wait(work: Any, tick: Callable[[], None] | None = None) -> None:
     beater = threading.Thread(target=beat, name="grpo-split-wait", daemon=True)
     beater.start()
     try:
-        work.wait()
+        _finish(work)
     finally:
         done.set()
         beater.join()
+
+
+def _finish(work: Any) -> None:
+    """``work`` done, its data readable: under NCCL ``wait`` only orders the stream, so the
+    host waits for the device too."""
+    work.wait()
+    if "nccl" in str(tdist.get_backend()):
+        torch.cuda.synchronize()
 
 
 def broadcast_weights(model: torch.nn.Module, link: Link) -> None:
@@ -225,7 +243,7 @@ class SplitPipeline(RolloutPipeline):
         self.first = link.role.index == 0  # trainer 0: the weights, the hello, the stop
         self.closed = not self.first
         if self.first:
-            send_obj(hello, link.peer)
+            send_obj(hello, link.peer, link.device)
 
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
         """The batch step ``step`` trains; the generator makes the batches the plan names
@@ -243,7 +261,7 @@ class SplitPipeline(RolloutPipeline):
             for s in steps:
                 problems, draw = self.collector.draw()
                 jobs.append(Job(Made(s, step, lineage), problems, draw))
-            send_obj(Request(tuple(jobs), seed, self.cap), self.link.peer)
+            send_obj(Request(tuple(jobs), seed, self.cap), self.link.peer, self.link.device)
             if self.first:
                 t = time.monotonic()
                 broadcast_weights(self.policy, self.link)
@@ -269,7 +287,7 @@ class SplitPipeline(RolloutPipeline):
     def _receive(self) -> Entry:
         want = self.outstanding.made.pop(0)
         try:
-            entry = recv_obj(self.link.peer, self.tick)
+            entry = recv_obj(self.link.peer, self.link.device, self.tick)
         except RuntimeError as e:  # gloo: the connection to the generator closed
             self.closed = True  # nothing more to tell it
             raise GeneratorGone(
@@ -299,6 +317,6 @@ class SplitPipeline(RolloutPipeline):
             return
         self.closed = True
         try:  # the generator waits for a request: a small message it takes at once
-            send_obj(Request(stop=True), self.link.peer)
+            send_obj(Request(stop=True), self.link.peer, self.link.device)
         except RuntimeError:
             pass  # the generator is gone already: nothing to tell
