@@ -1,10 +1,10 @@
 """Asynchronous GRPO with the generator in a process of its own (``rollout.placement=split``:
 rank 0 trains, rank 1 generates, gloo on the CPU) on the real trainer: the run trains, bit
 for bit, what the thread placement trains with the same seed (two DDP trainers and a
-generator too, against two DDP ranks); a SIGKILL of the generator
-or of the trainer, or a SIGTERM (save, exit 5), then a resume, ends equal to the
-uninterrupted split run; a stopped generator is caught as a hung rank is, and named by its
-role. One uninterrupted split run serves the module."""
+generator too, against two DDP ranks); a SIGKILL of the generator or of the trainer, or a
+SIGTERM (save, exit 5), then a resume, ends equal to the uninterrupted split run; a
+stopped generator or trainer is caught as a hung rank is, and named by its role. One
+uninterrupted split run serves the module."""
 
 from __future__ import annotations
 
@@ -172,13 +172,15 @@ def test_a_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path, reference: Ru
     assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
 
 
-def test_a_stopped_generator_is_caught_and_named(tmp_path: Path) -> None:
-    """SIGSTOP of the generator (a hung process): the trainer's watch ends the job within
-    dist.peer_timeout_s, exit 4, and progress.json names the role and the host."""
+@pytest.mark.parametrize(("victim", "rank"), [("generator", 1), ("trainer", 0)])
+def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: int) -> None:
+    """SIGSTOP of the generator (a hung process; the trainer's watch catches it) or of the
+    trainer (the generator's watch does): the job ends within dist.peer_timeout_s, exit 4,
+    and progress.json names the role and the host."""
     timeout_s = 10
-    run = split_run(tmp_path, "hung", *SLOW, f"dist.peer_timeout_s={timeout_s}")
+    run = split_run(tmp_path, f"hung-{victim}", *SLOW, f"dist.peer_timeout_s={timeout_s}")
     with training(run, nproc=2, timeout=240) as result:
-        pid = int(_pulse(run, 1)[0])
+        pid = int(_pulse(run, rank)[0])
         deadline = time.time() + 180
         while (rec := read_progress(run.progress)) is None or rec.step < 2:
             assert time.time() < deadline, "the run never reached step 2"
@@ -194,5 +196,7 @@ def test_a_stopped_generator_is_caught_and_named(tmp_path: Path) -> None:
     assert done.returncode == ExitCode.STALLED, done.stderr[-2000:]
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FAILED and rec.step < MAX_STEPS
-    said = f"generator (rank 1 on {HOST}) stopped answering (no pulse for {timeout_s} s) at step"
+    said = (
+        f"{victim} (rank {rank} on {HOST}) stopped answering (no pulse for {timeout_s} s) at step"
+    )
     assert rec.reason.startswith(said), rec.reason
