@@ -37,7 +37,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
-from grpo_hpc.train.rollout.roles import Role
+from grpo_hpc.config.roles import Role
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
 
