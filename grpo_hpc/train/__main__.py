@@ -39,9 +39,9 @@ from grpo_hpc.train.distributed import cpu_binding  # noqa: E402
 from grpo_hpc.train.supervision import gc_schedule  # noqa: E402
 
 if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
+    from grpo_hpc.config.roles import Role
     from grpo_hpc.config.schema import Config
     from grpo_hpc.train.distributed.dist import DistInfo
-    from grpo_hpc.config.roles import Role
     from grpo_hpc.train.rollout.split import Link
     from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         if line := cpu_binding.bind(cfg.dist.bind_cpus):  # before torch starts its threads
             print(line, flush=True)
         with gc_schedule.imports_frozen():  # torch, the process group, transformers
-            from grpo_hpc.train.distributed import dist
             from grpo_hpc.config import roles
+            from grpo_hpc.train.distributed import dist
 
             info = dist.init(cfg.dist)
             role = roles.role_of(cfg, info.rank, info.world_size)

@@ -34,10 +34,10 @@ import torch
 import torch.distributed as tdist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from grpo_hpc.config.roles import Role
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
-from grpo_hpc.config.roles import Role
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
 
@@ -46,7 +46,7 @@ TICK_S = 1.0
 
 
 class GeneratorGone(RuntimeError):
-    """The other side of a split run stopped answering in the middle of a message."""
+    """The generator ended before sending a batch it was asked for, or sent another."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class Link:
     role: Role
     """What this process does."""
     peer: int
-    """The global rank it exchanges messages with (trainer 0 <-> generator 0)."""
+    """The global rank it sends its messages to (a trainer: the generator; the generator:
+    trainer 0, whose hello and stop it waits for)."""
     sync_group: Any
     """The group {trainer 0, generators} the weights are broadcast in."""
     trainer_group: Any

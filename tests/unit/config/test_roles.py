@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from grpo_hpc.config.load import build_config
+from grpo_hpc.config.roles import GENERATOR, TRAINER, Role, role_of
 from grpo_hpc.config.validate import split_problem
 from grpo_hpc.core.errors import ConfigError
-from grpo_hpc.config.roles import GENERATOR, TRAINER, Role, role_of
 from grpo_hpc.train.supervision.liveness import describe, lost_reason
 
 
