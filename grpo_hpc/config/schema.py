@@ -127,6 +127,16 @@ class RolloutConfig:
     ranks, so a run resumed on fewer nodes (the profile's ``nodes_wait_s``) or more
     continues as the uninterrupted run would have, within fp32 rounding
     (docs/scaling.md). Costs batching: each group decodes alone."""
+    placement: str = one_of("thread", ("thread", "split"))
+    """Where an asynchronous run (``algo.max_staleness`` >= 1) generates: ``thread``, a
+    thread inside each training process, on a copy of the weights; ``split``, processes of
+    their own under the same torchrun (the last ``generators`` ranks; the others train),
+    which trainer rank 0 sends the weights after each update and which send the batches
+    back (docs/async.md). This release runs split as one generator and one or more DDP
+    trainer processes on one node (``dist.nproc_per_node`` = trainers + 1)."""
+    generators: int = 1
+    """``placement=split``: how many of the job's ranks generate (the last ones); the
+    others train. This release runs 1."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

@@ -121,7 +121,11 @@ def _validate_async(cfg: Config) -> None:
             f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
             "generated up to k updates ahead)"
         )
-    problem = async_ranks_problem(cfg, cfg.dist.nproc_per_node)
+    # a split run's process count is the profile's (nodes x processes), not known here
+    split = cfg.rollout.placement == "split"
+    problem = (
+        split_problem(cfg, None) if split else async_ranks_problem(cfg, cfg.dist.nproc_per_node)
+    )
     if problem:
         raise ConfigError(problem)
 
@@ -132,6 +136,8 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
     shards would have to be gathered for the copy, and dynamic sampling's rounds are agreed
     between the ranks."""
     k = cfg.algo.max_staleness
+    if cfg.rollout.placement == "split":
+        return split_problem(cfg, ranks)
     if not k or ranks <= 1:
         return None
     if cfg.dist.strategy == "fsdp":
@@ -143,6 +149,46 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
         return (
             f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "
             f"release, not {ranks}: turn one of them off (docs/async.md)"
+        )
+    return None
+
+
+def split_problem(cfg: Config, ranks: int | None) -> str | None:
+    """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
+    can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
+    one generator process and one or more trainer processes (DDP among them), an
+    asynchronous run (the synchronous step has nothing to overlap), the rollouts of one
+    round (dynamic sampling's extra rounds are decided after scoring, on the trainer)."""
+    k, g = cfg.algo.max_staleness, cfg.rollout.generators
+    if not k:
+        return (
+            "rollout.placement=split generates ahead of the trainer and needs "
+            "algo.max_staleness >= 1 (e.g. 1); the synchronous step generates in the trainer: "
+            "set rollout.placement=thread"
+        )
+    if g != 1:
+        return f"rollout.generators={g}: rollout.placement=split runs 1 generator in this release"
+    if ranks is not None and ranks < g + 1:
+        return (
+            f"rollout.placement=split runs {g} generator and at least 1 trainer process, "
+            f"not {ranks} process(es) in all: set dist.nproc_per_node=2 or more, or "
+            "rollout.placement=thread"
+        )
+    if ranks is not None and ranks > cfg.dist.nproc_per_node:
+        return (
+            f"rollout.placement=split runs on one node in this release, not {ranks} processes "
+            f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.placement=thread"
+        )
+    if cfg.dist.strategy == "fsdp":
+        return (
+            "rollout.placement=split with dist.strategy=fsdp is not built in this release (the "
+            "full weights would be gathered for the generator): set dist.strategy=ddp, or "
+            "rollout.placement=thread"
+        )
+    if cfg.rollout.dynamic_sampling:
+        return (
+            "rollout.placement=split with rollout.dynamic_sampling is not built in this "
+            "release: turn one of them off (docs/async.md)"
         )
     return None
 

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_hpc.config import speed as auto_speed
-from grpo_hpc.memory.estimate import GIB, ModelShape, Settings, estimate, micro_tokens
+from grpo_hpc.memory.estimate import (
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION,
+    GIB,
+    ModelShape,
+    Settings,
+    estimate,
+    micro_tokens,
+)
 from grpo_hpc.memory.fit import Plan, alternatives, fit
 
 if TYPE_CHECKING:
@@ -242,3 +250,34 @@ def oom_advice(cfg: Config, capacity_gib: float, nodes: int = 1) -> str:
     if alts:
         return f"{said}; would fit: " + " or ".join(f"{k} ({v:.1f} GiB)" for k, v in alts)
     return f"{said}; nothing tried fits {capacity_gib:g} GiB: use larger or more GPUs"
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """A ``rollout.placement=split`` run's estimate per process role (GiB, the GPU's total
+    with fragmentation and the CUDA context, as the ``memory:`` line counts it)."""
+
+    generator_gib: float
+    """A generator: its copy of the weights, its engine (packed weights, KV cache) and a
+    generation's transient."""
+    trainer_gib: float
+    """A trainer: a synchronous step's peak on the trainers' ranks alone (the weights,
+    gradients, optimizer, the update; its own engine, for the held-out evaluation)."""
+
+
+def split_memory(
+    cfg: Config, nodes: int = 1, capability: tuple[int, int] | None = None
+) -> RoleMemory | None:
+    """The per-role estimate of a split run (None where the model's shape is unknown).
+    The asynchronous estimate's copy and overlap (``Estimate.shadow``, ``overlapped``) are
+    the generator's whole need; the trainer's is the synchronous step's."""
+    shape = model_shape(cfg.model)
+    if shape is None:
+        return None
+    s = settings_of(cfg, nodes, capability)
+    trainers = max(1, s.ranks - cfg.rollout.generators)
+    rows = max(1, cfg.rollout.prompts_per_step // trainers) * cfg.rollout.num_generations
+    both = estimate(shape, replace(s, ranks=trainers, rows=rows, staleness=max(1, s.staleness)))
+    gen = (both.shadow + both.overlapped) / GIB * FRAGMENTATION + CUDA_CONTEXT_GIB
+    trainer = estimate(shape, replace(s, ranks=trainers, rows=rows, staleness=0))
+    return RoleMemory(gen, trainer.total_gib)

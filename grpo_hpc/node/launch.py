@@ -135,9 +135,26 @@ def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float) -> No
     cause = root_cause.parse(b"".join(tail).decode("utf-8", "replace"))
     if cause is None:
         return
-    rec = root_cause.explained(read_progress(paths.progress), cause, started)
+    role = _split_role(paths, cause.rank)
+    rec = root_cause.explained(read_progress(paths.progress), cause, started, role)
     if rec is not None:
         write_progress(paths.progress, rec)
+
+
+def _split_role(paths: RunPaths, rank: int) -> str | None:
+    """What global ``rank`` did in a ``rollout.placement=split`` run (one node: its
+    processes are the job's), None in another run or where the config cannot be read."""
+    from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.config.roles import role_of
+    from grpo_hpc.core.errors import GrpoError
+
+    try:
+        cfg = load_resolved(paths.config)
+    except (GrpoError, OSError, ValueError):
+        return None
+    if cfg.rollout.placement != "split":
+        return None
+    return role_of(cfg, rank, cfg.dist.nproc_per_node).name
 
 
 def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) -> None:

@@ -61,21 +61,23 @@ def parse(text: str) -> RootCause | None:
     return RootCause(rank, fields.get("host", "?"), exitcode, int(pid.group(1)) if pid else None)
 
 
-def death_line(cause: RootCause, step: int) -> str | None:
+def death_line(cause: RootCause, step: int, role: str | None = None) -> str | None:
     """The reason a death by signal gets (None for an ordinary non-zero exit, whose rank
-    printed its own error)."""
+    printed its own error); ``role``: what the rank did where the job's ranks differ
+    (``generator (rank 1, pid ... on ...)``; None: ``rank 1 (pid ... on ...)``)."""
     sig = cause.signal_name
     if sig is None:
         return None
     pid = f"pid {cause.pid} " if cause.pid is not None else ""
+    who = f"{role} (rank {cause.rank}, " if role else f"rank {cause.rank} ("
     hint = " (the kernel's out-of-memory killer sends SIGKILL too: check the node's memory)"
-    return f"rank {cause.rank} ({pid}on {cause.host}) was killed by {sig} at step {step}" + (
+    return f"{who}{pid}on {cause.host}) was killed by {sig} at step {step}" + (
         hint if sig == "SIGKILL" else ""
     )
 
 
 def explained(
-    rec: ProgressRecord | None, cause: RootCause, started: float
+    rec: ProgressRecord | None, cause: RootCause, started: float, role: str | None = None
 ) -> ProgressRecord | None:
     """The record with the death in its reason, or None when it needs no change: a record
     of an earlier attempt is replaced only when this one wrote none; a failure the trainer
@@ -83,7 +85,7 @@ def explained(
     it recorded (a peer's death seen as a broken collective) gets the death in front."""
     if rec is None or rec.heartbeat < started:
         return None  # this attempt wrote no record: the trainer never started
-    line = death_line(cause, rec.step)
+    line = death_line(cause, rec.step, role)
     if line is None or rec.state is TrainState.FINISHED:
         return None
     if rec.state.terminal and rec.exit_code not in (None, int(ExitCode.CRASH)):

@@ -63,6 +63,8 @@ class SubmitPlan:
         if not k:
             return ""
         ranks = self.profile.nodes * self.config.dist.nproc_per_node
+        if self.config.rollout.placement == "split":
+            return split_placement_line(self.config, self.profile, ranks)
         where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
         return (
             f"placement: {where}: the trainer, and a generator thread on a copy of the "
@@ -72,6 +74,33 @@ class SubmitPlan:
     @property
     def refused(self) -> bool:
         return bool(self.problems)
+
+
+def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
+    """The ``placement:`` line of a ``rollout.placement=split`` run: each role's ranks and
+    its memory estimate where the profile names its GPUs' memory (pure but for reading
+    the model's config.json)."""
+    g = cfg.rollout.generators
+    t = ranks - g
+    if t < 1:  # refused (config.validate.split_problem): the refusal says why
+        return ""
+    mem = memory_plan.split_memory(cfg, profile.nodes, profile.capability)
+    known = mem is not None and profile.gpu_mem_gb is not None
+    engine = f" (engine {mem.generator_gib:.1f} GiB)" if known else ""
+    update = f" (update {mem.trainer_gib:.1f} GiB)" if known else ""
+    k = cfg.algo.max_staleness
+    return (
+        f"placement: split: {_ranks('trainer', range(t))}{update}, "
+        f"{_ranks('generator', range(t, ranks))}{engine}; batches at most {k} update(s) "
+        f"stale (algo.max_staleness={k}; docs/async.md)"
+    )
+
+
+def _ranks(role: str, ranks: range) -> str:
+    """``trainer rank 0``, ``generator ranks 1-2``."""
+    if len(ranks) == 1:
+        return f"{role} rank {ranks[0]}"
+    return f"{role} ranks {ranks[0]}-{ranks[-1]}"
 
 
 def apply_profile(

@@ -39,8 +39,10 @@ from grpo_hpc.train.distributed import cpu_binding  # noqa: E402
 from grpo_hpc.train.supervision import gc_schedule  # noqa: E402
 
 if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init)
+    from grpo_hpc.config.roles import Role
     from grpo_hpc.config.schema import Config
     from grpo_hpc.train.distributed.dist import DistInfo
+    from grpo_hpc.train.rollout.split import Link
     from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
 
@@ -53,30 +55,43 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(argv[0]).resolve())
     trainer = None
     pulse = None
+    records = os.environ.get("RANK", "0") == "0"  # who writes progress.json before a trainer
     try:
         cfg = load_resolved(paths.config)
         _stop_if_signalled()
         if line := cpu_binding.bind(cfg.dist.bind_cpus):  # before torch starts its threads
             print(line, flush=True)
         with gc_schedule.imports_frozen():  # torch, the process group, transformers
+            from grpo_hpc.config import roles
             from grpo_hpc.train.distributed import dist
 
             info = dist.init(cfg.dist)
-            pulse = _watch_peers(cfg, paths, info, lambda: trainer)
+            role = roles.role_of(cfg, info.rank, info.world_size)
+            records = role.records_progress
+            pulse = _watch_peers(cfg, paths, info, lambda: trainer, role)
+            link = _split_link(cfg, info, role)
             from grpo_hpc.train.trainer import Trainer
 
         _stop_if_signalled()
-        trainer = Trainer(cfg, paths, info, stop_signal=signals.pending())
-        trainer.setup()
-        code = trainer.run()
+        if link is not None and role.name == roles.GENERATOR:
+            from grpo_hpc.train import generator
+
+            code = generator.serve(link)
+        else:
+            if link is not None:  # the trainers' ranks among themselves, in their group
+                group = link.trainer_group
+                info = dist.DistInfo(role.index, role.count, info.local_rank, info.device, group)
+            trainer = Trainer(cfg, paths, info, stop_signal=signals.pending(), link=link)
+            trainer.setup()
+            code = trainer.run()
     except StoppedBeforeTrainingError as e:
         code = e.exit_code
-        _record_failure(trainer, code, str(e), paths, TrainState.INTERRUPTED)
+        _record_failure(trainer, code, str(e), paths, TrainState.INTERRUPTED, records)
         sys.stderr.write(f"grpo_hpc.train: {e}\n")
     except GrpoError as e:
         code = e.exit_code
         if not isinstance(e, RunDirBusyError):  # progress.json is the other trainer's
-            _record_failure(trainer, code, str(e), paths)
+            _record_failure(trainer, code, str(e), paths, records=records)
         sys.stderr.write(f"grpo_hpc.train: error: {e}\n")
     except Exception as e:  # noqa: BLE001 - a crash is recorded, then reported with its traceback
         if trainer is not None and _is_cuda_oom(e):
@@ -88,16 +103,38 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"grpo_hpc.train: error: {reason}\n")
             return _finish(code)
         code = ExitCode.CRASH
-        _record_failure(trainer, code, f"{type(e).__name__}: {e}", paths)
+        _record_failure(trainer, code, f"{type(e).__name__}: {e}", paths, records=records)
         traceback.print_exc()
     finally:
+        rollouts = getattr(trainer, "rollouts", None)  # none when setup failed before it
+        if rollouts is not None:
+            rollouts.close()  # a split run: the generator stops with the trainer
         if pulse is not None:  # ending on our own: peers must not take it for a hang
             pulse.stop()
     return _finish(code)
 
 
+def _split_link(cfg: Config, info: DistInfo, role: Role) -> Link | None:
+    """This process's end of a ``rollout.placement=split`` run (None for another run);
+    refused (exit 2) where the split is not built (``config.validate.split_problem``)."""
+    if cfg.rollout.placement != "split":
+        return None
+    from grpo_hpc.config.validate import split_problem
+    from grpo_hpc.core.errors import ConfigError
+    from grpo_hpc.train.rollout import split
+
+    problem = split_problem(cfg, info.world_size)
+    if problem:
+        raise ConfigError(problem)
+    return split.connect(cfg, role, info.device)
+
+
 def _watch_peers(
-    cfg: Config, paths: RunPaths, info: DistInfo, trainer: Callable[[], Trainer | None]
+    cfg: Config,
+    paths: RunPaths,
+    info: DistInfo,
+    trainer: Callable[[], Trainer | None],
+    role: Role,
 ) -> Liveness | None:
     """Start this rank's pulse and its watch on the others (grpo_hpc.train.supervision.liveness);
     None for one process or ``dist.peer_timeout_s=0``."""
@@ -116,9 +153,11 @@ def _watch_peers(
         # the flight recorder first: which collective this rank waits in, kept in the run
         trace = dist.dump_flight_recorder(paths.nccl_trace, info.rank)
         waiting = liveness.waiting_in(_trace_entries(trace)) if trace is not None else None
-        reason = liveness.lost_reason(ranks, timeout, t.step if t is not None else 0, waiting)
+        names = {r: pulse.name(r) for r in ranks}  # a split run's: the role, the host
+        step = t.step if t is not None else 0
+        reason = liveness.lost_reason(ranks, timeout, step, waiting, names)
         code = ExitCode.STALLED
-        if t is not None and info.is_main:  # the tracker's record: a heartbeat keeps it
+        if t is not None and t.info.is_main:  # the tracker's record: a heartbeat keeps it
             t.tracker.update(TrainState.FAILED, exit_code=int(code), reason=reason)
         else:  # rank 0 is the lost one (or not started): its record, marked failed
             rec = read_progress(paths.progress) or ProgressRecord(run=paths.name)
@@ -136,7 +175,11 @@ def _watch_peers(
                     os.kill(pid, signal.SIGKILL)
         os._exit(int(code))  # the main thread is blocked in a collective: leave now
 
-    pulse = liveness.Liveness(paths.alive_dir / launch, info.rank, info.world_size, timeout, lost)
+    split = cfg.rollout.placement == "split"  # the pulse names the role where roles differ
+    pulse = liveness.Liveness(
+        paths.alive_dir / launch, info.rank, info.world_size, timeout, lost,
+        role=role.name if split else None,
+    )  # fmt: skip
     pulse.start()
     return pulse
 
@@ -203,11 +246,18 @@ def _stop_if_signalled() -> None:
 
 
 def _record_failure(
-    trainer: object, code: int, reason: str, paths: RunPaths, state: TrainState = TrainState.FAILED
+    trainer: object,
+    code: int,
+    reason: str,
+    paths: RunPaths,
+    state: TrainState = TrainState.FAILED,
+    records: bool = True,
 ) -> None:
+    """``records``: this process keeps progress.json when no trainer does (rank 0, or a
+    split run's trainer 0: never a generator)."""
     if trainer is not None:
         trainer.tracker.update(state, exit_code=int(code), reason=reason)
-    elif os.environ.get("RANK", "0") == "0":  # failed before the trainer existed
+    elif records:  # failed before the trainer existed
         rec = ProgressRecord(run=paths.name, state=state, exit_code=int(code), reason=reason)
         write_progress(paths.progress, rec)
 

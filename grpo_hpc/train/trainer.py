@@ -48,6 +48,7 @@ from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
 from grpo_hpc.train.rollout.pipeline import RolloutPipeline
+from grpo_hpc.train.rollout.split import Hello, Link, SplitPipeline
 from grpo_hpc.train.setup import autos, models
 from grpo_hpc.train.setup.autos import kernels_line
 from grpo_hpc.train.state import best, checkpoint, state_digest
@@ -58,11 +59,17 @@ from grpo_hpc.train.supervision.signals import STOP_SIGNALS
 
 class Trainer:
     def __init__(
-        self, cfg: Config, paths: RunPaths, info: dist.DistInfo, stop_signal: int | None = None
+        self,
+        cfg: Config,
+        paths: RunPaths,
+        info: dist.DistInfo,
+        stop_signal: int | None = None,
+        link: Link | None = None,
     ) -> None:
         """``stop_signal``: one that arrived before the trainer existed
-        (train.supervision.signals)."""
-        self.cfg, self.paths, self.info = cfg, paths, info
+        (train.supervision.signals); ``link``: a split run's end towards its generator
+        (``info`` is then the trainers' ranks among themselves)."""
+        self.cfg, self.paths, self.info, self.link = cfg, paths, info, link
         self.stop_signal = stop_signal
         self.evaluating = False
         for sig in STOP_SIGNALS:
@@ -141,15 +148,14 @@ class Trainer:
         )
         dist.barrier(info)
         model_dir = model_dir or models.materialize(cfg.model, self.paths.root, cfg.training.seed)
+        self.model_dir = model_dir  # a split run's generator loads it too
         # A LoRA policy's frozen base needs no fp32 master copy: keep it in the compute dtype.
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
         lora_base = cfg.model.lora_rank > 0 and info.device.type == "cuda" and half is not None
         faults.before_load(cfg.faults)
+        self.load_dtype = half if lora_base else torch.float32
         model, self.tok = models.load_model_and_tokenizer(
-            model_dir,
-            cfg.model.attn_implementation,
-            info.device,
-            dtype=half if lora_base else torch.float32,
+            model_dir, cfg.model.attn_implementation, info.device, dtype=self.load_dtype
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
@@ -206,7 +212,15 @@ class Trainer:
             self.engine,
         )  # fmt: skip
         policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
-        self.rollouts = RolloutPipeline(collector, policy, self._build_engine, stop, self.autocast)
+        if self.link is not None:  # rollout.placement=split: a generator process generates
+            hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, policy)
+            self.rollouts = SplitPipeline(
+                collector, policy, self.link, hello, self.tracker.heartbeat
+            )
+        else:
+            self.rollouts = RolloutPipeline(
+                collector, policy, self._build_engine, stop, self.autocast
+            )
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
         )

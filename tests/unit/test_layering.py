@@ -53,7 +53,8 @@ TRAIN_LAYER = {
     "evaluation": 3,  # held-out scoring (shared with grpo-eval) and the trainer's run of it
     "setup": 3,  # the model and tokenizer, each auto setting resolved for this device
 }
-TRAIN_LOOP = ("__init__.py", "__main__.py", "trainer.py")
+# generator.py: a split run's generator process (rollout.placement=split), a loop of its own
+TRAIN_LOOP = ("__init__.py", "__main__.py", "trainer.py", "generator.py")
 TRAIN_TOGETHER = {"algo", "rollout", "rewards"}
 # Imports inside train/ that point up on purpose, each with its reason.
 TRAIN_ALLOWED_UP = {

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,10 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    group: Any = None
+    """The process group of these ranks (None: every rank of the job). A split run's
+    trainers (``rollout.placement=split``) agree, reduce and wrap DDP in a group of their
+    own: its generators never join their collectives."""
 
     @property
     def is_main(self) -> bool:
@@ -75,7 +80,7 @@ def launch_token(info: DistInfo) -> str:
     a requeued Slurm job keeps its job id, so the id cannot tell two launches apart."""
     token = [f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}" if info.is_main else ""]
     if info.enabled:
-        dist.broadcast_object_list(token, src=0)
+        dist.broadcast_object_list(token, src=0, group=info.group)
     return token[0]
 
 
@@ -89,7 +94,7 @@ def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
     if not info.enabled:
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=info.group)
     return t.tolist()
 
 
@@ -103,7 +108,7 @@ def spread(value: float, info: DistInfo) -> float:
     if not info.enabled:
         return 0.0
     t = torch.tensor([value, -value], dtype=torch.float64, device=_comm_device(info))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=info.group)
     return float(t[0] + t[1])
 
 
@@ -111,13 +116,13 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     if not info.enabled:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=info.group)
     return t.tolist()
 
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
-        dist.barrier()
+        dist.barrier(group=info.group)
 
 
 def dump_flight_recorder(folder: Path, rank: int) -> Path | None:
@@ -180,7 +185,7 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
 
     plain_reducer_for_compiled_layers()
     ids = [info.device.index] if info.device.type == "cuda" else None
-    return DDP(model, device_ids=ids)
+    return DDP(model, device_ids=ids, process_group=info.group)
 
 
 def reshard(model: torch.nn.Module) -> None:

@@ -134,7 +134,7 @@ class HeldOutEval:
         rows = sample_rows(step, mine, texts, verdicts, self.cfg.reward)
         if self.info.enabled:
             parts: list[Any] = [None] * self.info.world_size
-            torch.distributed.all_gather_object(parts, rows)
+            torch.distributed.all_gather_object(parts, rows, group=self.info.group)
             rows = [r for part in parts for r in part]
         self.tracker.log_eval_samples(step, rows)
 

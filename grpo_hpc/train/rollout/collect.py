@@ -192,6 +192,11 @@ class Collector:
         ]
         return per_group.generate_per_group(self.engine.generate, prompts, g, seeds, **hand)
 
+    def draw(self) -> tuple[list[dict], int]:
+        """This rank's share of the next prompts and where in the data order they were
+        drawn (a split run's trainer draws, its generator generates: rollout/split.py)."""
+        return self._take(), self._draw
+
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
         self._draw = self.sampler.epoch * self.sampler.n + self.sampler.position

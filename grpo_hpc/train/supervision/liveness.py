@@ -39,7 +39,8 @@ class PeerSeen:
     """What a rank last saw of one peer's pulse file."""
 
     content: str | None = None
-    """The file's text (``<pid> <counter> <host>``); None before the peer first pulsed."""
+    """The file's text (``<pid> <counter> <host>``, then ``<role>`` where the job's ranks do
+    different things); None before the peer first pulsed."""
     changed_at: float = 0.0
     """When (this rank's monotonic clock) the content last changed."""
     done: bool = False
@@ -57,10 +58,27 @@ def lost_peers(seen: dict[int, PeerSeen], now: float, timeout_s: float) -> list[
     )
 
 
-def lost_reason(ranks: list[int], timeout_s: float, step: int, waiting: str | None = None) -> str:
+def describe(rank: int, pulse: str | None) -> str:
+    """A rank as a reason names it, from its pulse file's text (pure): ``generator (rank 0
+    on node2)`` when the pulse says its role (a run with generator processes), ``rank 1``
+    when it does not (every rank trains)."""
+    parts = (pulse or "").split()
+    if len(parts) < 4:
+        return f"rank {rank}"
+    return f"{parts[3]} (rank {rank} on {parts[2]})"
+
+
+def lost_reason(
+    ranks: list[int],
+    timeout_s: float,
+    step: int,
+    waiting: str | None = None,
+    names: dict[int, str] | None = None,
+) -> str:
     """The one line progress.json gets (pure); ``waiting``: where the watching rank was
-    blocked (:func:`waiting_in`)."""
-    who = ", ".join(f"rank {r}" for r in ranks)
+    blocked (:func:`waiting_in`); ``names``: how to name a rank (:func:`describe`; else
+    ``rank R``)."""
+    who = ", ".join((names or {}).get(r, f"rank {r}") for r in ranks)
     where = f"; the others waited in {waiting}" if waiting else ""
     return (
         f"{who} stopped answering (no pulse for {timeout_s:g} s) at step {step}{where}: a "
@@ -99,6 +117,9 @@ class Liveness:
     timeout_s: float
     on_lost: Callable[[list[int]], None]
     pulse_s: float = PULSE_S
+    role: str | None = None
+    """What this rank does, written in its pulse (``generator``, ``trainer``) where the
+    job's ranks do different things; None: every rank trains."""
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _seen: dict[int, PeerSeen] = field(default_factory=dict, init=False, repr=False)
@@ -137,7 +158,8 @@ class Liveness:
 
     def _pulse(self) -> None:
         self._count += 1
-        _write(self.path(self.rank), f"{os.getpid()} {self._count} {HOST}\n")
+        role = f" {self.role}" if self.role else ""
+        _write(self.path(self.rank), f"{os.getpid()} {self._count} {HOST}{role}\n")
 
     def local_pid(self, rank: int) -> int | None:
         """A lost peer's pid when it runs on this host (None elsewhere, or unknown): torchrun
@@ -145,9 +167,14 @@ class Liveness:
         not wait for that."""
         s = self._seen.get(rank)
         parts = (s.content or "").split() if s is not None else []
-        if len(parts) == 3 and parts[2] == HOST and parts[0].isdigit():
+        if len(parts) >= 3 and parts[2] == HOST and parts[0].isdigit():
             return int(parts[0])
         return None
+
+    def name(self, rank: int) -> str:
+        """How a reason names a peer (:func:`describe`, from its last pulse)."""
+        s = self._seen.get(rank)
+        return describe(rank, s.content if s is not None else None)
 
     def _look(self, now: float) -> list[int]:
         for rank, s in self._seen.items():

@@ -468,3 +468,24 @@ def test_cli_dry_run_places_an_asynchronous_run_and_refuses_fsdp(tmp_path: Path)
     sync = _grpo_submit("--profile", "local", "--config", "tiny", "--dry-run", env=env)
     assert "placement: " not in sync.stdout
     assert not (tmp_path / "logs").exists()
+
+
+def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
+    """rollout.placement=split: ``--dry-run`` prints one line with each role's ranks and
+    memory estimate (trainers first, the generator last); one process, or a synchronous
+    run, is refused before anything queues, exit 2, by the config's own rule."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--config", "tiny", "--dry-run", "rollout.placement=split")
+    two = _grpo_submit("--profile", "h100x2", *args, "algo.max_staleness=1", env=env)
+    assert two.returncode == ExitCode.OK, two.stderr
+    [line] = [x for x in two.stdout.splitlines() if x.startswith("placement: ")]
+    assert line.startswith("placement: split: trainer rank 0 (update "), line
+    assert " GiB), generator rank 1 (engine " in line and "at most 1 update(s) stale" in line
+    one = _grpo_submit("--profile", "local", *args, "algo.max_staleness=1", env=env)
+    assert one.returncode == ExitCode.CONFIG_ERROR
+    said = "rollout.placement=split runs 1 generator and at least 1 trainer process, not 1"
+    assert said in one.stderr and "placement: " not in one.stdout
+    sync = _grpo_submit("--profile", "h100x2", *args, env=env)
+    assert sync.returncode == ExitCode.CONFIG_ERROR
+    assert "rollout.placement=split generates ahead of the trainer" in sync.stderr
+    assert not (tmp_path / "logs").exists()

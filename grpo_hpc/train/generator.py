@@ -1,0 +1,107 @@
+"""A generator process of a ``rollout.placement=split`` run (docs/async.md): it holds a
+copy of the policy and its engine, and nothing a restart cannot rebuild. Its weights are
+trainer 0's, sent before each request; its random stream is the step's
+(``schedule.rollout_seed``); its prompts are the ones trainer 0 drew. It makes the
+batches trainer 0 names, in order, and sends each back; it never starts one on its own.
+The trainer's side, and the messages, are :mod:`grpo_hpc.train.rollout.split`.
+
+A stop signal (Slurm's preemption) is the trainer's to answer: the generator finishes the
+batch in flight, the trainer saves the batches it received and tells the generator to
+stop. If the trainer is gone, the next message fails and the process exits (or torchrun
+ends it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from grpo_hpc.train.algo import packing
+from grpo_hpc.train.algo.logp_head import Scoring
+from grpo_hpc.train.algo.optimization import autocast_factory
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.rewards import functions as rewards
+from grpo_hpc.train.rollout import engines as rollout
+from grpo_hpc.train.rollout.collect import Collector
+from grpo_hpc.train.rollout.pipeline import generate
+from grpo_hpc.train.rollout.split import Hello, Link, Request, broadcast_weights, recv_obj, send_obj
+from grpo_hpc.train.setup import models
+
+
+@dataclass
+class Replay:
+    """The sampler a generator's collector draws from: the prompts trainer 0 drew (the
+    collector's ``train_set`` is set to them for each batch), at the place in the data
+    order trainer 0 drew them from."""
+
+    position: int = 0
+    """Where trainer 0 drew this batch's prompts (``Collector._draw``)."""
+    epoch: int = 0
+    n: int = 0
+
+    def take(self, k: int) -> list[int]:
+        return list(range(k))
+
+
+def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Module, Scoring, object]:
+    """The collector, model, scoring and autocast of the thread placement's shadow, built
+    from what trainer 0 said: the same model preparation, engine options and rewards."""
+    cfg = hello.cfg
+    if cfg.training.num_threads:
+        torch.set_num_threads(cfg.training.num_threads)
+    model, tok = models.load_model_and_tokenizer(
+        hello.model_dir, cfg.model.attn_implementation, device, dtype=hello.load_dtype
+    )
+    if cfg.algo.packing:  # the trainer packs before it copies the shadow
+        packing.use_packed_attention(model)
+    model = models.prepare_policy(model, cfg.model, device, bool(cfg.dist.compile))
+    model = model.eval().requires_grad_(False)
+    if tuple(model.state_dict()) != hello.names:
+        raise RuntimeError("the generator's model has other weights than the trainer's")
+    on_gpu = device.type == "cuda"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+    autocast = autocast_factory("cuda", dtype if on_gpu else None)
+    engine = rollout.build_engine(
+        cfg.rollout.engine, model, tok, hello.options,
+        tick=lambda: None, abort=lambda: False, autocast=autocast,
+    )  # fmt: skip
+    custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
+    info = DistInfo(0, 1, 0, device)  # serve() makes one per trainer: its rank, its share
+    collector = Collector(cfg, info, tok, [], Replay(), custom, None, engine, ahead=True)
+    scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
+    return collector, model, scoring, autocast
+
+
+def serve(link: Link) -> int:
+    """Generate what the trainers ask until trainer 0 says stop; the exit code (0). Each
+    step every trainer sends its request (its share of the prompts), trainer 0 then the
+    weights; the generator makes each named batch for each trainer in turn, with that
+    trainer's rank naming its random stream, as the thread placement's ranks do."""
+    hello: Hello = recv_obj(0, link.device)
+    collector, model, scoring, autocast = build(hello, link.device)
+    trainers = link.role.trainers
+    shares = [
+        dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device))
+        for r in range(trainers)
+    ]
+    replay = collector.sampler
+    cap = hello.options.max_new_tokens
+    while True:
+        first: Request = recv_obj(0, link.device)
+        if first.stop:
+            return 0
+        requests = [first] + [recv_obj(r, link.device) for r in range(1, trainers)]
+        broadcast_weights(model, link)
+        if first.cap != cap:  # a rollback grew the cap
+            collector.engine.set_max_new_tokens(first.cap)
+            cap = first.cap
+        for j in range(len(first.jobs)):
+            for r, (share, req) in enumerate(zip(shares, requests, strict=True)):
+                job = req.jobs[j]
+                # at the trainer's place in the step's prompts (Collector._take's slice)
+                share.train_set = [{}] * (r * share.per_rank) + job.problems
+                replay.position = job.draw
+                entry = generate(share, job.made, req.seed, model, autocast, scoring)
+                send_obj(entry, r, link.device)

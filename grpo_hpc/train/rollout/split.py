@@ -1,0 +1,323 @@
+"""``rollout.placement=split``: the trainers' side of a generator process of its own
+(docs/async.md). The generator's side is :mod:`grpo_hpc.train.generator`.
+
+The schedule is the thread placement's (:mod:`schedule`), carried out over the process
+group instead of a thread: at step ``t`` each trainer names the steps the plan generates
+(the step's own batch when it is missing, then ``t+1 .. t+k``; the plan is the same on
+every trainer), draws its share of their prompts from its own sampler (the data order
+stays the trainers', in their checkpoint), and sends them with the seed in use and the
+rollout cap; then trainer 0 broadcasts the weights, version ``t``, in the group
+{trainer 0, generators}. The generator loads them, generates each named batch for each
+trainer with the thread's code and that trainer's random stream (``pipeline.generate``)
+and sends it back as a :class:`Collected`, the sampler's log-probs included. The generator
+never starts a step the trainers did not name, so the run stays a function of its seed:
+on a CPU it trains bit for bit what the thread placement trains
+(tests/e2e/test_async_split.py).
+
+Messages are pickled values sent as byte tensors point to point over the default group
+(gloo on a CPU); the weights are one flat tensor per dtype, broadcast (on NCCL the same
+code broadcasts the GPU tensors, no host copy; not yet run on a GPU). While a trainer waits
+for the generator a thread beats its heartbeat, so that a long first batch does not read
+as a hung trainer.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from grpo_hpc.config.roles import Role
+from grpo_hpc.config.schema import Config
+from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
+from grpo_hpc.train.rollout.schedule import Made, plan
+from grpo_hpc.train.rollout.types import EngineOptions
+
+TICK_S = 1.0
+"""Seconds between the trainer's heartbeats while it waits for the generator."""
+
+
+class GeneratorGone(RuntimeError):
+    """The generator ended before sending a batch it was asked for, or sent another."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """This process's end of a split run's process group."""
+
+    role: Role
+    """What this process does."""
+    peer: int
+    """The global rank it sends its messages to (a trainer: the generator; the generator:
+    trainer 0, whose hello and stop it waits for)."""
+    sync_group: Any
+    """The group {trainer 0, generators} the weights are broadcast in."""
+    trainer_group: Any
+    """The trainers' own group (their DDP, their agreements), generators left out."""
+    device: torch.device
+    """Where this process computes (the weights travel from and to it)."""
+
+
+def connect(cfg: Config, role: Role, device: torch.device) -> Link:
+    """Join the split run's groups (every rank calls this, in the same order: process
+    groups are created collectively)."""
+    t, world = role.trainers, tdist.get_world_size()
+    sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
+    trainers = tdist.new_group(ranks=list(range(t)))
+    peer = 0 if role.name == "generator" else t  # generator 0 (the one this release runs)
+    return Link(role, peer, sync, trainers, device)
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What trainer 0 tells the generator once, before the first step: everything it needs
+    to build the same engine on the same model as the thread placement's shadow."""
+
+    cfg: Config
+    """The trainer's resolved config (``auto`` settings decided, the system prompt set)."""
+    options: EngineOptions
+    """The trainer's engine options (the longest prompt of its data included)."""
+    model_dir: str
+    """The policy's weights on disk (materialized by trainer 0 before this is sent)."""
+    load_dtype: torch.dtype
+    """The dtype the trainer loaded the model in."""
+    names: tuple[str, ...]
+    """The policy's state-dict keys, in the order the weights travel."""
+
+    @classmethod
+    def of(
+        cls, cfg: Config, options: EngineOptions, model_dir: object, load_dtype: torch.dtype,
+        policy: torch.nn.Module,
+    ) -> Hello:  # fmt: skip
+        return cls(cfg, options, str(model_dir), load_dtype, tuple(policy.state_dict()))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One batch the generator is to make for one trainer."""
+
+    made: Made
+    """Its step, version (the weights sent with the request) and lineage."""
+    problems: list[dict]
+    """The trainer's share of the step's prompts, as its sampler drew them."""
+    draw: int
+    """Where in the data order they were drawn from (``rollout.seed_per_group``)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A trainer's order for one step (every trainer sends one, for its own share; the
+    weights follow them from trainer 0), or trainer 0's ``stop``."""
+
+    jobs: tuple[Job, ...] = ()
+    """The batches to make, in order: the step's own first when it is missing."""
+    seed: int = 0
+    """The sampling seed in use (a rollback may have changed it)."""
+    cap: int = 0
+    """The rollout cap in force (a rollback may have raised it)."""
+    stop: bool = False
+    """The trainer is done: the generator exits."""
+
+
+# ---------------------------------------------------------------------- transport
+def send_obj(obj: Any, dst: int, device: torch.device) -> None:
+    """``obj`` pickled to global rank ``dst``; ``device``: this process's (the bytes travel
+    from there under NCCL, which moves no host tensor; from the host under gloo)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    wire = _wire(device)
+    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(wire)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=wire)
+    for t in (size, payload):
+        _finish(tdist.isend(t, dst))
+
+
+def recv_obj(src: int, device: torch.device, tick: Callable[[], None] | None = None) -> Any:
+    """The next object from global rank ``src``, its tensors on ``device`` (this
+    process's: the sender's GPU index is not ours); ``tick`` is called while waiting (the
+    trainer's heartbeat)."""
+    wire = _wire(device)
+    size = torch.zeros(1, dtype=torch.int64, device=wire)
+    _wait(tdist.irecv(size, src), tick)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
+    _wait(tdist.irecv(payload, src), tick)
+    data = io.BytesIO(payload.cpu().numpy().tobytes())
+    return torch.load(data, map_location=device, weights_only=False)
+
+
+def _wire(device: torch.device) -> torch.device:
+    """Where a message's bytes travel from: the device under NCCL, the host under gloo."""
+    return device if "nccl" in str(tdist.get_backend()) else torch.device("cpu")
+
+
+def _wait(work: Any, tick: Callable[[], None] | None = None) -> None:
+    """Wait for ``work``, calling ``tick`` every ``TICK_S`` meanwhile from a thread (gloo's
+    point-to-point work completes only inside ``wait``: it cannot be polled)."""
+    if tick is None:
+        _finish(work)
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(TICK_S):
+            tick()
+
+    beater = threading.Thread(target=beat, name="grpo-split-wait", daemon=True)
+    beater.start()
+    try:
+        _finish(work)
+    finally:
+        done.set()
+        beater.join()
+
+
+def _finish(work: Any) -> None:
+    """``work`` done, its data readable: under NCCL ``wait`` only orders the stream, so the
+    host waits for the device too."""
+    work.wait()
+    if "nccl" in str(tdist.get_backend()):
+        torch.cuda.synchronize()
+
+
+def broadcast_weights(model: torch.nn.Module, link: Link) -> None:
+    """Trainer 0's weights into every generator's ``model`` (same keys, same order): one
+    flat buffer per dtype, broadcast in the sync group from trainer 0. The sender packs its
+    state dict, the receivers unpack into theirs; every value arrives bit for bit."""
+    src = 0  # trainer 0
+    state = model.state_dict()
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name, t in state.items():
+        by_dtype.setdefault(t.dtype, []).append(name)
+    for dtype in sorted(by_dtype, key=str):  # the same order on every rank
+        names = by_dtype[dtype]
+        tensors = [state[n].detach() for n in names]
+        flat = _flatten_dense_tensors(tensors) if link.role.name != "generator" else None
+        if flat is None:
+            flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=link.device)
+        tdist.broadcast(flat, src=src, group=link.sync_group)
+        if link.role.name == "generator":
+            with torch.no_grad():
+                for t, got in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
+                    t.copy_(got)
+
+
+# ---------------------------------------------------------------------- trainer side
+@dataclass
+class Outstanding:
+    """Batches requested from the generator and not received yet."""
+
+    made: list[Made] = field(default_factory=list)
+    """In the order the generator sends them."""
+
+
+class SplitPipeline(RolloutPipeline):
+    """A trainer's rollouts from a generator process: the thread placement's
+    :class:`RolloutPipeline` (its pending batches, checkpoints and metrics), with the
+    shadow and the thread replaced by messages to the generator."""
+
+    def __init__(
+        self, collector: Collector, policy: torch.nn.Module, link: Link, hello: Hello,
+        tick: Callable[[], None],
+    ) -> None:  # fmt: skip
+        """``policy``: the unwrapped model whose weights are sent; ``hello``: what the
+        generator builds its engine from (sent now: it loads while the trainer resumes);
+        ``tick``: the trainer's heartbeat, beaten while it waits."""
+        cfg = collector.cfg
+        self.collector, self.k = collector, cfg.algo.max_staleness
+        self.pending: dict[int, Entry] = {}
+        self.thread = None
+        self.error = None
+        self.last: Made | None = None
+        self.waited_s = 0.0
+        self.sync_s = 0.0
+        self.policy, self.link, self.tick = policy, link, tick
+        self.outstanding = Outstanding()
+        self.cap = cfg.rollout.max_new_tokens
+        self.first = link.role.index == 0  # trainer 0: the weights, the hello, the stop
+        self.closed = not self.first
+        if self.first:
+            send_obj(hello, link.peer, link.device)
+
+    def collect(self, step: int, lineage: int, seed: int) -> Collected:
+        """The batch step ``step`` trains; the generator makes the batches the plan names
+        (the step's own first, waited for here, when it is missing)."""
+        self.settle()
+        made = [e.made for e in self.pending.values()]
+        decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
+        for s in decision.drop:
+            del self.pending[s]
+        steps = ((step,) if decision.now else ()) + decision.ahead
+        if steps:
+            # the prompts in the order the thread placement draws them: the step's own,
+            # then the batches ahead
+            jobs = []
+            for s in steps:
+                problems, draw = self.collector.draw()
+                jobs.append(Job(Made(s, step, lineage), problems, draw))
+            send_obj(Request(tuple(jobs), seed, self.cap), self.link.peer, self.link.device)
+            if self.first:
+                t = time.monotonic()
+                broadcast_weights(self.policy, self.link)
+                self.sync_s += time.monotonic() - t
+            self.outstanding.made = [j.made for j in jobs]
+        if decision.now:
+            entry = self._receive()
+        else:
+            entry = self.pending.pop(step)
+        self.last = entry.made
+        return entry.collected
+
+    def settle(self) -> None:
+        """Receive the batches the generator was asked for."""
+        if not self.outstanding.made:
+            return
+        t = time.monotonic()
+        while self.outstanding.made:
+            entry = self._receive()
+            self.pending[entry.made.step] = entry
+        self.waited_s += time.monotonic() - t
+
+    def _receive(self) -> Entry:
+        want = self.outstanding.made.pop(0)
+        try:
+            entry = recv_obj(self.link.peer, self.link.device, self.tick)
+        except RuntimeError as e:  # gloo: the connection to the generator closed
+            self.closed = True  # nothing more to tell it
+            raise GeneratorGone(
+                f"the generator (rank {self.link.peer}) ended without sending the batch of "
+                f"step {want.step + 1}: {e}"
+            ) from e
+        if entry.made != want:  # a bug, not a fault: say it rather than train it
+            raise GeneratorGone(f"the generator sent {entry.made}, expected {want}")
+        return entry
+
+    def metrics(self, samples: int) -> dict[str, float]:
+        """The thread placement's, and the seconds the step's weight transfer took."""
+        sync, self.sync_s = self.sync_s, 0.0
+        return super().metrics(samples) | {"time/weight_sync": sync}
+
+    def set_max_new_tokens(self, cap: int) -> None:
+        """The policy's engine (the evaluation's) now; the generator's with the next
+        request."""
+        self.collector.engine.set_max_new_tokens(cap)
+        self.cap = cap
+
+    def close(self) -> None:
+        """Trainer 0: tell the generator the trainers are done (after the last batch was
+        received: the generator waits for a request then). Once; a generator already gone
+        is no error."""
+        if self.closed or self.outstanding.made:  # it is mid-batch: torchrun ends it
+            return
+        self.closed = True
+        try:  # the generator waits for a request: a small message it takes at once
+            send_obj(Request(stop=True), self.link.peer, self.link.device)
+        except RuntimeError:
+            pass  # the generator is gone already: nothing to tell

@@ -1,0 +1,202 @@
+"""Asynchronous GRPO with the generator in a process of its own (``rollout.placement=split``:
+rank 0 trains, rank 1 generates, gloo on the CPU) on the real trainer: the run trains, bit
+for bit, what the thread placement trains with the same seed (two DDP trainers and a
+generator too, against two DDP ranks); a SIGKILL of the generator or of the trainer, or a
+SIGTERM (save, exit 5), then a resume, ends equal to the uninterrupted split run; a
+stopped generator or trainer is caught as a hung rank is, and named by its role. One
+uninterrupted split run serves the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.train.supervision.liveness import HOST
+
+from .helpers import assert_same, make_run, signal_job, start, train, training
+from .test_resume_exact import _final_state
+
+pytestmark = pytest.mark.slow
+MAX_STEPS = 8
+STEPS = [
+    f"training.max_steps={MAX_STEPS}",
+    "training.save_every_steps=2",
+    "training.keep_last=1",
+    "algo.max_staleness=1",
+]
+SLOW = ["faults.enabled=true", "faults.step_sleep=0.3"]
+"""For the runs a test interrupts: a step long enough to land a signal in (it sleeps, and
+changes no number: the final state is compared with the reference's)."""
+
+
+def split_run(root: Path, name: str, *overrides: str) -> RunPaths:
+    """A run of two processes, the last one generating. grpo-submit's local profile runs
+    one process and refuses the split there, so the run is made threaded and turned into
+    a split one, as make_run turns one process into two."""
+    paths = make_run(root, name, *STEPS, *overrides, nproc=2)
+    text = paths.config.read_text()
+    assert "placement: thread" in text
+    paths.config.write_text(text.replace("placement: thread", "placement: split"))
+    return paths
+
+
+def _rows(run: RunPaths) -> list[dict]:
+    lines = run.metrics.read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "reward/mean" in r]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
+    """The uninterrupted split run (forked as torchrun would start its two processes)."""
+    run = split_run(tmp_path_factory.mktemp("split"), "uninterrupted")
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def _pulse(run: RunPaths, rank: int, deadline_s: float = 120) -> list[str]:
+    """The rank's pulse file's fields (``<pid> <counter> <host> <role>``)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for f in run.alive_dir.glob(f"*/rank{rank}"):
+            return f.read_text().split()
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never pulsed")
+
+
+def _wait_for(run: RunPaths, step: int, proc, checkpoint: bool = True) -> None:  # noqa: ANN001
+    deadline = time.time() + 240
+
+    def reached() -> bool:
+        rec = read_progress(run.progress)
+        ckpt = run.latest_checkpoint() is not None or not checkpoint
+        return ckpt and rec is not None and rec.step >= step
+
+    while not reached():
+        assert proc.poll() is None, f"the job exited before step {step}"
+        assert time.time() < deadline, f"step {step} not reached within the deadline"
+        time.sleep(0.02)
+
+
+def test_split_trains_what_the_thread_placement_trains(tmp_path: Path, reference: RunPaths) -> None:
+    """The same seed and bound in one process (a generator thread) and in two (a generator
+    process): the same weights and optimizer at the end, bit for bit. The generator makes
+    exactly the batches the schedule names, from the weights sent to it (version t), the
+    trainer's prompts and the step's random stream; each step's staleness is min(step - 1,
+    1), the weights' transfer is timed, and the pulses name the roles."""
+    thread = make_run(tmp_path, "thread", *STEPS)
+    result = train(thread)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(_final_state(reference, MAX_STEPS), _final_state(thread, MAX_STEPS))
+    rows = _rows(reference)
+    assert [r["staleness/max"] for r in rows] == [0.0] + [1.0] * (MAX_STEPS - 1)
+    # a transfer at each step that asked for a batch (none at the last: nothing is left)
+    assert all(r["time/weight_sync"] > 0 for r in rows[:-1]) and rows[-1]["time/weight_sync"] == 0
+    assert _pulse(reference, 0)[3:] == ["trainer"] and _pulse(reference, 1)[3:] == ["generator"]
+
+
+def test_two_trainers_train_what_two_ddp_ranks_train(tmp_path: Path) -> None:
+    """Two trainers (DDP in a group of their own) and one generator against two DDP ranks
+    each generating in a thread: the same final state, bit for bit. The generator makes
+    each trainer's share from that trainer's random stream, as each rank's thread does."""
+    steps = ["training.max_steps=4", "algo.max_staleness=1", "rollout.prompts_per_step=4"]
+    thread = make_run(tmp_path, "thread", *steps, nproc=2)
+    split = make_run(tmp_path, "split", *steps, nproc=3)
+    split.config.write_text(
+        split.config.read_text().replace("placement: thread", "placement: split")
+    )
+    for run, nproc in ((thread, 2), (split, 3)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(_final_state(thread, 4), _final_state(split, 4))
+    assert [r["staleness/max"] for r in _rows(split)] == [0.0, 1.0, 1.0, 1.0]
+    assert _pulse(split, 1)[3:] == ["trainer"] and _pulse(split, 2)[3:] == ["generator"]
+
+
+@pytest.mark.parametrize("victim", ["generator", "trainer"])
+def test_a_killed_role_resumes_bit_exact(tmp_path: Path, reference: RunPaths, victim: str) -> None:
+    """SIGKILL of one process (the generator: rank 1; the trainer: rank 0) after the first
+    checkpoint, under the real torchrun; the job ends, the resume (the generator rebuilt
+    from nothing: the weights are sent again, the batches generated ahead come from the
+    trainer's checkpoint) ends with the weights and optimizer of the uninterrupted run."""
+    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    run = split_run(tmp_path, f"killed-{victim}", *SLOW)
+    proc = start(run, 2)
+    try:
+        pid = int(_pulse(run, 1 if victim == "generator" else 0)[0])
+        _wait_for(run, rng.randint(2, 5), proc)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        proc.wait(timeout=120)  # torchrun ends the other process
+        print(f"the job ended {time.monotonic() - t0:.1f} s after the {victim} was killed")
+    finally:
+        signal_job(proc.pid, signal.SIGKILL)
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.state != TrainState.FINISHED, (
+        f"seed {seed}: the run finished before the kill; the test proved nothing"
+    )
+    result = train(run, 2)  # forked: the torchrun path is the killed run's
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_progress(run.progress).step == MAX_STEPS
+    assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
+
+
+def test_a_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path, reference: RunPaths) -> None:
+    """SIGTERM to every process (Slurm's preemption): the generator finishes the batch in
+    flight, the trainer saves the batches it received, exits 5 and stops the generator;
+    resumed, the run ends equal to the uninterrupted one."""
+    run = split_run(tmp_path, "stopped", *SLOW)
+    proc = start(run, 2)
+    try:
+        _wait_for(run, 2, proc, checkpoint=False)
+        signal_job(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        signal_job(proc.pid, signal.SIGKILL)
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
+    assert rec.step < MAX_STEPS, "the run finished before the stop; the test proved nothing"
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
+
+
+@pytest.mark.parametrize(("victim", "rank"), [("generator", 1), ("trainer", 0)])
+def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: int) -> None:
+    """SIGSTOP of the generator (a hung process; the trainer's watch catches it) or of the
+    trainer (the generator's watch does): the job ends within dist.peer_timeout_s, exit 4,
+    and progress.json names the role and the host."""
+    timeout_s = 10
+    run = split_run(tmp_path, f"hung-{victim}", *SLOW, f"dist.peer_timeout_s={timeout_s}")
+    with training(run, nproc=2, timeout=240) as result:
+        pid = int(_pulse(run, rank)[0])
+        deadline = time.time() + 180
+        while (rec := read_progress(run.progress)) is None or rec.step < 2:
+            assert time.time() < deadline, "the run never reached step 2"
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            done = result()
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert done.returncode == ExitCode.STALLED, done.stderr[-2000:]
+    rec = read_progress(run.progress)
+    assert rec.state == TrainState.FAILED and rec.step < MAX_STEPS
+    said = (
+        f"{victim} (rank {rank} on {HOST}) stopped answering (no pulse for {timeout_s} s) at step"
+    )
+    assert rec.reason.startswith(said), rec.reason

@@ -1,0 +1,66 @@
+"""A split run's roles and refusals (pure): which rank does what, what the trainer's
+checkpoint files and random stream are named by, what a lost rank's reason calls it, and
+what the release refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_hpc.config.load import build_config
+from grpo_hpc.config.roles import GENERATOR, TRAINER, Role, role_of
+from grpo_hpc.config.validate import split_problem
+from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.train.supervision.liveness import describe, lost_reason
+
+
+def test_trainers_come_first_and_the_generator_last() -> None:
+    cfg = build_config("tiny", ["rollout.placement=split", "algo.max_staleness=1"])
+    assert role_of(cfg, 0, 2) == Role(TRAINER, 0, 1, 1)
+    assert role_of(cfg, 1, 2) == Role(GENERATOR, 0, 1, 1)
+    assert role_of(cfg, 1, 3) == Role(TRAINER, 1, 2, 2)  # two DDP trainers, then the generator
+    assert role_of(cfg, 2, 3) == Role(GENERATOR, 0, 1, 2)
+    assert role_of(cfg, 0, 2).records_progress and not role_of(cfg, 1, 2).records_progress
+    # the thread placement: every rank trains, each its own index
+    thread = build_config("tiny", ["algo.max_staleness=1"])
+    assert role_of(thread, 1, 2) == Role(TRAINER, 1, 2, 2)
+
+
+def test_a_lost_rank_is_named_by_the_role_its_pulse_wrote() -> None:
+    assert describe(1, "4242 17 node2 generator\n") == "generator (rank 1 on node2)"
+    assert describe(1, "4242 17 node2\n") == "rank 1"  # a run without roles, as before
+    assert describe(1, None) == "rank 1"
+    names = {1: describe(1, "4242 17 node2 generator")}
+    line = lost_reason([1], 60, 14, names=names)
+    assert line.startswith(
+        "generator (rank 1 on node2) stopped answering (no pulse for 60 s) at step 14"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ranks", "said"),
+    [
+        ([], 2, "needs algo.max_staleness >= 1"),
+        (["algo.max_staleness=1"], 1, "1 generator and at least 1 trainer process, not 1"),
+        (["algo.max_staleness=1", "rollout.generators=2"], 3, "rollout.generators=2"),
+        (["algo.max_staleness=1", "dist.nproc_per_node=2"], 4, "on one node in this release"),
+        (["algo.max_staleness=1", "dist.strategy=fsdp"], 2, "dist.strategy=fsdp"),
+        (["algo.max_staleness=1", "rollout.dynamic_sampling=true"], 2, "dynamic_sampling"),
+    ],
+)
+def test_what_the_split_refuses(overrides: list[str], ranks: int, said: str) -> None:
+    cfg = build_config("tiny", overrides)
+    cfg.rollout.placement = "split"
+    if not any(o.startswith("dist.nproc_per_node") for o in overrides):
+        cfg.dist.nproc_per_node = ranks  # one node of them
+    problem = split_problem(cfg, ranks)
+    assert problem is not None and said in problem, problem
+
+
+def test_the_config_refuses_a_synchronous_split_and_accepts_an_asynchronous_one() -> None:
+    with pytest.raises(ConfigError, match="rollout.placement=split generates ahead"):
+        build_config("tiny", ["rollout.placement=split"])
+    cfg = build_config("tiny", ["rollout.placement=split", "algo.max_staleness=1"])
+    cfg.dist.nproc_per_node = 3
+    assert split_problem(cfg, 2) is None and split_problem(cfg, 3) is None  # 1 or 2 trainers
+    with pytest.raises(ConfigError, match="is not one of thread, split"):
+        build_config("tiny", ["rollout.placement=process"])
