@@ -8,7 +8,9 @@ policy itself, then the step trains (every figure measured before this mode).
 weights (version ``t``), the step's batch comes from those generated earlier (or is made
 now when there is none: the first step), and a thread generates the batches of steps up
 to ``t + k`` while the main thread runs the update (torch releases the GIL in its
-kernels). :mod:`schedule` decides which, as a pure function. The thread is joined
+kernels; on a GPU it decodes on a CUDA stream of its own, :mod:`side_stream`, so that
+the GPU can run both at once). :mod:`schedule` decides which, as a pure function. The
+thread is joined
 before the step is reported, evaluated or saved, so nothing else reads or writes the
 state it touches meanwhile (the sampler, the math-verify worker, the global RNG).
 
@@ -21,7 +23,8 @@ signal: the checkpoint that follows holds it, so that the resumed run trains wha
 uninterrupted one would (a stop waits at most one generation).
 
 Checkpoints hold the batches generated and not trained (samples, rewards, the sampler's
-log-probs, their version) in ``trainer.pt`` (:meth:`RolloutPipeline.state_dict`).
+log-probs, their version) in each rank's ``rng-rank<R>.pt``, beside its RNG
+(:meth:`RolloutPipeline.state_dict`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
+from grpo_hpc.train.rollout.side_stream import SideStream
 from grpo_hpc.train.rollout.types import RolloutBatch
 
 MakeEngine = Callable[[torch.nn.Module, Callable[[], bool]], Any]
@@ -87,6 +91,7 @@ class RolloutPipeline:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
         self.shadow = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.side = SideStream(next(policy.parameters()).device)
         self.on_main = False
         engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
         self.now = dataclasses.replace(collector, engine=engine)
@@ -117,6 +122,7 @@ class RolloutPipeline:
         self.last = entry.made
         if decision.ahead:
             jobs = [Made(s, step, lineage) for s in decision.ahead]
+            self.side.ready()  # the thread's stream starts after the copy (and this step's batch)
             self.thread = threading.Thread(
                 target=self._run_ahead, args=(jobs, seed), name="grpo-rollout-ahead", daemon=True
             )
@@ -130,6 +136,7 @@ class RolloutPipeline:
             self.thread.join()
             self.waited_s += time.monotonic() - t
             self.thread = None
+            self.side.hand_over(list(self.pending.values()))
         if self.error is not None:
             error, self.error = self.error, None
             raise error
@@ -167,8 +174,9 @@ class RolloutPipeline:
 
     def _run_ahead(self, jobs: list[Made], seed: int) -> None:
         try:
-            for made in jobs:
-                self.pending[made.step] = self._generate(self.ahead, made, seed)
+            with self.side.inside():
+                for made in jobs:
+                    self.pending[made.step] = self._generate(self.ahead, made, seed)
         except BaseException as e:  # handed to the main thread by settle()
             self.error = e
 
