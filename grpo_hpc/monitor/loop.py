@@ -98,7 +98,7 @@ class Backend:
     """Submit the next attempt: a submit.SubmitResult, or just the new job id."""
     submitted_jobs: Callable[[RunPaths, float], list[str]] = slurm_submitted_jobs
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
-    adopt: Callable[[RunPaths, str, str], None] = record_adopted
+    adopt: Callable[[RunPaths, str, str, int | None], None] = record_adopted
     """Record in jobs.jsonl a job that was submitted but never recorded."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""

@@ -15,13 +15,15 @@ from grpo_hpc.config.profiles import ConfigError, load_profile, profile_to_dict
 from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.runs import JobView
+from grpo_hpc.monitor.attempts import record_adopted
 from grpo_hpc.monitor.decision import Action, ActionKind, FailureClass
 from grpo_hpc.monitor.loop import monitor_pass
 from grpo_hpc.monitor.node_loss import _case as node_case
 from grpo_hpc.monitor.node_loss import short_since
 from grpo_hpc.monitor.nodes import NodeFacts, NodeMove, plan_nodes, should_regrow, usable_nodes
+from grpo_hpc.submit.job import attempt_nodes
 
-from .test_monitor_decide import FAST, NOW, FakeSlurm, jobs_of, make_run, rec
+from .test_monitor_decide import FAST, NOW, FakeSlurm, Killed, jobs_of, make_run, rec
 
 K, C, M = ActionKind, FailureClass, NodeMove
 
@@ -253,3 +255,39 @@ def test_a_job_completing_after_a_node_failure_is_waited_for_not_cancelled(
     (o,) = monitor_pass([p], FAST, lambda: NOW + 5, s.backend())
     assert (o.action.kind, o.action.failure_class) == (K.CANCEL_AND_RESUBMIT, C.NODE_FAIL)
     assert s.cancelled == ["100"] and s.on_nodes == [2]
+
+
+@pytest.mark.parametrize(
+    ("full", "asked", "record"),
+    [(4, None, (4, None)), (4, 2, (2, 4)), (4, 1, (1, 4)), (4, 4, (4, None)), (1, None, (1, None))],
+)
+def test_attempt_record_says_the_nodes_it_was_submitted_on(
+    full: int, asked: int | None, record: tuple[int, int | None]
+) -> None:
+    assert attempt_nodes(full, asked) == record
+
+
+def test_a_job_adopted_after_a_shrink_is_recorded_on_its_nodes_and_grows_back(
+    tmp_path: Path,
+) -> None:
+    """A monitor killed between sbatch (on the 2 nodes left of 4) and jobs.jsonl: the next
+    pass adopts that job through submit.job.adopt, recorded on 2 nodes ``short_of`` 4 as
+    a submission is (on the test cluster it was recorded with the profile's 4: the run was
+    then taken for a full one and never went back to all its nodes)."""
+    s = NodeCluster(up=2)
+    p = four_node_run(tmp_path, s, "NODE_FAIL", wait_s=0)
+    s.kill_before_record = True
+    with pytest.raises(Killed):
+        monitor_pass([p], FAST, lambda: NOW, s.backend())
+    assert s.on_nodes == [2] and jobs_of(p) == ["100"]  # job 201 in Slurm, not recorded
+    s.kill_before_record = False
+    backend = s.backend()
+    backend.adopt = record_adopted  # the real record (submit.job.adopt), not the fake's
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 5, backend)
+    assert o.new_job_id == "201" and s.on_nodes == [2]  # adopted, not submitted again
+    last = read_jsonl(p.jobs)[-1]
+    assert (last["job_id"], last["nodes"], last.get("short_of")) == ("201", 2, 4), last
+
+    s.states["201"], s.up = "RUNNING", 4  # the lost nodes are back: grow to all 4
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 60, backend)
+    assert (o.action.kind, o.action.failure_class) == (K.CANCEL_AND_RESUBMIT, C.NODES_BACK)
