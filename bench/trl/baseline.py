@@ -30,7 +30,7 @@ mean completion length and the share cut at the cap (``lengths``)::
         --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
         --variants default= --out bench/results/x.json
 
-Model families (issue 53): ``--shape`` takes a bench/shapes config too (random weights of
+Model families (docs/models.md): ``--shape`` takes a bench/shapes config too (random weights of
 it, saved once in fp32 with the char tokenizer; both sides train that directory), e.g.
 Qwen3-1.7B's default step against TRL on one H100::
 
@@ -260,7 +260,7 @@ DEFAULT_VARIANTS = [
     "plain=--no-compile --no-packing",
 ]
 """grpo_hpc's side, ``name=grpo_step.py flags``. ``default`` passes no memory flag: it runs
-the project's defaults (grpo_hpc.config.schema), which is what issue 12 point 4 judges."""
+the project's defaults (grpo_hpc.config.schema), which is what the comparison with TRL judges."""
 
 
 def project_defaults() -> dict:
