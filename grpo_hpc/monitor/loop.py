@@ -99,7 +99,8 @@ class Backend:
     submitted_jobs: Callable[[RunPaths, float], list[str]] = slurm_submitted_jobs
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
     adopt: Callable[[RunPaths, str, str, int | None], None] = record_adopted
-    """Record in jobs.jsonl a job that was submitted but never recorded."""
+    """Record in jobs.jsonl a job that was submitted but never recorded, on the nodes its
+    intent asked for (None: the profile's)."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
     up_nodes: Callable[[str | None], int] = slurm_query.up_nodes
