@@ -17,7 +17,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.runs import JobView
 from grpo_hpc.monitor.attempts import record_adopted
 from grpo_hpc.monitor.decision import Action, ActionKind, FailureClass
-from grpo_hpc.monitor.loop import monitor_pass
+from grpo_hpc.monitor.loop import monitor_pass, worth_saying
 from grpo_hpc.monitor.node_loss import _case as node_case
 from grpo_hpc.monitor.node_loss import short_since
 from grpo_hpc.monitor.nodes import NodeFacts, NodeMove, plan_nodes, should_regrow, usable_nodes
@@ -156,6 +156,7 @@ def test_a_requeued_job_waits_for_its_node_then_runs_on_the_nodes_left_then_on_a
     p = four_node_run(tmp_path, s, "PENDING", wait_s=600)
     (o,) = monitor_pass([p], FAST, lambda: NOW, s.backend())
     assert o.action.kind is K.NONE and "2 of the 4 nodes up: waiting 10 min more" in o.action.reason
+    assert not worth_saying(o)  # a plain NONE: grpo-monitor prints nothing
     (o,) = monitor_pass([p], FAST, lambda: NOW + 300, s.backend())
     assert o.action.kind is K.NONE and "waiting 5 min more" in o.action.reason
     assert jobs_of(p) == ["100"] and node_events(p) == [("wait", 4, 2)]
@@ -244,6 +245,7 @@ def test_a_job_completing_after_a_node_failure_is_waited_for_not_cancelled(
     (o,) = monitor_pass([p], FAST, lambda: NOW, s.backend())
     assert o.action.kind is K.NONE and o.job_id == "100", o.action
     assert "COMPLETING: Slurm has not released its nodes yet" in o.action.reason
+    assert worth_saying(o)  # grpo-monitor prints it, though it does nothing
     assert s.cancelled == [] and s.on_nodes == [] and jobs_of(p) == ["100"]
     assert s.sinfo_calls == 0 and node_events(p) == []
     (ev,) = [e for e in read_jsonl(p.events) if e["phase"] == "decision"]
