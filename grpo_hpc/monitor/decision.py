@@ -297,15 +297,10 @@ def decide(
 
 
 def completing_reason(job: JobView) -> str:
-    """Why nothing is done about a COMPLETING job (pure): its allocation still holds its
-    nodes (processes being killed, an epilog running, a lost node's part being excised), and
-    a job started meanwhile could meet the old trainer in the run directory or queue behind
-    the nodes it holds. Slurm bounds the wait (``UnkillableStepTimeout`` drains a node whose
-    processes do not die, and the job then ends)."""
-    return (
-        f"job {job.job_id} COMPLETING: Slurm has not released its nodes yet; nothing is "
-        "cancelled or resubmitted until it leaves the queue"
-    )
+    """Why a COMPLETING job is waited for (pure): its allocation holds its nodes, and a job
+    started meanwhile could meet the old trainer. Slurm bounds it (UnkillableStepTimeout)."""
+    why = "Slurm has not released its nodes yet; nothing is cancelled or resubmitted"
+    return f"job {job.job_id} COMPLETING: {why} until it leaves the queue"
 
 
 def _out_of_memory(own: ProgressRecord | None, job: JobView) -> Action | None:

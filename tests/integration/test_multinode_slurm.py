@@ -15,12 +15,9 @@ c10d rendezvous and gloo, and what happens when one node dies mid-run.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,10 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
+from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.core.slurm import job_name
 from grpo_hpc.train.state.checkpoint import model_weights
 
 from .slurm_helpers import (
@@ -51,9 +47,7 @@ from .slurm_helpers import (
     job_ids,
     kill_job_processes,
     kill_node,
-    node_processes,
     progress,
-    queued,
     restart_nodes,
     sacct,
     sacct_attempts,
@@ -441,71 +435,3 @@ MONITOR_KILLED_AFTER_SBATCH = (
     "s.record_job = lambda *a, **k: os._exit(9); "  # dies after sbatch, before jobs.jsonl
     "from grpo_hpc.cli.monitor import main; sys.exit(main(sys.argv[1:]))"
 )
-
-
-def _squeue(job: str, fmt: str) -> str:
-    return _run_out("squeue", "-h", "-j", job, "-o", fmt)
-
-
-def _run_out(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-
-
-def _stepds(node: str) -> list[int]:
-    return [p for p, c in node_processes(node).items() if c == "slurmstepd"]
-
-
-def _signal(pids: list[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def test_after_a_node_failure_the_monitor_waits_for_the_job_still_completing(
-    two_nodes, monitor: tuple, tmp_path: Path
-) -> None:
-    """No trainer: the run's job is a two-node ``srun sleep`` (no CPU) and later jobs are
-    held by --begin. grpo-n2 dies while the job's part on grpo-n1 cannot end (its slurmstepd
-    stopped, as a step stuck in teardown): accounting says NODE_FAIL, squeue COMPLETING. A
-    monitor pass (profile ``nodes_wait_s: 0``) then waits and says why (it used to cancel
-    the job and resubmit on grpo-n1 within its pass, blocking 30 s on a job that could not
-    leave). Once Slurm has released the nodes and requeued the job, a pass replaces it on
-    the node left."""
-    logs, _, _ = monitor
-    profile = write_profile(tmp_path / "held-2node.yaml", base=PROFILE, nodes_wait_s=0,
-                            sbatch_extra={"begin": "now+1hour"})  # fmt: skip
-    first = submit(logs, "ending", profile=str(profile))
-    paths = RunPaths(logs / "ending")
-    scancel(first)
-    wait_for(f"job {first} gone from squeue", lambda: first not in queued(), 60)
-    sbatch = ["sbatch", "--parsable", "-p", "multi", "-N", "2", "--requeue", "-o", "/dev/null",
-              f"--job-name={job_name('ending')}", "--wrap", "srun sleep 600"]  # fmt: skip
-    job = _run_out(*sbatch).split(";")[0]
-    append_jsonl(paths.jobs, {"job_id": job, "attempt": 1, "executor": "slurm", "nodes": 2,
-                              "submitted_at": time.time()})  # fmt: skip
-    wait_for(f"job {job} running", lambda: _squeue(job, "%t") == "R", 60, interval=0.3)
-    wait_for("its step on grpo-n1", lambda: _stepds("grpo-n1"), 30, interval=0.3)
-    stepds = _stepds("grpo-n1")
-    _signal(stepds, signal.SIGSTOP)
-    try:
-        kill_node(VICTIM, reported=True)
-        wait_for(f"job {job} COMPLETING", lambda: _squeue(job, "%T") == "COMPLETING", 30,
-                 interval=0.3)  # fmt: skip
-        wait_sacct(job, "NODE_FAIL", timeout=30)
-        once = cli("cli.monitor", "ending", "--logs", str(logs), "--once", "--backoff", "0")
-        assert once.returncode == 0, once.stdout + once.stderr
-        assert _squeue(job, "%T") == "COMPLETING", "the test's premise"
-        (ev,) = [e for e in events(paths, "decision") if e["job_id"] == job]
-        assert (ev["action"], ev["slurm_state"]) == ("NONE", "COMPLETING"), describe(paths)
-        assert "Slurm has not released its nodes" in ev["reason"]
-        assert not events(paths, "intent") and job_ids(paths) == [first, job], describe(paths)
-    finally:
-        _signal(stepds, signal.SIGCONT)
-    wait_sacct(job, "PENDING", timeout=60)  # released and requeued; grpo-n2 is down
-    again = cli("cli.monitor", "ending", "--logs", str(logs), "--once", "--backoff", "0")
-    assert again.returncode == 0, again.stdout + again.stderr
-    (intent,) = events(paths, "intent")
-    got = (intent["class"], intent["nodes"], intent["slurm_state"])
-    assert got == ("node_fail", 1, "PENDING"), intent
-    last = read_jsonl(paths.jobs)[-1]
-    assert (last["nodes"], last.get("short_of")) == (1, 2), describe(paths)
