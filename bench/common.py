@@ -78,7 +78,7 @@ def untiny_overrides() -> list[str]:
     """The project's defaults for what ``configs/tiny.yaml`` sets for its CPU smoke runs
     (4 rows per micro-batch, no recompute, one CPU thread). A GPU benchmark that starts
     from the ``tiny`` preset adds these, so that it measures the step a user gets (the
-    first issue-24 profile missed them and measured 16 micro-batches without recompute)."""
+    first GPU step profile missed them and measured 16 micro-batches without recompute)."""
     from grpo_hpc.config.schema import AlgoConfig, ModelConfig, TrainingConfig
 
     algo, model = AlgoConfig(), ModelConfig()

@@ -40,11 +40,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (slurmctld stopped only while no two-node test runs) and by up.sh running once a
     session (tests/integration/conftest.py). The session's converted SmolLM2 is converted
     once and shared by every worker (tests/e2e/conftest.py)."""
-    multi = REPO / "tests" / "integration" / "test_multinode_slurm.py"
+    here = REPO / "tests" / "integration"
+    multi = {here / "test_multinode_slurm.py", here / "test_multinode_completing_slurm.py"}
     for item in items:
-        if item.path.is_relative_to(REPO / "tests" / "integration"):
+        if item.path.is_relative_to(here):
             item.add_marker(
-                pytest.mark.xdist_group("slurm-multi" if item.path == multi else "slurm")
+                pytest.mark.xdist_group("slurm-multi" if item.path in multi else "slurm")
             )
         elif _uses_module_fixture(item):
             # Its module's tests share what the fixture made (trained runs, saved models):

@@ -1,5 +1,5 @@
 """The native engine's agreement with HF ``generate`` and with a plain forward pass, for
-bench/decode/run.py (issue 53), and the weight re-draw its model-family runs use.
+bench/decode/run.py, and the weight re-draw its model-family runs use.
 
 Agreement (``agreement``): greedy tokens of the native engine and of HF ``generate`` from
 the same prompts (``--agree-new`` tokens, ``--agree-rows`` rows): per row the first

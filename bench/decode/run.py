@@ -22,7 +22,7 @@ steps. ``tok_per_s`` counts useful tokens (up to and including each row's EOS);
 
 shows finished-row compaction before and after in one run (same seeds: same tokens).
 
-Model families (issue 53): ``--shape`` takes any bench/shapes name too (qwen3-1.7b,
+Model families (docs/models.md): ``--shape`` takes any bench/shapes name too (qwen3-1.7b,
 llama-3.2-1b, gemma-3-1b, phi-4-mini, olmo-2-1b, smollm3-3b, ministral-8b, ...), and
 ``--shape-dir DIR`` any directory with a config.json (tests/fixtures/families/<family> for
 a CPU dry run): random weights of that config built as the trainer's ``random:DIR`` loader
@@ -112,7 +112,7 @@ ENGINES = {
     "native": {},
     "native-nocompact": {"compact": False},
     "native-eager": {"compile": False},
-    "native-eagerpick": {},  # compiled layers, the token choice eager (as before issue 24)
+    "native-eagerpick": {},  # compiled layers, the token choice eager (uncompiled pick)
     "native-autotune": {},  # compiled with mode=max-autotune-no-cudagraphs (GEMM autotuning)
     "native-plainattn": {},  # compiled, attention by matrix products (no Triton kernel)
     "hf": {},

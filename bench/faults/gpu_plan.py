@@ -1,4 +1,4 @@
-"""The pure parts of the GPU fault campaign (bench/faults/gpu_run.py, issue 37): the fault
+"""The pure parts of the GPU fault campaign (bench/faults/gpu_run.py): the fault
 kinds, each trial's moment and target (a function of the seed and the trial index), what
 a trial measured, whether it passed, and the campaign's totals. No I/O: tests pin these.
 
@@ -29,7 +29,7 @@ profile and strike by themselves."""
 RESUMING = ("time_limit", "kill_rank", "hang_rank", "kill_rank_in_save")
 """Kinds whose run must resume from a checkpoint (they strike after one exists)."""
 RANK_LIMIT_S = 120.0
-"""A dead or hung rank must end its job within this many seconds (issue 37)."""
+"""A dead or hung rank must end its job within this many seconds."""
 
 
 @dataclass(frozen=True)

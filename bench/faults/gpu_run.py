@@ -1,4 +1,4 @@
-"""GPU fault campaign (issue 37) on a Slurm GPU node (slurm/up.sh --real-gpus): per trial,
+"""GPU fault campaign on a Slurm GPU node (slurm/up.sh --real-gpus): per trial,
 one 2-rank FSDP2 run of the random ``tiny`` model in bf16 on two GPUs, submitted with
 grpo-submit and watched by grpo-monitor, as a user would; one fault per trial (a rank
 killed, a rank hung, a rank killed inside a DCP save, the time limit, a step-0 stall, a

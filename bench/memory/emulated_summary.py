@@ -1,4 +1,4 @@
-"""The summary of a run under ``GRPO_HPC_EMULATE_GPU`` (issue 55; bench/gpu/real.sh's stage
+"""The summary of a run under ``GRPO_HPC_EMULATE_GPU`` (bench/gpu/real.sh's stage
 ``supercloud``): what the trainer resolved (from its [Device], [Speed] and [Kernels] lines),
 its peak memory against the emulated cap, s/step, and reward and held-out accuracy first
 against last. The figures are read from the run directory; :func:`summarize` is pure.

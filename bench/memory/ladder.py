@@ -10,7 +10,7 @@ x mode (full parameters, LoRA r=16), one step config: 8 prompts x G=8 per GPU, 5
 - ``supercloud``: fp16 autocast + grad scaler, SDPA, each GPU capped at 32 GiB (a V100's
   memory; the supercloud profile) with ``torch.cuda.set_per_process_memory_fraction``. The
   H100's kernels and ``auto`` decisions stay, unless ``GRPO_HPC_EMULATE_GPU=7.0:32`` is
-  set: then every decision is a V100's (eager layers, no packing; issue 55, recorded as
+  set: then every decision is a V100's (eager layers, no packing; recorded as
   ``env.emulated_gpu``).
 
 Each row runs the real trainer (``grpo_hpc.train``) under torchrun with ``--nproc`` ranks

@@ -28,7 +28,7 @@ FAMILY_SHAPES = (
     "smollm3-3b",
     "ministral-8b",
 )
-"""One shape per family of issue 53 between 1B and 4B (Mistral's smallest published one is
+"""One shape per supported model family between 1B and 4B (Mistral's smallest published one is
 Ministral 8B: the rows the estimator says cannot fit are recorded so, not run), for the
 estimate-against-measured rows of docs/models.md: ``--shapes families``. Not measured yet."""
 BUDGETS = {
@@ -91,7 +91,7 @@ def settings(args: argparse.Namespace, budget: str, mode: str, prompt: int, rank
     where a V100 would run eager (grpo-submit's estimate for that profile assumes eager
     layers, which keep more for backward: the safe side), unless the ladder runs under
     ``GRPO_HPC_EMULATE_GPU=7.0:32``: then the plan and the trainer both decide as for a
-    V100 (eager, unpacked; issue 55)."""
+    V100 (eager, unpacked)."""
     from grpo_hpc.config import speed
     from grpo_hpc.memory import estimate as memory
 

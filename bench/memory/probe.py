@@ -1,4 +1,4 @@
-"""Issue 38 probe: where the GPU memory and the time of a real GRPO step go, phase by phase.
+"""Memory and time probe: where the GPU memory and the time of a real GRPO step go, phase by phase.
 
 Runs the real trainer (``grpo_hpc.train``) under torchrun with light instruments hooked in
 from outside (nothing in the package changes), and writes per rank a small JSON:

@@ -1,7 +1,7 @@
 """Does Inductor's idle compile pool, shut down 60-90 s after the last compilation, stall a
 process that is launching GPU work at that moment?
 
-The question behind issue 38's step 22: in five of six unprofiled 2-GPU runs, one step
+The question behind a real run's slow step 22: in five of six unprofiled 2-GPU runs, one step
 54-76 s after the first step (whose compilation fills Inductor's subprocess pool) had rank
 0 generating 0.4-0.8 s longer than usual. Inductor's pool has a timer
 (``torch._inductor.config.quiesce_async_compile_time``, 60 s, checked every 30 s) that then

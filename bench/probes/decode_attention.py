@@ -1,5 +1,5 @@
 """Benchmark: the attention of one decode step over the KV cache, implementation by
-implementation, on the GPU (issue 24, point 3: the decode's attention).
+implementation, on the GPU.
 
 A decode step's attention reads each row's cached K and V once: at batch B, span S (the
 filled slots, rounded up to the engine's span bucket), KV heads h_kv and head size d it

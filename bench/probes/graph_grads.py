@@ -1,7 +1,7 @@
 """Do decoder layers replayed as CUDA graphs give the same gradients as the trainer's
 compiled layers when an update accumulates over several micro-batches?
 
-Issue 38 left one way to take a small model's update off the host: each layer compiled in
+One way was left to take a small model's update off the host: each layer compiled in
 Inductor's ``reduce-overhead`` mode (cudagraph trees), 1.6x faster at one micro-batch
 (``update_jitter --graphs``). A captured backward writes its outputs into memory the next
 replay reuses, so gradients accumulated over two or more micro-batches could be

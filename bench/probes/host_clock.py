@@ -1,7 +1,7 @@
 """How fast a core of this host runs, and how busy the host is, every few tenths of a
 second: beside a training job, to tell a job that slowed down from a host that did.
 
-Issue 38's real 2-GPU runs had the update of a 135M model drift down over a run, 1.0 s a
+Real 2-GPU runs had the update of a 135M model drift down over a run, 1.0 s a
 step early and 0.76 s late at the same size, on an update bound by the host (Python and
 kernel launches on one thread). Whether the host's cores ran slower early (their clock,
 a neighbour on the VM host, the job's own compile workers) or the trainer did more work is

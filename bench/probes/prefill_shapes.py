@@ -1,6 +1,6 @@
 """Does the native engine's prefill stall the first time it meets a new prompt length?
 
-The question behind issue 38's slow generations: in the real 2-GPU GSM8K run, a step now
+The question behind the slow generations of a real run: in the real 2-GPU GSM8K run, a step now
 and then had one rank generating 1.3 s against 0.45 s, and the stall sampler
 (``training.stall_sample_ms``) found that rank inside the prefill's
 ``F.scaled_dot_product_attention`` call (``native/forward.py``) for 0.36 s and more. The

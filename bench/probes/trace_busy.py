@@ -2,7 +2,7 @@
 traces that ``training.profile_steps`` writes (``torch_profile/rank<R>-steps<A>-<B>.json``,
 gzipped or not).
 
-Issue 38: a 135M model's update took 0.15-0.36 s for the same work in real 2-GPU runs. If
+Why it asks: a 135M model's update took 0.15-0.36 s for the same work in real 2-GPU runs. If
 its GPU is busy most of the update, the GPU sets the pace; if it is idle most of it, the
 host does (Python and kernel launches), and the update is as steady as the host's core.
 

@@ -2,7 +2,7 @@
 and over in one process, each one timed with a fixed piece of pure-Python work on the same
 thread just before it.
 
-Issue 38: a 135M model's update is bound by the host (the GPU was busy 75 of 380 ms in a
+Why it asks: a 135M model's update is bound by the host (the GPU was busy 75 of 380 ms in a
 profiled real step), and the same ~27k tokens took 0.15-0.36 s in real 2-GPU runs. On one
 H100, ``bench.speed.update_speed`` repeating one fixed update gave 0.087-0.189 s. Here the work
 cannot change between repetitions (same batch, same shapes, garbage collection off, as the

@@ -1,6 +1,6 @@
 """Does the math-verify worker pause to collect garbage it inherited from the trainer?
 
-The question behind issue 38's slow scoring: in real 2-GPU runs one rank sometimes scored
+The question behind a real run's slow scoring: in real 2-GPU runs one rank sometimes scored
 its 64 completions in 0.14-0.45 s instead of 0.01-0.03 s, and the other rank waited. The
 worker (``grpo_hpc/train/rewards/verifier.py``) is forked from the trainer, so it inherits
 every Python object the trainer had then, with automatic collection on. This probe builds

@@ -1,6 +1,6 @@
 """Which math-verify items are slow, and is it the item or the worker's first meeting with it?
 
-The question behind issue 38's remaining slow scoring: in the real 2-GPU GSM8K runs of
+The question behind a real run's remaining slow scoring: in the real 2-GPU GSM8K runs of
 SmolLM2-135M-Instruct (after the worker's ``gc.freeze()``), each step sent 5-25 items per
 rank to math-verify, the typical one taking 2-6 ms, and now and then ONE took 0.08-0.45 s
 (``time/verify_slowest``) while the other rank waited.

@@ -1,6 +1,6 @@
 """Does a small file write stall while the same filesystem writes and syncs large files?
 
-The question behind issue 38's slow steps on rank 0: the trainer's rank 0 rewrites
+The question behind a real run's slow steps on rank 0: the trainer's rank 0 rewrites
 ``progress.json`` (temp file + rename) several times a step and appends to
 ``metrics.jsonl``, while checkpoints of ~1.6 GB are written, fsynced and deleted every few
 steps. This probe does both in one process: a background thread writes ``--files`` files

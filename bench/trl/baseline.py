@@ -30,7 +30,7 @@ mean completion length and the share cut at the cap (``lengths``)::
         --shape smollm2-135m --prompts-from gsm8k --max-new 512 --engine native \
         --variants default= --out bench/results/x.json
 
-Model families (issue 53): ``--shape`` takes a bench/shapes config too (random weights of
+Model families (docs/models.md): ``--shape`` takes a bench/shapes config too (random weights of
 it, saved once in fp32 with the char tokenizer; both sides train that directory), e.g.
 Qwen3-1.7B's default step against TRL on one H100::
 
@@ -43,213 +43,24 @@ Qwen3-1.7B's default step against TRL on one H100::
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import (
     SHAPES,
     build_model,
     env_info,
-    length_summary,
     save_random_config,
     shape_names,
     write_result,
 )
 from bench.trl import multi as trl_multi
-
-
-def digit_fraction(completions: list, **kwargs: object) -> list[float]:
-    """Cheap reward (the cost under test is generation and update, not scoring)."""
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
-
-
-SEED = 0
-"""Both sides' seed: TRL's, and grpo_hpc's ``training.seed``, which orders its prompts."""
-
-
-def chat(system: str, question: str) -> list[dict[str, str]]:
-    """One prompt as the messages grpo_hpc's ``data.prompt_text`` renders: TRL applies the
-    same tokenizer's chat template to them, so both sides prefill the same tokens."""
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
-
-
-def same_prompts(n: int) -> list[list[dict[str, str]]]:
-    """The messages grpo_hpc's trainer sends (system instruction + arithmetic question,
-    from its own data module), so both sides prefill and train on the same lengths."""
-    from grpo_hpc.config.schema import DataConfig
-    from grpo_hpc.tasks.problems import ANSWER_INSTRUCTION, load_problems
-
-    train, _ = load_problems(DataConfig(num_train=n, num_eval=0), seed=0)
-    return [chat(ANSWER_INSTRUCTION, p["question"]) for p in train]
-
-
-def gsm8k_prompts(num_train: int, count: int, seed: int) -> list[list[dict[str, str]]]:
-    """``count`` GSM8K train questions in the order grpo_hpc's trainer draws them from its
-    first ``num_train`` (its loader, its default system prompt, its seeded sampler), so
-    TRL, reading them unshuffled, trains on the same questions step for step."""
-    from grpo_hpc.config.schema import DataConfig
-    from grpo_hpc.tasks.problems import Sampler, default_instruction, load_problems
-
-    train, _ = load_problems(DataConfig(source="gsm8k", num_train=num_train, num_eval=0), seed)
-    system = default_instruction(train)
-    return [chat(system, train[i]["question"]) for i in Sampler(len(train), seed).take(count)]
-
-
-def gsm8k_train_size(args: argparse.Namespace) -> int:
-    """Questions grpo_hpc trains from: each one once over the run's steps."""
-    return args.prompts * args.steps
-
-
-def bench_prompts(args: argparse.Namespace) -> list[list[dict[str, str]]]:
-    """TRL's dataset: one step's prompts more than the run takes (its loader must not run
-    dry); with GSM8K the extra step wraps into the sampler's next epoch, as grpo_hpc would."""
-    n = args.prompts * (args.steps + 1)
-    if args.prompts_from == "gsm8k":
-        return gsm8k_prompts(gsm8k_train_size(args), n, SEED)
-    return same_prompts(n)
-
-
-def trl_lengths(log_history: list[dict]) -> dict:
-    """TRL's logged completion lengths (``logging_steps=1``: one entry per step)."""
-    return length_summary(log_history, "completions/mean_length", "completions/clipped_ratio")
-
-
-def real_tok_per_s(completions: int, lengths: dict, s_per_step: float) -> float | None:
-    """Completion tokens actually generated per second of a step (the ``upper`` figure
-    assumes every completion ran to the cap)."""
-    mean = lengths.get("mean_length")
-    return None if mean is None else completions * mean / s_per_step
-
-
-def sync() -> None:
-    """Waits for the GPU before a clock read; nothing to wait for on a CPU (plumbing
-    checks), where the CUDA calls would fail."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def run_trl(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.t0 = 0.0
-
-        def on_step_begin(self, *a: object, **k: object) -> None:
-            sync()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a: object, **k: object) -> None:
-            sync()
-            self.times.append(time.perf_counter() - self.t0)
-
-    # Under accelerate launch (--nproc, bench/trl/multi.py) this is one rank of several
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if args.cap_gib:  # the budget's memory, as bench/memory/ladder.py caps grpo_hpc's ranks
-        total = torch.cuda.get_device_properties(local).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / total), local)
-    cuda = torch.cuda.is_available()
-    data = Dataset.from_dict({"prompt": bench_prompts(args)})
-    completions = args.prompts * args.G
-    if completions % (args.micro * world):
-        raise SystemExit(f"{completions} completions do not split into {world} x {args.micro}")
-    peft_config, init_kwargs = None, None
-    if args.lora_rank:  # as grpo_hpc's LoRA: the frozen base in the compute dtype
-        from peft import LoraConfig
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-        peft_config = LoraConfig(
-            r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=targets
-        )
-        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(args.precision)
-        init_kwargs = {"dtype": dtype} if dtype else None
-    config = GRPOConfig(
-        output_dir=str(work / "trl"),
-        per_device_train_batch_size=args.micro,
-        gradient_accumulation_steps=completions // (args.micro * world),
-        num_generations=args.G,
-        max_completion_length=args.max_new,
-        beta=args.beta,
-        learning_rate=1e-6,
-        bf16=args.precision == "bf16",
-        fp16=args.precision == "fp16",  # autocast + grad scaler, as a V100 forces
-        # under FSDP the accelerate config checkpoints the layers (bench/trl/multi.py)
-        gradient_checkpointing=not fsdp,
-        max_steps=args.steps,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        temperature=1.0,
-        top_p=1.0,
-        seed=SEED,
-        # GSM8K: the dataset is already in grpo_hpc's order; arithmetic keeps TRL's default
-        shuffle_dataset=args.prompts_from != "gsm8k",
-        model_init_kwargs=init_kwargs,
-    )
-    timer = StepTimer()
-    trainer = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=digit_fraction,
-        args=config,
-        train_dataset=data,
-        callbacks=[timer],
-        peft_config=peft_config,
-    )
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    lengths = trl_lengths(trainer.state.log_history)
-    wrapping = how_wrapped(trainer.model_wrapped)
-    # grpo_hpc's variants run next, in child processes on the same GPU: give TRL's memory
-    # back to the driver, or this process's allocator keeps it reserved (54 GiB at 3B).
-    del trainer
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    steps = timer.times[1:]
-    tokens = completions * args.max_new
-    return {
-        "s_per_step_median": statistics.median(steps),
-        "s_per_step_all": timer.times,
-        "completion_tok_per_s_upper": tokens / statistics.median(steps),
-        "completion_tok_per_s": real_tok_per_s(completions, lengths, statistics.median(steps)),
-        "lengths": lengths,
-        "peak_gib": peak,
-        "wrapping": wrapping,
-        "reserved_gib_after_release": torch.cuda.memory_reserved() / 2**30 if cuda else 0.0,
-    }
-
-
-def how_wrapped(model: object) -> dict:
-    """What the Trainer trained: the wrapper's class (FSDP1's ``FullyShardedDataParallel``,
-    DDP's ``DistributedDataParallel``) and how many weights are FSDP2's sharded DTensors, so
-    a multi-GPU figure says what ran (bench/trl/multi.py checks it)."""
-    from torch.distributed.tensor import DTensor
-
-    params = list(model.parameters())  # type: ignore[attr-defined]
-    return {
-        "class": type(model).__name__,
-        "dtensor_params": sum(isinstance(p, DTensor) for p in params),
-        "params": len(params),
-    }
-
+from bench.trl.prompts import SEED, gsm8k_train_size
+from bench.trl.trl_run import run_trl, trl_side
 
 DEFAULT_VARIANTS = [
     "default=",
@@ -260,7 +71,7 @@ DEFAULT_VARIANTS = [
     "plain=--no-compile --no-packing",
 ]
 """grpo_hpc's side, ``name=grpo_step.py flags``. ``default`` passes no memory flag: it runs
-the project's defaults (grpo_hpc.config.schema), which is what issue 12 point 4 judges."""
+the project's defaults (grpo_hpc.config.schema), which is what the comparison with TRL judges."""
 
 
 def project_defaults() -> dict:
@@ -330,22 +141,6 @@ def compare(ours: dict, trl: dict | None) -> dict:
             med.get("gpu_mem_gb", 0) / trl["peak_gib"] if trl["peak_gib"] else None
         ),
     }
-
-
-def trl_side(args: argparse.Namespace, model: Path, work: Path) -> dict:
-    """TRL's run: one process, or ``accelerate launch`` on ``--nproc`` GPUs; with
-    ``--trl-fallback``, a multi-GPU launch that fails is tried once more in that mode (the
-    first error kept beside the result)."""
-    if args.nproc == 1:
-        return run_trl(args, model, work)
-    trl = trl_multi.run(args, model, work)
-    if "error" in trl and args.trl_fallback and args.trl_fallback != args.trl_mode:
-        print(f"TRL {args.trl_mode} failed: {trl['error'].strip().splitlines()[-1:]}", flush=True)
-        first = {"mode": trl["mode"], "error": trl["error"]}
-        again = argparse.Namespace(**{**vars(args), "trl_mode": args.trl_fallback})
-        trl = trl_multi.run(again, model, work)
-        trl["first_try"] = first
-    return trl
 
 
 def summary(args: argparse.Namespace, trl: dict | None, variants: dict[str, dict]) -> dict:

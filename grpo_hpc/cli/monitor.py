@@ -16,7 +16,7 @@ from grpo_hpc.monitor.decision import (
     ActionKind,
     MonitorPolicy,
 )
-from grpo_hpc.monitor.loop import format_outcome, is_final, monitor_pass
+from grpo_hpc.monitor.loop import format_outcome, is_final, monitor_pass, worth_saying
 
 EXAMPLES = """examples:
   grpo-monitor                          # watch every run under logs/ until all end
@@ -97,7 +97,7 @@ def _watch(argv: list[str]) -> int:
             raise ConfigError(f"no runs under {root} (submit one with grpo-submit)")
         try:
             for o in monitor_pass(runs, policy):
-                if o.logged and o.action.kind is not ActionKind.NONE:
+                if worth_saying(o):
                     _say(format_outcome(o, time.time()), sys.stdout)
         except (SlurmUnavailableError, OSError) as e:  # Slurm away, or a full disk: retry
             if args.once:

@@ -21,6 +21,9 @@ from grpo_hpc.core.slurm import JobRecord
 
 RUNNING_STATES = frozenset({"RUNNING", "LOCAL_RUNNING"})
 """Job states that count as running: Slurm's, and a local-executor job's live pid."""
+COMPLETING = "COMPLETING"
+"""A job that has ended but still holds its allocation: Slurm's own state, or what
+:func:`job_view` says of a job accounting has an end for while squeue still lists it."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def job_view(
         # Accounting already has the end state (e.g. CANCELLED) while squeue still lists
         # the job: its processes are being killed. Resubmitting now would start a second
         # trainer on the run directory while the first one may still write to it.
-        return JobView(job_id, "COMPLETING", rec.exit_code, submitted)
+        return JobView(job_id, COMPLETING, rec.exit_code, submitted)
     since = None
     if rec.state == "RUNNING":
         since = rec.started_at or running_since(events, job_id)

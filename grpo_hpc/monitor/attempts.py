@@ -81,10 +81,10 @@ def submit_next(paths: RunPaths, reason: str, nodes: int | None = None) -> Any:
     return submit.resubmit(paths, reason, nodes)
 
 
-def record_adopted(paths: RunPaths, job_id: str, reason: str) -> None:
+def record_adopted(paths: RunPaths, job_id: str, reason: str, nodes: int | None = None) -> None:
     from grpo_hpc.submit import job as submit
 
-    submit.adopt(paths, job_id, reason)
+    submit.adopt(paths, job_id, reason, nodes)
 
 
 def slurm_submitted_jobs(paths: RunPaths, since: float) -> list[str]:
@@ -105,8 +105,9 @@ class Effects:
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
     cancel_slurm: Callable[[str], None] = slurm_query.cancel
     """scancel (an extra orphan)."""
-    adopt: Callable[[RunPaths, str, str], None] = record_adopted
-    """Record in jobs.jsonl a job that was submitted but never recorded."""
+    adopt: Callable[[RunPaths, str, str, int | None], None] = record_adopted
+    """Record in jobs.jsonl a job that was submitted but never recorded, on the nodes its
+    intent asked for (None: the profile's)."""
     sleep: Callable[[float], None] = time.sleep
     """Pause while an ending job leaves the queue."""
 
@@ -251,10 +252,13 @@ def close_superseded(
         )
 
 
-def adopt_orphan(paths: RunPaths, reason: str, since: float, fx: Effects) -> str | None:
+def adopt_orphan(
+    paths: RunPaths, reason: str, since: float, fx: Effects, nodes: int | None = None
+) -> str | None:
     """A job submitted for the run since ``since`` but missing from jobs.jsonl (its
     submitter killed between sbatch and the write): record it rather than submit a second
-    one; cancel any further orphans. The adopted job id, or None."""
+    one, on the ``nodes`` it was submitted on (None: the profile's); cancel any further
+    orphans. The adopted job id, or None."""
     known = {str(j["job_id"]) for j in read_jsonl(paths.jobs)}
     orphans = [j for j in fx.submitted_jobs(paths, since) if j not in known]
     if not orphans:
@@ -262,7 +266,7 @@ def adopt_orphan(paths: RunPaths, reason: str, since: float, fx: Effects) -> str
     orphans.sort(key=lambda j: (len(j), j))
     for extra in orphans[:-1]:
         fx.cancel_slurm(extra)
-    fx.adopt(paths, orphans[-1], reason)
+    fx.adopt(paths, orphans[-1], reason, nodes)
     return orphans[-1]
 
 
@@ -358,7 +362,10 @@ def _adopt(
     if intent is None or since is None:
         return None
     why = f"{intent.get('reason') or 'resubmission'} (adopted: its submitter was killed)"
-    job = adopt_orphan(paths, why, since, fx)
+    # the nodes the intent's submission asked for: fewer than the profile's after a node
+    # loss (the monitor's intent keeps them); the record must say so, or the run is taken
+    # for a full one and never grows back (monitor/nodes.py, should_regrow)
+    job = adopt_orphan(paths, why, since, fx, intent.get("nodes"))
     if job is None:
         return None
     close_intent(paths, intent, Phase.DONE, new_job_id=job, note="adopted")

@@ -22,6 +22,8 @@ RUNNING, own live past LOADING, heartbeat >  CANCEL_AND_RESUBMIT    stalled_hear
 RUNNING, own live otherwise                  NONE                   -
 RUNNING, own failed, heartbeat > hb timeout  CANCEL_AND_RESUBMIT    crash (hung teardown)
 RUNNING, no own record, start > step0        CANCEL_AND_RESUBMIT    stalled_step0
+COMPLETING (ended, still in squeue: its      NONE (wait for Slurm   -
+  allocation holds its nodes)                to release them)
 PENDING / REQUEUED / other active state      NONE (Slurm requeued)  -
 MISSING within lost_grace_s of submission    NONE                   -
 ended TIMEOUT / DEADLINE                     RESUBMIT               timeout
@@ -71,7 +73,7 @@ from typing import Any
 from grpo_hpc.core.errors import ConfigError, ExitCode
 from grpo_hpc.core.events import CLOSING, Phase
 from grpo_hpc.core.progress import ProgressRecord, TrainState
-from grpo_hpc.core.runs import RUNNING_STATES, JobView
+from grpo_hpc.core.runs import COMPLETING, RUNNING_STATES, JobView
 from grpo_hpc.core.slurm import ACTIVE_STATES
 
 
@@ -283,6 +285,8 @@ def decide(
         return Action(ActionKind.DONE, C.FINISHED, f"finished {own.step}/{own.max_steps} steps")
     if job.state in RUNNING_STATES:
         return _judge_running(own, job, history, now, policy)
+    if job.state == COMPLETING:
+        return Action(ActionKind.NONE, reason=completing_reason(job))
     if job.state in ACTIVE_STATES:
         saved = own is not None and own.state is TrainState.INTERRUPTED
         return Action(ActionKind.NONE, reason=f"{job.state}" + (" (requeued)" if saved else ""))
@@ -290,6 +294,13 @@ def decide(
         return Action(ActionKind.NONE, reason="just submitted; not in squeue/sacct yet")
     cls, why = classify_end(own, job)
     return _retry(cls, why, history, now, policy, cancel=False)
+
+
+def completing_reason(job: JobView) -> str:
+    """Why a COMPLETING job is waited for (pure): its allocation holds its nodes, and a job
+    started meanwhile could meet the old trainer. Slurm bounds it (UnkillableStepTimeout)."""
+    why = "Slurm has not released its nodes yet; nothing is cancelled or resubmitted"
+    return f"job {job.job_id} COMPLETING: {why} until it leaves the queue"
 
 
 def _out_of_memory(own: ProgressRecord | None, job: JobView) -> Action | None:

@@ -33,7 +33,7 @@ from grpo_hpc.core.events import Event, Phase
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
-from grpo_hpc.core.runs import SlurmView, job_view, pid_alive, query_slurm, slurm_ids
+from grpo_hpc.core.runs import COMPLETING, SlurmView, job_view, pid_alive, query_slurm, slurm_ids
 from grpo_hpc.core.slurm import JobRecord
 from grpo_hpc.monitor.attempts import (
     Effects,
@@ -98,8 +98,9 @@ class Backend:
     """Submit the next attempt: a submit.SubmitResult, or just the new job id."""
     submitted_jobs: Callable[[RunPaths, float], list[str]] = slurm_submitted_jobs
     """Slurm jobs of the run submitted since a time (recorded in jobs.jsonl or not)."""
-    adopt: Callable[[RunPaths, str, str], None] = record_adopted
-    """Record in jobs.jsonl a job that was submitted but never recorded."""
+    adopt: Callable[[RunPaths, str, str, int | None], None] = record_adopted
+    """Record in jobs.jsonl a job that was submitted but never recorded, on the nodes its
+    intent asked for (None: the profile's)."""
     sleep: Callable[[float], None] = time.sleep
     """Pause between polls for a cancelled job to end."""
     up_nodes: Callable[[str | None], int] = slurm_query.up_nodes
@@ -141,6 +142,14 @@ class Outcome:
     """The resubmitted job, if any."""
     error: str | None = None
     """Why applying the action failed."""
+    slurm_state: str | None = None
+    """The job's state as the decision saw it (COMPLETING: waited for, and said so)."""
+
+
+def worth_saying(o: Outcome) -> bool:
+    """Whether grpo-monitor prints an outcome (pure): a new decision that acts, or one that
+    waits for a COMPLETING job's nodes to be released; not a plain NONE (a run going on)."""
+    return o.logged and (o.action.kind is not ActionKind.NONE or o.slurm_state == COMPLETING)
 
 
 def _event(now: float, job: JobView, action: Action, phase: Phase, **extra: Any) -> Event:
@@ -200,6 +209,7 @@ def monitor_run(
         action, nodes = on_nodes_left(paths, job, action, jobs, events, t, backend.up_nodes)
         ev = _event(t, job, action, Phase.DECISION)
         out = Outcome(paths.name, job.job_id, action, logged=_is_new(events, ev))
+        out.slurm_state = job.state
         if out.logged:
             event_log.append(paths.events, ev)
         if action.kind in RESUBMIT_KINDS or action.cancel:

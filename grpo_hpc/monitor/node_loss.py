@@ -23,7 +23,7 @@ from grpo_hpc.config.profiles import load_run_profile
 from grpo_hpc.core import events as event_log
 from grpo_hpc.core.events import Event, Phase
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.core.runs import RUNNING_STATES, JobView
+from grpo_hpc.core.runs import COMPLETING, RUNNING_STATES, JobView
 from grpo_hpc.core.slurm import ACTIVE_STATES
 from grpo_hpc.monitor.decision import RESUBMIT_KINDS, Action, ActionKind, FailureClass
 from grpo_hpc.monitor.nodes import NodeFacts, NodeMove, NodePlan, plan_nodes, should_regrow
@@ -93,11 +93,13 @@ def _case(job: JobView, action: Action, entry: dict[str, Any]) -> str | None:
     """Which of the node decision's cases a run is in (pure): ``resubmit`` (the pass is
     about to resubmit it, or waits to after a node failure), ``queued`` (its multi-node job
     waits in the queue, e.g. requeued by Slurm after NODE_FAIL), ``short`` (it trains on
-    fewer nodes than its profile's); None: not the node decision's business."""
+    fewer nodes than its profile's); None: not the node decision's business, which a
+    COMPLETING job never is (after a node failure its allocation still holds the nodes
+    left: it is neither cancelled nor replaced before Slurm releases them)."""
     loss_wait = action.kind is ActionKind.WAIT and action.failure_class in LOSS_CLASSES
     if action.kind in RESUBMIT_KINDS or loss_wait:
         return "resubmit"
-    if action.kind is not ActionKind.NONE:
+    if action.kind is not ActionKind.NONE or job.state == COMPLETING:
         return None
     if job.state in RUNNING_STATES:
         return "short" if entry.get("short_of") is not None else None

@@ -120,10 +120,31 @@ def record_job(
     return attempt
 
 
-def adopt(paths: RunPaths, job_id: str, reason: str) -> None:
+def attempt_nodes(full: int, asked: int | None) -> tuple[int, int | None]:
+    """``(nodes, short_of)`` of an attempt's jobs.jsonl record (pure): the ``asked`` nodes
+    where the attempt was submitted on a count of its own (the monitor's, after a node was
+    lost: grpo_hpc/monitor/nodes.py), else the profile's ``full``; ``short_of`` is ``full``
+    where that is fewer, else None.
+
+    ====================  ==================  =====================
+    asked                 nodes               short_of
+    ====================  ==================  =====================
+    None (the profile's)  full                None
+    fewer than full       asked               full
+    full (a grow)         full                None
+    ====================  ==================  =====================
+    """
+    nodes = full if asked is None else asked
+    return nodes, (full if nodes < full else None)
+
+
+def adopt(paths: RunPaths, job_id: str, reason: str, nodes: int | None = None) -> None:
     """Record a job that was submitted for this run but never made it into jobs.jsonl
-    (its submitter was killed between sbatch and the write)."""
-    record_job(paths, job_id, load_run_profile(paths), reason)
+    (its submitter was killed between sbatch and the write), on the ``nodes`` it was
+    submitted on (the intent's: fewer than the profile's after a node loss)."""
+    profile = load_run_profile(paths)
+    count, short_of = attempt_nodes(profile.nodes, nodes)
+    record_job(paths, job_id, dataclasses.replace(profile, nodes=count), reason, short_of)
 
 
 def write_run(plan: SubmitPlan) -> None:
@@ -189,9 +210,8 @@ def resubmit(paths: RunPaths, reason: str, nodes: int | None = None) -> SubmitRe
     if not paths.config.is_file():
         raise ConfigError(f"{paths.root} is not a run directory (no config.yaml)")
     profile = load_run_profile(paths)
-    full = profile.nodes
-    if nodes is not None:
-        profile = dataclasses.replace(profile, nodes=nodes)
+    count, short_of = attempt_nodes(profile.nodes, nodes)
+    profile = dataclasses.replace(profile, nodes=count)
     # the torch the job would run, checked again (it may have changed since submission):
     # refused in one line, which the monitor records and stops on (a configuration error)
     preflight.refuse(preflight.torch_problems(profile))
@@ -199,7 +219,6 @@ def resubmit(paths: RunPaths, reason: str, nodes: int | None = None) -> SubmitRe
         slurm_query.check_available()
     setup = render_setup(profile, template_context(paths))
     params = executor_parameters(profile, paths.name, setup)
-    short_of = full if profile.nodes < full else None
     return submit_attempt(paths, profile, load_resolved(paths.config), params, reason, short_of)
 
 

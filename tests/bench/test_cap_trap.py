@@ -1,11 +1,14 @@
-"""bench/collapse/cap_trap.py and bench/collapse/cap_trap_probe.py: the pure pieces of the
-cap-trap analysis."""
+"""The cap-trap analysis (bench/collapse/cap_trap.py: its runs, hypotheses and samples in
+cap_runs.py, cap_hypotheses.py, cap_samples.py) and its probe (cap_trap_probe.py): the pure
+pieces."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.collapse.cap_trap import Run, adam_coast, auc, gold_of, outcome, repeated_ngram
+from bench.collapse.cap_hypotheses import adam_coast
+from bench.collapse.cap_runs import Run, auc, outcome
+from bench.collapse.cap_samples import gold_of, repeated_ngram
 from bench.collapse.cap_trap_probe import group_stats
 
 

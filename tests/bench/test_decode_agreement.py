@@ -1,4 +1,4 @@
-"""bench/decode/agreement.py's figures (issue 53): each row's first difference between HF
+"""bench/decode/agreement.py's figures: each row's first difference between HF
 generate's and the native engine's greedy tokens, the near-tie rule at it, and the fp32
 judge; on a stand-in model whose logits are a table indexed by the last token."""
 

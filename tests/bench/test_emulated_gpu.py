@@ -1,7 +1,7 @@
-"""The bench's side of ``GRPO_HPC_EMULATE_GPU`` (issue 55): the ladder's supercloud rows are
-planned as the trainer will run them (eager and unpacked, as on a V100), a budget of
-another memory is refused before any row, and the stage's summary reads what the trainer
-said it resolved."""
+"""The bench's side of ``GRPO_HPC_EMULATE_GPU`` (a V100's decisions on a lent GPU): the
+ladder's supercloud rows are planned as the trainer will run them (eager and unpacked, as on
+a V100), a budget of another memory is refused before any row, and the stage's summary reads
+what the trainer said it resolved."""
 
 from __future__ import annotations
 

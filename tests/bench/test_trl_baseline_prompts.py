@@ -1,5 +1,6 @@
-"""bench/trl/baseline.py's real-length mode: TRL gets the GSM8K questions grpo_hpc's
-trainer draws, in its order, and both sides' length logs summarise alike."""
+"""bench/trl/baseline.py's real-length mode (its prompts in bench/trl/prompts.py, TRL's run in
+bench/trl/trl_run.py): TRL gets the GSM8K questions grpo_hpc's trainer draws, in its order,
+and both sides' length logs summarise alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 from bench import common
 from bench.speed import grpo_step
 from bench.trl import baseline as trl_baseline
+from bench.trl import prompts, trl_run
 from grpo_hpc.config.schema import DataConfig
 from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.rewards.functions import ANSWER_INSTRUCTION
@@ -22,7 +24,7 @@ def trainer_questions(num_train: int, seed: int, prompts: int, steps: int) -> li
 
 def test_gsm8k_prompts_follow_the_trainers_order_into_the_next_epoch() -> None:
     # 3 steps of 4 from 8 questions: the third step wraps into the sampler's next epoch
-    msgs = trl_baseline.gsm8k_prompts(num_train=8, count=12, seed=3)
+    msgs = prompts.gsm8k_prompts(num_train=8, count=12, seed=3)
     assert [m[1]["content"] for m in msgs] == trainer_questions(8, 3, 4, 3)
     assert all(m[0] == {"role": "system", "content": ANSWER_INSTRUCTION} for m in msgs)
 
@@ -33,9 +35,9 @@ def test_both_sides_get_the_same_gsm8k_questions() -> None:
     assert flags == ["--source=gsm8k", "--num-train=6"]
     ours = grpo_step.data_overrides(argparse.Namespace(source="gsm8k", num_train=6))
     assert ours == ["data.source=gsm8k", "data.num_train=6", "data.num_eval=0", "optim.lr=1e-6"]
-    msgs = trl_baseline.bench_prompts(args)
+    msgs = prompts.bench_prompts(args)
     # TRL's loader gets one step more than the run takes; the steps run match grpo_hpc's
-    want = trainer_questions(6, trl_baseline.SEED, 2, 3)
+    want = trainer_questions(6, prompts.SEED, 2, 3)
     assert [m[1]["content"] for m in msgs][:6] == want
 
 
@@ -43,7 +45,7 @@ def test_arithmetic_mode_is_unchanged() -> None:
     args = argparse.Namespace(prompts=2, steps=1, prompts_from="arithmetic")
     assert trl_baseline.ours_data_flags(args) == []
     assert grpo_step.data_overrides(argparse.Namespace(source="arithmetic", num_train=0)) == []
-    assert trl_baseline.bench_prompts(args) == trl_baseline.same_prompts(4)
+    assert prompts.bench_prompts(args) == prompts.same_prompts(4)
 
 
 def test_length_summary_reads_each_loggers_keys() -> None:
@@ -52,7 +54,7 @@ def test_length_summary_reads_each_loggers_keys() -> None:
         {"completions/mean_length": 100.0, "completions/clipped_ratio": 0.0},
         {"train_runtime": 9.0},  # TRL's closing entry has no lengths
     ]
-    assert trl_baseline.trl_lengths(trl_log) == {
+    assert trl_run.trl_lengths(trl_log) == {
         "mean_length": 150.0,
         "cut_share": 0.125,
         "steps": 2,

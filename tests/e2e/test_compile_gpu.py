@@ -1,10 +1,10 @@
 """Compiled layers and attention on a GPU, as the trainer sets them up: one compilation of
 each decoder layer serves micro-batches on both sides of Inductor's 5 Mi-element fusion
 threshold (no recompilation at the first wide one), and SDPA stays off cuDNN's attention,
-whose per-shape plans stalled the native engine's prefill (issue 38).
+whose per-shape plans stalled the native engine's prefill.
 
-Written 2026-11-27 after the real 2-GPU runs that found both (bench/results/
-h100x2_issue38_s17.md); skipped where there is no GPU."""
+Written 2026-11-27 after the real 2-GPU runs that found both (bench/results/archive/
+slurm_gsm8k_attention_plans_h100x2_2026-11-27.md); skipped where there is no GPU."""
 
 from __future__ import annotations
 

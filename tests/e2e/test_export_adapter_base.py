@@ -1,5 +1,5 @@
 """A LoRA adapter exported with ``grpo-export RUN OUT --adapter`` from a run on the built-in
-``tiny`` model names a base model PEFT loads (issue 39): the run's own ``tiny_model/`` as
+``tiny`` model names a base model PEFT loads: the run's own ``tiny_model/`` as
 an absolute path, not the alias. A user loads it the documented way, offline and from
 another directory, with the base read from ``adapter_config.json``, and gets the merged
 export's logits."""

@@ -1,11 +1,11 @@
-"""Every model family of issue 53 through the real trainer on the CPU: one training step on
-the update's fast path (``algo.packing=true``: packed rows, each layer's sliding window,
-the fused log-prob head), a checkpoint, then the same run resumed from it for a second
-step. The model is ``random:tests/fixtures/families/<family>`` (the reduced config, random
-weights built by the trainer). What the update computes is proven equal to HF's forward in
-tests/unit/train/algo/test_update_families.py; here each family's checkpoint (tied heads,
-stacked experts, Gemma's extra norms) must save, verify and load back into a run that
-trains on.
+"""Every supported model family (docs/models.md) through the real trainer on the CPU: one
+training step on the update's fast path (``algo.packing=true``: packed rows, each layer's
+sliding window, the fused log-prob head), a checkpoint, then the same run resumed from it
+for a second step. The model is ``random:tests/fixtures/families/<family>`` (the reduced
+config, random weights built by the trainer). What the update computes is proven equal to
+HF's forward in tests/unit/train/algo/test_update_families.py; here each family's checkpoint
+(tied heads, stacked experts, Gemma's extra norms) must save, verify and load back into a
+run that trains on.
 
 The whole module is 18 trainer processes, two at a time; each costs mostly its imports, so
 the runs are as small as the tiny config allows: no math-verify worker (the digit reward

@@ -1,4 +1,4 @@
-"""The native engine's CUDA path on every model family it decodes (issue 53), at the reduced
+"""The native engine's CUDA path on every model family it decodes (docs/models.md), at the reduced
 sizes of tests/fixtures/families, in bf16 as a GPU rollout runs: the compiled decode
 functions, CUDA graphs and the Triton attention kernel (windowed layers of Mistral,
 Ministral and Gemma 3 pass each row's window start as its lower bound) against the

@@ -1,4 +1,4 @@
-"""A rank that stops answering ends the job within dist.peer_timeout_s (issue 37), on the real
+"""A rank that stops answering ends the job within dist.peer_timeout_s, on the real
 trainer's two ranks (forked as torchrun starts them: trainer_fork.py): rank 1 is SIGSTOPped
 mid-run, as a hung GPU process would be; rank 0 is then waiting in a collective that would
 otherwise block for the process group's 30 minutes. The job must end by itself, recording

@@ -107,7 +107,7 @@ def test_restart_from_step0_same_state(tmp_path: Path) -> None:
     starts again from step 0, and must be in the same state as the first one was. The first
     attempt builds the random ``tiny`` model (drawing from the seeded generator), a later one
     loads it from the run directory and draws nothing: without a reseed after the model is
-    built or loaded, step 1 already sampled different completions (issue 14)."""
+    built or loaded, step 1 already sampled different completions."""
     steps = ["training.max_steps=4", "training.save_every_steps=2", "training.keep_last=1"]
     slow = ["faults.enabled=true", "faults.slow_save=3"]  # a save that can be killed inside
     ref = make_run(tmp_path, "uninterrupted", *steps, *slow)

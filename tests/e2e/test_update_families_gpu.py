@@ -1,7 +1,7 @@
-"""The update's GPU fast paths on every model family of issue 53, at the reduced sizes of
-tests/fixtures/families, in bf16 as the trainer runs them on a GPU: the packed forward on
-PyTorch's varlen flash attention (each layer's sliding window passed to the kernel, no
-per-row fallback) and the compiled decoder layers (``dist.compile``).
+"""The update's GPU fast paths on every supported model family (docs/models.md), at the
+reduced sizes of tests/fixtures/families, in bf16 as the trainer runs them on a GPU: the
+packed forward on PyTorch's varlen flash attention (each layer's sliding window passed to
+the kernel, no per-row fallback) and the compiled decoder layers (``dist.compile``).
 
 bf16 rounding makes every path differ from every other, so each is judged against the
 exact answer, the plain HF forward in fp32 (padded rows, full logits): the packed varlen

@@ -1,17 +1,17 @@
 """The update on a GPU waits for the device no more often with more micro-batches: the host
 queues the next micro-batch's forward while the GPU runs this one's backward.
 
-Issue 38's 2-GPU run sampled the trainer's stack in its slow updates (bench/results/
-h100x4_issue38_s18.md): rank 0 sat in ``_stat_sums`` indexing a device tensor with a host
-row index, a copy that waits for everything queued before it, once per micro-batch. The
-row indices and advantages now go to the device when the batch is split. Its first run on
-an H100 (same day) failed for a reason of its own: 3 waits with one micro-batch, 8 with
-seven, the extra ones in transformers' packed-row detection, now skipped inside our packed
-forward (grpo_hpc.train.algo.packing). Its second run (twentieth session) still found them:
-this test had never switched the model to the packed attention, which is where the trainer
-installs that skip, nor run under bf16 autocast, without which the packed attention falls
-back to one SDPA per row (a host read of the row boundaries per layer); now it does both,
-as the trainer does. Skipped where there is no GPU."""
+A real 2-GPU run sampled the trainer's stack in its slow updates (bench/results/
+weak_scaling_h100x4_2026-11-27.md): rank 0 sat in ``_stat_sums`` indexing a device tensor
+with a host row index, a copy that waits for everything queued before it, once per
+micro-batch. The row indices and advantages now go to the device when the batch is split.
+Its first run on an H100 (same day) failed for a reason of its own: 3 waits with one
+micro-batch, 8 with seven, the extra ones in transformers' packed-row detection, now skipped
+inside our packed forward (grpo_hpc.train.algo.packing). Its second run (twentieth session)
+still found them: this test had never switched the model to the packed attention, which is
+where the trainer installs that skip, nor run under bf16 autocast, without which the packed
+attention falls back to one SDPA per row (a host read of the row boundaries per layer); now
+it does both, as the trainer does. Skipped where there is no GPU."""
 
 from __future__ import annotations
 

@@ -292,18 +292,23 @@ def kill_job_processes(node: str) -> list[int]:
     return pids
 
 
-def kill_node(node: str, down_within_s: float = 90.0) -> list[int]:
+def kill_node(node: str, down_within_s: float = 90.0, reported: bool = False) -> list[int]:
     """A node lost as a powered-off node is lost: everything on it, its slurmd included,
     stops answering at once (SIGSTOP), and is SIGKILLed only once slurmctld has set the
     node DOWN (SlurmdTimeout). Killing at once would let the kernel close the dead
     ranks' sockets: the surviving rank fails within a second, and whether its job then ends
-    FAILED or NODE_FAIL is a race against slurmctld's ping (the test flipped on load)."""
+    FAILED or NODE_FAIL is a race against slurmctld's ping (the test flipped on load).
+    ``reported``: the node is also set DOWN at once (``scontrol update state=down``, as a
+    site's health check or an admin does) instead of after SlurmdTimeout's 10-25 s; what
+    follows (NODE_FAIL, the requeue, the node down until restart_nodes) is the same."""
     pids = list(node_processes(node))
     for pid in pids:
         try:
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
             pass
+    if reported:
+        _run("scontrol", "update", f"nodename={node}", "state=down", "reason=lost-in-a-test")
     wait_for(f"slurmctld to set {node} DOWN", lambda: _node_down(node), down_within_s)
     kill_pids(pids)
     return pids

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +36,9 @@ from grpo_hpc.train.state.checkpoint import model_weights
 
 from .slurm_helpers import (
     ENDED,
+    REPO,
     cli,
+    cli_env,
     cluster_lock,
     cluster_state,
     describe,
@@ -82,6 +87,8 @@ class Reference:
     paths: RunPaths
     returncode: int
     output: str
+    kept: Path | None = None
+    """A checkpoint copied aside before a later command changed the run."""
 
 
 FSDP_STEPS = ["training.num_threads=1", "training.max_steps=4", "training.save_every_steps=2"]
@@ -99,23 +106,40 @@ def _slurmctld_stays() -> Iterator[None]:
 def first_runs(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Reference]:
     """Two ``grpo-submit --wait`` runs side by side on the two nodes (each job takes one CPU
     of each): ``ref``, the uninterrupted DDP run (profile slurm-local-2node), and ``fsdp``,
-    the same profile with strategy fsdp. Each in its own logs directory."""
+    the same profile with strategy fsdp, each in its own logs directory. The shorter fsdp
+    run is then verified and resumed while ``ref`` still trains (:func:`_fsdp_runs`)."""
     root = tmp_path_factory.mktemp("multinode")
     fsdp = write_profile(root / "fsdp-2node.yaml", base=PROFILE, strategy="fsdp")
-    plans = {
-        "ref": ["--profile", PROFILE, *RUN_ARGS],
-        "fsdp": ["--profile", str(fsdp), *FSDP_STEPS],
-    }
+    where = ["--config", "tiny", "--name", "ref", "--logs", str(root / "ref"), "--wait"]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = {}
-        for name, args in plans.items():
-            where = ["--config", "tiny", "--name", name, "--logs", str(root / name), "--wait"]
-            procs[name] = pool.submit(cli, "cli.submit", *args[:2], *where, *args[2:], timeout=300)
-        done = {name: p.result() for name, p in procs.items()}
-    return {
-        name: Reference(RunPaths(root / name / name), p.returncode, p.stdout + p.stderr)
-        for name, p in done.items()
-    }
+        ref = pool.submit(cli, "cli.submit", "--profile", PROFILE, *where, *RUN_ARGS, timeout=300)
+        fsdp_runs = pool.submit(_fsdp_runs, root, fsdp)
+        p = ref.result()
+        runs = {"ref": Reference(RunPaths(root / "ref" / "ref"), p.returncode, p.stdout + p.stderr)}
+        return runs | fsdp_runs.result()
+
+
+def _fsdp_runs(root: Path, profile: Path) -> dict[str, Reference]:
+    """``fsdp`` (4 steps, ``--wait``); its step-4 checkpoint kept aside (``kept``) and
+    ``grpo-ckpt verify`` (``fsdp-verify``); then ``--resume --from-step 2 --wait`` on the same
+    two nodes (``fsdp-resume``), which sets the first step-4 checkpoint aside and saves its own."""
+    logs = root / "fsdp"
+    paths = RunPaths(logs / "fsdp")
+    where = ["--config", "tiny", "--name", "fsdp", "--logs", str(logs), "--wait"]
+    p = cli("cli.submit", "--profile", str(profile), *where, *FSDP_STEPS, timeout=300)
+    out = {"fsdp": Reference(paths, p.returncode, p.stdout + p.stderr)}
+    if p.returncode != 0 or not paths.checkpoint(4).is_dir():
+        return out
+    kept = root / "fsdp-step-4"
+    shutil.copytree(paths.checkpoint(4), kept)
+    verify = cli("cli.ckpt", "verify", "fsdp", "--logs", str(logs))
+    out["fsdp-verify"] = Reference(paths, verify.returncode, verify.stdout + verify.stderr, kept)
+    again = cli(
+        "cli.submit", "--resume", "fsdp", "--from-step", "2", "--logs", str(logs), "--wait",
+        timeout=300,
+    )  # fmt: skip
+    out["fsdp-resume"] = Reference(paths, again.returncode, again.stdout + again.stderr)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -292,24 +316,22 @@ def test_fsdp_sharded_checkpoint_verifies_and_resumes_exactly(
     first_runs: dict[str, Reference],
 ) -> None:
     run = first_runs["fsdp"]
-    paths, logs = run.paths, run.paths.root.parent
+    paths = run.paths
     assert run.returncode == 0, f"{run.output}\n{describe(paths)}"
-    ckpt = paths.checkpoint(4)
+    verify = first_runs["fsdp-verify"]
+    ckpt = verify.kept  # step 4 as the uninterrupted run saved it
+    assert ckpt is not None
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert (manifest["format"], manifest["world_size"]) == ("sharded", 2)
     assert not (ckpt / "model.pt").exists()
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
-    verify = cli("cli.ckpt", "verify", "fsdp", "--logs", str(logs))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert "step-2: ok" in verify.stdout and "step-4: ok" in verify.stdout
+    assert verify.returncode == 0, verify.output
+    assert "step-2: ok" in verify.output and "step-4: ok" in verify.output
     uninterrupted = model_weights(ckpt)
 
-    # Resume from the sharded step-2 checkpoint on the same two nodes: same final weights.
-    again = cli(
-        "cli.submit", "--resume", "fsdp", "--from-step", "2", "--logs", str(logs), "--wait",
-        timeout=300,
-    )  # fmt: skip
-    assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{describe(paths)}"
+    # Resumed from the sharded step-2 checkpoint on the same two nodes: same final weights.
+    again = first_runs["fsdp-resume"]
+    assert again.returncode == 0, f"{again.output}\n{describe(paths)}"
     rec = progress(paths)
     assert (rec.step, rec.start_step, rec.restarts) == (4, 2, 1)
     resumed = model_weights(paths.checkpoint(4))
@@ -331,8 +353,11 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     """Profile ``nodes_wait_s: 5``, 2 nodes x 2 ranks: grpo-n2 dies mid-run; Slurm requeues
     the job (NODE_FAIL), which then waits for two nodes. The monitor waits 5 s for the node,
     cancels the pending job and resubmits on grpo-n1 alone (2 ranks, the global batch kept:
-    each trains two groups); once grpo-n2 is back it checkpoints that job (cancel: the
-    trainer saves on SIGTERM) and resubmits on both nodes (4 ranks), where the run finishes.
+    each trains two groups); that monitor is killed between its sbatch and jobs.jsonl, and
+    the next one adopts the job, recorded on the one node it asked for (``short_of`` 2);
+    once grpo-n2 is back it checkpoints that job (cancel: the trainer saves on SIGTERM) and
+    resubmits on both nodes (4 ranks), where the run finishes. (grpo-n2 is reported DOWN at
+    once: Slurm's own detection of a silent node is the test above's.)
     With ``rollout.seed_per_group`` it ends as the uninterrupted 4-rank run does: rewards
     to the bit, weights within fp32 rounding (DCP resharded 4 -> 2 -> 4). The events and
     grpo-status say each move and why."""
@@ -346,10 +371,19 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     submit(logs, "shrink", *RESIZE[1:], "faults.enabled=true", "faults.step_sleep=1",
            profile=str(profile))  # fmt: skip
     paths = RunPaths(logs / "shrink")
-    procs.append(start_cli("cli.monitor", "--logs", str(logs), "shrink", *MONITOR_ARGS, log=log))
+    # the first monitor dies between its sbatch on the node left and jobs.jsonl
+    killed = subprocess.Popen(
+        [sys.executable, "-c", MONITOR_KILLED_AFTER_SBATCH, "--logs", str(logs), "shrink",
+         *MONITOR_ARGS], stdout=log.open("ab"), stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO,
+    )  # fmt: skip
+    procs.append(killed)
     explain = lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}"  # noqa: E731
 
-    lost = _wait_and_kill(paths, 0, SAVE_EVERY + 1, kill_node, VICTIM)
+    lost = _wait_and_kill(paths, 0, SAVE_EVERY + 1, lambda n: kill_node(n, reported=True), VICTIM)
+    wait_for("the monitor killed after sbatch", lambda: killed.poll() is not None, 180,
+             explain=explain)  # fmt: skip
+    assert killed.returncode == 9 and job_ids(paths) == [lost.job], explain()
+    procs.append(start_cli("cli.monitor", "--logs", str(logs), "shrink", *MONITOR_ARGS, log=log))
     short = lambda: read_jsonl(paths.jobs)[-1].get("short_of") == 2  # noqa: E731
     wait_for("a job on the node left", short, 180, explain=explain)
     alone = job_ids(paths)[1]
@@ -360,7 +394,10 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     assert done["action"] == "DONE", describe(paths)
 
     jobs = read_jsonl(paths.jobs)
+    # the job on the node left, adopted by the second monitor, is recorded on 1 node: the
+    # run is known to be short, and grows back
     assert [(j["nodes"], j.get("short_of")) for j in jobs] == [(2, None), (1, 2), (2, None)]
+    assert "adopted" in jobs[1]["reason"], describe(paths)
     assert [e["move"] for e in events(paths, "nodes")] == ["wait", "shrink", "grow"]
     acted = [(e["job_id"], e["action"], e["class"]) for e in events(paths, "decision")
              if e["action"] not in ("NONE", "WAIT")]  # fmt: skip
@@ -386,6 +423,15 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     for k in mine:
         torch.testing.assert_close(mine[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
     view = cli("cli.status", "shrink", "--logs", str(logs))
-    assert re.search(r"1 of 2\s+monitor: node_fail \(on 1 node\(s\)\)", view.stdout), view.stdout
+    assert re.search(
+        r"1 of 2\s+job \d+ PENDING for 2 node\(s\); 1 of the 2 nodes up", view.stdout
+    ), view.stdout
     assert re.search(r"nodes: \d\d:\d\d wait \(1/2 up\), \d\d:\d\d shrink to 1, "
                      r"\d\d:\d\d grow to 2", view.stdout), view.stdout  # fmt: skip
+
+
+MONITOR_KILLED_AFTER_SBATCH = (
+    "import os, sys; import grpo_hpc.submit.job as s; "
+    "s.record_job = lambda *a, **k: os._exit(9); "  # dies after sbatch, before jobs.jsonl
+    "from grpo_hpc.cli.monitor import main; sys.exit(main(sys.argv[1:]))"
+)

@@ -1,4 +1,4 @@
-"""slurm/up.sh --real-gpus: the node's GRES from nvidia-smi (issue 37).
+"""slurm/up.sh --real-gpus: the node's GRES from nvidia-smi.
 
 The configuration is rendered by ``up.sh --print-config`` (no root, no daemons, nothing
 written); the only stand-in is nvidia-smi, a script that prints recorded ``nvidia-smi -q``

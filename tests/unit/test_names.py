@@ -1,6 +1,6 @@
 """Names say what a thing is or does, never which issue or which day made it (the shared
 architecture note: history belongs in bench/results/LOG.md and git). Read from the source:
-the package's text, every test's name, and module-level names."""
+the package's text, every test's name and text, and module-level names."""
 
 from __future__ import annotations
 
@@ -53,6 +53,19 @@ def test_no_issue_numbers_in_test_names() -> None:
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and issue_mentions(node.name):
                 wrong.append(f"{p.relative_to(ROOT)}: {node.name}")
+    assert wrong == []
+
+
+def test_no_issue_numbers_in_the_tests() -> None:
+    """Test docstrings and comments say what a test proves, not which issue asked for it
+    (this file's own examples of the pattern aside)."""
+    wrong = [
+        f"{p.relative_to(ROOT)}:{n}: {m}"
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if p != Path(__file__).resolve()
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        for m in issue_mentions(line)
+    ]
     assert wrong == []
 
 

@@ -1,8 +1,8 @@
 """A checkpoint with no model is never COMPLETE, never resumed from, and `grpo-ckpt verify`
 calls it BAD; a run never reports success without its final weights.
 
-The fault (issue 14): two trainers on one run directory; one's checkpoint rotation (prune)
-deleted the ``.tmp-step-N`` directory the other was still writing; the other then wrote a
+The fault guarded against: two trainers on one run directory; one's checkpoint rotation
+(prune) deleted the ``.tmp-step-N`` directory the other was still writing; the other then wrote a
 manifest of nothing into a re-created directory, renamed it over the good ``step-N`` and
 marked it COMPLETE. The tests replay that with the real save and prune functions."""
 

@@ -2,7 +2,7 @@
 
 An fsync of a small file waits for the filesystem's journal commit, which also writes out
 whatever the kernel's flusher allocated meanwhile; rewritten twice a step and on every
-generation heartbeat, it stalled a real run's steps (issue 38). The atomic rename alone
+generation heartbeat, it stalled a real run's steps. The atomic rename alone
 keeps readers from seeing half a record; that is checked here on the real filesystem.
 """
 

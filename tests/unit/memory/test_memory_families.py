@@ -1,4 +1,4 @@
-"""The model families of issue 53 in the memory estimator: for every bench/shapes config (and
+"""The supported model families in the memory estimator: for every bench/shapes config (and
 every reduced family config of tests/fixtures/families), the parameter count from
 config.json equals what transformers builds from it (on the meta device: no memory, no
 weights), and each full-size shape has the published size of its model."""

@@ -357,7 +357,7 @@ class FakeSlurm:
             cancel_slurm=self.cancel,
             resubmit=self.resubmit,
             submitted_jobs=lambda paths, since: list(self.submitted),
-            adopt=lambda paths, jid, reason: append_jsonl(
+            adopt=lambda paths, jid, reason, nodes: append_jsonl(
                 paths.jobs, {"job_id": jid, "reason": reason, "executor": "slurm"}
             ),
             sleep=lambda s: None,

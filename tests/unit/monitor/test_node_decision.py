@@ -14,12 +14,16 @@ from grpo_hpc.config.load import build_config, to_yaml
 from grpo_hpc.config.profiles import ConfigError, load_profile, profile_to_dict
 from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.core.paths import RunPaths
-from grpo_hpc.monitor.decision import ActionKind, FailureClass
-from grpo_hpc.monitor.loop import monitor_pass
+from grpo_hpc.core.runs import JobView
+from grpo_hpc.monitor.attempts import record_adopted
+from grpo_hpc.monitor.decision import Action, ActionKind, FailureClass
+from grpo_hpc.monitor.loop import monitor_pass, worth_saying
+from grpo_hpc.monitor.node_loss import _case as node_case
 from grpo_hpc.monitor.node_loss import short_since
 from grpo_hpc.monitor.nodes import NodeFacts, NodeMove, plan_nodes, should_regrow, usable_nodes
+from grpo_hpc.submit.job import attempt_nodes
 
-from .test_monitor_decide import FAST, NOW, FakeSlurm, jobs_of, make_run, rec
+from .test_monitor_decide import FAST, NOW, FakeSlurm, Killed, jobs_of, make_run, rec
 
 K, C, M = ActionKind, FailureClass, NodeMove
 
@@ -105,6 +109,10 @@ class NodeCluster(FakeSlurm):
     def __init__(self, up: int) -> None:
         super().__init__()
         self.up, self.sinfo_calls, self.on_nodes = up, 0, []
+        self.ending: set[str] = set()  # ended in accounting, still listed by squeue
+
+    def queued(self) -> set[str]:
+        return super().queued() | self.ending
 
     def up_nodes(self, partition: str | None) -> int:
         self.sinfo_calls += 1
@@ -148,6 +156,7 @@ def test_a_requeued_job_waits_for_its_node_then_runs_on_the_nodes_left_then_on_a
     p = four_node_run(tmp_path, s, "PENDING", wait_s=600)
     (o,) = monitor_pass([p], FAST, lambda: NOW, s.backend())
     assert o.action.kind is K.NONE and "2 of the 4 nodes up: waiting 10 min more" in o.action.reason
+    assert not worth_saying(o)  # a plain NONE: grpo-monitor prints nothing
     (o,) = monitor_pass([p], FAST, lambda: NOW + 300, s.backend())
     assert o.action.kind is K.NONE and "waiting 5 min more" in o.action.reason
     assert jobs_of(p) == ["100"] and node_events(p) == [("wait", 4, 2)]
@@ -198,3 +207,89 @@ def test_off_by_default_a_pending_job_waits_for_all_its_nodes(tmp_path: Path) ->
         (o,) = monitor_pass([p], FAST, lambda t=t: NOW + t, s.backend())
         assert o.action.kind is K.NONE
     assert jobs_of(p) == ["100"] and s.cancelled == [] and node_events(p) == []
+
+
+@pytest.mark.parametrize(
+    ("state", "action", "entry", "case"),
+    [
+        ("NODE_FAIL", Action(K.RESUBMIT, C.NODE_FAIL), {}, "resubmit"),
+        ("NODE_FAIL", Action(K.WAIT, C.NODE_FAIL), {}, "resubmit"),  # in its backoff
+        ("FAILED", Action(K.WAIT, C.CRASH), {}, None),
+        ("PENDING", Action(K.NONE), {"nodes": 4}, "queued"),  # requeued after NODE_FAIL
+        ("REQUEUED", Action(K.NONE), {"nodes": 4}, "queued"),
+        ("PENDING", Action(K.NONE), {"nodes": 1}, None),
+        # ended, its allocation not yet released: neither cancelled nor replaced
+        ("COMPLETING", Action(K.NONE), {"nodes": 4}, None),
+        ("COMPLETING", Action(K.NONE), {"nodes": 2, "short_of": 4}, None),
+        ("RUNNING", Action(K.NONE), {"nodes": 2, "short_of": 4}, "short"),
+        ("RUNNING", Action(K.NONE), {"nodes": 4}, None),
+    ],
+)
+def test_which_runs_the_node_decision_acts_on(
+    state: str, action: Action, entry: dict, case: str | None
+) -> None:
+    assert node_case(JobView("100", state), action, entry) == case
+
+
+def test_a_job_completing_after_a_node_failure_is_waited_for_not_cancelled(
+    tmp_path: Path,
+) -> None:
+    """NODE_FAIL in accounting while squeue still lists the job (its part on the nodes left
+    is still being killed, seen for 40 s on the test cluster): however long nodes_wait_s has
+    run out, the pass neither cancels it nor submits on the nodes left, nor asks sinfo; it
+    says why in its decision event. Once Slurm has requeued it (pending), the wait is over
+    and it is replaced on the nodes left."""
+    s = NodeCluster(up=2)
+    p = four_node_run(tmp_path, s, "NODE_FAIL", wait_s=0)
+    s.ending.add("100")  # job_view: an end in accounting, still in squeue -> COMPLETING
+    (o,) = monitor_pass([p], FAST, lambda: NOW, s.backend())
+    assert o.action.kind is K.NONE and o.job_id == "100", o.action
+    assert "COMPLETING: Slurm has not released its nodes yet" in o.action.reason
+    assert worth_saying(o)  # grpo-monitor prints it, though it does nothing
+    assert s.cancelled == [] and s.on_nodes == [] and jobs_of(p) == ["100"]
+    assert s.sinfo_calls == 0 and node_events(p) == []
+    (ev,) = [e for e in read_jsonl(p.events) if e["phase"] == "decision"]
+    assert (ev["slurm_state"], ev["action"]) == ("COMPLETING", "NONE")
+    assert not [e for e in read_jsonl(p.events) if e["phase"] == "intent"]
+
+    s.ending.clear()
+    s.states["100"] = "PENDING"  # requeued: its nodes are released
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 5, s.backend())
+    assert (o.action.kind, o.action.failure_class) == (K.CANCEL_AND_RESUBMIT, C.NODE_FAIL)
+    assert s.cancelled == ["100"] and s.on_nodes == [2]
+
+
+@pytest.mark.parametrize(
+    ("full", "asked", "record"),
+    [(4, None, (4, None)), (4, 2, (2, 4)), (4, 1, (1, 4)), (4, 4, (4, None)), (1, None, (1, None))],
+)
+def test_attempt_record_says_the_nodes_it_was_submitted_on(
+    full: int, asked: int | None, record: tuple[int, int | None]
+) -> None:
+    assert attempt_nodes(full, asked) == record
+
+
+def test_a_job_adopted_after_a_shrink_is_recorded_on_its_nodes_and_grows_back(
+    tmp_path: Path,
+) -> None:
+    """A monitor killed between sbatch (on the 2 nodes left of 4) and jobs.jsonl: the next
+    pass adopts that job through submit.job.adopt, recorded on 2 nodes ``short_of`` 4 as
+    a submission is (on the test cluster it was recorded with the profile's 4: the run was
+    then taken for a full one and never went back to all its nodes)."""
+    s = NodeCluster(up=2)
+    p = four_node_run(tmp_path, s, "NODE_FAIL", wait_s=0)
+    s.kill_before_record = True
+    with pytest.raises(Killed):
+        monitor_pass([p], FAST, lambda: NOW, s.backend())
+    assert s.on_nodes == [2] and jobs_of(p) == ["100"]  # job 201 in Slurm, not recorded
+    s.kill_before_record = False
+    backend = s.backend()
+    backend.adopt = record_adopted  # the real record (submit.job.adopt), not the fake's
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 5, backend)
+    assert o.new_job_id == "201" and s.on_nodes == [2]  # adopted, not submitted again
+    last = read_jsonl(p.jobs)[-1]
+    assert (last["job_id"], last["nodes"], last.get("short_of")) == ("201", 2, 4), last
+
+    s.states["201"], s.up = "RUNNING", 4  # the lost nodes are back: grow to all 4
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 60, backend)
+    assert (o.action.kind, o.action.failure_class) == (K.CANCEL_AND_RESUBMIT, C.NODES_BACK)

@@ -101,7 +101,7 @@ def test_monitor_adopts_the_job_of_a_killed_resume(tmp_path: Path, logs_dir: Pat
         job_records=lambda ids: {},
         queued_job_ids=lambda: {"101", "102"},
         submitted_jobs=lambda p, since: ["101", "102"],
-        adopt=lambda p, job, reason: adopted.append(job),
+        adopt=lambda p, job, reason, nodes: adopted.append(job),
         resubmit=lambda p, reason: (_ for _ in ()).throw(AssertionError("submitted again")),
     )
     (out,) = monitor_pass([paths], MonitorPolicy(), backend=backend)

@@ -1,6 +1,6 @@
 """The installed torch against a profile's GPUs (grpo_hpc.node.torch_build): the rule on
 recorded arch lists, and grpo-submit refusing a torch without kernels for supercloud's V100s
-(issue 55)."""
+(torch 2.11+cu128 has none for compute capability 7.0)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ V100, T4, A100, H100 = (7, 0), (7, 5), (8, 0), (9, 0)
 @pytest.mark.parametrize(
     ("arch_list", "capability", "runs"),
     [
-        (CU128_2_11, V100, False),  # the trap of issue 55
+        (CU128_2_11, V100, False),  # no sm_70 kernels: a V100 cannot run it
         (CU128_2_11, A100, True),
         (CU128_2_11, H100, True),
         (CU126, V100, True),
@@ -136,7 +136,7 @@ def test_older_torch_on_a_login_node_is_read_underneath(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch 2.11+cu128's get_arch_list() is [] without a GPU: the shell reads the flags
-    beneath it, so the trap of issue 55 is still refused on a GPU-less login node."""
+    beneath it, so a torch without V100 kernels is still refused on a GPU-less login node."""
     pkg = tmp_path / "torch"
     pkg.mkdir()
     (pkg / "version.py").write_text(

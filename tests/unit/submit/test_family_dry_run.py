@@ -1,6 +1,7 @@
-"""Issue 53's done-when, family by family: ``grpo-submit --profile h100x2 --config gsm8k
-model.name_or_path=random:bench/shapes/<dir> --dry-run`` names the engine that will decode
-(read from the shape's config.json on the login node), before anything queues."""
+"""Every supported model family (docs/models.md), one by one: ``grpo-submit --profile h100x2
+--config gsm8k model.name_or_path=random:bench/shapes/<dir> --dry-run`` names the engine
+that will decode (read from the shape's config.json on the login node), before anything
+queues."""
 
 from __future__ import annotations
 

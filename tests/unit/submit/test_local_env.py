@@ -1,6 +1,7 @@
 """A local profile's ``env:`` reaches the trainer. A Slurm job gets it from its sbatch setup
-lines; submitit's LocalExecutor runs none, so the launcher carries it (issue 55's
-bench/supercloud-emulated.yaml sets GRPO_HPC_EMULATE_GPU there), and ``--dry-run`` says it."""
+lines; submitit's LocalExecutor runs none, so the launcher carries it
+(bench/supercloud-emulated.yaml sets GRPO_HPC_EMULATE_GPU there), and ``--dry-run`` says
+it."""
 
 from __future__ import annotations
 

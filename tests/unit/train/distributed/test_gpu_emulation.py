@@ -1,8 +1,8 @@
-"""``GRPO_HPC_EMULATE_GPU`` (issue 55): a bad value is one clear line, and under the switch
-every decision the trainer and the native engine make from the device (auto compile and
-packing, the bf16 refusal, micro_batch_tokens=auto, the decode attention) is the emulated
-GPU's, while the allocator is capped at its memory. CPU only: torch.cuda's answers are
-stood in by monkeypatch (an H200: capability 9.0, 140 GiB)."""
+"""``GRPO_HPC_EMULATE_GPU`` (another GPU's decisions on this one): a bad value is one clear
+line, and under the switch every decision the trainer and the native engine make from the
+device (auto compile and packing, the bf16 refusal, micro_batch_tokens=auto, the decode
+attention) is the emulated GPU's, while the allocator is capped at its memory. CPU only:
+torch.cuda's answers are stood in by monkeypatch (an H200: capability 9.0, 140 GiB)."""
 
 from __future__ import annotations
 

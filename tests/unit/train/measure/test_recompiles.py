@@ -1,5 +1,5 @@
-"""The trainer's record of torch.compile's graphs (issue 38: a steady step): the counter it
-reads, and the training-log line a recompilation after warm-up gets."""
+"""The trainer's record of torch.compile's graphs (a recompilation makes a step slow): the
+counter it reads, and the training-log line a recompilation after warm-up gets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A reward that cannot run must not read as zero (issue 14, point 4).
+"""A reward that cannot run must not read as zero.
 
 The sandbox and the math-verify worker prove themselves at startup; bubblewrap's private
 /tmp must not hide an interpreter installed under /tmp."""
