@@ -171,8 +171,8 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
     if ranks is not None and ranks < g + 1:
         return (
             f"rollout.placement=split runs {g} generator and at least 1 trainer process, "
-            f"not {ranks} process(es) in all: set dist.nproc_per_node=2 or more, or "
-            "rollout.placement=thread"
+            f"not {ranks} process(es) in all: use a profile with nproc_per_node: 2 or more "
+            "(processes per node; docs/profiles.md), or rollout.placement=thread"
         )
     if ranks is not None and ranks > cfg.dist.nproc_per_node:
         return (
