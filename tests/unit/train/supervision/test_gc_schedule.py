@@ -41,7 +41,9 @@ def test_scheduled_collection_turns_automatic_gc_off_and_back_on() -> None:
     frozen = gc.get_freeze_count()  # what the imports left (tests/conftest.py froze it)
     sched.start()
     try:
-        assert not gc.isenabled() and gc.get_freeze_count() == frozen  # nothing more kept
+        # nothing more kept: a freeze would add every live object; the count may still
+        # fall, when a frozen object is freed meanwhile (another thread of this worker)
+        assert not gc.isenabled() and gc.get_freeze_count() <= frozen
         assert sched.clock in gc.callbacks
         _cycles(1000)
         pending = gc.get_count()[0]
