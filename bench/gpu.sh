@@ -7,7 +7,7 @@
 # SUBJECT picks the stage file bench/gpu/SUBJECT.sh; each lists its stages at its top:
 #   random  random weights of the Qwen shapes: decode, update, step, trl, ladder, profile,
 #           multi, dcp, the GPU tests, ... (OUT STAGE...)
-#   families  the model families of issue 53 (bench/shapes configs, random weights): the
+#   families  the model families the native engine decodes (bench/shapes configs, random weights): the
 #           families' GPU tests, decode vs HF generate per family, Qwen3-1.7B vs TRL:
 #           tests_native, tests_update, decode, decode2, trl (OUT STAGE...)
 #   real    the real SmolLM2-135M-Instruct: setup, model, decode, parity, learn2, gsm8k, supercloud,

@@ -1,4 +1,4 @@
-# Stage file of bench/gpu.sh: the model families of issue 53 (docs/models.md) on one GPU,
+# Stage file of bench/gpu.sh: the model families the native engine decodes (docs/models.md) on one GPU,
 # random weights of their published configs (bench/shapes/<name>/config.json).
 #   bash bench/gpu.sh families OUT STAGE...
 # Each stage fits one 10-minute call on an H100 (bench/GPU_REAL.md, "Model families"):

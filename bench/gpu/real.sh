@@ -22,7 +22,7 @@
 #           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
 #   solved  a task SmolLM2 solves (one-digit sums, the demo's settings): on_solved=finish and
 #           flag; solved_{finish,flag}_{metrics.jsonl,events.jsonl,progress.json,summary.json}
-#   supercloud  issue 55: a short GSM8K run through grpo-submit with bench/supercloud-emulated.yaml
+#   supercloud  a short GSM8K run through grpo-submit with bench/supercloud-emulated.yaml
 #           (supercloud's fp16/DDP/SDPA with GRPO_HPC_EMULATE_GPU=7.0:32: every decision a
 #           V100's, the allocator capped at 32 GiB, the kernels this GPU's); writes
 #           supercloud_emulated_{metrics.jsonl,config.yaml,output_tail.log,settings.log,summary.json}
@@ -186,7 +186,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             done
             python3 -m bench.collapse.solved_summary $run "$out/solved_${mode}_summary.json"
         done ;;
-    supercloud) need_model  # supercloud's settings, every decision a V100's (issue 55)
+    supercloud) need_model  # supercloud's settings, every decision a V100's
         steps=${SC_STEPS:-25} name=supercloud-emulated-smollm2
         rm -rf /tmp/runs/$name  # a run left by an earlier call on the held machine
         # This torch has no sm_70 kernels, so the preflight would refuse gpu_capability 7.0:

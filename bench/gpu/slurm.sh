@@ -134,7 +134,7 @@ submit() {
         training.zero_reward_patience=0 rollout.num_generations=8 data.num_eval=64
         wandb.mode=disabled)
     if [[ $model == random:* ]]; then
-        # a larger shape as a user's gsm8k job plans it (issue 38: is the plan's memory
+        # a larger shape as a user's gsm8k job plans it (is the plan's memory
         # estimate safe?): the config's own batch, lengths and memory settings, random
         # weights (they run every completion to the length cap: the worst case), no eval;
         # the toy digit-fraction reward varies between random samples, so every step
@@ -175,7 +175,7 @@ submit() {
     local run=/tmp/runs37/$name job
     job=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])['job_id'])" "$run/jobs.jsonl") || return 1
     echo "job $job"
-    # the host's core speed and load beside the job (issue 38: a job slower, or its host?)
+    # the host's core speed and load beside the job (a job slower, or its host?)
     python3 -m bench.probes.host_clock --out "$OUT/host_clock.jsonl" \
         --seconds "${SUBMIT_TIMEOUT:-300}" &
     local clock=$!

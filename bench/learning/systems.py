@@ -31,7 +31,7 @@ SYSTEMS = {
     "grpo_hpc_tis": ("grpo_hpc", [*PLAIN, "algo.tis_cap=2"]),
     "grpo_hpc_fp32head": ("grpo_hpc", [*PLAIN, "algo.fp32_lm_head=true"]),
     "grpo_hpc_eager": ("grpo_hpc", [*PLAIN, "rollout.enforce_eager=true"]),
-    # What a user gets (issue 56): keep-best on a validation split, the collapse detector
+    # What a user gets: keep-best on a validation split, the collapse detector
     # acting, final/ (the best validation model) scored on the test problems afterwards
     "grpo_hpc_stop": ("grpo_hpc", HANDED + ["training.on_collapse=stop"]),
     "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),

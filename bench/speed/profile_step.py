@@ -1,4 +1,4 @@
-"""Benchmark: where one default GRPO step spends its time (issue 24, point 1).
+"""Benchmark: where one default GRPO step spends its time.
 
 Runs the real trainer in this process (one rank, no torchrun) on random weights of a real
 shape (``bench/shapes/<name>``), takes warm-up steps (compilation, CUDA graph capture),

@@ -1,5 +1,5 @@
 """How steady a real run's steps are: its ``metrics.jsonl`` read back, steps after warm-up
-grouped by size, and the spread of their times within each group (issue 38, point 5).
+grouped by size, and the spread of their times within each group.
 
 A benchmark times fixed shapes; a user's run does not have them: completion lengths vary,
 groups with no reward variance train nothing, a new shape compiles or captures a graph.
