@@ -31,6 +31,7 @@ from grpo_hpc.export.plan import read_provenance
 from grpo_hpc.monitor.decision import decide, history_from
 from grpo_hpc.monitor.node_loss import NODES_PHASE
 from grpo_hpc.status.view import (
+    NODES_WAIT,
     RunDetail,
     RunRow,
     collapse_flag,
@@ -104,7 +105,7 @@ def node_note(entry: dict, events: list[dict]) -> str | None:
         return f"on {entry.get('nodes')}/{entry['short_of']} nodes"
     last = next((e for e in reversed(events) if e.get("phase") == NODES_PHASE), None)
     if last is not None and last.get("move") == "wait":
-        return f"waiting for nodes ({last.get('up')}/{last.get('full')} up)"
+        return f"{NODES_WAIT} ({last.get('up')}/{last.get('full')} up)"
     return None
 
 

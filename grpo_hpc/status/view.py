@@ -123,14 +123,19 @@ class RunRow:
     within noise of the peak, or the start that beat every later evaluation."""
 
 
+NODES_WAIT = "waiting for nodes"
+"""How a row's node note begins while the monitor waits for a lost node (report.node_note):
+that WAIT is not a backoff, and the note says what it waits for."""
+
+
 def row_flags(row: RunRow, now: float, heartbeat_timeout_s: float = 600.0) -> list[str]:
     """Why a row deserves attention (pure): stalled, zero reward, stopped, budget, ..."""
     flags = []
     if row.monitor_action == "STOP":
         exhausted = row.monitor_class == "budget_exhausted"
         flags.append("budget exhausted" if exhausted else f"stopped: {row.monitor_class}")
-    elif row.monitor_action == "WAIT":
-        flags.append(f"backoff: {row.monitor_class}")
+    elif row.monitor_action == "WAIT" and not (row.node_note or "").startswith(NODES_WAIT):
+        flags.append(f"backoff: {row.monitor_class}")  # a wait for lost nodes: the node note
     # the monitor's rule (decision.heartbeat_watched): a trainer that loads is not stalled
     watched = row.train_state is not None and heartbeat_watched(TrainState(row.train_state))
     running = row.slurm_state in RUNNING_STATES

@@ -171,6 +171,11 @@ def test_row_flags_rules() -> None:
     assert row_flags(RunRow(**{**base, "heartbeat": NOW, "reward_trend": [0, 0]}), NOW) == []
     wait = RunRow(run="r", train_state="failed", monitor_action="WAIT", monitor_class="crash")
     assert row_flags(wait, NOW) == ["backoff: crash", "failed"]
+    # a wait for lost nodes (monitor/node_loss.py) is no backoff: the node note says it
+    nodes = {**base, "monitor_action": "WAIT", "monitor_class": "node_fail", "heartbeat": NOW}
+    note = "waiting for nodes (2/4 up)"
+    assert row_flags(RunRow(**nodes, node_note=note), NOW) == [note]
+    assert row_flags(RunRow(**nodes), NOW) == ["backoff: node_fail"]
 
 
 def test_no_eta_once_the_run_has_ended() -> None:
