@@ -238,6 +238,12 @@ def _apply(
     is grpo_hpc.monitor.attempts'; ``since``: re-applying the open intent of a killed monitor
     (its time), whose unrecorded job is adopted instead of submitting again."""
     out.logged = True
+    if since is not None and action.cancel and job.state == COMPLETING:
+        # An earlier pass sent this intent's cancel and Slurm is still ending the job (an
+        # unkillable step, a slow epilog): another scancel changes nothing, and waiting
+        # CANCEL_WAIT_S here again would hold up every other run's pass, each pass.
+        out.error = f"job {job.job_id} still COMPLETING after the cancel; resubmit once it is gone"
+        return out  # the intent stays open for the pass that finds the job gone
     if action.cancel and job.state not in ("LOCAL_EXITED", "MISSING"):
         _cancel(job, backend)
         if action.kind in RESUBMIT_KINDS and not _wait_gone(job, backend):

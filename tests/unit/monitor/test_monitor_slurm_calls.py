@@ -12,12 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from grpo_hpc.core import events as event_log
 from grpo_hpc.core import slurm as slurm_mod
 from grpo_hpc.core.fsutil import append_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
 from grpo_hpc.monitor.attempts import poll_delays
-from grpo_hpc.monitor.decision import ActionKind, MonitorPolicy
+from grpo_hpc.monitor.decision import ActionKind, MonitorPolicy, pending_intent
 from grpo_hpc.monitor.loop import CANCEL_WAIT_S, Backend, monitor_pass
 
 
@@ -27,6 +28,8 @@ class FakeSlurmTools:
     def __init__(self, states: dict[str, str], cancel_takes_effect: bool = True) -> None:
         self.states = states
         self.cancel_takes_effect = cancel_takes_effect
+        self.lingering: set[str] = set()
+        """Jobs squeue still lists whatever sacct says (a job ending: COMPLETING)."""
         self.calls: list[list[str]] = []
 
     def run(self, cmd: list[str], **_: object) -> subprocess.CompletedProcess:
@@ -41,7 +44,8 @@ class FakeSlurmTools:
                 if j in self.states
             )
         elif cmd[0] == "squeue":
-            out = "".join(f"{j}\n" for j, s in self.states.items() if s in slurm_mod.ACTIVE_STATES)
+            listed = {j for j, s in self.states.items() if s in slurm_mod.ACTIVE_STATES}
+            out = "".join(f"{j}\n" for j in sorted(listed | self.lingering))
         elif cmd[0] == "scancel" and self.cancel_takes_effect:
             self.states[cmd[-1]] = "CANCELLED"
         return subprocess.CompletedProcess(cmd, 0, out, "")
@@ -109,6 +113,31 @@ def test_waiting_for_a_cancelled_job_polls_squeue_at_growing_intervals(
     waits = tools[3:]
     assert set(waits) == {"squeue"} and len(waits) == len(poll_delays(CANCEL_WAIT_S)) + 1 <= 12
     assert sum(slept) >= CANCEL_WAIT_S  # still waits as long as before
+
+
+def test_a_job_still_completing_after_the_cancel_holds_no_later_pass(
+    tmp_path: Path, fake_tools
+) -> None:
+    """The cancel took effect in accounting (CANCELLED) but Slurm still lists the job (an
+    unkillable step): the first pass waited CANCEL_WAIT_S and left its intent open. A later
+    pass neither cancels again nor waits: one sacct and one squeue, no sleep, the intent
+    left open for the pass that finds the job gone (re-applying an open intent: the
+    real-Slurm tests of a killed monitor)."""
+    runs, states = make_runs(tmp_path, 1, heartbeat_age_s=3600)
+    fake = fake_tools(states)
+    fake.lingering.add("1000")
+    slept: list[float] = []
+    backend = Backend(sleep=slept.append)
+    (first,) = monitor_pass(runs, MonitorPolicy(), backend=backend)
+    assert first.action.kind is ActionKind.CANCEL_AND_RESUBMIT and "still ending" in first.error
+    assert states["1000"] == "CANCELLED" and sum(slept) >= CANCEL_WAIT_S
+    fake.calls.clear()
+    slept.clear()
+    (later,) = monitor_pass(runs, MonitorPolicy(), backend=backend)
+    assert fake.tools() == ["sacct", "squeue"] and slept == []
+    assert later.action.kind is ActionKind.CANCEL_AND_RESUBMIT
+    assert "still COMPLETING" in (later.error or "") and later.new_job_id is None
+    assert pending_intent(event_log.read(runs[0].events), "1000") is not None
 
 
 def test_poll_delays_double_up_to_a_cap_and_cover_the_wait() -> None:
