@@ -48,7 +48,8 @@ class TrainingConfig:
     evaluation (``eval_every=0``, ``data.num_val=0``), ``final/`` is the last step's."""
     eval_samples: int = 1
     """Code problems: completions per held-out problem. 1 judges the greedy one (pass@1);
-    n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k."""
+    n > 1 samples n at rollout.temperature and reports the unbiased pass@1 and pass@k,
+    from a random stream of the seed and the step (the training's is left as it was)."""
     log_samples: int = 2
     """Completions of each step written to ``samples.jsonl`` (the question, the text, its
     reward and length; one per group, the first groups first; 0 disables): what the

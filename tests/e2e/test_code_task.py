@@ -65,3 +65,37 @@ def test_two_ranks_split_the_held_out_problems(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in paths.eval_samples_at(1).read_text().splitlines()]
     assert len(rows) == 6 and {r["verdict"] for r in rows} == {0.0}
     assert len({r["question"] for r in rows}) == 3 and rows[0]["gold"] is None
+
+
+@pytest.mark.slow
+def test_a_sampled_evaluation_draws_from_its_own_stream(tmp_path: Path) -> None:
+    """Two runs of one seed, one evaluating (pass@k, sampled) after every step, the other
+    after the second only: they train on the same completions, and the evaluation at step
+    2 samples the same programs. The evaluation's stream is named by the seed and the step;
+    before, it drew from the training's own, so evaluating at step 1 changed step 2's
+    rollouts and its own samples."""
+    runs = {}
+    for every in (1, 2):
+        paths = make_run(
+            tmp_path, f"every{every}", "data.source=humaneval", "data.num_train=8",
+            "data.num_val=2", "reward.correctness=0", "reward.code=1",
+            "rollout.max_new_tokens=12", "training.max_steps=2", f"training.eval_every={every}",
+            "training.eval_samples=2", "training.save_every_steps=0", "training.log_samples=8",
+        )  # fmt: skip
+        result = train(paths)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[every] = paths
+    assert runs[1].eval_samples_at(1).exists() and not runs[2].eval_samples_at(1).exists()
+
+    def completions(paths) -> list[tuple[int, str]]:
+        rows = [json.loads(x) for x in paths.samples.read_text().splitlines()]
+        return [(r["step"], r["completion"]) for r in rows]
+
+    def evaluated(paths) -> list[str]:
+        rows = paths.eval_samples_at(2).read_text().splitlines()
+        return [json.loads(x)["completion"] for x in rows]
+
+    steps = completions(runs[1])
+    assert {s for s, _ in steps} == {1, 2} and len({c for _, c in steps}) > 1
+    assert steps == completions(runs[2])
+    assert evaluated(runs[1]) == evaluated(runs[2])

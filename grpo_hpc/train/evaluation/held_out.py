@@ -11,8 +11,10 @@ chunks.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,27 @@ from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.evaluation import scoring
 from grpo_hpc.train.measure.tracking import Tracker
 from grpo_hpc.train.rollout.types import RolloutEngine
+
+
+def eval_seed(seed: int, step: int, rank: int) -> int:
+    """The random stream of ``rank``'s sampled evaluation at ``step`` (pure): named by the
+    run's seed and the step, not by what drew before it (schedule.rollout_seed's
+    derivation, in a namespace of its own)."""
+    digest = hashlib.sha256(f"grpo_hpc eval {seed} {step} {rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
+
+
+@contextlib.contextmanager
+def own_stream(seed: int, info: dist.DistInfo) -> Iterator[None]:
+    """Sample from the stream ``seed`` and leave the process's random state as it was.
+    Without it a sampled evaluation drew from the training's stream: turning evaluation
+    on, or changing ``training.eval_every``, changed every later rollout of a synchronous
+    run, and its samples depended on what ran before (a generator thread's reseed, or
+    none in a split run's trainer)."""
+    devices = [info.device] if info.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 class EvaluationStopped(Exception):
@@ -186,7 +209,8 @@ class HeldOutEval:
         if n == 1:
             texts = scoring.generate_greedy(self.engine, prompts, chunk, progress)
         else:
-            texts = scoring.generate_samples(self.engine, prompts, n, chunk, progress)
+            with own_stream(eval_seed(self.cfg.training.seed, step, self.info.rank), self.info):
+                texts = scoring.generate_samples(self.engine, prompts, n, chunk, progress)
         texts = texts[: len(mine) * n]
         each = [p for p in mine for _ in range(n)]
         judged = scoring.judge_problems(texts, each, self.cfg.reward)
