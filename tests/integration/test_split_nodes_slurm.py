@@ -10,6 +10,11 @@ rendezvous and gloo:
 Each ends, bit for bit (weights and optimizer), as the same seed's run of two processes
 on one node does (torchrun on this machine, tests/e2e/helpers.py). One module fixture
 makes the four runs: the two jobs side by side, the two references beside them.
+
+Then a split run loses grpo-n2 (profile ``nodes_wait_s: 5``): the node left holds one
+process, which the trainer refuses (a trainer and a generator are needed), so the monitor
+does not shrink the run onto it; the job Slurm requeued waits for both nodes, the monitor
+says why in a ``nodes`` event, and once grpo-n2 is back the run ends as the reference.
 """
 
 from __future__ import annotations
@@ -22,10 +27,31 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
 
 from ..e2e.helpers import assert_same, make_run, train
-from .slurm_helpers import cli, cluster_lock, describe, job_ids, step_nodes, wait_sacct
+from .slurm_helpers import (
+    cli,
+    cluster_lock,
+    cluster_state,
+    describe,
+    events,
+    final_event,
+    job_ids,
+    kill_node,
+    progress,
+    restart_nodes,
+    sacct_attempts,
+    scancel,
+    start_cli,
+    step_nodes,
+    submit,
+    wait_for,
+    wait_sacct,
+    write_profile,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -121,3 +147,57 @@ def test_thread_placement_across_two_nodes_trains_what_one_node_trains(
     _finished_on_both_nodes(run)
     assert ref.returncode == 0, ref.output
     assert_same(_final_state(run.paths), _final_state(ref.paths))
+
+
+MONITOR_ARGS = [
+    "--interval", "1", "--step0-timeout", "120", "--heartbeat-timeout", "120",
+    "--max-retries", "3", "--backoff", "1",
+]  # fmt: skip
+
+
+@pytest.fixture
+def monitor(tmp_path: Path) -> Iterator[tuple[Path, Path, list]]:
+    logs, log = tmp_path / "logs", tmp_path / "monitor.log"
+    procs: list = []
+    yield logs, log, procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if logs.is_dir():
+        scancel(*(j for d in logs.iterdir() if d.is_dir() for j in job_ids(RunPaths(d))))
+    restart_nodes()  # leave both nodes up for whatever runs next
+
+
+def test_a_split_run_that_lost_a_node_waits_for_it_rather_than_shrink(
+    runs: dict[str, Run], monitor: tuple, tmp_path: Path
+) -> None:
+    logs, log, procs = monitor
+    profile = write_profile(tmp_path / "wait.yaml", base=PROFILE, nodes_wait_s=5)
+    slow = ["faults.enabled=true", "faults.step_sleep=1", "training.save_every_steps=2"]
+    args = [*RUN_ARGS[1:], "rollout.placement=split", *slow]
+    submit(logs, "lost", *args, profile=str(profile))
+    paths = RunPaths(logs / "lost")
+    explain = lambda: f"{describe(paths)}\n{log.read_text()}\n{cluster_state()}"  # noqa: E731
+    procs.append(start_cli("cli.monitor", "--logs", str(logs), "lost", *MONITOR_ARGS, log=log))
+
+    def trained() -> bool:
+        rec = read_progress(paths.progress)
+        return rec is not None and rec.step >= 2 and (paths.latest_checkpoint() or 0) >= 2
+
+    wait_for("a checkpoint", trained, 180, interval=0.3, explain=explain)
+    (job,) = job_ids(paths)
+    kill_node("grpo-n2", reported=True)  # the generator's node
+    held = lambda: [e for e in events(paths, "nodes") if "refuses" in e["reason"]]  # noqa: E731
+    (why,) = wait_for("the monitor to hold the run", held, 120, explain=explain)
+    assert (why["move"], why["nodes"], why["up"]) == ("wait", 2, 1), why
+    assert "rollout.placement=split runs 1 generator and at least 1 trainer" in why["reason"]
+    assert job_ids(paths) == [job], explain()  # nothing submitted on the node left
+    restart_nodes()
+    done = wait_for("DONE", lambda: final_event(paths), 300, explain=explain)
+    assert done["action"] == "DONE", explain()
+    assert job_ids(paths) == [job] and "short_of" not in read_jsonl(paths.jobs)[0]
+    assert [s for s, _ in sacct_attempts(job)][:1] == ["NODE_FAIL"], sacct_attempts(job)
+    rec = progress(paths)
+    assert rec.state is TrainState.FINISHED and rec.step == STEPS
+    assert_same(_final_state(paths), _final_state(runs["split-ref"].paths))
