@@ -42,6 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     once and shared by every worker (tests/e2e/conftest.py)."""
     here = REPO / "tests" / "integration"
     multi = {here / "test_multinode_slurm.py", here / "test_multinode_completing_slurm.py"}
+    multi.add(here / "test_split_nodes_slurm.py")
     for item in items:
         if item.path.is_relative_to(here):
             item.add_marker(

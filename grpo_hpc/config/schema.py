@@ -133,7 +133,8 @@ class RolloutConfig:
     their own under the same torchrun (the last ``generators`` ranks; the others train),
     which trainer rank 0 sends the weights after each update and which send the batches
     back (docs/async.md). This release runs split as one generator and one or more DDP
-    trainer processes on one node (``dist.nproc_per_node`` = trainers + 1)."""
+    trainer processes, on one node or several (nodes x ``dist.nproc_per_node`` = trainers
+    + 1; ranks numbered node by node: the generator is the last node's last process)."""
     generators: int = 1
     """``placement=split``: how many of the job's ranks generate (the last ones); the
     others train. This release runs 1."""

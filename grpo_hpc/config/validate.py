@@ -158,7 +158,10 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
     one generator process and one or more trainer processes (DDP among them), an
     asynchronous run (the synchronous step has nothing to overlap), the rollouts of one
-    round (dynamic sampling's extra rounds are decided after scoring, on the trainer)."""
+    round (dynamic sampling's extra rounds are decided after scoring, on the trainer). Any
+    number of nodes: ranks are numbered node by node, so the generator is the last node's
+    last process, and its messages and weights cross nodes over the process group as the
+    trainers' DDP does."""
     k, g = cfg.algo.max_staleness, cfg.rollout.generators
     if not k:
         return (
@@ -173,11 +176,6 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
             f"rollout.placement=split runs {g} generator and at least 1 trainer process, "
             f"not {ranks} process(es) in all: use a profile with nproc_per_node: 2 or more "
             "(processes per node; docs/profiles.md), or rollout.placement=thread"
-        )
-    if ranks is not None and ranks > cfg.dist.nproc_per_node:
-        return (
-            f"rollout.placement=split runs on one node in this release, not {ranks} processes "
-            f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.placement=thread"
         )
     if cfg.dist.strategy == "fsdp":
         return (

@@ -20,6 +20,7 @@ from typing import Any
 
 from grpo_hpc.config.load import load_resolved
 from grpo_hpc.config.profiles import load_run_profile
+from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core import events as event_log
 from grpo_hpc.core.events import Event, Phase
 from grpo_hpc.core.paths import RunPaths
@@ -62,6 +63,10 @@ def read_facts(
     if profile.nodes <= 1 or profile.nodes_wait_s is None:
         return None
     cfg = load_resolved(paths.config)
+    ppn = profile.procs_per_node
+    refused = {
+        k: why for k in range(1, profile.nodes) if (why := async_ranks_problem(cfg, k * ppn))
+    }
     return NodeFacts(
         full_nodes=profile.nodes,
         last_nodes=int(jobs[-1].get("nodes") or profile.nodes) if jobs else profile.nodes,
@@ -70,6 +75,8 @@ def read_facts(
         procs_per_node=profile.procs_per_node,
         prompts_per_step=cfg.rollout.prompts_per_step,
         nodes_wait_s=profile.nodes_wait_s,
+        generators=cfg.rollout.generators if cfg.rollout.placement == "split" else 0,
+        refused=refused,
     )
 
 
@@ -80,13 +87,21 @@ def _record(paths: RunPaths, events: list[dict[str, Any]], job: JobView, plan: N
     moved = None if last is None else last.get("move")
     if plan.move is NodeMove.FULL and moved in (None, NodeMove.GROW.value):
         return  # no shortage began, or a grow already ended it
-    if moved == plan.move.value:
+    if moved == plan.move.value and not _held_anew(last, plan):
         return
     more = {"move": plan.move.value, "nodes": plan.nodes, "up": facts.up_nodes,
             "full": facts.full_nodes}  # fmt: skip
     ev = Event(t, job.job_id, Phase.NODES, reason=plan.reason, extra=more)
     event_log.append(paths.events, ev)
     events.append(ev.row())
+
+
+def _held_anew(last: dict[str, Any] | None, plan: NodePlan) -> bool:
+    """A wait with no end of its own (the config runs on no fewer nodes: e.g. a split run
+    left without room for a trainer and its generator) after another wait: a new event,
+    its reason saying why the run is not resubmitted on the nodes left (pure)."""
+    held = plan.move is NodeMove.WAIT and not plan.wait_s
+    return held and last is not None and last.get("reason") != plan.reason
 
 
 def _case(job: JobView, action: Action, entry: dict[str, Any]) -> str | None:

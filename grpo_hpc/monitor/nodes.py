@@ -20,10 +20,19 @@ up >= full                               FULL        ``full``; GROW where the la
 no node up                               WAIT        - (until one is)
 fewer than ``full`` up for less than     WAIT        - (the seconds left)
   ``nodes_wait_s``
-fewer than ``full`` up for longer        SHRINK      the most nodes <= up whose ranks divide
-                                                     ``prompts_per_step``
-no such count                            WAIT        - (the config cannot run on fewer nodes)
+fewer than ``full`` up for longer        SHRINK      the most nodes <= up whose training
+                                                     ranks divide ``prompts_per_step`` and
+                                                     that the trainer does not refuse
+no such count                            WAIT        - (the config cannot run on fewer nodes:
+                                                     the reason says why, e.g. a split run
+                                                     left without a trainer and a generator)
 =======================================  ==========  ========================================
+
+A ``rollout.placement=split`` run's last ``generators`` ranks train nothing: the global
+batch is shared by the others, and a count of nodes whose processes cannot hold at least
+one trainer and the generators (``config.validate.split_problem``) is one the trainer
+refuses at start-up (exit 2); resubmitting on it would only fail again, so the run waits
+for its nodes instead.
 
 :func:`should_regrow` decides for a run that is training on fewer nodes than its profile
 asks: once ``full`` nodes are up again, the monitor asks the job to checkpoint and exit
@@ -33,7 +42,8 @@ asks: once ``full`` nodes are up again, the monitor asks the job to checkpoint a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from grpo_hpc.monitor.decision import fmt_duration
 
@@ -69,6 +79,13 @@ class NodeFacts:
     """The global batch in prompts (``rollout.prompts_per_step``), kept on any node count."""
     nodes_wait_s: float | None
     """The profile's limit: None (off) keeps the full allocation whatever happens."""
+    generators: int = 0
+    """Ranks of a ``rollout.placement=split`` run that generate (the last ones): they take
+    no share of the global batch (0: every rank trains)."""
+    refused: Mapping[int, str] = field(default_factory=dict)
+    """Node counts below ``full_nodes`` the trainer refuses to start on, with its reason
+    (``config.validate.async_ranks_problem`` on that many processes): e.g. one node of one
+    process for a split run, which needs a trainer and a generator."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +102,25 @@ class NodePlan:
     """For WAIT: seconds left of ``nodes_wait_s`` (0 when there is no end to it)."""
 
 
-def usable_nodes(up: int, full: int, procs_per_node: int, prompts_per_step: int) -> int:
-    """The most nodes, at most ``min(up, full)``, whose ranks split the global batch into
-    whole groups per rank (pure); 0 when none does."""
+def usable_nodes(
+    up: int, full: int, procs_per_node: int, prompts_per_step: int, generators: int = 0,
+    refused: Mapping[int, str] | None = None,
+) -> int:  # fmt: skip
+    """The most nodes, at most ``min(up, full)``, that the trainer does not refuse and
+    whose training ranks (all but ``generators``) split the global batch into whole groups
+    per rank (pure); 0 when none does."""
     for k in range(min(up, full), 0, -1):
-        if prompts_per_step % (k * procs_per_node) == 0:
+        trainers = k * procs_per_node - generators
+        if k in (refused or {}) or trainers < 1:
+            continue
+        if prompts_per_step % trainers == 0:
             return k
     return 0
+
+
+def _refusal(f: NodeFacts) -> str | None:
+    """Why the trainer would refuse the most nodes that are up, if it would (pure)."""
+    return next((f.refused[k] for k in range(f.up_nodes, 0, -1) if k in f.refused), None)
 
 
 def plan_nodes(f: NodeFacts, now: float) -> NodePlan:
@@ -115,14 +144,20 @@ def plan_nodes(f: NodeFacts, now: float) -> NodePlan:
         limit = fmt_duration(f.nodes_wait_s)
         why = f"{short}: waiting {fmt_duration(left)} more for the rest (nodes_wait_s {limit})"
         return NodePlan(NodeMove.WAIT, full, why, wait_s=left)
-    k = usable_nodes(f.up_nodes, full, f.procs_per_node, f.prompts_per_step)
+    ppn = f.procs_per_node
+    k = usable_nodes(f.up_nodes, full, ppn, f.prompts_per_step, f.generators, f.refused)
+    refusal = _refusal(f) if k == 0 else None
+    if refusal is not None:
+        # resubmitted there, the trainer exits 2 at start-up: the lost nodes are the way on
+        why = f"{short}, but the trainer refuses fewer: {refusal}; waiting for all {full}"
+        return NodePlan(NodeMove.WAIT, full, why)
     if k == 0:
         why = (
             f"{short}, but rollout.prompts_per_step={f.prompts_per_step} does not split "
             f"over fewer nodes of {f.procs_per_node} process(es): waiting for all {full}"
         )
         return NodePlan(NodeMove.WAIT, full, why)
-    per_rank = f.prompts_per_step // (k * f.procs_per_node)
+    per_rank = f.prompts_per_step // (k * ppn - f.generators)
     why = (
         f"{short} for {fmt_duration(waited)} >= nodes_wait_s {fmt_duration(f.nodes_wait_s)}: "
         f"on {k} node(s), global batch kept ({f.prompts_per_step} prompts, {per_rank} per rank)"

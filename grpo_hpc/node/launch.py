@@ -129,21 +129,23 @@ def _pump(stream, log_path: Path, tail: deque[bytes]) -> None:
             sys.stdout.flush()
 
 
-def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float) -> None:
+def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float, nnodes: int = 1) -> None:
     """A worker killed by a signal recorded nothing: name it in progress.json's reason
-    from torchrun's root-cause report (grpo_hpc.node.root_cause)."""
+    from torchrun's root-cause report (grpo_hpc.node.root_cause); ``nnodes``: the job's
+    nodes (the report's rank is global)."""
     cause = root_cause.parse(b"".join(tail).decode("utf-8", "replace"))
     if cause is None:
         return
-    role = _split_role(paths, cause.rank)
+    role = _split_role(paths, cause.rank, nnodes)
     rec = root_cause.explained(read_progress(paths.progress), cause, started, role)
     if rec is not None:
         write_progress(paths.progress, rec)
 
 
-def _split_role(paths: RunPaths, rank: int) -> str | None:
-    """What global ``rank`` did in a ``rollout.placement=split`` run (one node: its
-    processes are the job's), None in another run or where the config cannot be read."""
+def _split_role(paths: RunPaths, rank: int, nnodes: int) -> str | None:
+    """What global ``rank`` did in a ``rollout.placement=split`` run of ``nnodes`` nodes
+    (ranks are numbered node by node: the generators are the last node's last processes),
+    None in another run or where the config cannot be read."""
     from grpo_hpc.config.load import load_resolved
     from grpo_hpc.config.roles import role_of
     from grpo_hpc.core.errors import GrpoError
@@ -154,7 +156,7 @@ def _split_role(paths: RunPaths, rank: int) -> str | None:
         return None
     if cfg.rollout.placement != "split":
         return None
-    return role_of(cfg, rank, cfg.dist.nproc_per_node).name
+    return role_of(cfg, rank, nnodes * cfg.dist.nproc_per_node).name
 
 
 def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) -> None:
@@ -260,7 +262,7 @@ class NodeLauncher:
         returncode = self._wait(proc)
         pump.join(timeout=10)
         if returncode != 0:
-            record_root_cause(paths, tail, self._started)
+            record_root_cause(paths, tail, self._started, ctx.nnodes)
         code = exit_code_from_progress(paths, returncode)
         if ctx.node_rank == 0:
             write_summary(paths, ctx, code, self._started)

@@ -89,18 +89,24 @@ def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
     engine = f" (engine {mem.generator_gib:.1f} GiB)" if known else ""
     update = f" (update {mem.trainer_gib:.1f} GiB)" if known else ""
     k = cfg.algo.max_staleness
+    per_node = cfg.dist.nproc_per_node if profile.nodes > 1 else 0
+    trainers = _ranks("trainer", range(t), per_node)
+    generators = _ranks("generator", range(t, ranks), per_node)
     return (
-        f"placement: split: {_ranks('trainer', range(t))}{update}, "
-        f"{_ranks('generator', range(t, ranks))}{engine}; batches at most {k} update(s) "
-        f"stale (algo.max_staleness={k}; docs/async.md)"
+        f"placement: split: {trainers}{update}, {generators}{engine}; batches at most {k} "
+        f"update(s) stale (algo.max_staleness={k}; docs/async.md)"
     )
 
 
-def _ranks(role: str, ranks: range) -> str:
-    """``trainer rank 0``, ``generator ranks 1-2``."""
-    if len(ranks) == 1:
-        return f"{role} rank {ranks[0]}"
-    return f"{role} ranks {ranks[0]}-{ranks[-1]}"
+def _ranks(role: str, ranks: range, per_node: int = 0) -> str:
+    """``trainer rank 0``, ``generator ranks 1-2``; with ``per_node`` (a job of several
+    nodes, ranks numbered node by node) where they land: ``trainer rank 0 on node 0``,
+    ``trainer ranks 0-2 on nodes 0-1``."""
+    name = f"{role} rank {ranks[0]}" if len(ranks) == 1 else f"{role} ranks {ranks[0]}-{ranks[-1]}"
+    if not per_node:
+        return name
+    first, last = ranks[0] // per_node, ranks[-1] // per_node
+    return f"{name} on node {first}" if first == last else f"{name} on nodes {first}-{last}"
 
 
 def apply_profile(

@@ -42,7 +42,6 @@ def test_a_lost_rank_is_named_by_the_role_its_pulse_wrote() -> None:
         ([], 2, "needs algo.max_staleness >= 1"),
         (["algo.max_staleness=1"], 1, "1 generator and at least 1 trainer process, not 1"),
         (["algo.max_staleness=1", "rollout.generators=2"], 3, "rollout.generators=2"),
-        (["algo.max_staleness=1", "dist.nproc_per_node=2"], 4, "on one node in this release"),
         (["algo.max_staleness=1", "dist.strategy=fsdp"], 2, "dist.strategy=fsdp"),
         (["algo.max_staleness=1", "rollout.dynamic_sampling=true"], 2, "dynamic_sampling"),
     ],
@@ -64,3 +63,17 @@ def test_the_config_refuses_a_synchronous_split_and_accepts_an_asynchronous_one(
     assert split_problem(cfg, 2) is None and split_problem(cfg, 3) is None  # 1 or 2 trainers
     with pytest.raises(ConfigError, match="is not one of thread, split"):
         build_config("tiny", ["rollout.placement=process"])
+
+
+def test_the_split_runs_across_nodes() -> None:
+    """Ranks are numbered node by node: on 2 nodes of 1 process the trainer is the first
+    node's, the generator the second's; on 2 of 2, ranks 0-2 train and rank 3 generates."""
+    cfg = build_config("tiny", ["algo.max_staleness=1"])
+    cfg.rollout.placement = "split"
+    for per_node, nodes in ((1, 2), (2, 2), (1, 3)):
+        cfg.dist.nproc_per_node = per_node
+        assert split_problem(cfg, per_node * nodes) is None, (per_node, nodes)
+    assert role_of(cfg, 0, 2) == Role(TRAINER, 0, 1, 1)
+    assert role_of(cfg, 1, 2) == Role(GENERATOR, 0, 1, 1)
+    assert role_of(cfg, 2, 4) == Role(TRAINER, 2, 3, 3)
+    assert role_of(cfg, 3, 4) == Role(GENERATOR, 0, 1, 3)

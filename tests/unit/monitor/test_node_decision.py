@@ -12,6 +12,7 @@ import yaml
 
 from grpo_hpc.config.load import build_config, to_yaml
 from grpo_hpc.config.profiles import ConfigError, load_profile, profile_to_dict
+from grpo_hpc.config.validate import split_problem
 from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.runs import JobView
@@ -68,6 +69,34 @@ def test_usable_nodes_keeps_whole_groups_per_rank() -> None:
         0,
     ]
     assert usable_nodes(16, 4, 1, 12) == 4  # never more than the profile's nodes
+
+
+def _split_refusals(nodes: int, per_node: int) -> dict[int, str]:
+    """What the trainer of a split run refuses on fewer nodes (node_loss.read_facts's)."""
+    cfg = build_config("tiny", ["algo.max_staleness=1", "rollout.placement=split"])
+    cfg.dist.nproc_per_node = per_node
+    out = {k: split_problem(cfg, k * per_node) for k in range(1, nodes)}
+    return {k: why for k, why in out.items() if why}
+
+
+def test_a_split_run_waits_for_its_nodes_not_for_a_job_its_trainer_refuses() -> None:
+    """2 nodes x 1 process, split (trainer on one, generator on the other): one node left
+    holds one process, which the trainer refuses (a trainer and a generator are needed),
+    so the run waits for its nodes after nodes_wait_s, saying why, instead of a resubmission
+    that exits 2. On 4 nodes the generator takes no share of the batch: 3 nodes left are
+    2 trainers, which split 4 prompts (a thread run's 3 ranks do not)."""
+    split = dict(full_nodes=2, last_nodes=2, up_nodes=1, procs_per_node=1, prompts_per_step=4,
+                 short_since=NOW - 700, generators=1, refused=_split_refusals(2, 1))  # fmt: skip
+    plan = plan_nodes(facts(**split), NOW)
+    assert (plan.move, plan.nodes, plan.wait_s) == (M.WAIT, 2, 0.0), plan
+    assert plan.reason.startswith("1 of the 2 nodes up, but the trainer refuses fewer: ")
+    assert "1 generator and at least 1 trainer process, not 1" in plan.reason
+    assert plan.reason.endswith("; waiting for all 2")
+    four = split | dict(full_nodes=4, last_nodes=4, up_nodes=3, refused=_split_refusals(4, 1))
+    plan = plan_nodes(facts(**four), NOW)
+    assert (plan.move, plan.nodes) == (M.SHRINK, 3) and "2 per rank" in plan.reason
+    thread = four | dict(generators=0, refused={})
+    assert plan_nodes(facts(**thread), NOW).nodes == 2
 
 
 def test_should_regrow_only_a_short_run_whose_nodes_are_back() -> None:
@@ -198,6 +227,32 @@ def test_an_ended_node_fail_job_is_resubmitted_on_the_nodes_left_after_the_wait(
     (o,) = monitor_pass([p], FAST, lambda: NOW + 121, s.backend())
     assert o.action.kind is K.RESUBMIT and s.on_nodes == [2]  # 3 x 1 rank: 4 prompts do not split
     assert node_events(p) == [("wait", 4, 3), ("shrink", 2, 3)]
+
+
+def test_a_split_run_on_two_nodes_is_not_resubmitted_on_the_one_left(tmp_path: Path) -> None:
+    """The monitor's shell, a split run of 2 nodes x 1 process ended NODE_FAIL with one
+    node up: it waits out nodes_wait_s, then keeps waiting (no job on the node left, which
+    the trainer would refuse), the refusal in a ``nodes`` event; the node back, it
+    resubmits on both."""
+    s = NodeCluster(up=1)
+    p = make_run(tmp_path, "r", "100", "NODE_FAIL", s, progress=rec(state=rec().state))
+    profile = {**profile_to_dict(load_profile("slurm-local-2node")), "nodes_wait_s": 120}
+    p.profile.write_text(yaml.safe_dump(profile))
+    over = ["algo.max_staleness=1", "rollout.placement=split", "rollout.prompts_per_step=4"]
+    p.config.write_text(to_yaml(build_config("tiny", over)))
+    (o,) = monitor_pass([p], FAST, lambda: NOW, s.backend())
+    assert o.action.kind is K.WAIT and "waiting 2 min more" in o.action.reason
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 121, s.backend())
+    assert o.action.kind is K.WAIT and s.on_nodes == [] and jobs_of(p) == ["100"], o.action
+    assert "the trainer refuses fewer: rollout.placement=split runs 1 generator" in o.action.reason
+    held = [e for e in read_jsonl(p.events) if e["phase"] == "nodes"]
+    assert [(e["move"], e["nodes"], e["up"]) for e in held] == [("wait", 2, 1), ("wait", 2, 1)]
+    assert "the trainer refuses fewer" in held[-1]["reason"]
+    monitor_pass([p], FAST, lambda: NOW + 200, s.backend())  # said once
+    assert len([e for e in read_jsonl(p.events) if e["phase"] == "nodes"]) == 2
+    s.up = 2
+    (o,) = monitor_pass([p], FAST, lambda: NOW + 300, s.backend())
+    assert o.action.kind is K.RESUBMIT and s.on_nodes == [] and len(jobs_of(p)) == 2, o.action
 
 
 def test_off_by_default_a_pending_job_waits_for_all_its_nodes(tmp_path: Path) -> None:

@@ -98,3 +98,32 @@ def test_a_killed_process_of_a_split_run_is_named_by_its_role(tmp_path: Path) ->
     assert reason.startswith("generator (rank 1, pid 77 on n1) was killed by SIGKILL at step 4")
     trainer = root_cause.death_line(root_cause.RootCause(0, "n1", -9, 76), 4, "trainer")
     assert trainer.startswith("trainer (rank 0, pid 76 on n1) was killed by SIGKILL")
+
+
+def test_a_killed_trainer_of_a_split_run_across_nodes_is_named_by_its_global_rank(
+    tmp_path: Path,
+) -> None:
+    """Two nodes of one process each (rollout.placement=split): torchrun reports the
+    global rank, so rank 0 on the first node is the trainer and rank 1, the second node's
+    process, the generator (the job's ranks, not one node's, decide)."""
+    from collections import deque
+
+    from grpo_hpc.config.profiles import load_profile
+    from grpo_hpc.core.paths import RunPaths
+    from grpo_hpc.core.progress import read_progress, write_progress
+    from grpo_hpc.node import launch
+    from grpo_hpc.submit.job import create_run
+
+    paths = RunPaths(tmp_path / "split")
+    create_run(paths, load_profile("local"), "tiny", ["algo.max_staleness=1"])
+    paths.config.write_text(
+        paths.config.read_text().replace("placement: thread", "placement: split")
+    )
+    started = time.time() - 10
+    for rank, host, role in ((0, "n1", "trainer"), (1, "n2", "generator")):
+        write_progress(paths.progress, _rec(TrainState.TRAINING))
+        report = f"Root Cause (first observed failure):\n[0]:\n  time : t\n  host : {host}\n"
+        report += f"  rank : {rank} (local_rank: 0)\n  exitcode : -9 (pid: 77)\n"
+        launch.record_root_cause(paths, deque([report.encode()]), started, nnodes=2)
+        reason = read_progress(paths.progress).reason
+        assert reason.startswith(f"{role} (rank {rank}, pid 77 on {host}) was killed"), reason

@@ -481,6 +481,13 @@ def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     [line] = [x for x in two.stdout.splitlines() if x.startswith("placement: ")]
     assert line.startswith("placement: split: trainer rank 0 (update "), line
     assert " GiB), generator rank 1 (engine " in line and "at most 1 update(s) stale" in line
+    # two nodes of one process: ranks are numbered node by node, each role's node named
+    nodes = _grpo_submit("--profile", "slurm-local-2node", *args, "algo.max_staleness=1", env=env)
+    assert nodes.returncode == ExitCode.OK, nodes.stderr
+    [line] = [x for x in nodes.stdout.splitlines() if x.startswith("placement: ")]
+    assert line.startswith(
+        "placement: split: trainer rank 0 on node 0, generator rank 1 on node 1;"
+    )
     one = _grpo_submit("--profile", "local", *args, "algo.max_staleness=1", env=env)
     assert one.returncode == ExitCode.CONFIG_ERROR
     said = "rollout.placement=split runs 1 generator and at least 1 trainer process, not 1"
