@@ -132,12 +132,16 @@ class RolloutConfig:
     thread inside each training process, on a copy of the weights; ``split``, processes of
     their own under the same torchrun (the last ``generators`` ranks; the others train),
     which trainer rank 0 sends the weights after each update and which send the batches
-    back (docs/async.md). This release runs split as one generator and one or more DDP
-    trainer processes, on one node or several (nodes x ``dist.nproc_per_node`` = trainers
-    + 1; ranks numbered node by node: the generator is the last node's last process)."""
+    back (docs/async.md). This release runs split as ``generators`` generator processes and
+    at least as many DDP trainer processes (nodes x ``dist.nproc_per_node`` = trainers +
+    generators; ranks numbered node by node: the generators are the last node's last
+    processes), one generator on one node or several, several generators on one node."""
     generators: int = 1
-    """``placement=split``: how many of the job's ranks generate (the last ones); the
-    others train. This release runs 1."""
+    """``placement=split``: how many of the job's ranks generate (the last ``G``; the others
+    train), 1 to the trainers' count. Trainer ``r`` is served by generator ``r % G``, each
+    generator making its trainers' batches, so a step's rollouts come back about ``G``
+    times sooner where decoding, not the update, bounds the step; every generator gets the
+    weights in the one broadcast from trainer rank 0 (docs/async.md)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

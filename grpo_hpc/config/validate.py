@@ -156,12 +156,13 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
 def split_problem(cfg: Config, ranks: int | None) -> str | None:
     """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
-    one generator process and one or more trainer processes (DDP among them), an
-    asynchronous run (the synchronous step has nothing to overlap), the rollouts of one
-    round (dynamic sampling's extra rounds are decided after scoring, on the trainer). Any
-    number of nodes: ranks are numbered node by node, so the generator is the last node's
-    last process, and its messages and weights cross nodes over the process group as the
-    trainers' DDP does."""
+    ``G`` generator processes and ``T >= G`` trainer processes (DDP among them; trainer
+    ``r`` served by generator ``r % G``, ``config.roles``), an asynchronous run (the
+    synchronous step has nothing to overlap), the rollouts of one round (dynamic sampling's
+    extra rounds are decided after scoring, on the trainer). Any number of nodes for one
+    generator: ranks are numbered node by node, so the generator is the last node's last
+    process, and its messages and weights cross nodes over the process group as the
+    trainers' DDP does; several generators on one node (not yet tried across nodes)."""
     k, g = cfg.algo.max_staleness, cfg.rollout.generators
     if not k:
         return (
@@ -169,13 +170,27 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
             "algo.max_staleness >= 1 (e.g. 1); the synchronous step generates in the trainer: "
             "set rollout.placement=thread"
         )
-    if g != 1:
-        return f"rollout.generators={g}: rollout.placement=split runs 1 generator in this release"
-    if ranks is not None and ranks < g + 1:
+    if g < 1:
+        return f"rollout.generators={g} must be at least 1 with rollout.placement=split"
+    t = None if ranks is None else ranks - g
+    if t is not None and t < 1:
         return (
-            f"rollout.placement=split runs {g} generator and at least 1 trainer process, "
-            f"not {ranks} process(es) in all: use a profile with nproc_per_node: 2 or more "
-            "(processes per node; docs/profiles.md), or rollout.placement=thread"
+            f"rollout.placement=split runs {g} generator{_s(g)} and at least 1 trainer "
+            f"process, not {ranks} process(es) in all: use a profile with nproc_per_node: "
+            f"{g + 1} or more (processes per node; docs/profiles.md), or "
+            "rollout.placement=thread"
+        )
+    if t is not None and t < g:  # trainer r is served by generator r % G (config/roles.py)
+        return (
+            f"rollout.generators={g} with {t} trainer process(es) of {ranks}: a generator "
+            f"would have no trainer to serve: set rollout.generators={t} or fewer, or use a "
+            f"profile with nproc_per_node: {2 * g} or more"
+        )
+    if g > 1 and ranks is not None and ranks > cfg.dist.nproc_per_node:  # not yet tried
+        return (
+            f"rollout.generators={g} runs on one node in this release, not on {ranks} processes "
+            f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.generators=1 across "
+            "nodes"
         )
     if cfg.dist.strategy == "fsdp":
         return (
@@ -189,6 +204,10 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
             "release: turn one of them off (docs/async.md)"
         )
     return None
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 def _validate_faults(f: FaultsConfig) -> None:

@@ -144,8 +144,8 @@ def record_root_cause(paths: RunPaths, tail: deque[bytes], started: float, nnode
 
 def _split_role(paths: RunPaths, rank: int, nnodes: int) -> str | None:
     """What global ``rank`` did in a ``rollout.placement=split`` run of ``nnodes`` nodes
-    (ranks are numbered node by node: the generators are the last node's last processes),
-    None in another run or where the config cannot be read."""
+    (``generator 1``; ranks are numbered node by node: the generators are the last node's
+    last processes), None in another run or where the config cannot be read."""
     from grpo_hpc.config.load import load_resolved
     from grpo_hpc.config.roles import role_of
     from grpo_hpc.core.errors import GrpoError
@@ -156,7 +156,7 @@ def _split_role(paths: RunPaths, rank: int, nnodes: int) -> str | None:
         return None
     if cfg.rollout.placement != "split":
         return None
-    return role_of(cfg, rank, nnodes * cfg.dist.nproc_per_node).name
+    return role_of(cfg, rank, nnodes * cfg.dist.nproc_per_node).label
 
 
 def write_summary(paths: RunPaths, ctx: NodeContext, code: int, started: float) -> None:

@@ -78,8 +78,8 @@ class SubmitPlan:
 
 def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
     """The ``placement:`` line of a ``rollout.placement=split`` run: each role's ranks and
-    its memory estimate where the profile names its GPUs' memory (pure but for reading
-    the model's config.json)."""
+    its memory estimate where the profile names its GPUs' memory, and with several
+    generators which serves which trainer (pure but for reading the model's config.json)."""
     g = cfg.rollout.generators
     t = ranks - g
     if t < 1:  # refused (config.validate.split_problem): the refusal says why
@@ -92,9 +92,10 @@ def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
     per_node = cfg.dist.nproc_per_node if profile.nodes > 1 else 0
     trainers = _ranks("trainer", range(t), per_node)
     generators = _ranks("generator", range(t, ranks), per_node)
+    served = f" (trainer r's: rank {t} + r % {g})" if g > 1 else ""  # config.roles.generator_of
     return (
-        f"placement: split: {trainers}{update}, {generators}{engine}; batches at most {k} "
-        f"update(s) stale (algo.max_staleness={k}; docs/async.md)"
+        f"placement: split: {trainers}{update}, {generators}{engine}{served}; batches at most "
+        f"{k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
     )
 
 

@@ -178,7 +178,7 @@ def _watch_peers(
     split = cfg.rollout.placement == "split"  # the pulse names the role where roles differ
     pulse = liveness.Liveness(
         paths.alive_dir / launch, info.rank, info.world_size, timeout, lost,
-        role=role.name if split else None,
+        role=role.label if split else None,
     )  # fmt: skip
     pulse.start()
     return pulse

@@ -1,14 +1,16 @@
 """A generator process of a ``rollout.placement=split`` run (docs/async.md): it holds a
-copy of the policy and its engine, and nothing a restart cannot rebuild. Its weights are
-trainer 0's, sent before each request; its random stream is the step's
-(``schedule.rollout_seed``); its prompts are the ones trainer 0 drew. It makes the
-batches trainer 0 names, in order, and sends each back; it never starts one on its own.
-The trainer's side, and the messages, are :mod:`grpo_hpc.train.rollout.split`.
+copy of the policy and its engine, and nothing a restart cannot rebuild. It serves the
+trainers ``config.roles.trainers_of`` names (trainer ``r`` by generator ``r % G``). Its
+weights are trainer 0's, broadcast to every generator before each step's batches; its
+random stream is the step's and the trainer's (``schedule.rollout_seed``); its prompts are
+the ones each trainer drew. It makes the batches its trainers name, in order, and sends
+each back; it never starts one on its own. The trainers' side, and the messages, are
+:mod:`grpo_hpc.train.rollout.split`.
 
-A stop signal (Slurm's preemption) is the trainer's to answer: the generator finishes the
-batch in flight, the trainer saves the batches it received and tells the generator to
-stop. If the trainer is gone, the next message fails and the process exits (or torchrun
-ends it).
+A stop signal (Slurm's preemption) is the trainers' to answer: the generator finishes the
+batch in flight, the trainers save the batches they received and its first trainer tells
+it to stop. If a trainer is gone, the next message fails and the process exits (or
+torchrun ends it).
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ from grpo_hpc.train.setup import models
 
 @dataclass
 class Replay:
-    """The sampler a generator's collector draws from: the prompts trainer 0 drew (the
+    """The sampler a generator's collector draws from: the prompts a trainer drew (the
     collector's ``train_set`` is set to them for each batch), at the place in the data
-    order trainer 0 drew them from."""
+    order the trainer drew them from."""
 
     position: int = 0
-    """Where trainer 0 drew this batch's prompts (``Collector._draw``)."""
+    """Where the trainer drew this batch's prompts (``Collector._draw``)."""
     epoch: int = 0
     n: int = 0
 
@@ -75,30 +77,30 @@ def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Modul
 
 
 def serve(link: Link) -> int:
-    """Generate what the trainers ask until trainer 0 says stop; the exit code (0). Each
-    step every trainer sends its request (its share of the prompts), trainer 0 then the
-    weights; the generator makes each named batch for each trainer in turn, with that
+    """Generate what this generator's trainers ask until the first of them says stop; the
+    exit code (0). Each step each of its trainers sends its request (its share of the
+    prompts), taken in rank order, then trainer 0 broadcasts the weights to every
+    generator; this one makes each named batch for each of its trainers in turn, with that
     trainer's rank naming its random stream, as the thread placement's ranks do."""
-    hello: Hello = recv_obj(0, link.device)
+    hello: Hello = recv_obj(0, link.device)  # from trainer 0, whichever trainers it serves
     collector, model, scoring, autocast = build(hello, link.device)
-    trainers = link.role.trainers
+    trainers, served = link.role.trainers, link.peers
     shares = [
-        dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device))
-        for r in range(trainers)
+        dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device)) for r in served
     ]
     replay = collector.sampler
     cap = hello.options.max_new_tokens
     while True:
-        first: Request = recv_obj(0, link.device)
+        first: Request = recv_obj(served[0], link.device)
         if first.stop:
             return 0
-        requests = [first] + [recv_obj(r, link.device) for r in range(1, trainers)]
-        broadcast_weights(model, link)
+        requests = [first] + [recv_obj(r, link.device) for r in served[1:]]
+        broadcast_weights(model, link)  # every generator, every step: one group
         if first.cap != cap:  # a rollback grew the cap
             collector.engine.set_max_new_tokens(first.cap)
             cap = first.cap
         for j in range(len(first.jobs)):
-            for r, (share, req) in enumerate(zip(shares, requests, strict=True)):
+            for r, share, req in zip(served, shares, requests, strict=True):
                 job = req.jobs[j]
                 # at the trainer's place in the step's prompts (Collector._take's slice)
                 share.train_set = [{}] * (r * share.per_rank) + job.problems

@@ -1,10 +1,11 @@
 """Asynchronous GRPO with the generator in a process of its own (``rollout.placement=split``:
 rank 0 trains, rank 1 generates, gloo on the CPU) on the real trainer: the run trains, bit
 for bit, what the thread placement trains with the same seed (two DDP trainers and a
-generator too, against two DDP ranks); a SIGKILL of the generator or of the trainer, or a
-SIGTERM (save, exit 5), then a resume, ends equal to the uninterrupted split run; a
+generator too, and two DDP trainers with two generators, each serving one, against two DDP
+ranks); a SIGKILL of the generator or of the trainer (or of the second of two generators),
+or a SIGTERM (save, exit 5), then a resume, ends equal to the uninterrupted split run; a
 stopped generator or trainer is caught as a hung rank is, and named by its role. One
-uninterrupted split run serves the module."""
+uninterrupted split run of each shape (1 + 1, 2 + 2) serves the module."""
 
 from __future__ import annotations
 
@@ -36,13 +37,20 @@ STEPS = [
 SLOW = ["faults.enabled=true", "faults.step_sleep=0.3"]
 """For the runs a test interrupts: a step long enough to land a signal in (it sleeps, and
 changes no number: the final state is compared with the reference's)."""
+TWO_GENERATORS = ["rollout.generators=2"]
+"""With ``nproc=4``: trainers 0 and 1, generators 2 and 3 (trainer r served by rank 2 + r)."""
+HANG_S = 240
+"""The deadline of a 4-process run: a mapping the two sides disagree on (a request no
+generator takes, a generator waiting for a trainer that never writes) deadlocks, and the
+run is caught here, not by the process group's 30 min."""
 
 
-def split_run(root: Path, name: str, *overrides: str) -> RunPaths:
-    """A run of two processes, the last one generating. grpo-submit's local profile runs
-    one process and refuses the split there, so the run is made threaded and turned into
-    a split one, as make_run turns one process into two."""
-    paths = make_run(root, name, *STEPS, *overrides, nproc=2)
+def split_run(root: Path, name: str, *overrides: str, nproc: int = 2) -> RunPaths:
+    """A run of ``nproc`` processes, the last ``rollout.generators`` generating (one
+    unless the overrides say). grpo-submit's local profile runs one process and refuses
+    the split there, so the run is made threaded and turned into a split one, as make_run
+    turns one process into several."""
+    paths = make_run(root, name, *STEPS, *overrides, nproc=nproc)
     text = paths.config.read_text()
     assert "placement: thread" in text
     paths.config.write_text(text.replace("placement: thread", "placement: split"))
@@ -63,8 +71,18 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     return run
 
 
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
+    """The uninterrupted split run of two trainers and two generators (4 processes)."""
+    run = split_run(tmp_path_factory.mktemp("split22"), "uninterrupted", *TWO_GENERATORS, nproc=4)
+    result = train(run, 4, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
 def _pulse(run: RunPaths, rank: int, deadline_s: float = 120) -> list[str]:
-    """The rank's pulse file's fields (``<pid> <counter> <host> <role>``)."""
+    """The rank's pulse file's fields (``<pid> <counter> <host> <role>``, then its index
+    where the role has several processes)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         for f in run.alive_dir.glob(f"*/rank{rank}"):
@@ -119,7 +137,53 @@ def test_two_trainers_train_what_two_ddp_ranks_train(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr[-3000:]
     assert_same(_final_state(thread, 4), _final_state(split, 4))
     assert [r["staleness/max"] for r in _rows(split)] == [0.0, 1.0, 1.0, 1.0]
-    assert _pulse(split, 1)[3:] == ["trainer"] and _pulse(split, 2)[3:] == ["generator"]
+    assert _pulse(split, 1)[3:] == ["trainer", "1"] and _pulse(split, 2)[3:] == ["generator"]
+
+
+def test_two_generators_train_what_two_ddp_ranks_train(
+    tmp_path: Path, two_by_two: RunPaths
+) -> None:
+    """Two trainers served by two generators (trainer r by generator r % 2) against two DDP
+    ranks each generating in a thread: the same final state, bit for bit. Each generator
+    gets trainer 0's hello and every step's weights in the one broadcast, takes its own
+    trainer's requests and makes that trainer's share from its random stream; the pulses
+    name which generator."""
+    thread = make_run(tmp_path, "thread", *STEPS, nproc=2)
+    result = train(thread, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(_final_state(thread, MAX_STEPS), _final_state(two_by_two, MAX_STEPS))
+    rows = _rows(two_by_two)
+    assert [r["staleness/max"] for r in rows] == [0.0] + [1.0] * (MAX_STEPS - 1)
+    assert all(r["time/weight_sync"] > 0 for r in rows[:-1])
+    labels = [_pulse(two_by_two, rank)[3:] for rank in range(4)]
+    assert labels == [["trainer", "0"], ["trainer", "1"], ["generator", "0"], ["generator", "1"]]
+
+
+def test_a_killed_second_generator_resumes_bit_exact(tmp_path: Path, two_by_two: RunPaths) -> None:
+    """SIGKILL of generator 1 (rank 3, trainer 1's) after the first checkpoint, under the
+    real torchrun: the job ends, and the resume (both generators rebuilt: hello and weights
+    sent again) ends with the weights and optimizer of the uninterrupted 2 + 2 run."""
+    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    run = split_run(tmp_path, "killed-generator-1", *TWO_GENERATORS, *SLOW, nproc=4)
+    proc = start(run, 4)
+    try:
+        pulse = _pulse(run, 3)
+        assert pulse[3:] == ["generator", "1"], pulse
+        _wait_for(run, rng.randint(2, 5), proc)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(int(pulse[0]), signal.SIGKILL)
+        proc.wait(timeout=120)  # torchrun ends the others
+    finally:
+        signal_job(proc.pid, signal.SIGKILL)
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.state != TrainState.FINISHED, (
+        f"seed {seed}: the run finished before the kill; the test proved nothing"
+    )
+    result = train(run, 4, timeout=HANG_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_progress(run.progress).step == MAX_STEPS
+    assert_same(_final_state(two_by_two, MAX_STEPS), _final_state(run, MAX_STEPS))
 
 
 @pytest.mark.parametrize("victim", ["generator", "trainer"])

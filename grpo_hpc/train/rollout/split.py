@@ -1,23 +1,25 @@
-"""``rollout.placement=split``: the trainers' side of a generator process of its own
-(docs/async.md). The generator's side is :mod:`grpo_hpc.train.generator`.
+"""``rollout.placement=split``: the trainers' side of generator processes of their own
+(docs/async.md). The generator's side is :mod:`grpo_hpc.train.generator`; which generator
+serves which trainer (trainer ``r``: generator ``r % G``) is :mod:`grpo_hpc.config.roles`'s.
 
 The schedule is the thread placement's (:mod:`schedule`), carried out over the process
 group instead of a thread: at step ``t`` each trainer names the steps the plan generates
 (the step's own batch when it is missing, then ``t+1 .. t+k``; the plan is the same on
 every trainer), draws its share of their prompts from its own sampler (the data order
 stays the trainers', in their checkpoint), and sends them with the seed in use and the
-rollout cap; then trainer 0 broadcasts the weights, version ``t``, in the group
-{trainer 0, generators}. The generator loads them, generates each named batch for each
-trainer with the thread's code and that trainer's random stream (``pipeline.generate``)
-and sends it back as a :class:`Collected`, the sampler's log-probs included. The generator
-never starts a step the trainers did not name, so the run stays a function of its seed:
+rollout cap to its generator; then trainer 0 broadcasts the weights, version ``t``, in the
+group {trainer 0, every generator}. Each generator loads them, generates each named batch
+for each of its trainers with the thread's code and that trainer's random stream
+(``pipeline.generate``) and sends it back as a :class:`Collected`, the sampler's log-probs
+included. No generator starts a step the trainers did not name, and no batch depends on
+which generator made it, so the run stays a function of its seed:
 on a CPU it trains bit for bit what the thread placement trains
 (tests/e2e/test_async_split.py).
 
 Messages are pickled values sent as byte tensors point to point over the default group
 (gloo on a CPU); the weights are one flat tensor per dtype, broadcast (on NCCL the same
 code broadcasts the GPU tensors, no host copy; not yet run on a GPU). While a trainer waits
-for the generator a thread beats its heartbeat, so that a long first batch does not read
+for its generator a thread beats its heartbeat, so that a long first batch does not read
 as a hung trainer.
 """
 
@@ -34,7 +36,8 @@ import torch
 import torch.distributed as tdist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from grpo_hpc.config.roles import Role
+from grpo_hpc.config import roles
+from grpo_hpc.config.roles import GENERATOR, Role
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
@@ -46,7 +49,7 @@ TICK_S = 1.0
 
 
 class GeneratorGone(RuntimeError):
-    """The generator ended before sending a batch it was asked for, or sent another."""
+    """A generator ended before sending a batch it was asked for, or sent another."""
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,21 @@ class Link:
 
     role: Role
     """What this process does."""
-    peer: int
-    """The global rank it sends its messages to (a trainer: the generator; the generator:
-    trainer 0, whose hello and stop it waits for)."""
+    peers: tuple[int, ...]
+    """The global ranks it exchanges messages with (``Role.peers``): a trainer, its
+    generator's; a generator, its trainers', in the order it serves them (the first sends
+    its stop; the hello comes from trainer 0)."""
     sync_group: Any
-    """The group {trainer 0, generators} the weights are broadcast in."""
+    """The group {trainer 0, every generator} the weights are broadcast in."""
     trainer_group: Any
     """The trainers' own group (their DDP, their agreements), generators left out."""
     device: torch.device
     """Where this process computes (the weights travel from and to it)."""
+
+    @property
+    def peer(self) -> int:
+        """A trainer: its generator's global rank; a generator: its first trainer's."""
+        return self.peers[0]
 
 
 def connect(cfg: Config, role: Role, device: torch.device) -> Link:
@@ -72,14 +81,13 @@ def connect(cfg: Config, role: Role, device: torch.device) -> Link:
     t, world = role.trainers, tdist.get_world_size()
     sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
     trainers = tdist.new_group(ranks=list(range(t)))
-    peer = 0 if role.name == "generator" else t  # generator 0 (the one this release runs)
-    return Link(role, peer, sync, trainers, device)
+    return Link(role, role.peers, sync, trainers, device)
 
 
 @dataclass(frozen=True)
 class Hello:
-    """What trainer 0 tells the generator once, before the first step: everything it needs
-    to build the same engine on the same model as the thread placement's shadow."""
+    """What trainer 0 tells every generator once, before the first step: everything it
+    needs to build the same engine on the same model as the thread placement's shadow."""
 
     cfg: Config
     """The trainer's resolved config (``auto`` settings decided, the system prompt set)."""
@@ -102,7 +110,7 @@ class Hello:
 
 @dataclass(frozen=True)
 class Job:
-    """One batch the generator is to make for one trainer."""
+    """One batch a generator is to make for one trainer."""
 
     made: Made
     """Its step, version (the weights sent with the request) and lineage."""
@@ -114,8 +122,9 @@ class Job:
 
 @dataclass(frozen=True)
 class Request:
-    """A trainer's order for one step (every trainer sends one, for its own share; the
-    weights follow them from trainer 0), or trainer 0's ``stop``."""
+    """A trainer's order for one step to its generator (every trainer sends one, for its
+    own share; the weights follow them from trainer 0), or a generator's first trainer's
+    ``stop``."""
 
     jobs: tuple[Job, ...] = ()
     """The batches to make, in order: the step's own first when it is missing."""
@@ -124,7 +133,7 @@ class Request:
     cap: int = 0
     """The rollout cap in force (a rollback may have raised it)."""
     stop: bool = False
-    """The trainer is done: the generator exits."""
+    """The trainers are done: the generator exits."""
 
 
 # ---------------------------------------------------------------------- transport
@@ -219,7 +228,7 @@ class Outstanding:
 
 
 class SplitPipeline(RolloutPipeline):
-    """A trainer's rollouts from a generator process: the thread placement's
+    """A trainer's rollouts from its generator process: the thread placement's
     :class:`RolloutPipeline` (its pending batches, checkpoints and metrics), with the
     shadow and the thread replaced by messages to the generator."""
 
@@ -227,8 +236,9 @@ class SplitPipeline(RolloutPipeline):
         self, collector: Collector, policy: torch.nn.Module, link: Link, hello: Hello,
         tick: Callable[[], None],
     ) -> None:  # fmt: skip
-        """``policy``: the unwrapped model whose weights are sent; ``hello``: what the
-        generator builds its engine from (sent now: it loads while the trainer resumes);
+        """``policy``: the unwrapped model whose weights are sent; ``hello``: what every
+        generator builds its engine from (sent now by trainer 0: they load while the
+        trainers resume);
         ``tick``: the trainer's heartbeat, beaten while it waits."""
         cfg = collector.cfg
         self.collector, self.k = collector, cfg.algo.max_staleness
@@ -241,13 +251,14 @@ class SplitPipeline(RolloutPipeline):
         self.policy, self.link, self.tick = policy, link, tick
         self.outstanding = Outstanding()
         self.cap = cfg.rollout.max_new_tokens
-        self.first = link.role.index == 0  # trainer 0: the weights, the hello, the stop
-        self.closed = not self.first
+        self.first = link.role.index == 0  # trainer 0: the weights, the hello
+        self.closed = not link.role.stops_generator
         if self.first:
-            send_obj(hello, link.peer, link.device)
+            for rank in link.role.generator_ranks:
+                send_obj(hello, rank, link.device)
 
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
-        """The batch step ``step`` trains; the generator makes the batches the plan names
+        """The batch step ``step`` trains; its generator makes the batches the plan names
         (the step's own first, waited for here, when it is missing)."""
         self.settle()
         made = [e.made for e in self.pending.values()]
@@ -276,7 +287,7 @@ class SplitPipeline(RolloutPipeline):
         return entry.collected
 
     def settle(self) -> None:
-        """Receive the batches the generator was asked for."""
+        """Receive the batches its generator was asked for."""
         if not self.outstanding.made:
             return
         t = time.monotonic()
@@ -292,12 +303,18 @@ class SplitPipeline(RolloutPipeline):
         except RuntimeError as e:  # gloo: the connection to the generator closed
             self.closed = True  # nothing more to tell it
             raise GeneratorGone(
-                f"the generator (rank {self.link.peer}) ended without sending the batch of "
-                f"step {want.step + 1}: {e}"
+                f"{self._generator} ended without sending the batch of step {want.step + 1}: {e}"
             ) from e
         if entry.made != want:  # a bug, not a fault: say it rather than train it
-            raise GeneratorGone(f"the generator sent {entry.made}, expected {want}")
+            raise GeneratorGone(f"{self._generator} sent {entry.made}, expected {want}")
         return entry
+
+    @property
+    def _generator(self) -> str:
+        """This trainer's generator as an error names it (``generator 1 (rank 3)``)."""
+        role, rank = self.link.role, self.link.peer
+        name = roles.label(GENERATOR, rank - role.first_generator, role.generators)
+        return f"{name} (rank {rank})"
 
     def metrics(self, samples: int) -> dict[str, float]:
         """The thread placement's, and the seconds the step's weight transfer took."""
@@ -311,9 +328,9 @@ class SplitPipeline(RolloutPipeline):
         self.cap = cap
 
     def close(self) -> None:
-        """Trainer 0: tell the generator the trainers are done (after the last batch was
-        received: the generator waits for a request then). Once; a generator already gone
-        is no error."""
+        """A generator's first trainer: tell it the trainers are done (after the last batch
+        was received: the generator waits for this trainer's request then). Once; a
+        generator already gone is no error."""
         if self.closed or self.outstanding.made:  # it is mid-batch: torchrun ends it
             return
         self.closed = True

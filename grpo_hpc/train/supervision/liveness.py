@@ -40,7 +40,8 @@ class PeerSeen:
 
     content: str | None = None
     """The file's text (``<pid> <counter> <host>``, then ``<role>`` where the job's ranks do
-    different things); None before the peer first pulsed."""
+    different things, its index after it where the role has several processes); None
+    before the peer first pulsed."""
     changed_at: float = 0.0
     """When (this rank's monotonic clock) the content last changed."""
     done: bool = False
@@ -59,13 +60,13 @@ def lost_peers(seen: dict[int, PeerSeen], now: float, timeout_s: float) -> list[
 
 
 def describe(rank: int, pulse: str | None) -> str:
-    """A rank as a reason names it, from its pulse file's text (pure): ``generator (rank 0
-    on node2)`` when the pulse says its role (a run with generator processes), ``rank 1``
-    when it does not (every rank trains)."""
+    """A rank as a reason names it, from its pulse file's text (pure): ``generator (rank 1
+    on node2)``, ``generator 1 (rank 3 on node2)`` when the pulse says its role (a run with
+    generator processes: ``Role.label``), ``rank 1`` when it does not (every rank trains)."""
     parts = (pulse or "").split()
     if len(parts) < 4:
         return f"rank {rank}"
-    return f"{parts[3]} (rank {rank} on {parts[2]})"
+    return f"{' '.join(parts[3:])} (rank {rank} on {parts[2]})"
 
 
 def lost_reason(
@@ -118,8 +119,9 @@ class Liveness:
     on_lost: Callable[[list[int]], None]
     pulse_s: float = PULSE_S
     role: str | None = None
-    """What this rank does, written in its pulse (``generator``, ``trainer``) where the
-    job's ranks do different things; None: every rank trains."""
+    """What this rank does, written in its pulse (``generator``, ``generator 1``,
+    ``trainer 0``: ``Role.label``) where the job's ranks do different things; None: every
+    rank trains."""
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _seen: dict[int, PeerSeen] = field(default_factory=dict, init=False, repr=False)

@@ -74,9 +74,16 @@ def test_what_the_record_becomes() -> None:
     assert root_cause.explained(_rec(TrainState.TRAINING), exited, started) is None
 
 
-def test_a_killed_process_of_a_split_run_is_named_by_its_role(tmp_path: Path) -> None:
-    """rollout.placement=split: the launcher names what the killed rank did (the last rank
-    generates, the others train), read from the run's config."""
+@pytest.mark.parametrize(
+    ("nproc", "generators", "rank", "said"),
+    [(2, 1, 1, "generator (rank 1, "), (4, 2, 3, "generator 1 (rank 3, ")],
+)
+def test_a_killed_process_of_a_split_run_is_named_by_its_role(
+    tmp_path: Path, nproc: int, generators: int, rank: int, said: str
+) -> None:
+    """rollout.placement=split: the launcher names what the killed rank did (the last
+    ``rollout.generators`` ranks generate, the others train; which generator where there
+    are several), read from the run's config."""
     from collections import deque
 
     from grpo_hpc.config.profiles import load_profile
@@ -86,16 +93,17 @@ def test_a_killed_process_of_a_split_run_is_named_by_its_role(tmp_path: Path) ->
     from grpo_hpc.submit.job import create_run
 
     paths = RunPaths(tmp_path / "split")
-    create_run(paths, load_profile("local"), "tiny", ["algo.max_staleness=1"])
-    text = paths.config.read_text().replace("nproc_per_node: 1", "nproc_per_node: 2")
+    overrides = ["algo.max_staleness=1", f"rollout.generators={generators}"]
+    create_run(paths, load_profile("local"), "tiny", overrides)
+    text = paths.config.read_text().replace("nproc_per_node: 1", f"nproc_per_node: {nproc}")
     paths.config.write_text(text.replace("placement: thread", "placement: split"))
     started = time.time() - 10
     write_progress(paths.progress, _rec(TrainState.TRAINING))
     report = "Root Cause (first observed failure):\n[0]:\n  time : t\n  host : n1\n"
-    report += "  rank : 1 (local_rank: 1)\n  exitcode : -9 (pid: 77)\n"
+    report += f"  rank : {rank} (local_rank: {rank})\n  exitcode : -9 (pid: 77)\n"
     launch.record_root_cause(paths, deque([report.encode()]), started)
     reason = read_progress(paths.progress).reason
-    assert reason.startswith("generator (rank 1, pid 77 on n1) was killed by SIGKILL at step 4")
+    assert reason.startswith(f"{said}pid 77 on n1) was killed by SIGKILL at step 4"), reason
     trainer = root_cause.death_line(root_cause.RootCause(0, "n1", -9, 76), 4, "trainer")
     assert trainer.startswith("trainer (rank 0, pid 76 on n1) was killed by SIGKILL")
 

@@ -472,8 +472,9 @@ def test_cli_dry_run_places_an_asynchronous_run_and_refuses_fsdp(tmp_path: Path)
 
 def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     """rollout.placement=split: ``--dry-run`` prints one line with each role's ranks and
-    memory estimate (trainers first, the generator last); one process, or a synchronous
-    run, is refused before anything queues, exit 2, by the config's own rule."""
+    memory estimate (trainers first, the generators last; with several, which serves which
+    trainer); one process, more generators than trainers, or a synchronous run, is refused
+    before anything queues, exit 2, by the config's own rule."""
     env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
     args = ("--config", "tiny", "--dry-run", "rollout.placement=split")
     two = _grpo_submit("--profile", "h100x2", *args, "algo.max_staleness=1", env=env)
@@ -488,6 +489,20 @@ def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     assert line.startswith(
         "placement: split: trainer rank 0 on node 0, generator rank 1 on node 1;"
     )
+    assert "trainer r's" not in line
+    four = tmp_path / "h100x4.yaml"  # one node of 4 GPUs: 2 trainers, 2 generators
+    four.write_text(
+        (REPO / "templates" / "h100x2.yaml")
+        .read_text()
+        .replace("gpus_per_node: 2", "gpus_per_node: 4")
+    )
+    split4 = (*args, "algo.max_staleness=1", "rollout.generators=2")
+    two_two = _grpo_submit("--profile", str(four), *split4, env=env)
+    assert two_two.returncode == ExitCode.OK, two_two.stderr
+    [line] = [x for x in two_two.stdout.splitlines() if x.startswith("placement: ")]
+    assert line.startswith("placement: split: trainer ranks 0-1 (update "), line
+    assert " GiB), generator ranks 2-3 (engine " in line, line
+    assert " GiB) (trainer r's: rank 2 + r % 2); batches at most 1" in line, line
     one = _grpo_submit("--profile", "local", *args, "algo.max_staleness=1", env=env)
     assert one.returncode == ExitCode.CONFIG_ERROR
     said = "rollout.placement=split runs 1 generator and at least 1 trainer process, not 1"
