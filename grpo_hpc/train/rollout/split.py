@@ -273,11 +273,7 @@ class SplitPipeline(RolloutPipeline):
             for s in steps:
                 problems, draw = self.collector.draw()
                 jobs.append(Job(Made(s, step, lineage), problems, draw))
-            send_obj(Request(tuple(jobs), seed, self.cap), self.link.peer, self.link.device)
-            if self.first:
-                t = time.monotonic()
-                broadcast_weights(self.policy, self.link)
-                self.sync_s += time.monotonic() - t
+            self._order(Request(tuple(jobs), seed, self.cap), step)
             self.outstanding.made = [j.made for j in jobs]
         if decision.now:
             entry = self._receive()
@@ -285,6 +281,23 @@ class SplitPipeline(RolloutPipeline):
             entry = self.pending.pop(step)
         self.last = entry.made
         return entry.collected
+
+    def _order(self, request: Request, step: int) -> None:
+        """Send ``request`` to this trainer's generator, then (trainer 0) the weights to
+        every generator."""
+        try:
+            send_obj(request, self.link.peer, self.link.device)
+            if self.first:
+                t = time.monotonic()
+                broadcast_weights(self.policy, self.link)
+                self.sync_s += time.monotonic() - t
+        except RuntimeError as e:  # gloo: a generator's connection closed
+            # no stop then: another generator may wait in this broadcast for weights that
+            # will not come, and a stop sent to it would wait with it (until torchrun's kill)
+            self.closed = True
+            raise GeneratorGone(
+                f"a generator ended before the request of step {step + 1}: {e}"
+            ) from e
 
     def settle(self) -> None:
         """Receive the batches its generator was asked for."""
