@@ -238,8 +238,7 @@ class SplitPipeline(RolloutPipeline):
     ) -> None:  # fmt: skip
         """``policy``: the unwrapped model whose weights are sent; ``hello``: what every
         generator builds its engine from (sent now by trainer 0: they load while the
-        trainers resume);
-        ``tick``: the trainer's heartbeat, beaten while it waits."""
+        trainers resume); ``tick``: the trainer's heartbeat, beaten while it waits."""
         cfg = collector.cfg
         self.collector, self.k = collector, cfg.algo.max_staleness
         self.pending: dict[int, Entry] = {}
