@@ -153,6 +153,25 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
     return None
 
 
+def training_ranks(cfg: Config, ranks: int) -> int:
+    """The processes of ``ranks`` that train (pure): all but a split run's generators."""
+    return ranks - (cfg.rollout.generators if cfg.rollout.placement == "split" else 0)
+
+
+def share_problem(prompts: int, trainers: int) -> str | None:
+    """Why ``prompts`` prompts a step cannot be shared out as whole groups over
+    ``trainers`` training processes (pure; None: they can, or no trainer is left, which
+    ``split_problem`` says). The trainer refuses it at setup; grpo-submit before queueing."""
+    if trainers < 1 or prompts % trainers == 0:
+        return None
+    lower = prompts - prompts % trainers
+    fix = f"{lower + trainers}" + (f" or {lower}" if lower else "")
+    return (
+        f"rollout.prompts_per_step={prompts} must be a multiple of the {trainers} training "
+        f"processes (each trains whole groups): e.g. rollout.prompts_per_step={fix}"
+    )
+
+
 def split_problem(cfg: Config, ranks: int | None) -> str | None:
     """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:

@@ -20,7 +20,7 @@ from grpo_hpc.config import rollout_engine
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config.profiles import Profile, load_run_profile
 from grpo_hpc.config.schema import Config, DataConfig, ModelConfig
-from grpo_hpc.config.validate import async_ranks_problem
+from grpo_hpc.config.validate import async_ranks_problem, share_problem, training_ranks
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.memory import estimate as memory_estimate
@@ -336,7 +336,11 @@ def check_values(cfg: Config, profile: Profile) -> list[str]:
     if problem:
         problems.append(problem)
     # after the profile and any memory means (FSDP2 among them) are applied
-    problem = async_ranks_problem(cfg, profile.nodes * cfg.dist.nproc_per_node)
+    ranks = profile.nodes * cfg.dist.nproc_per_node
+    problem = async_ranks_problem(cfg, ranks)
+    if problem:
+        problems.append(f"profile {profile.name!r}: {problem}")
+    problem = share_problem(cfg.rollout.prompts_per_step, training_ranks(cfg, ranks))
     if problem:
         problems.append(f"profile {profile.name!r}: {problem}")
     if profile.executor == "slurm" and profile.time_min * 60 <= profile.signal_lead_s:

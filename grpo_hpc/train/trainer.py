@@ -23,6 +23,7 @@ import torch
 
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config.schema import Config
+from grpo_hpc.config.validate import share_problem
 from grpo_hpc.core.errors import (
     CircuitBreakerError,
     ConfigError,
@@ -122,11 +123,9 @@ class Trainer:
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         self.speed_line = auto_speed.describe(cfg, self.cfg)  # said with the engine chosen
         cfg = self.cfg
-        if cfg.rollout.prompts_per_step % info.world_size:
-            raise ConfigError(
-                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple "
-                f"of the {info.world_size} processes (each rank trains whole groups)"
-            )
+        problem = share_problem(cfg.rollout.prompts_per_step, info.world_size)  # trainers
+        if problem:
+            raise ConfigError(problem)
         splits = data.load_splits(cfg.data, cfg.training.seed, cfg.training.eval_every > 0)
         self.train_set, self.eval_set = splits.train, splits.validation or splits.test
         metric = select_metric(cfg.training.select_metric, splits)

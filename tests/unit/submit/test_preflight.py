@@ -85,6 +85,28 @@ def test_low_precision_without_gpus_refused(precision: str) -> None:
     assert preflight.check_values(cfg, with_gpu) == []
 
 
+@pytest.mark.parametrize(
+    ("nproc", "overrides", "trainers"),
+    [
+        (3, ["rollout.prompts_per_step=4"], 3),  # three ranks, four prompts
+        # a split run's generator trains nothing: 3 processes are 2 trainers
+        (3, ["rollout.prompts_per_step=3", "algo.max_staleness=1", "rollout.placement=split"], 2),
+    ],
+)
+def test_prompts_not_shared_in_whole_groups_refused_before_queueing(
+    nproc: int, overrides: list[str], trainers: int
+) -> None:
+    """The trainer refused it at setup only, after the queue wait."""
+    profile = dataclasses.replace(load_profile("slurm-local"), nproc_per_node=nproc)
+    cfg = _cfg(*overrides, f"dist.nproc_per_node={nproc}")
+    (problem,) = preflight.check_values(cfg, profile)
+    assert f"must be a multiple of the {trainers} training processes" in problem, problem
+    fixed = cfg.rollout.prompts_per_step // trainers * trainers + trainers
+    assert f"rollout.prompts_per_step={fixed}" in problem
+    cfg.rollout.prompts_per_step = fixed
+    assert preflight.check_values(cfg, profile) == []
+
+
 def test_good_values_pass() -> None:
     assert preflight.check_values(_cfg(), load_profile("slurm-local")) == []
 
