@@ -132,19 +132,14 @@ def _validate_async(cfg: Config) -> None:
 
 def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
     """Why an asynchronous run cannot run on ``ranks`` processes (pure; None: it can). Each
-    DDP rank generates its share ahead with no collective (``Collector.ahead``); FSDP2's
-    shards would have to be gathered for the copy, and dynamic sampling's rounds are agreed
+    rank (DDP, or FSDP2: its copy is gathered whole on the main thread) generates its share
+    ahead with no collective (``Collector.ahead``); dynamic sampling's rounds are agreed
     between the ranks."""
     k = cfg.algo.max_staleness
     if cfg.rollout.placement == "split":
         return split_problem(cfg, ranks)
     if not k or ranks <= 1:
         return None
-    if cfg.dist.strategy == "fsdp":
-        return (
-            f"algo.max_staleness={k} runs on one process or DDP ranks in this release, not "
-            f"FSDP2 over {ranks}: set dist.strategy=ddp, one GPU, or algo.max_staleness=0"
-        )
     if cfg.rollout.dynamic_sampling:
         return (
             f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "

@@ -44,6 +44,7 @@ from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.distributed.gather import copy_full_weights
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
 from grpo_hpc.train.rollout.side_stream import SideStream
@@ -72,10 +73,13 @@ class RolloutPipeline:
         make_engine: MakeEngine,
         stop_requested: Callable[[], bool],
         autocast: Callable[[], Any],
+        shadow: torch.nn.Module | None = None,
     ) -> None:
         """``collector``: the trainer's (its engine on the policy); ``policy``: the
         unwrapped model; ``stop_requested``: a stop signal arrived (cuts a batch generated
-        on the main thread, never one generated ahead)."""
+        on the main thread, never one generated ahead); ``shadow``: the copy that
+        generates (:func:`plain_copy` of the policy before FSDP2 sharded it; None: a copy
+        of ``policy`` taken here, which must then be plain)."""
         cfg = collector.cfg
         self.collector, self.k = collector, cfg.algo.max_staleness
         self.pending: dict[int, Entry] = {}
@@ -90,7 +94,7 @@ class RolloutPipeline:
         if problem:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
-        self.shadow = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.shadow = shadow if shadow is not None else plain_copy(policy)
         self.side = SideStream(next(policy.parameters()).device)
         self.on_main = False
         engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
@@ -169,8 +173,10 @@ class RolloutPipeline:
 
     # ------------------------------------------------------------------ generation
     def _copy_weights(self) -> None:
-        with torch.no_grad():
-            self.shadow.load_state_dict(self.policy.state_dict())
+        """The policy's full weights into the shadow. Under FSDP2 each tensor is gathered
+        (a collective: here, on the main thread, at the same point of the step on every
+        rank) straight into the shadow's own tensor (:mod:`gather`: no second full copy)."""
+        copy_full_weights(self.policy, self.shadow)
 
     def _run_ahead(self, jobs: list[Made], seed: int) -> None:
         try:
@@ -205,6 +211,14 @@ class RolloutPipeline:
         for item in (state or {}).get("rollouts_pending", []):
             entry = Entry(Made(**item["made"]), _collected(item["collected"]))
             self.pending[entry.made.step] = entry
+
+
+def plain_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` (unwrapped, not yet sharded) for generating: the shadow, a full
+    copy in the policy's own dtype (fp32 master weights; a LoRA base in its compute dtype),
+    frozen. Taken before FSDP2 shards the policy (sharding changes the module in place),
+    so that it stays a plain module with every weight whole."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 def generate(
