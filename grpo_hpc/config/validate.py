@@ -151,7 +151,7 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
 def split_problem(cfg: Config, ranks: int | None) -> str | None:
     """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
-    one generator process and one or more trainer processes (DDP among them), an
+    one generator process and one or more trainer processes (DDP or FSDP2 among them), an
     asynchronous run (the synchronous step has nothing to overlap), the rollouts of one
     round (dynamic sampling's extra rounds are decided after scoring, on the trainer)."""
     k, g = cfg.algo.max_staleness, cfg.rollout.generators
@@ -173,12 +173,6 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
         return (
             f"rollout.placement=split runs on one node in this release, not {ranks} processes "
             f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.placement=thread"
-        )
-    if cfg.dist.strategy == "fsdp":
-        return (
-            "rollout.placement=split with dist.strategy=fsdp is not built in this release (the "
-            "full weights would be gathered for the generator): set dist.strategy=ddp, or "
-            "rollout.placement=thread"
         )
     if cfg.rollout.dynamic_sampling:
         return (
