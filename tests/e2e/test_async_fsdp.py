@@ -2,7 +2,8 @@
 the real trainer: each rank's generating copy is a plain module holding the policy's full
 weights, bit for bit, after every copy, and no sample trains staler than the bound; a run
 SIGKILLed mid-run and resumed from its sharded checkpoint ends equal, bit for bit, to the
-uninterrupted one. (The split placement's FSDP2 trainers: tests/e2e/test_async_split.py.)"""
+uninterrupted one; where FSDP2 and DDP add the same numbers in the same order, the two
+train the same bits. (The split placement's FSDP2 trainers: tests/e2e/test_async_split.py.)"""
 
 from __future__ import annotations
 
@@ -83,3 +84,23 @@ def test_fsdp_async_kill_and_resume_is_bit_exact(tmp_path: Path) -> None:
     assert format_of(run.checkpoint(MAX_STEPS)) == SHARDED
     assert_same(full_state(ref, MAX_STEPS), full_state(run, MAX_STEPS))
     assert _rows(run)[-1]["staleness/max"] == 1  # the run really was asynchronous
+
+
+def test_fsdp_async_trains_what_ddp_async_trains_where_their_sums_agree(tmp_path: Path) -> None:
+    """Two FSDP2 ranks and two DDP ranks at k = 1 end with the same weights and optimizer,
+    bit for bit, where the two strategies add the same numbers in the same order: one
+    micro-batch per rank per step and no gradient clipping. (With several micro-batches
+    FSDP2 reduces each one's gradients and DDP their sum once per step; with clipping the
+    norm is summed over shards, then ranks: both differ from DDP in the last bits, about
+    1e-8, synchronous runs too.) So each FSDP2 rank's copy generated what DDP's did."""
+    same_sums = ["optim.grad_clip=0", "training.max_steps=4", "training.save_every_steps=4"]
+    fsdp = make_run(tmp_path, "fsdp", *FSDP, *same_sums, nproc=2)
+    ddp = make_run(
+        tmp_path, "ddp", "dist.strategy=ddp", "algo.max_staleness=1", *same_sums, nproc=2
+    )
+    for run in (fsdp, ddp):
+        result = train(run, 2)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert format_of(fsdp.checkpoint(4)) == SHARDED
+    assert_same(full_state(ddp, 4), full_state(fsdp, 4))
+    assert [r["staleness/max"] for r in _rows(fsdp)] == [0.0, 1.0, 1.0, 1.0]
