@@ -177,8 +177,8 @@ class Trainer:
         if cfg.dist.compile and self.info.device.type == "cuda":
             logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
         # async, thread placement: the generating copy, taken while the policy is whole
-        # (FSDP2 shards it in place); for a moment two full copies (8 bytes a parameter),
-        # under what the run holds later (the copy, the shards, the engine)
+        # (FSDP2 shards it in place); for a moment two full copies, 8 bytes a parameter
+        # (docs/async.md: under the later peak with the native engine on <= 8 ranks)
         async_thread = cfg.algo.max_staleness and self.link is None
         shadow = plain_copy(model) if async_thread else None
         self.model = dist.wrap(model, cfg.dist, self.info)
