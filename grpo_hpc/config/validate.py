@@ -182,6 +182,24 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
     return None
 
 
+def split_evaluation_problem(cfg: Config, trainers: int, engine: str) -> str | None:
+    """Why a split run's ``trainers`` cannot run the held-out evaluation with ``engine``
+    (``hf`` or ``native``, as chosen; pure; None: they can). FSDP2 trainers generate an
+    evaluation in step (each forward gathers shards), and HF generate keeps them in step
+    with an all-reduce over every process of the job, which the generator never joins: it
+    would wait for ever (seen on 2 trainers and a generator). The native engine gathers
+    the weights once, in the trainers' group, and generates alone."""
+    split = cfg.rollout.placement == "split" and cfg.algo.max_staleness > 0
+    sharded = cfg.dist.strategy == "fsdp" and trainers > 1
+    if not (split and sharded and cfg.training.eval_every and engine == "hf"):
+        return None
+    return (
+        f"rollout.placement=split with {trainers} FSDP2 trainers evaluates with the native "
+        "engine only (HF generate would wait for the generator process): set "
+        "rollout.engine=native, training.eval_every=0, or dist.strategy=ddp"
+    )
+
+
 def _validate_faults(f: FaultsConfig) -> None:
     active = (
         f.hang_at_step >= 0

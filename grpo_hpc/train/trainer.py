@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config import validate
 from grpo_hpc.config.schema import Config
 from grpo_hpc.core.errors import (
     CircuitBreakerError,
@@ -219,6 +220,9 @@ class Trainer:
         )  # fmt: skip
         policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
         if self.link is not None:  # rollout.placement=split: a generator process generates
+            trainers, chosen = self.info.world_size, self.engine.choice.engine
+            if problem := validate.split_evaluation_problem(cfg, trainers, chosen):
+                raise ConfigError(problem)
             hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, policy)
             self.rollouts = SplitPipeline(
                 collector, policy, self.link, hello, self.tracker.heartbeat

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_hpc.config.load import build_config
 from grpo_hpc.config.roles import GENERATOR, TRAINER, Role, role_of
-from grpo_hpc.config.validate import split_problem
+from grpo_hpc.config.validate import split_evaluation_problem, split_problem
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.supervision.liveness import describe, lost_reason
 
@@ -65,3 +65,26 @@ def test_the_config_refuses_a_synchronous_split_and_accepts_an_asynchronous_one(
     assert split_problem(cfg, 3) is None
     with pytest.raises(ConfigError, match="is not one of thread, split"):
         build_config("tiny", ["rollout.placement=process"])
+
+
+@pytest.mark.parametrize(
+    ("strategy", "trainers", "eval_every", "engine", "refused"),
+    [
+        ("fsdp", 2, 2, "hf", True),  # HF generate's all-reduce would wait for the generator
+        ("fsdp", 2, 2, "native", False),  # gathers once in the trainers' group, then alone
+        ("fsdp", 2, 0, "hf", False),  # no evaluation
+        ("fsdp", 1, 2, "hf", False),  # one trainer: nothing sharded, nothing to keep in step
+        ("ddp", 2, 2, "hf", False),  # DDP generates alone
+    ],
+)
+def test_fsdp2_trainers_of_a_split_run_evaluate_with_the_native_engine(
+    strategy: str, trainers: int, eval_every: int, engine: str, refused: bool
+) -> None:
+    cfg = build_config("tiny", ["algo.max_staleness=1", f"dist.strategy={strategy}"])
+    cfg.rollout.placement, cfg.training.eval_every = "split", eval_every
+    problem = split_evaluation_problem(cfg, trainers, engine)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert "set rollout.engine=native, training.eval_every=0, or dist.strategy=ddp" in problem
+    cfg.rollout.placement = "thread"  # the thread placement's ranks all join the all-reduce
+    assert split_evaluation_problem(cfg, trainers, engine) is None
