@@ -41,8 +41,8 @@ def test_each_rank_generates_from_the_whole_policy_within_the_bound(tmp_path: Pa
     main, checked after each copy): after every copy each rank's shadow equals the policy's
     full weights (DTensor's own gather) in every tensor, and the weights it took changed
     from one copy to the next (the check is not of a copy that never moves). Every step
-    trains its 8 samples at staleness min(step - 1, 1); at staleness 0 the sampler's
-    log-probs equal the trainer's to the bit, at 1 they differ."""
+    trains its 8 samples at staleness min(step - 1, 1) and times its copy; at staleness 0
+    the sampler's log-probs equal the trainer's to the bit, at 1 they differ."""
     run = make_run(tmp_path, "fsdp-k1", *FSDP, "training.max_steps=4", nproc=2)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
     cmd = [*torchrun, "--standalone", "--nnodes=1", str(WORKER), str(run.root)]
@@ -56,6 +56,7 @@ def test_each_rank_generates_from_the_whole_policy_within_the_bound(tmp_path: Pa
         assert n > 0 and copies == [(n, n, 0)] + [(n, n, 1)] * 3, copies
     rows = _rows(run)
     assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["time/weight_sync"] > 0 for r in rows)  # the gather, timed at every step
     for r in rows:
         stale = min(r["step"] - 1, 1)
         assert (r["staleness/0"], r["staleness/1"]) == (

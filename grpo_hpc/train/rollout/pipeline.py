@@ -22,6 +22,11 @@ run does not depend on thread timing. A batch generated ahead is not cut by a st
 signal: the checkpoint that follows holds it, so that the resumed run trains what the
 uninterrupted one would (a stop waits at most one generation).
 
+Under FSDP2 the shadow is still a plain, full copy (taken before the policy was sharded):
+its weights are gathered from the shards a tensor at a time, on the main thread at the
+same point on every rank (a collective; :mod:`grpo_hpc.train.distributed.gather`), and
+its engine generates alone.
+
 Checkpoints hold the batches generated and not trained (samples, rewards, the sampler's
 log-probs, their version) in each rank's ``rng-rank<R>.pt``, beside its RNG
 (:meth:`RolloutPipeline.state_dict`).
@@ -88,6 +93,8 @@ class RolloutPipeline:
         self.last: Made | None = None
         """The batch the current step trains."""
         self.waited_s = 0.0
+        self.sync_s = 0.0
+        """Seconds spent putting the current weights where they generate, this step."""
         if not self.k:
             return
         problem = async_ranks_problem(cfg, collector.info.world_size)
@@ -114,7 +121,9 @@ class RolloutPipeline:
         decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
         for s in decision.drop:
             del self.pending[s]
+        t = time.monotonic()
         self._copy_weights()
+        self.sync_s += time.monotonic() - t
         if decision.now:
             self.on_main = True  # a stop cuts it: the trainer restores the step's start
             try:
@@ -151,15 +160,18 @@ class RolloutPipeline:
         return self.last.step - self.last.version if self.k and self.last else None
 
     def metrics(self, samples: int) -> dict[str, float]:
-        """The step's staleness histogram (``samples`` trained on this rank) and the seconds
-        the step waited for the generator after its update (asynchronous runs only). Every
+        """The step's staleness histogram (``samples`` trained on this rank), the seconds
+        the step waited for the generator after its update and the seconds the weights took
+        to reach it (``time/weight_sync``: under FSDP2 the gather; asynchronous runs only). Every
         rank trains as many samples at the same staleness (one schedule, whole groups per
         rank), so the run's count is this rank's times the ranks, with no collective."""
         if not self.k or self.last is None:
             return {}
         waited, self.waited_s = self.waited_s, 0.0
+        sync, self.sync_s = self.sync_s, 0.0
         stale, ranks = self.last.step - self.last.version, self.collector.info.world_size
-        return staleness_metrics(stale, samples * ranks, self.k) | {"time/wait_rollouts": waited}
+        times = {"time/wait_rollouts": waited, "time/weight_sync": sync}
+        return staleness_metrics(stale, samples * ranks, self.k) | times
 
     def set_max_new_tokens(self, cap: int) -> None:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from

@@ -307,11 +307,6 @@ class SplitPipeline(RolloutPipeline):
             raise GeneratorGone(f"the generator sent {entry.made}, expected {want}")
         return entry
 
-    def metrics(self, samples: int) -> dict[str, float]:
-        """The thread placement's, and the seconds the step's weight transfer took."""
-        sync, self.sync_s = self.sync_s, 0.0
-        return super().metrics(samples) | {"time/weight_sync": sync}
-
     def set_max_new_tokens(self, cap: int) -> None:
         """The policy's engine (the evaluation's) now; the generator's with the next
         request."""
