@@ -17,9 +17,8 @@ on a CPU it trains bit for bit what the thread placement trains
 Messages are pickled values sent as byte tensors point to point over the default group
 (gloo on a CPU); the weights travel a tensor at a time, broadcast (under FSDP2 each
 gathered by the trainers first; on NCCL the same code moves the GPU tensors, no host copy;
-not yet run on a GPU). While a trainer waits
-for the generator a thread beats its heartbeat, so that a long first batch does not read
-as a hung trainer.
+not yet run on a GPU). While a trainer waits for the generator a thread beats its
+heartbeat, so that a long first batch does not read as a hung trainer.
 """
 
 from __future__ import annotations
