@@ -132,19 +132,14 @@ def _validate_async(cfg: Config) -> None:
 
 def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
     """Why an asynchronous run cannot run on ``ranks`` processes (pure; None: it can). Each
-    DDP rank generates its share ahead with no collective (``Collector.ahead``); FSDP2's
-    shards would have to be gathered for the copy, and dynamic sampling's rounds are agreed
+    rank (DDP, or FSDP2: its copy is gathered whole on the main thread) generates its share
+    ahead with no collective (``Collector.ahead``); dynamic sampling's rounds are agreed
     between the ranks."""
     k = cfg.algo.max_staleness
     if cfg.rollout.placement == "split":
         return split_problem(cfg, ranks)
     if not k or ranks <= 1:
         return None
-    if cfg.dist.strategy == "fsdp":
-        return (
-            f"algo.max_staleness={k} runs on one process or DDP ranks in this release, not "
-            f"FSDP2 over {ranks}: set dist.strategy=ddp, one GPU, or algo.max_staleness=0"
-        )
     if cfg.rollout.dynamic_sampling:
         return (
             f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "
@@ -175,8 +170,8 @@ def share_problem(prompts: int, trainers: int) -> str | None:
 def split_problem(cfg: Config, ranks: int | None) -> str | None:
     """Why ``rollout.placement=split`` cannot run on ``ranks`` processes (pure; None: it
     can; ``ranks`` None: not known yet, the count unchecked). What this release builds:
-    ``G`` generator processes and ``T >= G`` trainer processes (DDP among them; trainer
-    ``r`` served by generator ``r % G``, ``config.roles``), an asynchronous run (the
+    ``G`` generator processes and ``T >= G`` trainer processes (DDP or FSDP2 among them;
+    trainer ``r`` served by generator ``r % G``, ``config.roles``), an asynchronous run (the
     synchronous step has nothing to overlap), the rollouts of one round (dynamic sampling's
     extra rounds are decided after scoring, on the trainer). Any number of nodes for one
     generator: ranks are numbered node by node, so the generator is the last node's last
@@ -211,12 +206,6 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
             f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.generators=1 across "
             "nodes"
         )
-    if cfg.dist.strategy == "fsdp":
-        return (
-            "rollout.placement=split with dist.strategy=fsdp is not built in this release (the "
-            "full weights would be gathered for the generator): set dist.strategy=ddp, or "
-            "rollout.placement=thread"
-        )
     if cfg.rollout.dynamic_sampling:
         return (
             "rollout.placement=split with rollout.dynamic_sampling is not built in this "
@@ -227,6 +216,24 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
+
+
+def split_evaluation_problem(cfg: Config, trainers: int, engine: str) -> str | None:
+    """Why a split run's ``trainers`` cannot run the held-out evaluation with ``engine``
+    (``hf`` or ``native``, as chosen; pure; None: they can). FSDP2 trainers generate an
+    evaluation in step (each forward gathers shards), and HF generate keeps them in step
+    with an all-reduce over every process of the job, which the generator never joins: it
+    would wait for ever (seen on 2 trainers and a generator). The native engine gathers
+    the weights once, in the trainers' group, and generates alone."""
+    split = cfg.rollout.placement == "split" and cfg.algo.max_staleness > 0
+    sharded = cfg.dist.strategy == "fsdp" and trainers > 1
+    if not (split and sharded and cfg.training.eval_every and engine == "hf"):
+        return None
+    return (
+        f"rollout.placement=split with {trainers} FSDP2 trainers evaluates with the native "
+        "engine only (HF generate would wait for the generator process): set "
+        "rollout.engine=native, training.eval_every=0, or dist.strategy=ddp"
+    )
 
 
 def _validate_faults(f: FaultsConfig) -> None:

@@ -390,7 +390,9 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         optimizer_step=optimizer_step,
         engine_released=native and s.release_engine and not s.staleness,
         # the generator's copy of the weights and its own engine (packed copy, KV cache):
-        # the policy's engine stays for the held-out evaluation
+        # the policy's engine stays for the held-out evaluation. The copy is whole on every
+        # rank, FSDP2's too (weight_bytes, not divided by the shards: each rank generates
+        # from a full copy gathered after each update, a tensor at a time, no second copy)
         shadow=weight_bytes + engine_weights + kv_resident if s.staleness else 0,
         overlapped=transient + kv_transient if s.staleness else 0,
     )

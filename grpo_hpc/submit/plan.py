@@ -65,10 +65,14 @@ class SubmitPlan:
         ranks = self.profile.nodes * self.config.dist.nproc_per_node
         if self.config.rollout.placement == "split":
             return split_placement_line(self.config, self.profile, ranks)
+        fsdp = ranks > 1 and self.config.dist.strategy == "fsdp"
         where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
+        copy = "a copy of the weights"
+        if fsdp:  # each rank's copy is whole: its shards are gathered after each update
+            where, copy = f"each of {ranks} FSDP2 processes", "a full copy of the weights"
         return (
-            f"placement: {where}: the trainer, and a generator thread on a copy of the "
-            f"weights, batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
+            f"placement: {where}: the trainer, and a generator thread on {copy}, "
+            f"batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
         )
 
     @property

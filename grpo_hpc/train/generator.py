@@ -65,8 +65,10 @@ def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Modul
     on_gpu = device.type == "cuda"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
     autocast = autocast_factory("cuda", dtype if on_gpu else None)
+    # a plain model generating alone: never in step with FSDP2 trainers' generate
+    options = dataclasses.replace(hello.options, synced=False)
     engine = rollout.build_engine(
-        cfg.rollout.engine, model, tok, hello.options,
+        cfg.rollout.engine, model, tok, options,
         tick=lambda: None, abort=lambda: False, autocast=autocast,
     )  # fmt: skip
     custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}

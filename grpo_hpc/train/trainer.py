@@ -13,6 +13,7 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.config import speed as auto_speed
+from grpo_hpc.config import validate
 from grpo_hpc.config.schema import Config
 from grpo_hpc.config.validate import share_problem
 from grpo_hpc.core.errors import (
@@ -48,7 +50,7 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
-from grpo_hpc.train.rollout.pipeline import RolloutPipeline
+from grpo_hpc.train.rollout.pipeline import RolloutPipeline, plain_copy
 from grpo_hpc.train.rollout.split import Hello, Link, SplitPipeline
 from grpo_hpc.train.setup import autos, models
 from grpo_hpc.train.setup.autos import kernels_line
@@ -174,6 +176,11 @@ class Trainer:
         model = models.prepare_policy(model, cfg.model, self.info.device, bool(cfg.dist.compile))
         if cfg.dist.compile and self.info.device.type == "cuda":
             logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
+        # async, thread placement: the generating copy, taken while the policy is whole
+        # (FSDP2 shards it in place); for a moment two full copies, 8 bytes a parameter
+        # (docs/async.md: under the later peak with the native engine on <= 8 ranks)
+        async_thread = cfg.algo.max_staleness and self.link is None
+        shadow = plain_copy(model) if async_thread else None
         self.model = dist.wrap(model, cfg.dist, self.info)
         if self.ref is not None and cfg.dist.strategy == "fsdp":
             self.ref = dist.wrap(self.ref, cfg.dist, self.info)
@@ -212,13 +219,16 @@ class Trainer:
         )  # fmt: skip
         policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
         if self.link is not None:  # rollout.placement=split: a generator process generates
+            trainers, chosen = self.info.world_size, self.engine.choice.engine
+            if problem := validate.split_evaluation_problem(cfg, trainers, chosen):
+                raise ConfigError(problem)
             hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, policy)
             self.rollouts = SplitPipeline(
                 collector, policy, self.link, hello, self.tracker.heartbeat
             )
         else:
             self.rollouts = RolloutPipeline(
-                collector, policy, self._build_engine, stop, self.autocast
+                collector, policy, self._build_engine, stop, self.autocast, shadow
             )
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
@@ -226,9 +236,13 @@ class Trainer:
         self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
 
     def _build_engine(self, model: torch.nn.Module, abort: Callable[[], bool]) -> Any:
-        """A rollout engine on ``model`` (the policy, or an async run's copy of it)."""
+        """A rollout engine on ``model`` (the policy, or an async run's copy of it: a plain
+        module, which generates alone, never in step with other ranks)."""
+        opts = self.engine_options
+        if dist.fsdp_root(model) is None:
+            opts = dataclasses.replace(opts, synced=False)
         return rollout.build_engine(
-            self.cfg.rollout.engine, model, self.tok, self.engine_options,
+            self.cfg.rollout.engine, model, self.tok, opts,
             tick=self.tracker.heartbeat, abort=abort, autocast=self.autocast,
         )  # fmt: skip
 

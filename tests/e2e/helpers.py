@@ -216,3 +216,24 @@ def assert_same(a: object, b: object) -> None:
             assert_same(x, y)
     else:
         assert a == b
+
+
+def full_state(paths: RunPaths, step: int) -> tuple[dict, dict]:
+    """A checkpoint's (model, optimizer) state dicts, gathered (``model.pt``, ``optim.pt``)
+    or sharded (FSDP2's DCP shards gathered here through a file beside the checkpoint)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    ckpt = paths.checkpoint(step)
+    if not (ckpt / "dcp").is_dir():
+        return (
+            torch.load(ckpt / "model.pt", weights_only=False),
+            torch.load(ckpt / "optim.pt", weights_only=False),
+        )
+    out = ckpt.parent / f".full-{ckpt.name}.pt"
+    dcp_to_torch_save(ckpt / "dcp", out)
+    try:
+        state = torch.load(out, weights_only=False)
+    finally:
+        out.unlink()
+    return state["model"], state["optim"]

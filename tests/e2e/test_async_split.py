@@ -2,10 +2,11 @@
 rank 0 trains, rank 1 generates, gloo on the CPU) on the real trainer: the run trains, bit
 for bit, what the thread placement trains with the same seed (two DDP trainers and a
 generator too, and two DDP trainers with two generators, each serving one, against two DDP
-ranks); a SIGKILL of the generator or of the trainer (or of the second of two generators),
-or a SIGTERM (save, exit 5), then a resume, ends equal to the uninterrupted split run; a
-stopped generator or trainer is caught as a hung rank is, and named by its role. One
-uninterrupted split run of each shape (1 + 1, 2 + 2) serves the module."""
+ranks; two FSDP2 trainers and a generator against two FSDP2 ranks); a SIGKILL of the
+generator or of the trainer (or of the second of two generators), or a SIGTERM (save, exit
+5), then a resume, ends equal to the uninterrupted split run; a stopped generator or
+trainer is caught as a hung rank is, and named by its role. One uninterrupted split run of
+each shape (1 + 1, 2 + 2) serves the module."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ import pytest
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.train.state.checkpoint import SHARDED, format_of
 from grpo_hpc.train.supervision.liveness import HOST
 
-from .helpers import assert_same, make_run, signal_job, start, train, training
+from .helpers import assert_same, full_state, make_run, signal_job, start, train, training
 from .test_resume_exact import _final_state
 
 pytestmark = pytest.mark.slow
@@ -131,11 +133,15 @@ def test_split_trains_what_the_thread_placement_trains(tmp_path: Path, reference
     assert _pulse(reference, 0)[3:] == ["trainer"] and _pulse(reference, 1)[3:] == ["generator"]
 
 
-def test_two_trainers_train_what_two_ddp_ranks_train(tmp_path: Path) -> None:
-    """Two trainers (DDP in a group of their own) and one generator against two DDP ranks
-    each generating in a thread: the same final state, bit for bit. The generator makes
-    each trainer's share from that trainer's random stream, as each rank's thread does."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_trainers_train_what_two_ranks_train(tmp_path: Path, strategy: str) -> None:
+    """Two trainers (DDP, or FSDP2 sharding over the trainers alone, in a group of their
+    own) and one generator against two ranks of the same strategy each generating in a
+    thread: the same final state, bit for bit. The generator makes each trainer's share
+    from that trainer's random stream, as each rank's thread does; under FSDP2 the trainers
+    gather each tensor and trainer 0 sends it, as each rank gathers its own copy."""
     steps = ["training.max_steps=4", "algo.max_staleness=1", "rollout.prompts_per_step=4"]
+    steps.append(f"dist.strategy={strategy}")
     thread = make_run(tmp_path, "thread", *steps, nproc=2)
     split = make_run(tmp_path, "split", *steps, nproc=3)
     split.config.write_text(
@@ -144,7 +150,9 @@ def test_two_trainers_train_what_two_ddp_ranks_train(tmp_path: Path) -> None:
     for run, nproc in ((thread, 2), (split, 3)):
         result = train(run, nproc)
         assert result.returncode == 0, result.stderr[-3000:]
-    assert_same(_final_state(thread, 4), _final_state(split, 4))
+    assert_same(full_state(thread, 4), full_state(split, 4))
+    sharded = strategy == "fsdp"
+    assert (format_of(split.checkpoint(4)) == SHARDED) == sharded  # over the 2 trainers
     assert [r["staleness/max"] for r in _rows(split)] == [0.0, 1.0, 1.0, 1.0]
     assert _pulse(split, 1)[3:] == ["trainer", "1"] and _pulse(split, 2)[3:] == ["generator"]
 

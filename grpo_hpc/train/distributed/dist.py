@@ -172,6 +172,10 @@ def wrap(model: torch.nn.Module, cfg: DistConfig, info: DistInfo) -> torch.nn.Mo
             )
         if cfg.cpu_offload:  # sharded weights, gradients and AdamW state in host memory
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
+        if info.group is not None:  # a split run's trainers: shard over them alone
+            from torch.distributed.device_mesh import DeviceMesh
+
+            kwargs["mesh"] = DeviceMesh.from_group(info.group, info.device.type)
         for layer in _decoder_layers(model):
             # the layers only: the root (embedding, head) keeps FSDP2's default, which the
             # fused log-prob head's backward relies on (it re-gathers the head's weight)

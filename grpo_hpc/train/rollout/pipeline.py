@@ -22,6 +22,11 @@ run does not depend on thread timing. A batch generated ahead is not cut by a st
 signal: the checkpoint that follows holds it, so that the resumed run trains what the
 uninterrupted one would (a stop waits at most one generation).
 
+Under FSDP2 the shadow is still a plain, full copy (taken before the policy was sharded):
+its weights are gathered from the shards a tensor at a time, on the main thread at the
+same point on every rank (a collective; :mod:`grpo_hpc.train.distributed.gather`), and
+its engine generates alone.
+
 Checkpoints hold the batches generated and not trained (samples, rewards, the sampler's
 log-probs, their version) in each rank's ``rng-rank<R>.pt``, beside its RNG
 (:meth:`RolloutPipeline.state_dict`).
@@ -44,6 +49,7 @@ from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.distributed.gather import copy_full_weights
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
 from grpo_hpc.train.rollout.side_stream import SideStream
@@ -72,10 +78,13 @@ class RolloutPipeline:
         make_engine: MakeEngine,
         stop_requested: Callable[[], bool],
         autocast: Callable[[], Any],
+        shadow: torch.nn.Module | None = None,
     ) -> None:
         """``collector``: the trainer's (its engine on the policy); ``policy``: the
         unwrapped model; ``stop_requested``: a stop signal arrived (cuts a batch generated
-        on the main thread, never one generated ahead)."""
+        on the main thread, never one generated ahead); ``shadow``: the copy that
+        generates (:func:`plain_copy` of the policy before FSDP2 sharded it; None: a copy
+        of ``policy`` taken here, which must then be plain)."""
         cfg = collector.cfg
         self.collector, self.k = collector, cfg.algo.max_staleness
         self.pending: dict[int, Entry] = {}
@@ -84,13 +93,15 @@ class RolloutPipeline:
         self.last: Made | None = None
         """The batch the current step trains."""
         self.waited_s = 0.0
+        self.sync_s = 0.0
+        """Seconds spent putting the current weights where they generate, this step."""
         if not self.k:
             return
         problem = async_ranks_problem(cfg, collector.info.world_size)
         if problem:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
-        self.shadow = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.shadow = shadow if shadow is not None else plain_copy(policy)
         self.side = SideStream(next(policy.parameters()).device)
         self.on_main = False
         engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
@@ -110,7 +121,9 @@ class RolloutPipeline:
         decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
         for s in decision.drop:
             del self.pending[s]
+        t = time.monotonic()
         self._copy_weights()
+        self.sync_s += time.monotonic() - t
         if decision.now:
             self.on_main = True  # a stop cuts it: the trainer restores the step's start
             try:
@@ -147,15 +160,18 @@ class RolloutPipeline:
         return self.last.step - self.last.version if self.k and self.last else None
 
     def metrics(self, samples: int) -> dict[str, float]:
-        """The step's staleness histogram (``samples`` trained on this rank) and the seconds
-        the step waited for the generator after its update (asynchronous runs only). Every
+        """The step's staleness histogram (``samples`` trained on this rank), the seconds
+        the step waited for the generator after its update and the seconds the weights took
+        to reach it (``time/weight_sync``: under FSDP2 the gather; asynchronous runs only). Every
         rank trains as many samples at the same staleness (one schedule, whole groups per
         rank), so the run's count is this rank's times the ranks, with no collective."""
         if not self.k or self.last is None:
             return {}
         waited, self.waited_s = self.waited_s, 0.0
+        sync, self.sync_s = self.sync_s, 0.0
         stale, ranks = self.last.step - self.last.version, self.collector.info.world_size
-        return staleness_metrics(stale, samples * ranks, self.k) | {"time/wait_rollouts": waited}
+        times = {"time/wait_rollouts": waited, "time/weight_sync": sync}
+        return staleness_metrics(stale, samples * ranks, self.k) | times
 
     def set_max_new_tokens(self, cap: int) -> None:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
@@ -169,8 +185,10 @@ class RolloutPipeline:
 
     # ------------------------------------------------------------------ generation
     def _copy_weights(self) -> None:
-        with torch.no_grad():
-            self.shadow.load_state_dict(self.policy.state_dict())
+        """The policy's full weights into the shadow. Under FSDP2 each tensor is gathered
+        (a collective: here, on the main thread, at the same point of the step on every
+        rank) straight into the shadow's own tensor (:mod:`gather`: no second full copy)."""
+        copy_full_weights(self.policy, self.shadow)
 
     def _run_ahead(self, jobs: list[Made], seed: int) -> None:
         try:
@@ -205,6 +223,14 @@ class RolloutPipeline:
         for item in (state or {}).get("rollouts_pending", []):
             entry = Entry(Made(**item["made"]), _collected(item["collected"]))
             self.pending[entry.made.step] = entry
+
+
+def plain_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` (unwrapped, not yet sharded) for generating: the shadow, a full
+    copy in the policy's own dtype (fp32 master weights; a LoRA base in its compute dtype),
+    frozen. Taken before FSDP2 shards the policy (sharding changes the module in place),
+    so that it stays a plain module with every weight whole."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 def generate(

@@ -17,10 +17,10 @@ on a CPU it trains bit for bit what the thread placement trains
 (tests/e2e/test_async_split.py).
 
 Messages are pickled values sent as byte tensors point to point over the default group
-(gloo on a CPU); the weights are one flat tensor per dtype, broadcast (on NCCL the same
-code broadcasts the GPU tensors, no host copy; not yet run on a GPU). While a trainer waits
-for its generator a thread beats its heartbeat, so that a long first batch does not read
-as a hung trainer.
+(gloo on a CPU); the weights travel a tensor at a time, broadcast (under FSDP2 each
+gathered by the trainers first; on NCCL the same code moves the GPU tensors, no host copy;
+not yet run on a GPU). While a trainer waits for its generator a thread beats its
+heartbeat, so that a long first batch does not read as a hung trainer.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from grpo_hpc.config import roles
 from grpo_hpc.config.roles import GENERATOR, Role
 from grpo_hpc.config.schema import Config
+from grpo_hpc.train.distributed.gather import gather_into, is_shard, unique_state
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
@@ -197,25 +197,33 @@ def _finish(work: Any) -> None:
 
 
 def broadcast_weights(model: torch.nn.Module, link: Link) -> None:
-    """Trainer 0's weights into every generator's ``model`` (same keys, same order): one
-    flat buffer per dtype, broadcast in the sync group from trainer 0. The sender packs its
-    state dict, the receivers unpack into theirs; every value arrives bit for bit."""
+    """Trainer 0's full weights into every generator's ``model`` (same keys, same order),
+    a tensor at a time; every trainer and generator calls it. Under FSDP2 the trainers
+    first gather each tensor in their own group (:mod:`gather`; the other trainers take
+    part in the gather only), then trainer 0 broadcasts it in the sync group; the
+    generators receive it in place. Peak beyond the model: one full tensor on each trainer
+    under FSDP2 (none without: trainer 0 sends its own tensors), none on a generator.
+    Every value arrives bit for bit."""
     src = 0  # trainer 0
-    state = model.state_dict()
-    by_dtype: dict[torch.dtype, list[str]] = {}
-    for name, t in state.items():
-        by_dtype.setdefault(t.dtype, []).append(name)
-    for dtype in sorted(by_dtype, key=str):  # the same order on every rank
-        names = by_dtype[dtype]
-        tensors = [state[n].detach() for n in names]
-        flat = _flatten_dense_tensors(tensors) if link.role.name != "generator" else None
-        if flat is None:
-            flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=link.device)
-        tdist.broadcast(flat, src=src, group=link.sync_group)
-        if link.role.name == "generator":
-            with torch.no_grad():
-                for t, got in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
-                    t.copy_(got)
+    generator = link.role.name == GENERATOR
+    first = not generator and link.role.index == 0
+    for _, t in unique_state(model):
+        t = t.detach()
+        if generator:
+            into = t if t.is_contiguous() else t.contiguous()  # received in place
+            tdist.broadcast(into, src=src, group=link.sync_group)
+            if into is not t:
+                t.copy_(into)
+            continue
+        if is_shard(t):  # a collective of the trainers: each trainer gathers
+            full = torch.empty(t.shape, dtype=t.dtype, device=link.device)
+            gather_into(full, t)
+        elif not first:
+            continue  # nothing to gather, nothing to send
+        else:
+            full = t.contiguous()
+        if first:
+            tdist.broadcast(full, src=src, group=link.sync_group)
 
 
 # ---------------------------------------------------------------------- trainer side
@@ -282,14 +290,13 @@ class SplitPipeline(RolloutPipeline):
         return entry.collected
 
     def _order(self, request: Request, step: int) -> None:
-        """Send ``request`` to this trainer's generator, then (trainer 0) the weights to
-        every generator."""
+        """Send ``request`` to this trainer's generator, then the weights to every generator
+        (trainer 0 sends them; under FSDP2 every trainer takes part in their gather)."""
         try:
             send_obj(request, self.link.peer, self.link.device)
-            if self.first:
-                t = time.monotonic()
-                broadcast_weights(self.policy, self.link)
-                self.sync_s += time.monotonic() - t
+            t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
+            broadcast_weights(self.policy, self.link)
+            self.sync_s += time.monotonic() - t
         except RuntimeError as e:  # gloo: a generator's connection closed
             # no stop then: another generator may wait in this broadcast for weights that
             # will not come, and a stop sent to it would wait with it (until torchrun's kill)
@@ -327,11 +334,6 @@ class SplitPipeline(RolloutPipeline):
         role, rank = self.link.role, self.link.peer
         name = roles.label(GENERATOR, rank - role.first_generator, role.generators)
         return f"{name} (rank {rank})"
-
-    def metrics(self, samples: int) -> dict[str, float]:
-        """The thread placement's, and the seconds the step's weight transfer took."""
-        sync, self.sync_s = self.sync_s, 0.0
-        return super().metrics(samples) | {"time/weight_sync": sync}
 
     def set_max_new_tokens(self, cap: int) -> None:
         """The policy's engine (the evaluation's) now; the generator's with the next

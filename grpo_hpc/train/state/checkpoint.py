@@ -212,7 +212,11 @@ def _write(
         # Each rank writes (and fsyncs) its own shard; rank 0 writes .metadata once all have.
         with clock("write"):
             writer = dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True)
-            dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+            dcp.save(
+                {"model": model_sd, "optim": optim_sd},
+                storage_writer=writer,
+                process_group=info.group,  # a split run's trainers alone
+            )
     else:
         with clock("state"):
             model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
@@ -318,7 +322,7 @@ def load(
     bit-identical to an uninterrupted one.
     """
     if format_of(ckpt) == SHARDED:
-        _load_sharded(ckpt / DCP_DIR, model, optimizer, trainable_only)
+        _load_sharded(ckpt / DCP_DIR, model, optimizer, trainable_only, info.group)
     else:
         model_sd = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=False)
         optim_sd = torch.load(ckpt / "optim.pt", map_location="cpu", weights_only=False)
@@ -338,7 +342,11 @@ def load(
 
 
 def _load_sharded(
-    dcp_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool
+    dcp_dir: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainable_only: bool,
+    group: Any = None,
 ) -> None:
     """Load a DCP checkpoint into this process's model and optimizer, in whatever layout
     they have now (FSDP2 shards of any world size, DDP, or one process): DCP reads each
@@ -346,7 +354,7 @@ def _load_sharded(
     opts = _options(trainable_only, full=False)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)  # the templates
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(dcp_dir))
+    dcp.load(state, storage_reader=dcp.FileSystemReader(dcp_dir), process_group=group)
     set_state_dict(
         model,
         optimizer,

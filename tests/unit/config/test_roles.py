@@ -8,7 +8,7 @@ import pytest
 
 from grpo_hpc.config.load import build_config
 from grpo_hpc.config.roles import GENERATOR, TRAINER, Role, generator_of, role_of, trainers_of
-from grpo_hpc.config.validate import split_problem
+from grpo_hpc.config.validate import split_evaluation_problem, split_problem
 from grpo_hpc.core.errors import ConfigError
 from grpo_hpc.train.supervision.liveness import describe, lost_reason
 
@@ -83,7 +83,6 @@ def test_a_lost_rank_is_named_by_the_role_its_pulse_wrote() -> None:
             4,
             "rollout.generators=2 runs on one node in this release",
         ),
-        (["algo.max_staleness=1", "dist.strategy=fsdp"], 2, "dist.strategy=fsdp"),
         (["algo.max_staleness=1", "rollout.dynamic_sampling=true"], 2, "dynamic_sampling"),
     ],
 )
@@ -104,6 +103,8 @@ def test_the_config_refuses_a_synchronous_split_and_accepts_an_asynchronous_one(
     assert split_problem(cfg, 2) is None and split_problem(cfg, 3) is None  # 1 or 2 trainers
     cfg.rollout.generators, cfg.dist.nproc_per_node = 2, 5
     assert split_problem(cfg, 4) is None and split_problem(cfg, 5) is None  # 2 or 3 trainers
+    cfg.dist.strategy = "fsdp"  # FSDP2 trainers: the weights gathered before they travel
+    assert split_problem(cfg, 4) is None
     with pytest.raises(ConfigError, match="is not one of thread, split"):
         build_config("tiny", ["rollout.placement=process"])
 
@@ -120,3 +121,26 @@ def test_the_split_runs_across_nodes() -> None:
     assert role_of(cfg, 1, 2) == Role(GENERATOR, 0, 1, 1, 1)
     assert role_of(cfg, 2, 4) == Role(TRAINER, 2, 3, 3, 1)
     assert role_of(cfg, 3, 4) == Role(GENERATOR, 0, 1, 3, 1)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "trainers", "eval_every", "engine", "refused"),
+    [
+        ("fsdp", 2, 2, "hf", True),  # HF generate's all-reduce would wait for the generator
+        ("fsdp", 2, 2, "native", False),  # gathers once in the trainers' group, then alone
+        ("fsdp", 2, 0, "hf", False),  # no evaluation
+        ("fsdp", 1, 2, "hf", False),  # one trainer: nothing sharded, nothing to keep in step
+        ("ddp", 2, 2, "hf", False),  # DDP generates alone
+    ],
+)
+def test_fsdp2_trainers_of_a_split_run_evaluate_with_the_native_engine(
+    strategy: str, trainers: int, eval_every: int, engine: str, refused: bool
+) -> None:
+    cfg = build_config("tiny", ["algo.max_staleness=1", f"dist.strategy={strategy}"])
+    cfg.rollout.placement, cfg.training.eval_every = "split", eval_every
+    problem = split_evaluation_problem(cfg, trainers, engine)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert "set rollout.engine=native, training.eval_every=0, or dist.strategy=ddp" in problem
+    cfg.rollout.placement = "thread"  # the thread placement's ranks all join the all-reduce
+    assert split_evaluation_problem(cfg, trainers, engine) is None

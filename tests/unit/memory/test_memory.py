@@ -154,6 +154,27 @@ def test_an_asynchronous_run_holds_a_second_copy_and_generates_during_the_update
     assert memory_fit._apply(replace(asyn, release_engine=False), "release_engine") is None
 
 
+def test_an_asynchronous_fsdp2_run_counts_a_whole_copy_on_every_rank() -> None:
+    """FSDP2 shards the policy, not the generating copy: each rank holds the full fp32
+    copy (4 bytes a parameter, not halved over 2 ranks) and its engine. A run that fits
+    synchronously and not with the copy is refused before it queues (8B, full parameters,
+    2x 80 GiB with no CPU offload allowed), with what would fit."""
+    llama = shape("llama-3.1-8b")
+    s = memory.Settings(ranks=2, strategy="fsdp", rows=64, max_new_tokens=1024,
+                        gradient_checkpointing=True)  # fmt: skip
+    a, b = memory.estimate(llama, s), memory.estimate(llama, replace(s, staleness=1))
+    assert b.weights == 4 * llama.params // 2  # the policy: sharded
+    assert b.shadow == 4 * llama.params + a.engine_weights + a.kv_cache  # the copy: whole
+    assert b.generate_bytes == a.generate_bytes + b.shadow
+    profile = replace(load_profile("h100x2"), allow_cpu_offload=False)
+    over = [f"model.name_or_path={SHAPES / 'llama-3.1-8b'}", "dist.strategy=fsdp"]
+    sync = resolve("gsm8k", over, profile, "r")[1]
+    assert sync.refusal is None and "fits" in sync.line
+    asyn = resolve("gsm8k", [*over, "algo.max_staleness=1"], profile, "r")[1]
+    assert asyn.refusal is not None and "exceeds h100x2's 80 GiB" in asyn.refusal, asyn.line
+    assert "generation overlapped (max_staleness=1)" in asyn.refusal
+
+
 def test_under_fsdp2_checkpointing_is_preferred_to_halving_the_token_budget() -> None:
     """Halving micro_batch_tokens doubles FSDP2's per-micro-batch weight gathers: at 7B on
     2x H100 it stepped in 14.3 s where checkpointing stepped in 11.6 s (bench/results/
