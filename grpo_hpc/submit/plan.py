@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_hpc.config import validate
 from grpo_hpc.config.load import build_config, normalize_overrides
 from grpo_hpc.config.profiles import Profile, render_setup
 from grpo_hpc.config.rollout_engine import EngineChoice
@@ -216,6 +217,9 @@ def plan_submission(
     rollout = preflight.rollout_choice(cfg, profile)
     if rollout.refusal:  # the trainer's own refusal at step 0, made before the job queues
         problems.append(rollout.refusal)
+    trainers = validate.training_ranks(cfg, profile.nodes * cfg.dist.nproc_per_node)
+    if rollout.engine and (why := validate.split_evaluation_problem(cfg, trainers, rollout.engine)):
+        problems.append(why)  # the trainer's refusal at setup, from the same engine choice
     if chk.refusal and not force:
         problems.append(chk.refusal)
     return SubmitPlan(

@@ -533,3 +533,27 @@ def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     assert sync.returncode == ExitCode.CONFIG_ERROR
     assert "rollout.placement=split generates ahead of the trainer" in sync.stderr
     assert not (tmp_path / "logs").exists()
+
+
+def test_cli_refuses_fsdp2_split_trainers_evaluating_on_hf_generate(tmp_path: Path) -> None:
+    """Two FSDP2 trainers and a generator evaluating with HF generate (the engine a CPU
+    job chooses) would wait for ever in HF's all-reduce, which the generator never joins:
+    the trainer refused it at setup, after the queue wait; grpo-submit refuses it first,
+    from the engine choice the trainer makes. The native engine passes."""
+    three = tmp_path / "local3.yaml"
+    three.write_text(
+        (REPO / "templates" / "local.yaml")
+        .read_text()
+        .replace("nproc_per_node: 1", "nproc_per_node: 3")
+    )
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--profile", str(three), "--config", "tiny", "--dry-run", "training.eval_every=2")
+    args += ("rollout.placement=split", "algo.max_staleness=1", "dist.strategy=fsdp")
+    args += ("rollout.prompts_per_step=2",)
+    hf = _grpo_submit(*args, env=env)
+    assert hf.returncode == ExitCode.CONFIG_ERROR, hf.stdout
+    (line,) = [x for x in _errors(hf) if "FSDP2 trainers" in x]
+    assert "2 FSDP2 trainers evaluates with the native engine only" in line
+    native = _grpo_submit(*args, "rollout.engine=native", env=env)
+    assert native.returncode == ExitCode.OK, native.stderr
+    assert not (tmp_path / "logs").exists()
