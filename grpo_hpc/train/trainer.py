@@ -12,9 +12,7 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -33,11 +31,10 @@ from grpo_hpc.core.errors import (
     GrpoError,
     StoppedBeforeTrainingError,
 )
-from grpo_hpc.core.manifest import CheckpointIncompleteError
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.tasks import problems as data
-from grpo_hpc.train.algo import batching, logp_head, packing
+from grpo_hpc.train.algo import batching
 from grpo_hpc.train.algo.optimization import StepOptimizer, autocast_factory
 from grpo_hpc.train.distributed import dist, gpu
 from grpo_hpc.train.evaluation.held_out import HeldOutEval, select_metric, steering_line
@@ -50,11 +47,11 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.engines import GenerationAborted
-from grpo_hpc.train.rollout.pipeline import RolloutPipeline, plain_copy
+from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.rollout.split import Hello, Link, SplitPipeline
-from grpo_hpc.train.setup import autos, models
+from grpo_hpc.train.setup import autos, loading, models
 from grpo_hpc.train.setup.autos import kernels_line
-from grpo_hpc.train.state import best, checkpoint, state_digest
+from grpo_hpc.train.state import best, checkpoint, final, state_digest
 from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
@@ -111,13 +108,7 @@ class Trainer:
         self._stop_before_training()
         if cfg.training.num_threads:
             torch.set_num_threads(cfg.training.num_threads)
-        if cfg.dist.precision in ("bf16", "fp16") and info.device.type != "cuda":
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            raise ConfigError(
-                f"dist.precision={cfg.dist.precision} but this process sees no GPU "
-                f"(CUDA_VISIBLE_DEVICES={visible!r}): give the profile gpus_per_node, or "
-                "train on the CPU with precision fp32"
-            )
+        loading.refuse_without_gpu(cfg, info.device)
         # An emulated GPU (GRPO_HPC_EMULATE_GPU) caps its memory before the first auto decision
         if (emulating := gpu.emulate(info.device)) and info.is_main:
             print(emulating, flush=True)
@@ -128,8 +119,8 @@ class Trainer:
         problem = share_problem(cfg.rollout.prompts_per_step, info.world_size)  # trainers
         if problem:
             raise ConfigError(problem)
-        splits = data.load_splits(cfg.data, cfg.training.seed, cfg.training.eval_every > 0)
-        self.train_set, self.eval_set = splits.train, splits.validation or splits.test
+        splits, self.eval_set = loading.load_sets(cfg)
+        self.train_set = splits.train
         metric = select_metric(cfg.training.select_metric, splits)
         self.keep_best = best.KeepBest(self.paths, info, metric, f"{cfg.data.source} validation")
         if not cfg.data.system_prompt:  # code problems ask for code, not an answer line
@@ -142,21 +133,11 @@ class Trainer:
             if self.stop_signal is not None:  # the job is ending: its signal broke the check
                 raise StoppedBeforeTrainingError("stopped during start-up; resubmit me") from None
             raise
-        model_dir = (
-            models.materialize(cfg.model, self.paths.root, cfg.training.seed)
-            if info.is_main
-            else None
-        )
-        dist.barrier(info)
-        model_dir = model_dir or models.materialize(cfg.model, self.paths.root, cfg.training.seed)
-        self.model_dir = model_dir  # a split run's generator loads it too
-        # A LoRA policy's frozen base needs no fp32 master copy: keep it in the compute dtype.
-        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
-        lora_base = cfg.model.lora_rank > 0 and info.device.type == "cuda" and half is not None
+        self.model_dir = loading.model_directory(cfg, self.paths.root, info)  # the generator's too
         faults.before_load(cfg.faults)
-        self.load_dtype = half if lora_base else torch.float32
+        self.load_dtype = loading.load_dtype(cfg, info.device)
         model, self.tok = models.load_model_and_tokenizer(
-            model_dir, cfg.model.attn_implementation, info.device, dtype=self.load_dtype
+            self.model_dir, cfg.model.attn_implementation, info.device, dtype=self.load_dtype
         )
         self._stop_before_training()  # loading can take minutes: check before building on it
         self._setup_model(model)
@@ -167,25 +148,11 @@ class Trainer:
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         cfg = self.cfg
-        self.ref = None
-        if cfg.algo.packing:  # before the reference copy: both run packed forwards
-            packing.use_packed_attention(model)
-        attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-        if cfg.algo.beta > 0:  # frozen reference; beta=0 loads none
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        model = models.prepare_policy(model, cfg.model, self.info.device, bool(cfg.dist.compile))
-        if cfg.dist.compile and self.info.device.type == "cuda":
-            logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
-        # async, thread placement: the generating copy, taken while the policy is whole
-        # (FSDP2 shards it in place); for a moment two full copies, 8 bytes a parameter
-        # (docs/async.md: under the later peak with the native engine on <= 8 ranks)
-        async_thread = cfg.algo.max_staleness and self.link is None
-        shadow = plain_copy(model) if async_thread else None
-        self.model = dist.wrap(model, cfg.dist, self.info)
-        if self.ref is not None and cfg.dist.strategy == "fsdp":
-            self.ref = dist.wrap(self.ref, cfg.dist, self.info)
+        async_thread = bool(cfg.algo.max_staleness) and self.link is None
+        policy = loading.wrap_policy(model, cfg, self.info, async_thread)
+        self.model, self.ref, attn = policy.model, policy.ref, policy.attn
         on_gpu = self.info.device.type == "cuda"
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dist.precision)
+        dtype = loading.HALF.get(cfg.dist.precision)
         # fp32 master weights; bf16/fp16 compute through autocast (generation too); the
         # update's keeps no cast cache (one low-precision copy of the model saved).
         self.autocast = autocast_factory("cuda", dtype if on_gpu else None)
@@ -194,14 +161,8 @@ class Trainer:
         if self.info.is_main and cfg.optim.state != "fp32":
             kind = type(self.opt.optim)
             print(f"[Optim] optim.state={cfg.optim.state}: {kind.__module__}.{kind.__name__}")
-        self.engine_options = rollout.EngineOptions.for_run(
-            cfg,
-            dtype if on_gpu and dtype else torch.float32,
-            synced=self.info.enabled and cfg.dist.strategy == "fsdp",
-            max_prompt_tokens=data.longest_prompt_tokens(
-                self.tok, self.train_set + self.eval_set, cfg.data.system_prompt
-            ),
-        )
+        problems = self.train_set + self.eval_set
+        self.engine_options = loading.engine_options(cfg, self.info, self.tok, problems)
         # Evaluation is not cut mid-chunk: its ranks agree on a stop between chunks.
         stop = lambda: self.stop_signal is not None  # noqa: E731
         self.engine = self._build_engine(
@@ -217,18 +178,18 @@ class Trainer:
             cfg, self.info, self.tok, self.train_set, self.sampler, self.custom, self.tracker,
             self.engine,
         )  # fmt: skip
-        policy = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
+        whole = dist.unwrap(self.model)  # async (algo.max_staleness): a copy generates
         if self.link is not None:  # rollout.placement=split: a generator process generates
             trainers, chosen = self.info.world_size, self.engine.choice.engine
             if problem := validate.split_evaluation_problem(cfg, trainers, chosen):
                 raise ConfigError(problem)
-            hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, policy)
+            hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, whole)
             self.rollouts = SplitPipeline(
-                collector, policy, self.link, hello, self.tracker.heartbeat
+                collector, whole, self.link, hello, self.tracker.heartbeat
             )
         else:
             self.rollouts = RolloutPipeline(
-                collector, policy, self._build_engine, stop, self.autocast, shadow
+                collector, whole, self._build_engine, stop, self.autocast, policy.shadow
             )
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
@@ -344,7 +305,7 @@ class Trainer:
                     return self._interrupt()
                 self._after_step()
             if self.cfg.training.save_final:
-                self._verify_final_weights()
+                final.verify_final_weights(self.paths, self.step, self.info)
                 if self.cfg.training.export_final and self.info.is_main:
                     self._export_final()
             solved = self.collapse.finished  # a solved task ends before max_steps, well
@@ -356,14 +317,6 @@ class Trainer:
             stall_sampler.install(None)
             self.gc.stop()
             self.tracker.finish()
-
-    def _verify_final_weights(self) -> None:
-        """Success only with the final weights on disk and verified (sha256 of every file)."""
-        steps = self.step  # max_steps, or the step at which a solved task ended
-        problems = checkpoint.final_weights_problems(self.paths, steps) if self.info.is_main else []
-        if dist.all_reduce_max(float(bool(problems)), self.info) > 0:
-            why = "; ".join(problems[:3]) or "see rank 0"
-            raise CheckpointIncompleteError(f"final weights of step {steps} not verified: {why}")
 
     def _export_final(self) -> str | None:
         """Rank 0: the model to hand over as a Hugging Face directory (``final/``); where
@@ -378,11 +331,9 @@ class Trainer:
         try:
             out = export.export_final(self.paths, self.step)  # max_steps, or a collapse stop
         except (GrpoError, OSError, ValueError) as e:
-            print(
-                f"[Export] warning: final model not written ({e}); run grpo-export "
-                f"{self.paths.name} to write {self.paths.final}",
-                flush=True,
-            )
+            name, where = self.paths.name, self.paths.final
+            print(f"[Export] warning: final model not written ({e}); run grpo-export {name} "
+                  f"to write {where}", flush=True)  # fmt: skip
             return None
         print(f"[Export] final model: {out} ({time.monotonic() - t0:.1f} s)", flush=True)
         return out
