@@ -72,8 +72,12 @@ def model_shape(model: ModelConfig) -> ModelShape | None:
 def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None = None) -> Settings:
     """Memory settings of a resolved config (one rank's share of the step) on ``nodes``
     nodes (FSDP2 shards over every rank of the job) of GPUs of compute ``capability``
-    (the profile's; None: unknown, see ``auto_speed.where_submitted``)."""
-    ranks = cfg.dist.nproc_per_node * nodes
+    (the profile's; None: unknown, see ``auto_speed.where_submitted``). A split run's
+    settings are its trainers': they share the step and FSDP2's shards among themselves
+    and hold no generating copy (a generator's need is :func:`generator_gib`'s)."""
+    ranks, staleness = cfg.dist.nproc_per_node * nodes, cfg.algo.max_staleness
+    if cfg.rollout.placement == "split":
+        ranks, staleness = max(1, ranks - cfg.rollout.generators), 0
     engine = "hf" if cfg.rollout.engine == "hf" else "native"
     where = auto_speed.where_submitted(cfg, capability)
     return Settings(
@@ -95,7 +99,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         optim_state=cfg.optim.state,
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
-        staleness=cfg.algo.max_staleness,
+        staleness=staleness,
     )
 
 
@@ -191,6 +195,13 @@ def check(cfg: Config, profile: Profile) -> Check:
     how = f"{plan.settings.describe()}; {size}; peak in {e.peak_phase}"
     if plan.changed:
         how += f"; to fit: {', '.join(plan.changed)}"
+    split = cfg.rollout.placement == "split"
+    if split:  # the trainers' estimate above; each generator holds its own
+        gen = generator_gib(shape, s, cfg.algo.max_staleness)
+        head = f"memory: {e.total_gib:.1f} GiB per trainer GPU, {gen:.1f} GiB per generator"
+        head += f" GPU, of {gpu_mem_gb:g} GiB ({profile_name})"
+        if plan.fits and gen > gpu_mem_gb:
+            return _generator_refusal(head, how, gen, gpu_mem_gb, profile_name, plan)
     if plan.fits:
         return Check(f"{head}: fits; {how}", plan)
     over = e.total_gib - gpu_mem_gb
@@ -206,6 +217,23 @@ def check(cfg: Config, profile: Profile) -> Check:
         f"{would}; --force submits anyway"
     )
     return Check(f"{head}: does NOT fit (+{over:.1f} GiB); {how}; {would}", plan, refusal)
+
+
+def _generator_refusal(
+    head: str, how: str, gen: float, gpu_mem_gb: float, profile_name: str, plan: Plan
+) -> Check:
+    """A split run whose trainers fit and whose generator does not: the means that fit a
+    trainer (FSDP2, checkpointing, offload) do nothing for a generator's copy and cache."""
+    over = gen - gpu_mem_gb
+    fix = (
+        "lower rollout.max_new_tokens or rollout.prompts_per_step (a generator makes one "
+        "trainer's batch at a time), or use larger GPUs"
+    )
+    refusal = (
+        f"memory: a generator's estimate {gen:.1f} GiB exceeds {profile_name}'s "
+        f"{gpu_mem_gb:g} GiB by {over:.1f} GiB; {fix}; --force submits anyway"
+    )
+    return Check(f"{head}: a generator does NOT fit (+{over:.1f} GiB); {how}", plan, refusal)
 
 
 OOM_HEADROOM = 0.85
@@ -265,19 +293,23 @@ class RoleMemory:
     gradients, optimizer, the update; its own engine, for the held-out evaluation)."""
 
 
+def generator_gib(shape: ModelShape, trainers: Settings, staleness: int) -> float:
+    """A split run's generator on its GPU (GiB, as ``total_gib`` counts): the asynchronous
+    estimate's copy of the weights, its engine and a generation's transient
+    (``Estimate.shadow``, ``overlapped``) for one trainer's batch at a time, whatever
+    means fit the ``trainers``' own settings (they hold no copy)."""
+    both = estimate(shape, replace(trainers, staleness=max(1, staleness)))
+    return (both.shadow + both.overlapped) / GIB * FRAGMENTATION + CUDA_CONTEXT_GIB
+
+
 def split_memory(
     cfg: Config, nodes: int = 1, capability: tuple[int, int] | None = None
 ) -> RoleMemory | None:
-    """The per-role estimate of a split run (None where the model's shape is unknown).
-    The asynchronous estimate's copy and overlap (``Estimate.shadow``, ``overlapped``) are
-    the generator's whole need; the trainer's is the synchronous step's."""
+    """The per-role estimate of a split run (None where the model's shape is unknown): a
+    generator's (:func:`generator_gib`), a trainer's the synchronous step's."""
     shape = model_shape(cfg.model)
     if shape is None:
         return None
-    s = settings_of(cfg, nodes, capability)
-    trainers = max(1, s.ranks - cfg.rollout.generators)
-    rows = max(1, cfg.rollout.prompts_per_step // trainers) * cfg.rollout.num_generations
-    both = estimate(shape, replace(s, ranks=trainers, rows=rows, staleness=max(1, s.staleness)))
-    gen = (both.shadow + both.overlapped) / GIB * FRAGMENTATION + CUDA_CONTEXT_GIB
-    trainer = estimate(shape, replace(s, ranks=trainers, rows=rows, staleness=0))
-    return RoleMemory(gen, trainer.total_gib)
+    s = settings_of(cfg, nodes, capability)  # the trainers'
+    gen = generator_gib(shape, s, cfg.algo.max_staleness)
+    return RoleMemory(gen, estimate(shape, s).total_gib)

@@ -322,3 +322,33 @@ def test_a_token_budget_that_is_not_auto_or_a_count_is_refused() -> None:
         build_config("gsm8k", ["algo.micro_batch_tokens=lots"])
     with pytest.raises(ConfigError, match="must be auto or an integer >= 0"):
         build_config("gsm8k", ["algo.micro_batch_tokens=-1"])
+
+
+def test_a_split_run_is_judged_per_role() -> None:
+    """rollout.placement=split: the trainers hold no generating copy and shard over
+    themselves, the generator holds the copy and its engine. 8B, full parameters, FSDP2,
+    4x 80 GiB, no CPU offload: the thread placement (a copy on every GPU) is refused, the
+    split (3 trainers, 1 generator) fits, its line naming both figures; on 8x 40 GiB the 7
+    trainers fit and the generator does not: refused, saying so and what to change."""
+    over = [f"model.name_or_path={SHAPES / 'llama-3.1-8b'}", "dist.strategy=fsdp"]
+    over += ["algo.max_staleness=1"]
+    four = replace(load_profile("h100x2"), allow_cpu_offload=False, gpus_per_node=4)
+    four = replace(four, nproc_per_node=4)
+    over4 = [*over, "rollout.prompts_per_step=36"]  # whole groups on 4 ranks and on 3
+    thread = resolve("gsm8k", over4, four, "r")[1]
+    assert thread.refusal is not None and "exceeds h100x2's 80 GiB" in thread.refusal
+    cfg, split = resolve("gsm8k", [*over4, "rollout.placement=split"], four, "r")
+    assert split.refusal is None, split.line
+    roles = memory_plan.split_memory(cfg, 1)
+    assert roles is not None and max(roles.trainer_gib, roles.generator_gib) <= 80
+    per_role = f"{roles.trainer_gib:.1f} GiB per trainer GPU, {roles.generator_gib:.1f} GiB"
+    assert f"memory: {per_role} per generator GPU, of 80 GiB (h100x2): fits" in split.line
+    # the trainers' settings: 3 ranks sharing the step, no copy of their own
+    s = memory_plan.settings_of(cfg)
+    assert (s.ranks, s.staleness, s.rows) == (3, 0, 12 * cfg.rollout.num_generations)
+    eight = replace(four, gpus_per_node=8, nproc_per_node=8, gpu_mem_gb=40)
+    over8 = [*over, "rollout.prompts_per_step=28", "rollout.placement=split"]  # 7 trainers
+    _, small = resolve("gsm8k", over8, eight, "r")
+    assert small.refusal is not None and "a generator's estimate" in small.refusal
+    assert "exceeds h100x2's 40 GiB" in small.refusal and "rollout.max_new_tokens" in small.refusal
+    assert "a generator does NOT fit" in small.line
