@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if link is not None and role.name == roles.GENERATOR:
             from grpo_hpc.train import generator
 
-            code = generator.serve(link)
+            code = generator.serve(link, paths.root)
         else:
             if link is not None:  # the trainers' ranks among themselves, in their group
                 group = link.trainer_group

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -47,14 +48,21 @@ class Replay:
         return list(range(k))
 
 
-def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Module, Scoring, object]:
+def build(
+    hello: Hello, device: torch.device, run_dir: Path
+) -> tuple[Collector, torch.nn.Module, Scoring, object]:
     """The collector, model, scoring and autocast of the thread placement's shadow, built
-    from what trainer 0 said: the same model preparation, engine options and rewards."""
+    from what trainer 0 said: the same model preparation, engine options and rewards. The
+    weights on disk are found on this process's node, as a DDP rank of another node finds
+    them (``models.materialize``: the run directory's tiny model, the node's own cache
+    of a converted model), not at the path trainer 0 used, which a node-local cache
+    would not have here."""
     cfg = hello.cfg
     if cfg.training.num_threads:
         torch.set_num_threads(cfg.training.num_threads)
+    model_dir = models.materialize(cfg.model, run_dir, cfg.training.seed)
     model, tok = models.load_model_and_tokenizer(
-        hello.model_dir, cfg.model.attn_implementation, device, dtype=hello.load_dtype
+        model_dir, cfg.model.attn_implementation, device, dtype=hello.load_dtype
     )
     if cfg.algo.packing:  # the trainer packs before it copies the shadow
         packing.use_packed_attention(model)
@@ -78,14 +86,14 @@ def build(hello: Hello, device: torch.device) -> tuple[Collector, torch.nn.Modul
     return collector, model, scoring, autocast
 
 
-def serve(link: Link) -> int:
+def serve(link: Link, run_dir: Path) -> int:
     """Generate what this generator's trainers ask until the first of them says stop; the
     exit code (0). Each step each of its trainers sends its request (its share of the
     prompts), taken in rank order, then trainer 0 broadcasts the weights to every
     generator; this one makes each named batch for each of its trainers in turn, with that
     trainer's rank naming its random stream, as the thread placement's ranks do."""
     hello: Hello = recv_obj(0, link.device)  # from trainer 0, whichever trainers it serves
-    collector, model, scoring, autocast = build(hello, link.device)
+    collector, model, scoring, autocast = build(hello, link.device, run_dir)
     trainers, served = link.role.trainers, link.peers
     shares = [
         dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device)) for r in served

@@ -133,7 +133,7 @@ class Trainer:
             if self.stop_signal is not None:  # the job is ending: its signal broke the check
                 raise StoppedBeforeTrainingError("stopped during start-up; resubmit me") from None
             raise
-        self.model_dir = loading.model_directory(cfg, self.paths.root, info)  # the generator's too
+        self.model_dir = loading.model_directory(cfg, self.paths.root, info)
         faults.before_load(cfg.faults)
         self.load_dtype = loading.load_dtype(cfg, info.device)
         model, self.tok = models.load_model_and_tokenizer(
@@ -183,7 +183,7 @@ class Trainer:
             trainers, chosen = self.info.world_size, self.engine.choice.engine
             if problem := validate.split_evaluation_problem(cfg, trainers, chosen):
                 raise ConfigError(problem)
-            hello = Hello.of(cfg, self.engine_options, self.model_dir, self.load_dtype, whole)
+            hello = Hello.of(cfg, self.engine_options, self.load_dtype, whole)
             self.rollouts = SplitPipeline(
                 collector, whole, self.link, hello, self.tracker.heartbeat
             )

@@ -93,8 +93,6 @@ class Hello:
     """The trainer's resolved config (``auto`` settings decided, the system prompt set)."""
     options: EngineOptions
     """The trainer's engine options (the longest prompt of its data included)."""
-    model_dir: str
-    """The policy's weights on disk (materialized by trainer 0 before this is sent)."""
     load_dtype: torch.dtype
     """The dtype the trainer loaded the model in."""
     names: tuple[str, ...]
@@ -102,10 +100,10 @@ class Hello:
 
     @classmethod
     def of(
-        cls, cfg: Config, options: EngineOptions, model_dir: object, load_dtype: torch.dtype,
+        cls, cfg: Config, options: EngineOptions, load_dtype: torch.dtype,
         policy: torch.nn.Module,
     ) -> Hello:  # fmt: skip
-        return cls(cfg, options, str(model_dir), load_dtype, tuple(policy.state_dict()))
+        return cls(cfg, options, load_dtype, tuple(policy.state_dict()))
 
 
 @dataclass(frozen=True)
