@@ -76,3 +76,17 @@ def test_a_conversion_that_cannot_be_repaired_is_converted_again(
     monkeypatch.setattr(models, "convert_smollm2", lambda d: converted.append(d) or d.mkdir())
     assert models.materialize(ModelConfig(name_or_path=models.SMOLLM2), tmp_path, 0) == out
     assert converted == [out] and not (out / "tokenizer_config.json").exists()
+
+
+def test_a_conversion_another_process_finished_first_is_kept(
+    tmp_path: Path, smollm2_cache: Path
+) -> None:
+    """Two processes of one node (a trainer rank and a split run's generator) can find the
+    cache empty and both convert: the second one's rename meets the first one's directory.
+    It keeps the one in place and removes its own temporary copy; no error."""
+    out = tmp_path / "smollm2-135m-instruct"
+    shutil.copytree(smollm2_cache / "models" / "smollm2-135m-instruct", out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    models.convert_smollm2(out)  # the loser of the race
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary copy left

@@ -169,7 +169,12 @@ def convert_smollm2(out_dir: Path) -> None:
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out_dir)
+    try:
+        tmp.rename(out_dir)
+    except OSError:  # another process of this node (a rank, a generator) converted it first
+        if not out_dir.is_dir():
+            raise
+        shutil.rmtree(tmp)  # the same conversion: keep the one in place
 
 
 @contextlib.contextmanager
