@@ -1,6 +1,8 @@
 """Asynchronous GRPO on real GPUs (skipped where there is no CUDA): the generator thread
 decodes on a stream of its own (train/rollout/side_stream.py) with the native engine's
-CUDA graphs, on the rank's own device, and what it hands over is what the update reads.
+CUDA graphs, on the rank's own device, and what it hands over is what the update reads;
+on two GPUs the same under FSDP2 (each rank's copy gathered from the shards) and with the
+generator in a process of its own (rollout.placement=split: weights and batches over NCCL).
 
 GPU kernels are not bit-deterministic, so these runs are judged by what a broken handover
 or a thread on the wrong device would show: a run that fails, staleness that is not the
@@ -37,8 +39,18 @@ def _rows(paths: object) -> list[dict]:
     return [r for r in map(json.loads, lines) if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_async_native_on_the_gpu_hands_over_what_it_sampled(tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize(
+    ("nproc", "placement", "strategy"),
+    [
+        (1, "thread", "ddp"),
+        (2, "thread", "ddp"),
+        (2, "thread", "fsdp"),  # each rank's copy gathered whole from the shards
+        (2, "split", "ddp"),  # trainer rank 0, generator rank 1: weights and batches over NCCL
+    ],
+)
+def test_async_native_on_the_gpu_hands_over_what_it_sampled(
+    tmp_path: Path, nproc: int, placement: str, strategy: str
+) -> None:
     if torch.cuda.device_count() < nproc:
         pytest.skip(f"needs {nproc} GPUs")
     steps = [
@@ -46,9 +58,12 @@ def test_async_native_on_the_gpu_hands_over_what_it_sampled(tmp_path: Path, npro
         "algo.max_staleness=1",
         "rollout.engine=native",
         "rollout.max_new_tokens=32",
+        f"dist.strategy={strategy}",
     ]
-    paths = make_run(tmp_path, f"async{nproc}", *steps, nproc=nproc)
+    paths = make_run(tmp_path, f"async{nproc}{placement}{strategy}", *steps, nproc=nproc)
     text = paths.config.read_text().replace("precision: fp32", "precision: bf16")
+    if placement == "split":  # make_run's local profile runs threads: turned into a split
+        text = text.replace("placement: thread", "placement: split")
     paths.config.write_text(text)
     result = train(paths, nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -57,3 +72,5 @@ def test_async_native_on_the_gpu_hands_over_what_it_sampled(tmp_path: Path, npro
     assert [r["staleness/max"] for r in rows] == [0, 1, 1, 1, 1, 1]
     kl = [r["rollout/engine_kl"] for r in rows]
     assert all(0.0 <= x < KL_BOUND for x in kl), kl
+    if placement == "split" or strategy == "fsdp":  # a transfer every step, timed
+        assert all(r["time/weight_sync"] > 0 for r in rows[1:]), rows
