@@ -354,3 +354,20 @@ def stop_slurmctld(state_dir: Path) -> int:
     os.kill(pid, signal.SIGTERM)
     wait_for(f"slurmctld (pid {pid}) to exit", lambda: not Path(f"/proc/{pid}").exists(), 30, 0.1)
     return pid
+
+
+@contextlib.contextmanager
+def monitored(tmp_path: Path) -> Iterator[tuple[Path, Path, list[subprocess.Popen]]]:
+    """A two-node test's logs folder, monitor log and monitor processes (the test starts
+    them); afterwards every monitor left is killed, the runs' jobs cancelled and both nodes
+    brought back up for whatever runs next."""
+    logs, log = tmp_path / "logs", tmp_path / "monitor.log"
+    procs: list[subprocess.Popen] = []
+    yield logs, log, procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if logs.is_dir():
+        scancel(*(j for d in logs.iterdir() if d.is_dir() for j in job_ids(RunPaths(d))))
+    restart_nodes()

@@ -47,11 +47,11 @@ from .slurm_helpers import (
     job_ids,
     kill_job_processes,
     kill_node,
+    monitored,
     progress,
     restart_nodes,
     sacct,
     sacct_attempts,
-    scancel,
     start_cli,
     step_log,
     step_nodes,
@@ -226,16 +226,8 @@ def _wait_ended(job: str, since: float, bound: float, paths: RunPaths) -> float:
 
 @pytest.fixture
 def monitor(tmp_path: Path) -> Iterator[tuple[Path, Path, list]]:
-    logs, log = tmp_path / "logs", tmp_path / "monitor.log"
-    procs = []
-    yield logs, log, procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    if logs.is_dir():
-        scancel(*(j for d in logs.iterdir() if d.is_dir() for j in job_ids(RunPaths(d))))
-    restart_nodes()  # leave both nodes up for whatever runs next
+    with monitored(tmp_path) as made:
+        yield made
 
 
 @pytest.mark.slow

@@ -41,10 +41,10 @@ from .slurm_helpers import (
     final_event,
     job_ids,
     kill_node,
+    monitored,
     progress,
     restart_nodes,
     sacct_attempts,
-    scancel,
     start_cli,
     step_nodes,
     submit,
@@ -157,16 +157,8 @@ MONITOR_ARGS = [
 
 @pytest.fixture
 def monitor(tmp_path: Path) -> Iterator[tuple[Path, Path, list]]:
-    logs, log = tmp_path / "logs", tmp_path / "monitor.log"
-    procs: list = []
-    yield logs, log, procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    if logs.is_dir():
-        scancel(*(j for d in logs.iterdir() if d.is_dir() for j in job_ids(RunPaths(d))))
-    restart_nodes()  # leave both nodes up for whatever runs next
+    with monitored(tmp_path) as made:
+        yield made
 
 
 def test_a_split_run_that_lost_a_node_waits_for_it_rather_than_shrink(
