@@ -1,6 +1,13 @@
 """The pure parts of the fault campaign (bench/faults/run.py): which faults a trial gets, at
-which moments (a function of the campaign seed and the trial index only), whether a trial
-passed, and the campaign's totals. No I/O here: tests pin these functions directly.
+which moments (a function of the campaign seed, the placement and the trial index only),
+whether a trial passed, and the campaign's totals. No I/O here: tests pin these functions
+directly.
+
+A campaign runs in one placement (``--placement``): ``sync``, the synchronous step (every
+campaign before asynchronous GRPO, unchanged); ``thread``, every run asynchronous
+(``algo.max_staleness=1``), each rank generating ahead in a thread; ``split``, a trainer
+process and a generator process under one torchrun (``rollout.placement=split``; the
+profile ``slurm-local-split`` runs 2 processes on one node). docs/async.md.
 """
 
 from __future__ import annotations
@@ -11,6 +18,15 @@ from typing import Any
 
 SINGLE_NODE = "slurm-local"
 TWO_NODE = "slurm-local-2node"
+SPLIT_NODE = "slurm-local-split"
+"""One node, 2 processes: trainer rank 0, generator rank 1 (bench/faults/profiles/)."""
+PLACEMENTS = ("sync", "thread", "split")
+PLACEMENT_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "sync": (),
+    "thread": ("algo.max_staleness=1",),
+    "split": ("algo.max_staleness=1", "rollout.placement=split"),
+}
+"""What every run of a campaign in each placement adds to its config (the reference too)."""
 
 KINDS = (
     "kill_trainer",  # SIGKILL of the trainer process at a random moment of its attempt
@@ -28,6 +44,43 @@ KINDS = (
 COMBINABLE = ("kill_trainer", "kill_trainer_in_save", "kill_monitor", "scancel", "disk_full")
 """The kinds a ``two_faults`` trial draws from (single node, no cluster-wide effects)."""
 TWO_NODE_KINDS = ("hang_rank", "node_down")
+ROLE_KINDS = (
+    "kill_generator",  # SIGKILL of the generator process alone (the last global rank)
+    "kill_trainer_only",  # SIGKILL of trainer rank 0 alone, the generator left running
+    "hang_generator",  # SIGSTOP of the generator alone: the trainer's watch must end the job
+)
+"""Split placement only: faults that strike one role, once the run trains (step 1 or later)."""
+SPLIT_KINDS = (*ROLE_KINDS, *(k for k in KINDS if k not in TWO_NODE_KINDS))
+"""A split run's kinds: its roles', then every single-node kind (``kill_trainer`` kills
+both processes). Two-node kinds are left out: a split job runs on one node."""
+ALL_KINDS = (*KINDS, *ROLE_KINDS)
+"""Every kind of every placement, in the order tables list them."""
+ROLE_NAMED = {
+    "kill_generator": ("generator (rank", "SIGKILL"),
+    "kill_trainer_only": ("trainer (rank", "SIGKILL"),
+    "hang_generator": ("stalled_phase", "generator (rank", "stopped answering"),
+}
+"""What the monitor's first decision after a role's fault must say (its class, its reason):
+the process struck, named by its role as the reason names one (``generator (rank 1, pid
+... on ...) was killed by SIGKILL``, ``generator (rank 1 on ...) stopped answering``:
+docs/async.md); a hang, ended by the trainer's exit 4 (``stalled_phase``), not by the
+monitor's heartbeat timeout."""
+HANG_LIMIT_S = 120.0
+"""A hung generator must have ended its job, and the monitor acted, within this many seconds
+of the SIGSTOP (``dist.peer_timeout_s``, 60 s by default, and the monitor's next passes)."""
+
+
+def kinds_for(placement: str) -> tuple[str, ...]:
+    """The fault kinds of a campaign in ``placement``; trial i gets ``kinds[i % len]``."""
+    if placement == "sync":
+        return KINDS
+    if placement == "thread":
+        return KINDS
+    if placement == "split":
+        return SPLIT_KINDS
+    raise ValueError(f"unknown placement {placement!r}: one of {', '.join(PLACEMENTS)}")
+
+
 EXCLUSIVE = ("restart_slurmctld", "node_down")
 """Faults that reach beyond their own run (the whole cluster, a node): their trials run
 alone even with --parallel."""
@@ -57,6 +110,9 @@ class TrialPlan:
     kind: str
     profile: str
     faults: tuple[Fault, ...]
+    placement: str = "sync"
+    """Where generation runs (PLACEMENTS): what every run of the campaign adds to its
+    config (PLACEMENT_OVERRIDES)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "faults": [asdict(f) for f in self.faults]}
@@ -80,21 +136,33 @@ def _fault(kind: str, rng: random.Random) -> Fault:
         return Fault(kind, round(rng.uniform(0.0, 6.0), 2), hold_s=5.0, target=rng.randrange(2))
     if kind == "disk_full":
         return Fault(kind, round(rng.uniform(0.0, 8.0), 2), hold_s=round(rng.uniform(2, 8), 2))
+    if kind in ROLE_KINDS:  # after the trigger: a step past the first checkpoint
+        return Fault(kind, round(rng.uniform(0.0, 2.0), 2))
     raise ValueError(f"unknown fault kind {kind!r}")
 
 
-def plan_trial(seed: int, index: int) -> TrialPlan:
-    """Trial ``index`` of the campaign with ``seed``: the same whatever the number of
-    trials (a failing trial can be rerun alone with --only)."""
-    rng = random.Random(f"grpo-faults/{seed}/{index}")
-    kind = KINDS[index % len(KINDS)]
+def profile_for(kind: str, placement: str) -> str:
+    """The profile of a trial of ``kind`` (the reference run of each profile is made in the
+    same placement)."""
+    if placement == "split":
+        return SPLIT_NODE
+    return TWO_NODE if kind in TWO_NODE_KINDS else SINGLE_NODE
+
+
+def plan_trial(seed: int, index: int, placement: str = "sync") -> TrialPlan:
+    """Trial ``index`` of the campaign with ``seed`` in ``placement``: the same whatever the
+    number of trials (a failing trial can be rerun alone with --only). A synchronous
+    campaign's trials are those of every campaign before the placements existed."""
+    kinds = kinds_for(placement)
+    key = f"{seed}/{index}" if placement == "sync" else f"{placement}/{seed}/{index}"
+    rng = random.Random(f"grpo-faults/{key}")
+    kind = kinds[index % len(kinds)]
     if kind == "two_faults":
         first, second = rng.sample(COMBINABLE, 2)
         faults = (_fault(first, rng), _fault(second, rng))
     else:
         faults = (_fault(kind, rng),)
-    profile = TWO_NODE if kind in TWO_NODE_KINDS else SINGLE_NODE
-    return TrialPlan(index, kind, profile, faults)
+    return TrialPlan(index, kind, profile_for(kind, placement), faults, placement)
 
 
 def batches(plans: list[TrialPlan], parallel: int) -> list[list[TrialPlan]]:
@@ -115,8 +183,8 @@ def batches(plans: list[TrialPlan], parallel: int) -> list[list[TrialPlan]]:
     return out + ([group] if group else [])
 
 
-def plan_campaign(seed: int, trials: int) -> list[TrialPlan]:
-    return [plan_trial(seed, i) for i in range(trials)]
+def plan_campaign(seed: int, trials: int, placement: str = "sync") -> list[TrialPlan]:
+    return [plan_trial(seed, i, placement) for i in range(trials)]
 
 
 @dataclass
@@ -150,6 +218,22 @@ class TrialResult:
     error: str | None = None
     """Why the trial itself could not be carried out (harness or cluster problem)."""
     notes: list[str] = field(default_factory=list)
+    decision: str = ""
+    """The monitor's first decision after the (first) fault that acts (not NONE, not DONE),
+    as ``class: reason``: which failure it saw, and whom the reason blames."""
+    act_s: float | None = None
+    """From the (first) fault to that decision."""
+
+
+def first_decision(events: list[dict[str, Any]], t_fault: float) -> tuple[str, float | None]:
+    """The monitor's first decision after ``t_fault`` that acts (events.jsonl's records;
+    not NONE, not DONE) as ``class: reason``, and the seconds from the fault to it; ("",
+    None) when it took none."""
+    for e in events:
+        acts = e.get("phase") == "decision" and e.get("action") not in (None, "NONE", "DONE")
+        if acts and float(e.get("time", 0)) > t_fault:
+            return f"{e.get('class')}: {e.get('reason')}", round(float(e["time"]) - t_fault, 1)
+    return "", None
 
 
 def verdict(r: TrialResult) -> list[str]:
@@ -167,6 +251,20 @@ def verdict(r: TrialResult) -> list[str]:
         why.append(f"{r.max_live_jobs} live jobs of one run at once")
     if r.bad_checkpoints:
         why.append(f"{r.bad_checkpoints} checkpoint(s) fail grpo-ckpt verify")
+    return why + role_verdict(r)
+
+
+def role_verdict(r: TrialResult) -> list[str]:
+    """A role's fault that struck must be seen as that role's (ROLE_NAMED), a hang within
+    HANG_LIMIT_S ([] for every other kind, and for a fault that never struck)."""
+    if r.kind not in ROLE_NAMED or not r.struck:
+        return []
+    why = []
+    missing = [w for w in ROLE_NAMED[r.kind] if w not in r.decision]
+    if missing:
+        why.append(f"the monitor's decision does not say {missing}: {r.decision!r}")
+    if r.kind == "hang_generator" and (r.act_s is None or r.act_s > HANG_LIMIT_S):
+        why.append(f"the monitor acted {r.act_s} s after the hang (limit {HANG_LIMIT_S:g} s)")
     return why
 
 
@@ -188,7 +286,7 @@ def summarize(results: list[TrialResult]) -> dict[str, Any]:
             "trial_wall_s_mean": round(sum(r.wall_s for r in rs) / len(rs), 1) if rs else None,
         }
 
-    kinds = sorted({r.kind for r in results}, key=KINDS.index)
+    kinds = sorted({r.kind for r in results}, key=ALL_KINDS.index)
     failed = [{"index": r.index, "kind": r.kind, "why": verdict(r)} for r in results if verdict(r)]
     return {
         "total": block(results),

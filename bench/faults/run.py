@@ -24,6 +24,8 @@ from pathlib import Path
 
 from bench.faults.plan import (
     EXCLUSIVE,
+    PLACEMENT_OVERRIDES,
+    PLACEMENTS,
     TrialPlan,
     TrialResult,
     batches,
@@ -57,10 +59,11 @@ def trial_weights(result: TrialResult) -> str | None:
 # ------------------------------------------------------------------------- campaign
 
 
-def reference_plans(plans: list[TrialPlan]) -> list[TrialPlan]:
-    """One uninterrupted run per profile the trials use (index -1, -2, ...)."""
+def reference_plans(plans: list[TrialPlan], placement: str = "sync") -> list[TrialPlan]:
+    """One uninterrupted run per profile the trials use (index -1, -2, ...), in the
+    campaign's placement."""
     profiles = sorted({p.profile for p in plans})
-    return [TrialPlan(-1 - i, "reference", prof, ()) for i, prof in enumerate(profiles)]
+    return [TrialPlan(-1 - i, "reference", prof, (), placement) for i, prof in enumerate(profiles)]
 
 
 def _run_trial(plan: TrialPlan, work: Path, seed: int, max_steps: int) -> tuple[Trial, TrialResult]:
@@ -88,9 +91,12 @@ EXAMPLES = """examples:
   python -m bench.faults --seed 1 --only 17,23 --out /tmp/rerun.json   # rerun two trials
   python -m bench.faults --plan --trials 20 --seed 1      # print the schedule, run nothing
   python -m bench.faults --table bench/results/faults_cpu_2026-11-23.json   # the README table
+  python -m bench.faults --placement split --trials 12 --parallel 2 --out /tmp/split.json
 
-Trial i of seed S is the same whatever --trials is (its kind is KINDS[i % 10], its moments
-come from a generator seeded with S and i). Needs root and slurm/up.sh --nodes 2.
+Trial i of seed S is the same whatever --trials is (its kind is kinds[i % len(kinds)] of
+its placement: kinds_for in bench/faults/plan.py; its moments come from a generator seeded
+with S, i and the placement, the synchronous campaign's as before placements existed).
+Needs root and slurm/up.sh --nodes 2.
 """
 
 
@@ -103,7 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="campaign seed (default 1)")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS, help="steps per run (default 6)")
     p.add_argument("--only", help="comma-separated trial indices to run (of --seed)")
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/faults_cpu_2026-11-23.json")
+    p.add_argument(
+        "--placement", choices=PLACEMENTS, default="sync",
+        help="sync (default); thread: every run algo.max_staleness=1; split: a trainer and "
+        "a generator process (profile slurm-local-split), algo.max_staleness=1",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", type=Path,
+        help="results JSON (default bench/results/faults_cpu_2026-11-23.json for sync, "
+        "/tmp/grpo-faults-<placement>.json otherwise)",
+    )  # fmt: skip
     p.add_argument("--work", type=Path, help="scratch dir for the runs (default /tmp/...)")
     p.add_argument(
         "--parallel", type=int, default=1, metavar="K",
@@ -117,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(json.loads(args.table.read_text())["summary"]))
         return 0
     indices = [int(i) for i in args.only.split(",")] if args.only else range(args.trials)
-    plans = [plan_trial(args.seed, i) for i in indices]
+    plans = [plan_trial(args.seed, i, args.placement) for i in indices]
+    if args.out is None:
+        sync = REPO / "bench/results/faults_cpu_2026-11-23.json"
+        args.out = (
+            sync if args.placement == "sync" else Path(f"/tmp/grpo-faults-{args.placement}.json")
+        )
     if args.plan:
         for plan in plans:
             print(json.dumps(plan.to_json()))
@@ -126,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "campaign": {
             "seed": args.seed,
+            "placement": args.placement,
             "trials": len(plans),
             "started": time.time(),
             "commit": git_commit(),
@@ -133,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "run": {
             "config": "tiny",
-            "overrides": [f"training.max_steps={args.max_steps}", *RUN_OVERRIDES],
+            "overrides": [
+                f"training.max_steps={args.max_steps}",
+                *RUN_OVERRIDES,
+                *PLACEMENT_OVERRIDES[args.placement],
+            ],
             "monitor": MONITOR_FLAGS,
         },
     }
@@ -143,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     refs: dict[str, str | None] = {}
     results: list[TrialResult] = []
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        for batch in batches(reference_plans(plans) + plans, args.parallel):
+        for batch in batches(reference_plans(plans, args.placement) + plans, args.parallel):
             runs = [pool.submit(_run_trial, p, work, args.seed, args.max_steps) for p in batch]
             for plan, fut in zip(batch, runs, strict=True):
                 trial, r = fut.result()

@@ -17,15 +17,23 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.faults.plan import EXCLUSIVE, Fault, TrialPlan, TrialResult
+from bench.faults.plan import EXCLUSIVE, PLACEMENT_OVERRIDES, TrialPlan, TrialResult, first_decision
+from bench.faults.strike import (  # noqa: F401 - kill, trainer_pids: gpu_run.py's, from here
+    REPO,
+    Injector,
+    kill,
+    restore_cluster,
+    sh,
+    trainer_pids,
+)
 from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.core.slurm import job_name
 
-REPO = Path(__file__).resolve().parents[2]
-STATE = Path(os.environ.get("GRPO_SLURM_STATE", "/var/lib/grpo-slurm"))
+PROFILES = REPO / "bench" / "faults" / "profiles"
+"""The campaign's own profiles (``slurm-local-split``), found here before grpo_hpc's."""
 MAX_STEPS = 6
 """Default steps per run (--max-steps)."""
 RUN_OVERRIDES = [
@@ -42,7 +50,6 @@ MONITOR_FLAGS = [
 ]  # fmt: skip
 TRIAL_TIMEOUT_S = 600.0
 """Whole trial, queue waits included (the cluster is shared)."""
-TRIGGER_TIMEOUT_S = 300.0
 TMPFS_SIZE = "64m"
 BAD_NODE_STATES = ("down", "drain", "fail", "unk")
 REPAIR_EVERY_S = 15.0
@@ -52,8 +59,13 @@ them as an admin would (slurm/up.sh resumes them); each repair is noted in the t
 
 
 def cli_env() -> dict[str, str]:
+    """The CLIs' environment, which sbatch exports to the jobs: this checkout's code first
+    on PYTHONPATH, so that the jobs train with the code the campaign runs from, not with an
+    installed copy of grpo_hpc (another checkout's, installed editable)."""
+    path = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TRANSFORMERS_VERBOSITY": "error",
@@ -68,46 +80,11 @@ def cli(name: str) -> list[str]:
     return [sys.executable, "-m", f"grpo_hpc.cli.{name}"]
 
 
-def sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run a command; a hang (slurmctld away) reads as exit 124, never raises."""
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
-
-
-# ------------------------------------------------------------------------- processes
-
-
-def trainer_pids(paths: RunPaths) -> dict[int, int]:
-    """pid -> rank of the run's trainer processes (not torchrun, and not their forked
-    helpers such as the math-verify worker, which share the trainer's command line)."""
-    found: dict[int, tuple[int, int]] = {}
-    want = str(paths.root).encode()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            if b"grpo_hpc.train" not in argv or b"torch.distributed.run" in argv:
-                continue
-            if want not in argv:
-                continue
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if stat[0] in "ZX":
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-            rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), 0)
-            found[int(d.name)] = (rank, int(stat[1]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return {pid: rank for pid, (rank, ppid) in found.items() if ppid not in found}
-
-
-def kill(pids, sig: int) -> None:  # noqa: ANN001
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+def profile_arg(name: str) -> str:
+    """What ``--profile`` gets for the plan's profile ``name``: the campaign's own file
+    where it has one (bench/faults/profiles/), else the name (grpo_hpc's templates)."""
+    own = PROFILES / f"{name}.yaml"
+    return str(own) if own.is_file() else name
 
 
 def unhealthy_nodes(partition: str | None = None) -> list[str]:
@@ -120,22 +97,10 @@ def unhealthy_nodes(partition: str | None = None) -> list[str]:
     return [f"{n} {t} ({why})" for n, t, why in bad if t.startswith(BAD_NODE_STATES)]
 
 
-def restore_cluster() -> str:
-    """slurm/up.sh --nodes 2 (restarts what is missing), then wait for no node down."""
-    proc = sh("bash", str(REPO / "slurm" / "up.sh"), "--nodes", "2", timeout=180)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        states = sh("sinfo", "-h", "-N", "-o", "%N %t").stdout.split()
-        if states and not any(s.startswith(("down", "drain", "fail", "unk")) for s in states):
-            return ""
-        time.sleep(1)
-    return f"cluster not healthy after up.sh (rc {proc.returncode}): {states}"
-
-
 # ------------------------------------------------------------------------- one trial
 
 
-class Trial:
+class Trial(Injector):
     """One run under one fault plan: submit, monitor, inject, observe, clean up."""
 
     monitor_flags: list[str] = MONITOR_FLAGS
@@ -146,7 +111,7 @@ class Trial:
         # The harness's pid in the name: job names (what squeue is asked about) never
         # collide with another campaign on the same cluster (CI's, say).
         self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)
-        self.partition = load_profile(plan.profile).partition
+        self.partition = load_profile(profile_arg(plan.profile)).partition
         """Where the run's jobs go: the nodes whose health this trial watches and repairs."""
         self.result = TrialResult(
             plan.index, plan.kind, plan.profile, [asdict(f) for f in plan.faults]
@@ -195,9 +160,10 @@ class Trial:
             self.mounted = True
 
     def _submit(self) -> None:
-        args = ["--profile", self.plan.profile, "--config", "tiny", "--name", self.paths.name]
+        profile = profile_arg(self.plan.profile)
+        args = ["--profile", profile, "--config", "tiny", "--name", self.paths.name]
         args += ["--logs", str(self.root), "--no-wait", f"training.seed={self.seed}"]
-        args += [f"training.max_steps={self.max_steps}"]
+        args += [f"training.max_steps={self.max_steps}", *PLACEMENT_OVERRIDES[self.plan.placement]]
         r = subprocess.run(
             [*cli("submit"), *args, *RUN_OVERRIDES],
             capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO,
@@ -251,122 +217,6 @@ class Trial:
             self.result.jobs_seen = len(seen)
             time.sleep(0.5)
 
-    # -- injection
-    def _wait(self, what: str, probe, poll_s: float = 0.1) -> bool:  # noqa: ANN001
-        deadline = time.time() + TRIGGER_TIMEOUT_S
-        while time.time() < deadline and not self.done.is_set():
-            if probe():
-                return True
-            time.sleep(poll_s)
-        self.log(f"missed: no {what}")
-        return False
-
-    def _trigger(self, f: Fault) -> bool:
-        if f.kind == "kill_trainer_in_save":
-            saving = lambda: any(self.paths.checkpoints.glob(".tmp-step-*"))  # noqa: E731
-            return self._wait("checkpoint save", saving, poll_s=0.02)
-        if f.kind == "kill_trainer_in_first_step":
-
-            def first_step() -> bool:
-                rec = read_progress(self.paths.progress)
-                busy = (TrainState.GENERATING, TrainState.SCORING, TrainState.TRAINING)
-                in_step0 = rec is not None and rec.state in busy and rec.step == 0
-                return in_step0 and bool(trainer_pids(self.paths))
-
-            return self._wait("first step", first_step, poll_s=0.02)
-        return self._wait("trainer process", lambda: trainer_pids(self.paths))
-
-    def _inject_all(self) -> None:
-        try:
-            for f in self.plan.faults:
-                if not self._trigger(f):
-                    continue
-                time.sleep(f.delay_s)
-                if self.done.is_set():
-                    return
-                rec = read_progress(self.paths.progress)
-                self.fault_times.append((time.time(), rec.step if rec else 0))
-                self.result.struck += 1
-                self._strike(f)
-        except Exception as e:  # noqa: BLE001
-            self.log(f"injector error: {type(e).__name__}: {e}")
-
-    def _strike(self, f: Fault) -> None:
-        pids = trainer_pids(self.paths)
-        if f.kind.startswith("kill_trainer"):
-            kill(pids, signal.SIGKILL)
-            self.log(f"{f.kind}: SIGKILL {sorted(pids)}")
-        elif f.kind == "hang_rank":
-            stop = [p for p, r in pids.items() if r == f.target] or list(pids)[:1]
-            kill(stop, signal.SIGSTOP)
-            self.stopped.update(stop)
-            self.log(f"hang_rank: SIGSTOP rank {f.target} pids {stop}")
-        elif f.kind == "scancel":
-            live = self._live_jobs()
-            sh("scancel", *live)
-            self.log(f"scancel {live}")
-        elif f.kind == "kill_monitor":
-            self._kill_monitor(f.hold_s)
-        elif f.kind == "restart_slurmctld":
-            self._restart_slurmctld(f.hold_s)
-        elif f.kind == "node_down":
-            self._node_down(f)
-        elif f.kind == "disk_full":
-            self._disk_full(f.hold_s)
-
-    def _kill_monitor(self, hold_s: float) -> None:
-        mon = self.monitor
-        self.monitor = None
-        if mon is not None:
-            mon.kill()
-            mon.wait()
-        self.log(f"kill_monitor: SIGKILL, down {hold_s} s")
-        time.sleep(hold_s)
-        if not self.done.is_set():
-            self._start_monitor()
-            self.log("monitor started again")
-
-    def _restart_slurmctld(self, hold_s: float) -> None:
-        pid = int((STATE / "run" / "slurmctld.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if not Path(f"/proc/{pid}").exists():
-                break
-            time.sleep(0.1)
-        self.log(f"restart_slurmctld: stopped pid {pid}, down {hold_s} s")
-        time.sleep(hold_s)
-        why = restore_cluster()
-        self.log("slurmctld back" + (f" ({why})" if why else ""))
-
-    def _node_down(self, f: Fault) -> None:
-        node = f"grpo-n{f.target + 1}"
-        pids = [int(p) for p in sh("ip", "netns", "pids", node).stdout.split()]
-        kill(pids, signal.SIGKILL)
-        self.log(f"node_down: killed {len(pids)} processes of {node} (slurmd included)")
-        # Bring it back once Slurm has noticed (its job left RUNNING) or after a minute.
-        deadline = time.time() + 60
-        time.sleep(f.hold_s)
-        while time.time() < deadline and not self.done.is_set():
-            down = "down" in sh("sinfo", "-h", "-n", node, "-o", "%t").stdout
-            if down:
-                break
-            time.sleep(1)
-        why = restore_cluster()
-        self.log(f"{node} back" + (f" ({why})" if why else ""))
-
-    def _disk_full(self, hold_s: float) -> None:
-        written = 0
-        with contextlib.suppress(OSError), open(self.filler, "wb") as f:
-            block = b"\0" * 2**20
-            while True:
-                f.write(block)
-                f.flush()
-                written += 1
-        self.log(f"disk_full: filled {written} MiB, held {hold_s} s")
-        time.sleep(hold_s)
-        self.filler.unlink(missing_ok=True)
-        self.log("disk freed")
-
     # -- end
     def _cleanup(self) -> None:
         kill(self.stopped, signal.SIGCONT)
@@ -405,6 +255,8 @@ class Trial:
         if v.returncode not in (0, 1):
             r.notes.append(f"grpo-ckpt verify rc {v.returncode}: {v.stderr.strip()[-200:]}")
         r.recover_s = self._recovery()
+        if self.fault_times:
+            r.decision, r.act_s = first_decision(read_jsonl(p.events), self.fault_times[0][0])
         if self.mounted:  # keep the run's small files: the tmpfs goes away
             keep = shutil.ignore_patterns("checkpoints", "tiny_model", ".filler")
             with contextlib.suppress(OSError):
