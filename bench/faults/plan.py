@@ -40,7 +40,8 @@ KINDS = (
     "disk_full",  # the filesystem under the run directory filled, freed after a while
     "two_faults",  # two of the single-node faults above in one trial
 )
-"""Fault kinds; trial i gets KINDS[i % len(KINDS)], so every kind recurs evenly."""
+"""Fault kinds (of the sync and thread placements: kinds_for); trial i gets
+KINDS[i % len(KINDS)], so every kind recurs evenly."""
 COMBINABLE = ("kill_trainer", "kill_trainer_in_save", "kill_monitor", "scancel", "disk_full")
 """The kinds a ``two_faults`` trial draws from (single node, no cluster-wide effects)."""
 TWO_NODE_KINDS = ("hang_rank", "node_down")
@@ -71,10 +72,10 @@ of the SIGSTOP (``dist.peer_timeout_s``, 60 s by default, and the monitor's next
 
 
 def kinds_for(placement: str) -> tuple[str, ...]:
-    """The fault kinds of a campaign in ``placement``; trial i gets ``kinds[i % len]``."""
-    if placement == "sync":
-        return KINDS
-    if placement == "thread":
+    """The fault kinds of a campaign in ``placement``; trial i gets ``kinds[i % len]``. A
+    thread-placement run is one process per rank as a synchronous one is: every kind
+    applies, the two-node ones on two nodes of one asynchronous DDP rank each."""
+    if placement in ("sync", "thread"):
         return KINDS
     if placement == "split":
         return SPLIT_KINDS
