@@ -76,19 +76,36 @@ def death_line(cause: RootCause, step: int, role: str | None = None) -> str | No
     )
 
 
+STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+"""The signals a trainer answers by saving and exiting 5 (train/supervision/signals.py):
+a process ended by one of them was stopped, not killed."""
+
+
+def _saved_after_a_kill(rec: ProgressRecord, cause: RootCause) -> bool:
+    """The trainer saved and exited 5 after another process was killed (pure): torchrun
+    ends the survivors of a death with SIGTERM, which a trainer that can save alone (a
+    split run's, its generator killed) answers as a stop signal. The job ended by the
+    death, not by a stop: no preemption."""
+    stopped = rec.state is TrainState.INTERRUPTED or rec.exit_code == int(ExitCode.CHECKPOINTED)
+    return stopped and cause.signal_name not in (None, *STOP_SIGNALS)
+
+
 def explained(
     rec: ProgressRecord | None, cause: RootCause, started: float, role: str | None = None
 ) -> ProgressRecord | None:
     """The record with the death in its reason, or None when it needs no change: a record
     of an earlier attempt is replaced only when this one wrote none; a failure the trainer
-    classified itself (stalled, out of memory, checkpointed...) keeps its reason; a crash
-    it recorded (a peer's death seen as a broken collective) gets the death in front."""
+    classified itself (stalled, out of memory, a stop signal's checkpoint...) keeps its
+    reason; a crash it recorded (a peer's death seen as a broken collective), or a
+    checkpoint it saved on the SIGTERM torchrun sent after the death (a split run's
+    trainer, its generator killed), gets the death in front and becomes a crash."""
     if rec is None or rec.heartbeat < started:
         return None  # this attempt wrote no record: the trainer never started
     line = death_line(cause, rec.step, role)
     if line is None or rec.state is TrainState.FINISHED:
         return None
-    if rec.state.terminal and rec.exit_code not in (None, int(ExitCode.CRASH)):
+    kept = rec.state.terminal and rec.exit_code not in (None, int(ExitCode.CRASH))
+    if kept and not _saved_after_a_kill(rec, cause):
         return None
     reason = f"{line}; then: {rec.reason}" if rec.state.terminal and rec.reason else line
     return dataclasses.replace(
