@@ -17,7 +17,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.faults.plan import EXCLUSIVE, PLACEMENT_OVERRIDES, TrialPlan, TrialResult, first_decision
+from bench.faults.plan import (
+    EXCLUSIVE,
+    PLACEMENT_OVERRIDES,
+    TrialPlan,
+    TrialResult,
+    first_decision,
+    monitor_flags,
+)
 from bench.faults.strike import (  # noqa: F401 - kill, trainer_pids: gpu_run.py's, from here
     REPO,
     Injector,
@@ -108,6 +115,7 @@ class Trial(Injector):
 
     def __init__(self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS) -> None:
         self.plan, self.root, self.seed, self.max_steps = plan, root, seed, max_steps
+        self.monitor_flags = monitor_flags(self.monitor_flags, plan.kind)
         # The harness's pid in the name: job names (what squeue is asked about) never
         # collide with another campaign on the same cluster (CI's, say).
         self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)
