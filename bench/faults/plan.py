@@ -7,7 +7,8 @@ A campaign runs in one placement (``--placement``): ``sync``, the synchronous st
 campaign before asynchronous GRPO, unchanged); ``thread``, every run asynchronous
 (``algo.max_staleness=1``), each rank generating ahead in a thread; ``split``, a trainer
 process and a generator process under one torchrun (``rollout.placement=split``; the
-profile ``slurm-local-split`` runs 2 processes on one node). docs/async.md.
+profile ``slurm-local-split`` runs 2 processes on one node, ``slurm-local-2node`` one on
+each of two nodes). docs/async.md.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ ROLE_KINDS = (
     "hang_generator",  # SIGSTOP of the generator alone: the trainer's watch must end the job
 )
 """Split placement only: faults that strike one role, once the run trains (step 1 or later)."""
-SPLIT_KINDS = (*ROLE_KINDS, *(k for k in KINDS if k not in TWO_NODE_KINDS))
-"""A split run's kinds: its roles', then every single-node kind (``kill_trainer`` kills
-both processes). Two-node kinds are left out: a split job runs on one node."""
+SPLIT_KINDS = (*ROLE_KINDS, *KINDS)
+"""A split run's kinds: its roles' (one node, 2 processes), then every kind of the
+synchronous campaign (``kill_trainer`` kills both processes); the two-node ones on two
+nodes of one process each: the trainer on grpo-n1, the generator on grpo-n2."""
 ALL_KINDS = (*KINDS, *ROLE_KINDS)
 """Every kind of every placement, in the order tables list them."""
 ROLE_NAMED = {
@@ -161,9 +163,9 @@ def _fault(kind: str, rng: random.Random) -> Fault:
 def profile_for(kind: str, placement: str) -> str:
     """The profile of a trial of ``kind`` (the reference run of each profile is made in the
     same placement)."""
-    if placement == "split":
-        return SPLIT_NODE
-    return TWO_NODE if kind in TWO_NODE_KINDS else SINGLE_NODE
+    if kind in TWO_NODE_KINDS:
+        return TWO_NODE
+    return SPLIT_NODE if placement == "split" else SINGLE_NODE
 
 
 def plan_trial(seed: int, index: int, placement: str = "sync") -> TrialPlan:

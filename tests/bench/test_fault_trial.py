@@ -49,8 +49,8 @@ def test_references_are_made_in_the_campaigns_placement() -> None:
         ("reference", SINGLE_NODE, "thread"),
         ("reference", TWO_NODE, "thread"),
     ]
-    split = reference_plans(plan_campaign(1, 4, "split"), "split")
-    assert [(r.profile, r.placement) for r in split] == [(SPLIT_NODE, "split")]
+    split = reference_plans(plan_campaign(1, 13, "split"), "split")
+    assert [(r.profile, r.placement) for r in split] == [(TWO_NODE, "split"), (SPLIT_NODE, "split")]
     assert reference_plans(plan_campaign(1, 3))[0].placement == "sync"
 
 
