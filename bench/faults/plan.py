@@ -75,9 +75,10 @@ stopped process, the monitor's next pass)."""
 HANG_HEARTBEAT_S = 150.0
 """The monitor's heartbeat limit in a ``hang_generator`` trial: above HANG_LIMIT_S, so that
 the trainer's own watch is what ends the job, as with grpo-monitor's default (600 s). The
-campaign's 20 s would act first: a trainer blocked sending the weights to a stopped
-generator beats no heartbeat (its heartbeat thread runs only while it waits for a batch),
-and the monitor cancelled the job 20 s after the SIGSTOP, unnamed (split trial 2, seed 1)."""
+campaign's 20 s would act first: a trainer blocked sending its next request to a stopped
+generator beats no heartbeat (split.py's heartbeat thread runs only while it receives a
+batch), and the monitor cancelled the job 20 s after the SIGSTOP, unnamed (split trial 2,
+seed 1)."""
 
 
 def monitor_flags(flags: list[str], kind: str) -> list[str]:
