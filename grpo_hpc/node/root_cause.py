@@ -85,9 +85,10 @@ def _saved_after_a_kill(rec: ProgressRecord, cause: RootCause) -> bool:
     """The trainer saved and exited 5 after another process was killed (pure): torchrun
     ends the survivors of a death with SIGTERM, which a trainer that can save alone (a
     split run's, its generator killed) answers as a stop signal. The job ended by the
-    death, not by a stop: no preemption."""
+    death, not by a stop: no preemption. Rank 0 is the one that records (trainer 0): its
+    own death after its checkpoint's record leaves the record as it is."""
     stopped = rec.state is TrainState.INTERRUPTED or rec.exit_code == int(ExitCode.CHECKPOINTED)
-    return stopped and cause.signal_name not in (None, *STOP_SIGNALS)
+    return stopped and cause.rank != 0 and cause.signal_name not in (None, *STOP_SIGNALS)
 
 
 def explained(

@@ -67,18 +67,21 @@ def test_what_the_record_becomes() -> None:
     # rank: that kill is not the story), and so does a finished run
     stalled = _rec(TrainState.FAILED, int(ExitCode.STALLED), "rank 1 stopped answering")
     assert root_cause.explained(stalled, cause, started) is None
+    assert root_cause.explained(_rec(TrainState.FINISHED, 0), cause, started) is None
     # ... unless it checkpointed on the SIGTERM torchrun sent after the death (a split run's
     # trainer saves alone when its generator is killed): a crash, not a preemption, and the
-    # death is named; a process that ended on a stop signal itself was stopped, not killed
+    # death is named; a process that ended on a stop signal itself was stopped, not killed,
+    # and rank 0's own death came after the record it wrote
     saved = _rec(TrainState.INTERRUPTED, int(ExitCode.CHECKPOINTED), "stopped on SIGTERM")
     got = root_cause.explained(saved, cause, started, "generator")
     assert (got.state, got.exit_code) == (TrainState.FAILED, ExitCode.CRASH)
     assert got.reason.startswith("generator (rank 1, pid 77 on n1) was killed by SIGKILL")
     assert got.reason.endswith("; then: stopped on SIGTERM")
+    own = root_cause.RootCause(rank=0, host="n1", exitcode=-9, pid=76)  # after its record
+    assert root_cause.explained(saved, own, started, "trainer") is None
     for sig in STOP_SIGNALS:
         stopped = root_cause.RootCause(rank=1, host="n1", exitcode=-int(sig), pid=77)
         assert root_cause.explained(saved, stopped, started) is None, sig.name
-    assert root_cause.explained(_rec(TrainState.FINISHED, 0), cause, started) is None
     # a record of an earlier attempt, and an ordinary non-zero exit, are left alone
     old = _rec(TrainState.TRAINING)
     assert root_cause.explained(old, cause, time.time() + 10) is None
