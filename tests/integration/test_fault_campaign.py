@@ -31,7 +31,7 @@ already have finished on a fast machine, and then the test proved nothing)."""
 CI_SPLIT_TRIAL = "0"
 """kill_generator of seed 1 in the split placement (``kinds_for("split")[0]``): the
 generator process alone SIGKILLed 0.01 s into a step past the first checkpoint, its
-trainer holding a batch generated ahead (the test: 20-22 s in three runs on the 2-core
+trainer holding a batch generated ahead (the test: 20-25 s in four runs on the 2-core
 machine, against an uninterrupted split run made at the same time)."""
 
 
