@@ -261,7 +261,9 @@ def test_a_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path, reference: Ru
 def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: int) -> None:
     """SIGSTOP of the generator (a hung process; the trainer's watch catches it) or of the
     trainer (the generator's watch does): the job ends within dist.peer_timeout_s, exit 4,
-    and progress.json names the role and the host."""
+    and progress.json names the role and the host. While the trainer waits on a stopped
+    generator (its request, the weights' broadcast, a batch) it keeps its heartbeat: the
+    monitor's heartbeat limit must not end the job first, unnamed."""
     timeout_s = 10
     run = split_run(tmp_path, f"hung-{victim}", *SLOW, f"dist.peer_timeout_s={timeout_s}")
     with training(run, nproc=2, timeout=240) as result:
@@ -271,7 +273,12 @@ def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: i
             assert time.time() < deadline, "the run never reached step 2"
             time.sleep(0.05)
         os.kill(pid, signal.SIGSTOP)
-        try:
+        stopped, beats = time.time(), []
+        try:  # trainer 0's heartbeats until the job's failure is recorded
+            while (rec := read_progress(run.progress)).state != TrainState.FAILED:
+                assert time.time() < stopped + 180, "the stopped role was never caught"
+                beats.append(rec.heartbeat)
+                time.sleep(0.2)
             done = result()
         finally:
             try:
@@ -279,6 +286,8 @@ def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: i
             except ProcessLookupError:
                 pass
     assert done.returncode == ExitCode.STALLED, done.stderr[-2000:]
+    if victim == "generator":  # the trainer waits on it beating: its peers' watch names it
+        assert max(beats) > stopped + timeout_s / 2, "no heartbeat while waiting on it"
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FAILED and rec.step < MAX_STEPS
     said = (

@@ -25,10 +25,11 @@ heartbeat, so that a long first batch does not read as a hung trainer.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,10 +167,20 @@ def _wire(device: torch.device) -> torch.device:
 
 
 def _wait(work: Any, tick: Callable[[], None] | None = None) -> None:
-    """Wait for ``work``, calling ``tick`` every ``TICK_S`` meanwhile from a thread (gloo's
-    point-to-point work completes only inside ``wait``: it cannot be polled)."""
-    if tick is None:
+    """Wait for ``work``, calling ``tick`` every ``TICK_S`` meanwhile (gloo's point-to-point
+    work completes only inside ``wait``: it cannot be polled)."""
+    with beating(tick):
         _finish(work)
+
+
+@contextlib.contextmanager
+def beating(tick: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``tick`` every ``TICK_S`` from a thread while the body blocks (None: no
+    thread). A trainer waiting on a generator beats its heartbeat so that the monitor does
+    not call it stalled: a generator that stops answering is its peers' watch to catch and
+    name (``dist.peer_timeout_s``: its pulses stop), not a heartbeat limit's."""
+    if tick is None:
+        yield
         return
     done = threading.Event()
 
@@ -180,7 +191,7 @@ def _wait(work: Any, tick: Callable[[], None] | None = None) -> None:
     beater = threading.Thread(target=beat, name="grpo-split-wait", daemon=True)
     beater.start()
     try:
-        _finish(work)
+        yield
     finally:
         done.set()
         beater.join()
@@ -290,11 +301,12 @@ class SplitPipeline(RolloutPipeline):
     def _order(self, request: Request, step: int) -> None:
         """Send ``request`` to this trainer's generator, then the weights to every generator
         (trainer 0 sends them; under FSDP2 every trainer takes part in their gather)."""
-        try:
-            send_obj(request, self.link.peer, self.link.device)
-            t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
-            broadcast_weights(self.policy, self.link)
-            self.sync_s += time.monotonic() - t
+        try:  # both wait for the generators (a stopped one: until the peers' watch ends it)
+            with beating(self.tick):
+                send_obj(request, self.link.peer, self.link.device)
+                t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
+                broadcast_weights(self.policy, self.link)
+                self.sync_s += time.monotonic() - t
         except RuntimeError as e:  # gloo: a generator's connection closed
             # no stop then: another generator may wait in this broadcast for weights that
             # will not come, and a stop sent to it would wait with it (until torchrun's kill)
