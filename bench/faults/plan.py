@@ -72,22 +72,6 @@ HANG_LIMIT_S = 120.0
 """A hung generator must have ended its job, and the monitor acted, within this many seconds
 of the SIGSTOP (``dist.peer_timeout_s``, 60 s by default, torchrun's 30 s grace for the
 stopped process, the monitor's next pass)."""
-HANG_HEARTBEAT_S = 150.0
-"""The monitor's heartbeat limit in a ``hang_generator`` trial: above HANG_LIMIT_S, so that
-the trainer's own watch is what ends the job, as with grpo-monitor's default (600 s). The
-campaign's 20 s would act first: a trainer blocked sending its next request to a stopped
-generator beats no heartbeat (split.py's heartbeat thread runs only while it receives a
-batch), and the monitor cancelled the job 20 s after the SIGSTOP, unnamed (split trial 2,
-seed 1)."""
-
-
-def monitor_flags(flags: list[str], kind: str) -> list[str]:
-    """grpo-monitor's flags for a trial of ``kind``: ``flags``, with the heartbeat limit
-    HANG_HEARTBEAT_S in a ``hang_generator`` trial."""
-    if kind != "hang_generator":
-        return list(flags)
-    at = flags.index("--heartbeat-timeout") + 1
-    return [*flags[:at], f"{HANG_HEARTBEAT_S:g}", *flags[at + 1 :]]
 
 
 def kinds_for(placement: str) -> tuple[str, ...]:

@@ -30,7 +30,6 @@ from bench.faults.plan import (
     TrialResult,
     batches,
     markdown_table,
-    monitor_flags,
     plan_trial,
     summarize,
     verdict,
@@ -161,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
                 *PLACEMENT_OVERRIDES[args.placement],
             ],
             "monitor": MONITOR_FLAGS,
-            "monitor_hang_generator": monitor_flags(MONITOR_FLAGS, "hang_generator"),
         },
     }
     why = restore_cluster()

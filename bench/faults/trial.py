@@ -23,7 +23,6 @@ from bench.faults.plan import (
     TrialPlan,
     TrialResult,
     first_decision,
-    monitor_flags,
 )
 from bench.faults.strike import (  # noqa: F401 - kill, trainer_pids: gpu_run.py's, from here
     REPO,
@@ -115,7 +114,6 @@ class Trial(Injector):
 
     def __init__(self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS) -> None:
         self.plan, self.root, self.seed, self.max_steps = plan, root, seed, max_steps
-        self.monitor_flags = monitor_flags(self.monitor_flags, plan.kind)
         # The harness's pid in the name: job names (what squeue is asked about) never
         # collide with another campaign on the same cluster (CI's, say).
         self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)

@@ -10,17 +10,14 @@ from pathlib import Path
 import pytest
 
 from bench.faults.plan import (
-    HANG_HEARTBEAT_S,
-    HANG_LIMIT_S,
     PLACEMENT_OVERRIDES,
     SINGLE_NODE,
     SPLIT_NODE,
     TWO_NODE,
     plan_campaign,
-    plan_trial,
 )
 from bench.faults.run import reference_plans
-from bench.faults.trial import MONITOR_FLAGS, PROFILES, REPO, Trial, cli_env, profile_arg
+from bench.faults.trial import PROFILES, REPO, cli_env, profile_arg
 from grpo_hpc.cli.submit import main as submit
 from grpo_hpc.config.profiles import load_profile
 
@@ -61,17 +58,3 @@ def test_jobs_import_this_checkouts_code(monkeypatch: pytest.MonkeyPatch) -> Non
     assert cli_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/elsewhere"]
     monkeypatch.delenv("PYTHONPATH")
     assert cli_env()["PYTHONPATH"] == str(REPO)
-
-
-def test_a_hang_trial_leaves_the_hang_to_the_trainers_own_watch(tmp_path: Path) -> None:
-    """hang_generator: grpo-monitor's heartbeat limit above the verdict's limit, so that
-    the job the trial judges is ended by the trainer's pulse watch (exit 4), not by the
-    monitor's heartbeat timeout; every other trial keeps the campaign's flags."""
-    hang = plan_trial(1, 2, "split")
-    assert hang.kind == "hang_generator"
-    flags = Trial(hang, tmp_path / "h", 1).monitor_flags
-    at = flags.index("--heartbeat-timeout")
-    assert float(flags[at + 1]) == HANG_HEARTBEAT_S > HANG_LIMIT_S
-    assert flags[:at] + flags[at + 2 :] == MONITOR_FLAGS[:at] + MONITOR_FLAGS[at + 2 :]
-    for plan in (plan_trial(1, 0, "split"), plan_trial(1, 6), plan_trial(1, 6, "thread")):
-        assert Trial(plan, tmp_path / plan.kind, 1).monitor_flags == MONITOR_FLAGS
