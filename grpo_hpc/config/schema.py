@@ -135,7 +135,7 @@ class RolloutConfig:
     back (docs/async.md). This release runs split as ``generators`` generator processes and
     at least as many DDP or FSDP2 trainer processes (nodes x ``dist.nproc_per_node`` =
     trainers + generators; ranks numbered node by node: the generators are the last node's
-    last processes), one generator on one node or several, several generators on one node."""
+    last processes), on one node or several."""
     generators: int = 1
     """``placement=split``: how many of the job's ranks generate (the last ``G``; the others
     train), 1 to the trainers' count. Trainer ``r`` is served by generator ``r % G``, each

@@ -173,10 +173,10 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
     ``G`` generator processes and ``T >= G`` trainer processes (DDP or FSDP2 among them;
     trainer ``r`` served by generator ``r % G``, ``config.roles``), an asynchronous run (the
     synchronous step has nothing to overlap), the rollouts of one round (dynamic sampling's
-    extra rounds are decided after scoring, on the trainer). Any number of nodes for one
-    generator: ranks are numbered node by node, so the generator is the last node's last
-    process, and its messages and weights cross nodes over the process group as the
-    trainers' DDP does; several generators on one node (not yet tried across nodes)."""
+    extra rounds are decided after scoring, on the trainer). Any number of nodes: ranks are
+    numbered node by node, so the generators are the last node's last processes, and
+    their messages and weights cross nodes over the process group as the trainers' DDP
+    does."""
     k, g = cfg.algo.max_staleness, cfg.rollout.generators
     if not k:
         return (
@@ -199,12 +199,6 @@ def split_problem(cfg: Config, ranks: int | None) -> str | None:
             f"rollout.generators={g} with {t} trainer process(es) of {ranks}: a generator "
             f"would have no trainer to serve: set rollout.generators={t} or fewer, or use a "
             f"profile with nproc_per_node: {2 * g} or more"
-        )
-    if g > 1 and ranks is not None and ranks > cfg.dist.nproc_per_node:  # not yet tried
-        return (
-            f"rollout.generators={g} runs on one node in this release, not on {ranks} processes "
-            f"of {cfg.dist.nproc_per_node} per node: one node, or rollout.generators=1 across "
-            "nodes"
         )
     if cfg.rollout.dynamic_sampling:
         return (

@@ -11,6 +11,9 @@ Each ends, bit for bit (weights and optimizer), as the same seed's run of two pr
 on one node does (torchrun on this machine, tests/e2e/helpers.py). One module fixture
 makes the four runs: the two jobs side by side, the two references beside them.
 
+Two generators across the nodes too (2 nodes of 2 processes: the trainers on grpo-n1, the
+generators on grpo-n2), against the same seed's 2 + 2 split run on one node.
+
 Then a split run loses grpo-n2 (profile ``nodes_wait_s: 5``): the node left holds one
 process, which the trainer refuses (a trainer and a generator are needed), so the monitor
 does not shrink the run onto it; the job Slurm requeued waits for both nodes, the monitor
@@ -193,3 +196,40 @@ def test_a_split_run_that_lost_a_node_waits_for_it_rather_than_shrink(
     rec = progress(paths)
     assert rec.state is TrainState.FINISHED and rec.step == STEPS
     assert_same(_final_state(paths), _final_state(runs["split-ref"].paths))
+
+
+def test_two_generators_across_two_nodes_train_what_one_node_trains(
+    two_nodes, tmp_path: Path
+) -> None:
+    """2 nodes of 2 processes, ``rollout.generators=2``: ranks 0-1 train on grpo-n1, the
+    generators (ranks 2-3, trainer r served by generator r % 2) run on grpo-n2; the final
+    weights and optimizer of the same seed's 2 + 2 split run on one node, to the bit."""
+    profile = write_profile(tmp_path / "two-by-two.yaml", PROFILE, nproc_per_node=2)
+    logs = tmp_path / "logs"
+    args = [*RUN_ARGS, "rollout.placement=split", "rollout.generators=2"]
+
+    def job() -> Run:
+        where = ["--config", "tiny", "--name", "g2", "--logs", str(logs), "--wait"]
+        p = cli("cli.submit", "--profile", str(profile), *where, *args, timeout=300)
+        return Run(RunPaths(logs / "g2"), p.returncode, p.stdout + p.stderr)
+
+    def reference() -> Run:
+        paths = make_run(tmp_path / "one-node", "g2-ref", *RUN_ARGS, nproc=4)
+        text = paths.config.read_text().replace("placement: thread", "placement: split")
+        paths.config.write_text(text.replace("generators: 1", "generators: 2"))
+        p = train(paths, 4, torchrun=True)
+        return Run(paths, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run_f, ref_f = pool.submit(job), pool.submit(reference)
+        run, ref = run_f.result(), ref_f.result()
+    _finished_on_both_nodes(run)
+    assert "trainer ranks 0-1 on node 0, generator ranks 2-3 on node 1" in run.output, run.output
+    assert _pulses(run.paths) == {
+        "rank0": ["grpo-n1", "trainer", "0"],
+        "rank1": ["grpo-n1", "trainer", "1"],
+        "rank2": ["grpo-n2", "generator", "0"],
+        "rank3": ["grpo-n2", "generator", "1"],
+    }
+    assert ref.returncode == 0, ref.output
+    assert_same(_final_state(run.paths), _final_state(ref.paths))

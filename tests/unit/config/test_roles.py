@@ -78,11 +78,6 @@ def test_a_lost_rank_is_named_by_the_role_its_pulse_wrote() -> None:
         (["algo.max_staleness=1", "rollout.generators=2"], 3, "no trainer to serve: set rollout."),
         (["algo.max_staleness=1", "rollout.generators=2"], 2, "2 generators and at least 1"),
         (["algo.max_staleness=1", "rollout.generators=0"], 2, "must be at least 1"),
-        (
-            ["algo.max_staleness=1", "rollout.generators=2", "dist.nproc_per_node=2"],
-            4,
-            "rollout.generators=2 runs on one node in this release",
-        ),
         (["algo.max_staleness=1", "rollout.dynamic_sampling=true"], 2, "dynamic_sampling"),
     ],
 )
@@ -111,7 +106,8 @@ def test_the_config_refuses_a_synchronous_split_and_accepts_an_asynchronous_one(
 
 def test_the_split_runs_across_nodes() -> None:
     """Ranks are numbered node by node: on 2 nodes of 1 process the trainer is the first
-    node's, the generator the second's; on 2 of 2, ranks 0-2 train and rank 3 generates."""
+    node's, the generator the second's; on 2 of 2, ranks 0-2 train and rank 3 generates
+    (with two generators, ranks 2-3: the second node)."""
     cfg = build_config("tiny", ["algo.max_staleness=1"])
     cfg.rollout.placement = "split"
     for per_node, nodes in ((1, 2), (2, 2), (1, 3)):
@@ -121,6 +117,10 @@ def test_the_split_runs_across_nodes() -> None:
     assert role_of(cfg, 1, 2) == Role(GENERATOR, 0, 1, 1, 1)
     assert role_of(cfg, 2, 4) == Role(TRAINER, 2, 3, 3, 1)
     assert role_of(cfg, 3, 4) == Role(GENERATOR, 0, 1, 3, 1)
+    # two generators on 2 nodes of 2: the second node's processes both generate
+    cfg.rollout.generators, cfg.dist.nproc_per_node = 2, 2
+    assert split_problem(cfg, 4) is None
+    assert [role_of(cfg, r, 4).name for r in range(4)] == [TRAINER, TRAINER, GENERATOR, GENERATOR]
 
 
 @pytest.mark.parametrize(
