@@ -47,8 +47,10 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
 # The suite is CPU-bound, loaded or not: only less CPU makes it faster. Fresh-clone runs
-# with a cold Inductor cache at 7f19c45 (2026-12-04, 1,493 tests): 11:37 wall with a busy
-# loop per core, 10:26 without (10:31 at 4c473dd). Earlier at 958434c (1,428 tests): 13:25
+# with a cold Inductor cache at 45d7e3c (2026-12-05, 1,553 tests): 14:40 wall with a busy
+# loop per core, 10:49 without (at 0a9e975, the same code); the new two-node tests sit in
+# the serial slurm-multi group, the critical path. At 7f19c45 (2026-12-04, 1,493 tests):
+# 11:37 loaded, 10:26 not (10:31 at 4c473dd). Earlier at 958434c (1,428 tests): 13:25
 # loaded, 11:20 not; at a77e946 (2026-12-03, 1,305 tests, loaded): 13:15,
 # 13:14, 13:42, the suite using 1305-1350 CPU s (the busy loops ~285). Where it
 # went (one run sampled by process): trainers started as programs (Slurm jobs, torchrun;
