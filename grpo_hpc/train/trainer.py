@@ -23,7 +23,6 @@ import torch
 from grpo_hpc.config import speed as auto_speed
 from grpo_hpc.config import validate
 from grpo_hpc.config.schema import Config
-from grpo_hpc.config.validate import share_problem
 from grpo_hpc.core.errors import (
     CircuitBreakerError,
     ConfigError,
@@ -116,7 +115,7 @@ class Trainer:
         dist.choose_kernels_by_rule(info.device, cfg.dist.deterministic_kernels)
         self.speed_line = auto_speed.describe(cfg, self.cfg)  # said with the engine chosen
         cfg = self.cfg
-        problem = share_problem(cfg.rollout.prompts_per_step, info.world_size)  # trainers
+        problem = validate.share_problem(cfg.rollout.prompts_per_step, info.world_size)
         if problem:
             raise ConfigError(problem)
         splits, self.eval_set = loading.load_sets(cfg)
