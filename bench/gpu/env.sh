@@ -29,6 +29,10 @@ install_wheels() {
             fi
         ) 9>/tmp/site.lock || exit 1
         export PYTHONPATH=/tmp/site:$PWD
+    elif [ -d /tmp/site ]; then
+        # installed by an earlier call on this held machine: a call carrying a GGUF part
+        # has no room for .whl too (64 MiB), and still needs them
+        export PYTHONPATH=/tmp/site:$PWD
     else
         export PYTHONPATH=$PWD
     fi
