@@ -57,7 +57,7 @@ def launch(
     launch path stays under test: :func:`start`, tests/e2e/test_signals_early.py,
     test_two_processes_train_and_checkpoint[ddp-hf], tests/e2e/test_submit_local.py and
     the real-Slurm tests go through torchrun."""
-    if not torchrun:
+    if not torchrun and not _gpu_machine():
         return ForkedRun([str(paths.root)], env(), out, err, nproc)
     return subprocess.Popen(
         torchrun_cmd(paths, nproc),
@@ -67,6 +67,15 @@ def launch(
         env=env(),
         start_new_session=True,
     )
+
+
+def _gpu_machine() -> bool:
+    """On a machine with a CUDA GPU the runs go through the real torchrun: the fork
+    server's preloaded trainer may have set CUDA up, and CUDA cannot be used again in a
+    process forked after that ("Cannot re-initialize CUDA in forked subprocess")."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def env() -> dict[str, str]:
