@@ -15,7 +15,8 @@
 # Knobs (environment): ASYNC_K ("0 1": the staleness values run; one call per value if a
 #   stage outgrows 600 s, then `python -m bench.speed.longtail --analyze-only` here over both)
 #   ASYNC_STEPS (each stage's own, below) ASYNC_LENGTHS (the distribution file)
-#   ASYNC_TIMEOUT (per run, 270 s)
+#   ASYNC_TIMEOUT (per run, 270 s) ASYNC_VARIANTS (';'-separated NAME=OVERRIDES runs after
+#   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high")
 # Writes OUT/async_<stage>/{longtail.md,longtail.json,k0/,k1/}: each run's metrics.jsonl,
 # config.yaml and generation records.
 set -uo pipefail
@@ -29,10 +30,12 @@ LENGTHS=${ASYNC_LENGTHS:-bench/speed/lengths/smollm2_gsm8k_cap1024.json}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # async_run STAGE STEPS GRPO_STEP_ARGS...: the runner over each ASYNC_K value
 async_run() {
-    local stage=$1 steps=$2
+    local stage=$1 steps=$2 variants=() v
     shift 2
+    IFS=';' read -ra vs <<<"${ASYNC_VARIANTS:-}"
+    for v in "${vs[@]}"; do [ -n "$v" ] && variants+=(--variant "$v"); done
     # shellcheck disable=SC2086  (ASYNC_K is a list)
-    python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} \
+    python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} "${variants[@]}" \
         --run-timeout "${ASYNC_TIMEOUT:-270}" -- --precision bf16 --steps "${ASYNC_STEPS:-$steps}" \
         --seed 0 "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
 }

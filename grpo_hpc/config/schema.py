@@ -142,6 +142,15 @@ class RolloutConfig:
     generator making its trainers' batches, so a step's rollouts come back about ``G``
     times sooner where decoding, not the update, bounds the step; every generator gets the
     weights in the one broadcast from trainer rank 0 (docs/async.md)."""
+    decode_priority: str = one_of("normal", ("normal", "high"))
+    """Thread placement on a GPU (``algo.max_staleness`` >= 1): the CUDA priority of the
+    stream the generator thread decodes on. ``high``: CUDA's highest, so that the decode's
+    small kernels take the multiprocessors ahead of the update's queued blocks as they free
+    up (the decode waits on each token; the update on the whole batch). ``normal``: the
+    same priority as the update's stream. On one H200 the decode slowed by about the
+    update's length while both ran (bench/results/LOG-speed.md, 2026-12-05); whether
+    ``high`` wins it back is to be measured (``bench/gpu.sh async``). No effect on a CPU
+    or in a split placement (its generators have a GPU of their own)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

@@ -12,7 +12,7 @@ import pytest
 
 from bench.speed import length_dist as ld
 from bench.speed import longtail_analysis as la
-from bench.speed.longtail import step_command
+from bench.speed.longtail import plan_runs, step_command
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "bench/speed/lengths/smollm2_gsm8k_cap1024.json"
@@ -143,9 +143,24 @@ def test_summary_and_table() -> None:
 
 
 def test_each_run_imposes_or_records_and_keeps_its_files(tmp_path: Path) -> None:
-    imposed = step_command(1, tmp_path, tmp_path, ["--shape", "tiny", "--length-dist", "F"])
+    k0, k1 = plan_runs([0, 1], [])
+    imposed = step_command(k1, tmp_path, tmp_path, ["--shape", "tiny", "--length-dist", "F"])
     assert imposed[imposed.index("--override") + 1] == "algo.max_staleness=1"
     assert "--record" not in imposed and imposed[imposed.index("--engine") + 1] == "native"
     assert imposed[imposed.index("--keep") + 1] == str(tmp_path / "k1")
-    real = step_command(0, tmp_path, tmp_path, ["--model-dir", "M", "--source", "gsm8k"])
+    real = step_command(k0, tmp_path, tmp_path, ["--model-dir", "M", "--source", "gsm8k"])
     assert "--record" in real and "algo.max_staleness=0" in real
+
+
+def test_a_variant_is_one_more_run_with_its_overrides(tmp_path: Path) -> None:
+    """``NAME=OVERRIDES`` runs after the staleness runs, in DIR/NAME, with each override
+    passed on; a malformed variant or a name used twice is refused."""
+    runs = plan_runs([0, 1], ["k1high=algo.max_staleness=1 rollout.decode_priority=high"])
+    assert [r.name for r in runs] == ["k0", "k1", "k1high"]
+    cmd = step_command(runs[2], tmp_path, tmp_path, ["--shape", "tiny", "--length-dist", "F"])
+    overrides = [cmd[i + 1] for i, w in enumerate(cmd) if w == "--override"]
+    assert overrides == ["algo.max_staleness=1", "rollout.decode_priority=high"]
+    assert cmd[cmd.index("--keep") + 1] == str(tmp_path / "k1high")
+    for bad in (["k1high"], ["k/1=algo.max_staleness=1"], ["k1=algo.max_staleness=1"]):
+        with pytest.raises(ValueError):
+            plan_runs([0, 1], bad)

@@ -102,7 +102,7 @@ class RolloutPipeline:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
         self.shadow = shadow if shadow is not None else plain_copy(policy)
-        self.side = SideStream(next(policy.parameters()).device)
+        self.side = SideStream(next(policy.parameters()).device, cfg.rollout.decode_priority)
         self.on_main = False
         engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
         self.now = dataclasses.replace(collector, engine=engine)

@@ -17,7 +17,11 @@ What that costs in care, each a rule below:
   its memory back to the side stream as soon as Python drops it, while the update's kernels
   that read it may still be queued;
 - the device: a new host thread starts on device 0; on rank r of a node the thread must
-  select the rank's GPU before it allocates or seeds anything.
+  select the rank's GPU before it allocates or seeds anything;
+- the priority (``rollout.decode_priority``): on a stream of CUDA's highest priority the
+  block scheduler gives the decode's blocks free multiprocessors before the update's
+  waiting ones, so the decode, one small launch per token, is not held behind a large
+  matrix product of the update (:func:`stream_priority`).
 
 On a CPU every method does nothing: the thread runs as before.
 """
@@ -32,12 +36,28 @@ from typing import Any
 import torch
 
 
+HIGHEST = -100
+"""Below CUDA's priority range on any device (H100/H200: 0 to -5): torch maps a priority
+past the range to the nearest it allows, the highest for a negative one."""
+
+
+def stream_priority(setting: str) -> int:
+    """The priority the decode's stream is asked for (pure): lower numbers are higher
+    priorities; ``normal`` is 0, every stream's default."""
+    levels = {"normal": 0, "high": HIGHEST}
+    if setting not in levels:
+        raise ValueError(f"decode priority {setting!r}: normal or high")
+    return levels[setting]
+
+
 class SideStream:
     """A generator thread's stream and the event it starts after (CUDA only)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, priority: str = "normal") -> None:
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = None
+        if device.type == "cuda":
+            self.stream = torch.cuda.Stream(device, priority=stream_priority(priority))
         self._start: torch.cuda.Event | None = None
 
     def ready(self) -> None:

@@ -35,7 +35,7 @@ def test_choices_are_read_from_the_fields() -> None:
         for f in dataclasses.fields(section.default_factory)
         if KEY in f.metadata
     }
-    assert CHOICES == written and len(written) == 15
+    assert CHOICES == written and len(written) == 16
 
 
 def test_a_default_outside_its_choices_is_refused() -> None:

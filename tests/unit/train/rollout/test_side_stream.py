@@ -12,7 +12,7 @@ import torch
 
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.rollout.collect import Collected
-from grpo_hpc.train.rollout.side_stream import SideStream, tensors_in
+from grpo_hpc.train.rollout.side_stream import SideStream, stream_priority, tensors_in
 from grpo_hpc.train.rollout.types import RolloutBatch
 
 
@@ -65,6 +65,37 @@ def test_on_a_cpu_the_side_stream_changes_nothing() -> None:
     th.join()
     side.hand_over(out)
     assert out[0].tolist() == [0, 2, 4]
+
+
+def test_the_decode_priority_asks_for_the_highest_or_the_default() -> None:
+    """``normal`` is every stream's default (0); ``high`` asks below any device's range
+    (torch maps it to the highest), and an unknown setting is refused."""
+    assert stream_priority("normal") == 0
+    assert stream_priority("high") < -5  # past CUDA's (0, -5) on Hopper
+    with pytest.raises(ValueError, match="normal or high"):
+        stream_priority("urgent")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_high_decode_priority_is_the_devices_highest() -> None:
+    """The stream torch gives for ``high`` has a higher priority (a lower number) than the
+    default stream and than a ``normal`` side stream, and is what the thread runs on."""
+    device = torch.device("cuda", 0)
+    normal, high = SideStream(device, "normal"), SideStream(device, "high")
+    assert normal.stream is not None and high.stream is not None
+    assert normal.stream.priority == torch.cuda.default_stream(device).priority == 0
+    assert high.stream.priority < 0
+    seen: list[torch.cuda.Stream] = []
+
+    def work() -> None:
+        with high.inside():
+            seen.append(torch.cuda.current_stream())
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert seen == [high.stream]
 
 
 @pytest.mark.gpu
