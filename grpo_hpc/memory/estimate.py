@@ -101,6 +101,11 @@ class Settings:
     """``algo.max_staleness``: >= 1 generates while the update runs, from a second copy of
     the weights with an engine of its own (docs/async.md); nothing of the engine is then
     released for the update."""
+    evaluates: bool = True
+    """The run evaluates held-out problems while it trains (``training.eval_every`` > 0).
+    In an asynchronous run the policy's own engine then allocates a KV cache for the
+    evaluation (the rollout's rows: ``evaluation.scoring.eval_chunk``); without evaluation
+    it never generates and holds no cache, only its packed weights (built with it)."""
 
     @property
     def compute_bytes(self) -> int:
@@ -345,6 +350,13 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     kv = rows * slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
     # The native engine keeps its cache across steps; HF generate's lives while it generates.
     kv_resident, kv_transient = (kv, 0) if native else (0, kv)
+    # An asynchronous run's rollouts decode in the copy's engine (its cache is in
+    # ``shadow``): the policy's engine allocates one only for an evaluation. Measured on one
+    # H200 without evaluation (bench/results/LOG-speed.md, 2026-12-05): the asynchronous
+    # peak over the synchronous one was 8.7 GiB (Qwen2.5-1.5B) and 17.5 GiB (Llama-3.1-8B
+    # LoRA), the copy, its packed weights and one cache; counting a second cache said 16.4
+    # and 35.0.
+    kv_policy = kv_resident if (not s.staleness or s.evaluates) else 0
     tokens = micro_tokens(s)
     h, i = shape.hidden, shape.active_intermediate  # a token's routed experts under MoE
     # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
@@ -381,7 +393,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         ddp_buckets=ddp_buckets,
         compute_weights=compute,
         engine_weights=engine_weights,
-        kv_cache=kv_resident,
+        kv_cache=kv_policy,
         activations=activations,
         logp_head=logp_head,
         reference=reference,
