@@ -357,6 +357,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     # LoRA), the copy, its packed weights and one cache; counting a second cache said 16.4
     # and 35.0.
     kv_policy = kv_resident if (not s.staleness or s.evaluates) else 0
+    copy_bytes = 4 * trainable if (lora and not s.fsdp) else weight_bytes
     tokens = micro_tokens(s)
     h, i = shape.hidden, shape.active_intermediate  # a token's routed experts under MoE
     # fp32 residual stream when the embedding is fp32 (autocast over fp32 weights).
@@ -404,7 +405,9 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         # the generator's copy of the weights and its own engine (packed copy, KV cache):
         # the policy's engine stays for the held-out evaluation. The copy is whole on every
         # rank, FSDP2's too (weight_bytes, not divided by the shards: each rank generates
-        # from a full copy gathered after each update, a tensor at a time, no second copy)
-        shadow=weight_bytes + engine_weights + kv_resident if s.staleness else 0,
+        # from a full copy gathered after each update, a tensor at a time, no second copy);
+        # a LoRA copy shares the frozen base where the policy keeps its parameters
+        # (pipeline.plain_copy): its adapters alone
+        shadow=copy_bytes + engine_weights + kv_resident if s.staleness else 0,
         overlapped=transient + kv_transient if s.staleness else 0,
     )

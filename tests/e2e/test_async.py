@@ -106,9 +106,12 @@ def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("k", "engine", "nproc"), [(1, "hf", 1), (2, "native", 1), (1, "hf", 2)])
+@pytest.mark.parametrize(
+    ("k", "engine", "nproc", "lora"),
+    [(1, "hf", 1, 0), (2, "native", 1, 0), (1, "hf", 2, 0), (1, "native", 1, 4)],
+)
 def test_async_kill_and_resume_is_bit_exact(
-    tmp_path: Path, k: int, engine: str, nproc: int
+    tmp_path: Path, k: int, engine: str, nproc: int, lora: int
 ) -> None:
     """As tests/e2e/test_resume_exact.py, asynchronous: SIGKILL at a random moment after the
     first checkpoint (while batches are generated ahead, or inside a save), resume, and the
@@ -116,10 +119,12 @@ def test_async_kill_and_resume_is_bit_exact(
     runs' threads run at different moments, so it also shows the run does not depend on
     thread timing; the resumed rank's state digest equals its checkpoint's (the batches
     generated ahead included). Two DDP ranks (under the real torchrun): each generates its
-    share ahead with no collective."""
+    share ahead with no collective. LoRA: the copy that generates shares the frozen base
+    with the policy (pipeline.plain_copy) and still generates from version t's adapters."""
     seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
+    steps += [f"model.lora_rank={lora}"] if lora else []
     ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
     digests = ["faults.enabled=true", "faults.state_digest=true"]
     run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)

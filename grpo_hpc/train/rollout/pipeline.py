@@ -225,12 +225,21 @@ class RolloutPipeline:
             self.pending[entry.made.step] = entry
 
 
-def plain_copy(model: torch.nn.Module) -> torch.nn.Module:
+def plain_copy(model: torch.nn.Module, share_frozen: bool = False) -> torch.nn.Module:
     """A copy of ``model`` (unwrapped, not yet sharded) for generating: the shadow, a full
     copy in the policy's own dtype (fp32 master weights; a LoRA base in its compute dtype),
     frozen. Taken before FSDP2 shards the policy (sharding changes the module in place),
-    so that it stays a plain module with every weight whole."""
-    return copy.deepcopy(model).eval().requires_grad_(False)
+    so that it stays a plain module with every weight whole.
+
+    ``share_frozen``: the parameters nothing trains (a LoRA base) are the policy's own
+    tensors, not copies: their values never change, so the copy of version ``t`` reads the
+    same numbers from them, and a LoRA run holds its adapters twice instead of its whole
+    base (Llama-3.1-8B: 15 GiB less). Only where the policy keeps its parameters: FSDP2
+    replaces them with shards, and the copy must then keep whole ones of its own."""
+    memo: dict[int, Any] = {}
+    if share_frozen:
+        memo = {id(p): p for p in model.parameters() if not p.requires_grad}
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
 
 
 def generate(

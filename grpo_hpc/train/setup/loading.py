@@ -92,7 +92,8 @@ def wrap_policy(
     model = models.prepare_policy(model, cfg.model, info.device, bool(cfg.dist.compile))
     if cfg.dist.compile and info.device.type == "cuda":
         logp_head.compile_chunks()  # the fused head's softmax arithmetic, fused
-    shadow = plain_copy(model) if async_thread else None
+    sharded = cfg.dist.strategy == "fsdp" and info.enabled  # dist.wrap's own condition
+    shadow = plain_copy(model, share_frozen=not sharded) if async_thread else None
     wrapped = dist.wrap(model, cfg.dist, info)
     if ref is not None and cfg.dist.strategy == "fsdp":
         ref = dist.wrap(ref, cfg.dist, info)

@@ -106,14 +106,16 @@ def test_estimate_within_15_percent_of_measured_benchmarks() -> None:
 def _async_measured() -> list[tuple[str, memory.Settings, float]]:
     """(shape, settings, measured peak GiB) of the long-tail runs on one H200, 2026-12-05,
     synchronous and asynchronous, no evaluation (bench/results/LOG-speed.md): Qwen2.5-1.5B
-    (the runs' median step peak, ``longtail_qwen_*_k{0,1}.json``) and Llama-3.1-8B LoRA r16
-    (the highest step peak of its cut runs' ``metrics.jsonl``)."""
+    (the runs' median step peak, ``longtail_qwen_*_k{0,1}.json``) and the synchronous
+    Llama-3.1-8B LoRA r16 run (the highest step peak of its ``metrics.jsonl``). Its
+    asynchronous run (62.6 GiB) predates the copy's shared LoRA base and is not held here:
+    the next GPU call re-measures it (docs/async.md)."""
     rows = []
-    for shape, lora, prompts, compiled in (
-        ("qwen2.5-1.5b", 0, 8, True),
-        ("llama-3.1-8b", 16, 4, False),
+    for shape, lora, prompts, compiled, ks in (
+        ("qwen2.5-1.5b", 0, 8, True, (0, 1)),
+        ("llama-3.1-8b", 16, 4, False, (0,)),
     ):
-        for k in (0, 1):
+        for k in ks:
             if lora:
                 f = RESULTS / f"longtail_lora8b_h200_2026-12-05_k{k}_metrics.jsonl"
                 peak = max(json.loads(x)["gpu_mem_gb"] for x in f.read_text().splitlines())
@@ -135,32 +137,38 @@ def _async_measured() -> list[tuple[str, memory.Settings, float]]:
     return rows
 
 
+def _shape(name: str) -> memory.ModelShape:
+    return memory.ModelShape.from_config(json.loads((SHAPES / name / "config.json").read_text()))
+
+
 def test_an_asynchronous_peak_counts_one_cache_when_nothing_evaluates() -> None:
     """Held to the measured peaks: each within 15 % (the calibration rule above), and what
-    asynchrony adds within 10 % of what it added on the GPU (8.7 GiB on Qwen2.5-1.5B, 17.5 on
-    the 8B LoRA row: the copy, its packed weights, one KV cache). Counting the policy's
-    cache too, which nothing allocates without an evaluation, said 16.4 and 35.0."""
-    rows = _async_measured()
-    est = {}
-    for shape, s, measured in rows:
-        model = memory.ModelShape.from_config(
-            json.loads((SHAPES / shape / "config.json").read_text())
-        )
-        est[shape, s.staleness] = (memory.estimate(model, s), measured)
-        got = est[shape, s.staleness][0].peak_gib
-        assert abs(got / measured - 1) <= 0.15, (shape, s.staleness, got, measured)
-    for shape in ("qwen2.5-1.5b", "llama-3.1-8b"):
-        (e0, m0), (e1, m1) = est[shape, 0], est[shape, 1]
-        added = (e1.peak_bytes - e0.peak_bytes) / memory.GIB
-        assert abs(added / (m1 - m0) - 1) <= 0.10, (shape, added, m1 - m0)
-        # with an evaluation the policy's engine allocates a cache of the rollout's rows too
-        evaluating = memory.estimate(
-            memory.ModelShape.from_config(json.loads((SHAPES / shape / "config.json").read_text())),
-            replace(
-                rows[0][1] if shape.startswith("qwen") else rows[2][1], staleness=1, evaluates=True
-            ),
-        )
-        assert evaluating.kv_cache == e0.kv_cache > 0 and e1.kv_cache == 0
+    asynchrony adds on Qwen2.5-1.5B within 10 % of what it added on the GPU (8.7 GiB: the
+    copy, its packed weights, one KV cache). Counting the policy's cache too, which nothing
+    allocates without an evaluation, said 16.4."""
+    est, seen = {}, {}
+    for shape, s, measured in _async_measured():
+        est[shape, s.staleness] = e = memory.estimate(_shape(shape), s)
+        seen[shape, s.staleness] = measured
+        assert abs(e.peak_gib / measured - 1) <= 0.15, (shape, s.staleness, e.peak_gib, measured)
+        if s.staleness:
+            sync = est[shape, 0]
+            added = (e.peak_bytes - sync.peak_bytes) / memory.GIB
+            assert abs(added / (measured - seen[shape, 0]) - 1) <= 0.10, added
+            # with an evaluation the policy's engine allocates a cache of the rollout's rows
+            evaluating = memory.estimate(_shape(shape), replace(s, evaluates=True))
+            assert evaluating.kv_cache == sync.kv_cache > 0 and e.kv_cache == 0
+
+
+def test_a_lora_copy_holds_its_adapters_not_the_base() -> None:
+    """The asynchronous copy of a LoRA policy shares the frozen base (one GPU or DDP:
+    tests/unit/train/rollout/test_shadow_copy.py); under FSDP2 it keeps whole weights."""
+    shape, s = _shape("llama-3.1-8b"), _async_measured()[2][1]
+    base = 2 * shape.params  # the frozen base in bf16
+    one = memory.estimate(shape, replace(s, staleness=1))
+    sharded = memory.estimate(shape, replace(s, staleness=1, ranks=2, strategy="fsdp"))
+    assert sharded.shadow - one.shadow >= base
+    assert one.shadow < base / 4 + one.engine_weights + memory.estimate(shape, s).kv_cache
 
 
 def _check(profile: str, *overrides: str) -> memory_plan.Check:
