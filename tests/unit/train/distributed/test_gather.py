@@ -43,6 +43,10 @@ def _rank(rank: int, store: str, out: str) -> None:
     same = all(torch.equal(got[k], v) for k, v in whole.state_dict().items())
     own = all(torch.equal(got[k], v.full_tensor()) for k, v in sharded.state_dict().items())
     Path(out, f"rank{rank}").write_text(f"{same} {own} {len(got)}")
+    # both ranks done with the group before either tears it down: a rank that destroyed it
+    # while its peer still used it aborted now and then ("terminate called without an
+    # active exception", SIGABRT) on the loaded 2-core machine
+    torch_dist.barrier()
     torch_dist.destroy_process_group()
 
 
