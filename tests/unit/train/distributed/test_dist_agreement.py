@@ -18,6 +18,7 @@ def _rank(rank: int, store: str, out: str) -> None:
     got = dist.max_over_ranks([3.0, 0.0] if rank == 0 else [2.0, 5.0], info)
     skew = dist.spread(1.0 if rank == 0 else 1.75, info)
     Path(out, f"rank{rank}").write_text(f"{got[0]} {got[1]} {skew}")
+    torch_dist.barrier()  # as test_gather.py: no rank tears the group down under its peer
     torch_dist.destroy_process_group()
 
 
