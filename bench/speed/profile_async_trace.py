@@ -48,6 +48,8 @@ class Ev:
     """The stream of a kernel, the host thread (OS id) of anything else."""
     corr: int = 0
     """A kernel's or runtime call's CUPTI correlation id (they match); an op's own id."""
+    linked: int = 0
+    """A kernel's launching op (its id; 0: none recorded): the thread when no call is."""
 
 
 def is_sync(ev: Ev) -> bool:
@@ -87,6 +89,7 @@ class Classified:
 def classify(events: list[Ev]) -> Classified:
     """Sort the events by stream and thread (pure)."""
     calls = {e.corr: e for e in events if e.kind == "runtime" and e.corr}
+    ops = {e.corr: e for e in events if e.kind == "op" and e.corr}
     threads: dict[int, Thread] = defaultdict(Thread)
     ranges: dict[str, list[Ev]] = defaultdict(list)
     for e in events:
@@ -99,10 +102,10 @@ def classify(events: list[Ev]) -> Classified:
                 t.sync.append((e.start, e.end))
     streams: dict[int, Stream] = defaultdict(Stream)
     for e in sorted((e for e in events if e.kind == "kernel"), key=lambda e: e.start):
-        s, call = streams[e.where], calls.get(e.corr)
+        s, call, op = streams[e.where], calls.get(e.corr), ops.get(e.linked)
         s.kernels.append((e.start, e.end))
         s.launched.append(call.end if call else None)
-        s.by_thread[call.where if call else -1] += 1
+        s.by_thread[call.where if call else op.where if op else -1] += 1
     return Classified(dict(streams), dict(threads), dict(ranges))
 
 
@@ -207,17 +210,19 @@ def _who(tid: int, main_tid: int, decode_tid: int | None) -> str:
 def from_kineto(prof: Any) -> list[Ev]:
     """The events of a stopped ``torch.profiler.profile`` read straight from its Kineto
     results (no ``FunctionEvent`` tree: a 4,096-token decode makes ~10^5-10^6 kernels).
-    ``device_resource_id`` is the stream of GPU work and the OS thread id of host events."""
+    ``device_resource_id`` is the stream of GPU work and the OS thread id of host events;
+    ``correlation_id`` a kernel's and a runtime call's CUPTI id (an op's own id);
+    ``linked_correlation_id`` the op a kernel or call ran under (as torch's own parser
+    links them)."""
     out = []
     for k in prof.profiler.kineto_results.events():
         kind = _kind(k.activity_type(), k.name())
         if kind is None:
             continue
         start = k.start_ns() / 1e3
-        out.append(
-            Ev(k.name(), kind, start, start + k.duration_ns() / 1e3, int(k.device_resource_id()),
-               int(k.correlation_id()))
-        )  # fmt: skip
+        end = start + k.duration_ns() / 1e3
+        where, corr, linked = k.device_resource_id(), k.correlation_id(), k.linked_correlation_id()
+        out.append(Ev(k.name(), kind, start, end, int(where), int(corr), int(linked)))
     return out
 
 

@@ -170,6 +170,11 @@ def test_classify_links_kernels_to_their_launching_thread_and_launch_time() -> N
     blind = pick_streams(classify(_step_events(decode_calls=False)), MAIN, DECODE)
     assert (blind["main"], blind["decode"]) == (S_MAIN, S_DEC)
     assert blind["found_by"].startswith("elimination")
+    # no launch call, but the kernel names the op it ran under (on the decode thread)
+    linked = [*_step_events(decode_calls=False), Ev("k", "kernel", 180, 181, 30, 99, 601)]
+    c = classify(linked)
+    assert dict(c.streams[30].by_thread) == {DECODE: 1} and c.streams[30].launched == [None]
+    assert pick_streams(c, MAIN, DECODE)["decode"] == 30
 
 
 def test_analyze_a_miniature_step_by_hand() -> None:
