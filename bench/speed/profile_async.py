@@ -69,7 +69,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
     p.add_argument("--profiled", type=int, default=1, help="steps profiled, each on its own")
-    p.add_argument("--tail-s", type=float, default=1.0,
+    p.add_argument("--tail-s", type=float, default=0.5,
                    help="s of the decode alone profiled after the update")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="training.seed (and the drawn lengths)")
     p.add_argument(

@@ -59,6 +59,10 @@ def says(s: dict, on_gpu: bool) -> str:
     w = s["window"]
     lead = f"the update's window was {w['update_ms']:.0f} ms ({w['analyzed_ms']:.0f} analyzed"
     lead += ", the decode thread ended first)" if w["decode_ended_before_update"] else ")"
+    if w.get("gpu_records_end_early_ms"):
+        early = w["gpu_records_end_early_ms"]
+        lead += (f"; the GPU's records stop {early:.0f} ms before its end (the profiler's "
+                 "buffers filled: the part before is analyzed)")  # fmt: skip
     if "verdict" not in s:
         thr = s["threads"]
         cpu = ", ".join(f"{n} thread {t['cpu_op_us'] / 1e3:.0f} ms in CPU ops"

@@ -32,6 +32,9 @@ their ``_v2``-style variants: a ``cudaMemcpyAsync`` does not block)."""
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
 """CPU ops that read a GPU value on the host: they wait for it."""
 RANGE_PREFIX = "profile_async:"
+CUT_TOLERANCE_US = 1000.0
+"""GPU records ending this much before the update's range (which ends after its stream's
+last kernel) were cut short."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,10 @@ def pick_streams(c: Classified, main_tid: int, decode_tid: int | None) -> dict:
 
 
 # ------------------------------------------------------------------ the step's numbers
-def analyze(events: list[Ev], main_tid: int, decode_tid: int | None, tail_us: float) -> dict:
+def analyze(
+    events: list[Ev], main_tid: int, decode_tid: int | None, tail_us: float,
+    cut_tolerance_us: float = CUT_TOLERANCE_US,
+) -> dict:  # fmt: skip
     """The step's numbers from its events (pure). The window is the update's range (it ends
     after the main stream's last kernel), cut where the decode thread's range ended (after
     that the decode stream idles for want of work, not for a wait); the tail, ``tail_us``
@@ -145,13 +151,19 @@ def analyze(events: list[Ev], main_tid: int, decode_tid: int | None, tail_us: fl
         return out | {"error": "no update range recorded"}
     u = upd[-1]
     d_end = max((e.end for e in dec), default=u.end)
-    window = (u.start, min(u.end, d_end) if dec else u.end)
-    tail = (u.end, min(u.end + tail_us, d_end))
+    gpu_end = max((k[1] for s in c.streams.values() for k in s.kernels), default=u.end)
+    # The update's range ends after its stream's last kernel: GPU records that stop well
+    # before it were cut short (CUPTI's buffers filled), and the window stops with them.
+    cut = gpu_end < u.end - cut_tolerance_us
+    end = min(u.end, d_end if dec else u.end, gpu_end if cut else u.end)
+    window = (u.start, end)
+    tail = (u.end, min(u.end + tail_us, d_end, gpu_end))
     out["window"] = {
         "update_ms": (u.end - u.start) / 1e3,
         "analyzed_ms": (window[1] - window[0]) / 1e3,
         "decode_thread_recorded": bool(dec),
         "decode_ended_before_update": bool(dec) and d_end < u.end,
+        "gpu_records_end_early_ms": (u.end - gpu_end) / 1e3 if cut else None,
         "tail_ms": max(0.0, tail[1] - tail[0]) / 1e3,
     }
     picked = pick_streams(c, main_tid, decode_tid)

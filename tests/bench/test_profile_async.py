@@ -208,6 +208,22 @@ def test_analyze_a_miniature_step_by_hand() -> None:
     assert "waits for its host thread" in got["verdict"] and "70 %" in got["verdict"]
 
 
+def test_gpu_records_cut_short_cut_the_window_and_say_so() -> None:
+    """When CUPTI's buffers fill, kernels stop being recorded while the host goes on: the
+    window ends at the last recorded kernel (here 170, the update's range ends at 200)."""
+    from bench.speed.profile_async_tables import says
+
+    cut = [e for e in _step_events() if not (e.kind == "kernel" and e.start >= 160)]
+    cut.append(Ev("gemm2", "kernel", 160, 170, S_MAIN, 2))
+    got = analyze(cut, MAIN, DECODE, tail_us=50, cut_tolerance_us=5)
+    assert got["window"]["gpu_records_end_early_ms"] == 0.03
+    assert got["window"]["analyzed_ms"] == 0.07 and got["window"]["tail_ms"] == 0
+    assert got["streams"][str(S_DEC)]["busy_us"] == 20 + 20  # (100,120), (150,170)
+    assert got["idle"]["decode"]["idle_us"] == 30  # (120,150): nothing after 170 counts
+    assert "the GPU's records stop 0 ms before its end" in says(got, True)
+    assert analyze(_step_events(), MAIN, DECODE, 50)["window"]["gpu_records_end_early_ms"] is None
+
+
 def test_analyze_without_streams_says_so_and_still_splits_the_threads() -> None:
     cpu = [e for e in _step_events() if e.kind in ("range", "op")]
     got = analyze(cpu, MAIN, DECODE, tail_us=50)
