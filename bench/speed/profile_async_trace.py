@@ -228,14 +228,39 @@ def from_kineto(prof: Any) -> list[Ev]:
     links them)."""
     out = []
     for k in prof.profiler.kineto_results.events():
-        kind = _kind(k.activity_type(), k.name())
+        name = k.name()
+        kind = _kind(_activity(k), name)
         if kind is None:
             continue
         start = k.start_ns() / 1e3
         end = start + k.duration_ns() / 1e3
         where, corr, linked = k.device_resource_id(), k.correlation_id(), k.linked_correlation_id()
-        out.append(Ev(k.name(), kind, start, end, int(where), int(corr), int(linked)))
+        out.append(Ev(name, kind, start, end, int(where), int(corr), int(linked)))
     return out
+
+
+def _activity(k: Any) -> str:
+    """Kineto's activity type of an event; a torch without ``activity_type`` (it came after
+    2.7) gets it from the device, the annotation flag and the name (:func:`activity_of`)."""
+    if hasattr(k, "activity_type"):
+        return k.activity_type()
+    cuda = "CUDA" in str(k.device_type())
+    annotation = bool(getattr(k, "is_user_annotation", lambda: False)())
+    return activity_of(cuda, annotation, k.name())
+
+
+def activity_of(on_device: bool, annotation: bool, name: str) -> str:
+    """Kineto's activity type from what every torch reports (pure): device work is a kernel
+    (copies and sets by name), host events named like CUDA's runtime or driver calls
+    (``cudaLaunchKernel``, ``cuLaunchKernel``) are those calls, the rest ops."""
+    if annotation:
+        return "gpu_user_annotation" if on_device else "user_annotation"
+    if on_device:
+        low = name.lower()
+        return "gpu_memcpy" if "memcpy" in low else "gpu_memset" if "memset" in low else "kernel"
+    if name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper()):
+        return "cuda_runtime"
+    return "cpu_op"
 
 
 def _kind(activity: str, name: str) -> str | None:

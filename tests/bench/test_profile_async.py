@@ -8,11 +8,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from bench.speed import profile_async_analysis as pa
-from bench.speed.profile_async_trace import Ev, analyze, classify, pick_streams
+from bench.speed.profile_async_trace import (
+    Ev,
+    _activity,
+    activity_of,
+    analyze,
+    classify,
+    pick_streams,
+)
 from tests.e2e.helpers import env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,6 +162,23 @@ def _step_events(decode_calls: bool = True) -> list[Ev]:
             Ev("cudaLaunchKernel", "runtime", 205, 206, DECODE, 12),
         ]
     return ev
+
+
+def test_activity_of_an_event_from_what_every_torch_reports() -> None:
+    assert activity_of(True, False, "void gemm<...>") == "kernel"
+    assert activity_of(True, False, "Memcpy DtoD (Device -> Device)") == "gpu_memcpy"
+    assert activity_of(True, False, "Memset (Device)") == "gpu_memset"
+    assert activity_of(True, True, "profile_async:update") == "gpu_user_annotation"
+    assert activity_of(False, True, "profile_async:update") == "user_annotation"
+    for call in ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel", "cudaStreamSynchronize"):
+        assert activity_of(False, False, call) == "cuda_runtime"
+    for op in ("aten::mm", "cublas_thing", "custom::op", "Optimizer.step"):
+        assert activity_of(False, False, op) == "cpu_op"
+    # an event of a torch without activity_type() goes through it
+    old = SimpleNamespace(name=lambda: "cudaGraphLaunch", device_type=lambda: "DeviceType.CPU")
+    assert _activity(old) == "cuda_runtime"
+    new = SimpleNamespace(activity_type=lambda: "cpu_op", name=lambda: "cudaGraphLaunch")
+    assert _activity(new) == "cpu_op"  # its own word first
 
 
 def test_classify_links_kernels_to_their_launching_thread_and_launch_time() -> None:
