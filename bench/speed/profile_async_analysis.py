@@ -32,7 +32,7 @@ GPU_WAIT = ("gpu_queued", "thread_sync")
 def union(spans: Iterable[Span]) -> list[Span]:
     """Sorted, disjoint spans covering exactly what ``spans`` cover (empty ones dropped)."""
     out: list[Span] = []
-    for s, e in sorted(x for x in spans if x[1] > x[0]):
+    for s, e in sorted([x for x in spans if x[1] > x[0]]):
         if out and s <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], e))
         else:
@@ -60,24 +60,27 @@ def intersect(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
 
 
 def subtract(a: Iterable[Span], b: Iterable[Span]) -> list[Span]:
-    """Where ``a`` covers and ``b`` does not."""
-    out, ub = [], union(b)
-    for s, e in union(a):
-        cur = s
-        for bs, be in ub:
-            if be <= cur or bs >= e:
-                continue
-            if bs > cur:
-                out.append((cur, bs))
-            cur = max(cur, be)
+    """Where ``a`` covers and ``b`` does not (one sweep over both: a profile holds ~10^5
+    kernels a stream)."""
+    ua, ub, out, j = union(a), union(b), [], 0
+    for s, e in ua:
+        while j < len(ub) and ub[j][1] <= s:  # ends before this span: before every later one
+            j += 1
+        cur, k = s, j
+        while k < len(ub) and ub[k][0] < e:
+            if ub[k][0] > cur:
+                out.append((cur, ub[k][0]))
+            cur = max(cur, ub[k][1])
+            k += 1
         if cur < e:
             out.append((cur, e))
     return out
 
 
 def clip(spans: Iterable[Span], window: Span) -> list[Span]:
-    """``spans`` cut to ``window``."""
-    return intersect(spans, [window])
+    """``spans`` cut to ``window``, as disjoint spans."""
+    lo, hi = window
+    return union((max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi)
 
 
 def median_us(spans: list[Span]) -> float | None:
