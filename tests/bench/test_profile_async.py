@@ -45,6 +45,10 @@ def test_intersect_and_subtract() -> None:
     assert pa.intersect([(0, 1)], [(2, 3)]) == [] and pa.subtract([(0, 1)], [(2, 3)]) == [(0, 1)]
     # nested: a hole in the middle
     assert pa.subtract([(0, 10)], [(3, 4), (6, 7)]) == [(0, 3), (4, 6), (7, 10)]
+    # one span of b across two of a; b's spans ending where a's begin take nothing
+    assert pa.subtract([(0, 5), (6, 10), (12, 13)], [(-3, 0), (4, 7), (10, 12)]) == [
+        (0, 4), (7, 10), (12, 13),
+    ]  # fmt: skip
     assert pa.clip([(-5, 2), (8, 15)], (0, 10)) == [(0, 2), (8, 10)]
 
 
