@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-
 HIGHEST = -100
 """Below CUDA's priority range on any device (H100/H200: 0 to -5): torch maps a priority
 past the range to the nearest it allows, the highest for a negative one."""
