@@ -25,7 +25,7 @@
 #   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
 #   PROFILE_ASYNC_RUNS ("normal high": the priorities, one run each) PROFILE_ASYNC_OVERRIDES
 #   (more config key=value, after the priority's) PROFILE_ASYNC_WARMUP (2) PROFILE_ASYNC_TIMEOUT
-#   (per run, 270 s)
+#   (per run, 260 s; killed 20 s after)
 # Writes OUT/async_<stage>/{longtail.md,longtail.json,k0/,k1/}: each run's metrics.jsonl,
 # config.yaml and generation records; profile: OUT/async_profile/profile_async_<priority>.
 # {json,md,log} (6 files: a call brings back 8 at most).
@@ -61,7 +61,7 @@ profile_async() {
     esac
     for p in ${PROFILE_ASYNC_RUNS:-normal high}; do
         # shellcheck disable=SC2086  (PROFILE_ASYNC_OVERRIDES is a list)
-        timeout "${PROFILE_ASYNC_TIMEOUT:-270}" python3 -m bench.speed.profile_async "${model[@]}" \
+        timeout -k 20 "${PROFILE_ASYNC_TIMEOUT:-260}" python3 -m bench.speed.profile_async "${model[@]}" \
             --G 8 --max-new 4096 --precision bf16 --length-dist "$LENGTHS" --seed 0 \
             --warmup "${PROFILE_ASYNC_WARMUP:-2}" --tag "$p" --out "$dir" \
             --override "rollout.decode_priority=$p" ${PROFILE_ASYNC_OVERRIDES:-} 2>&1 |
@@ -94,9 +94,10 @@ for stage in "$@"; do
             --num-train 512 --max-new "$cap" --prompts 8 --G 8 ;;
     profile) # an async qwen run took ~140 s with 5 steps (60-90 s of start-up); here start-up
         # + 2 warm-up steps (~30 s) + one profiled step (~17 s, slower under the profiler) and
-        # reading ~10^5-10^6 kernels back: ~150-230 s a run, two runs in the call's 600 s.
+        # reading ~10^5-10^6 kernels back: ~150-230 s a run, two in the call's 600 s (each
+        # stopped at 260 s). The 8B update (~25 s) may fill CUPTI's buffers: the report says so.
         # The 8B LoRA run (a 48 s step) needs a call each: PROFILE_ASYNC_SHAPE=lora8b
-        # PROFILE_ASYNC_RUNS=normal PROFILE_ASYNC_WARMUP=1 PROFILE_ASYNC_TIMEOUT=560, then high
+        # PROFILE_ASYNC_RUNS=normal PROFILE_ASYNC_WARMUP=1 PROFILE_ASYNC_TIMEOUT=540, then high
         profile_async ;;
     *) echo "unknown stage $stage" ;;
     esac
