@@ -15,13 +15,26 @@ THREAD_KEYS = ("cpu_op_us", "cuda_call_us", "sync_us", "outside_us")
 def markdown(result: dict) -> str:
     """A small table per profiled step and what it says (generated from the numbers)."""
     head = f"### profile_async {result['tag'] or ''}: {result['shape']}, {result['env']['device']}"
-    lines = [head, "", f"`{result['command']}`", ""]
+    lines = [head, "", f"`{result['command']}`", "", _setting(result), ""]
     for i, s in enumerate(result["steps"]):
-        lines += [f"Step {i + 1} profiled ({s.get('events', 0)} events):", ""]
+        took = f", the step {s['step_s']:.1f} s under the profiler" if "step_s" in s else ""
+        lines += [f"Step {i + 1} profiled ({s.get('events', 0)} events{took}):", ""]
         lines += _stream_table(s) + [""] + _thread_table(s) + [""]
         lines.append("What it says: " + says(s, result["on_gpu"]))
         lines.append("")
     return "\n".join(lines)
+
+
+def _setting(result: dict) -> str:
+    """What ran: the decode stream's priority (CUDA's number), the lengths, the step as it
+    ran unprofiled (the last warm-up step's logged times)."""
+    plain = result.get("unprofiled_metrics", {})
+    times = ", ".join(f"{k.removeprefix('time/')} {plain[k]:.2f} s"
+                      for k in ("time/step", "time/generate", "time/train", "time/wait_rollouts")
+                      if k in plain)  # fmt: skip
+    priority = result.get("decode_stream_priority")
+    return (f"Decode stream priority {priority} (lower is higher; None: no CUDA); "
+            f"{result.get('lengths')}; unprofiled step: {times or 'not logged'}.")  # fmt: skip
 
 
 def _stream_table(s: dict) -> list[str]:

@@ -305,3 +305,4 @@ def test_the_cli_on_a_cpu_reports_the_threads_and_no_streams(tmp_path: Path) -> 
         assert t["cpu_op_us"] + t["outside_us"] == pytest.approx(window, abs=1.0)
     md = (tmp_path / "profile_async_cpu.md").read_text()
     assert "no CUDA streams" in md and "no GPU number" in md and "| decode |" in md
+    assert "Decode stream priority None" in md and "unprofiled step: step " in md
