@@ -103,7 +103,8 @@ def says(s: dict, on_gpu: bool) -> str:
     )
     both = "no update kernel" if ov is None else (
         f"both streams ran kernels at once {100 * ov:.0f} % of the update's busy time")  # fmt: skip
-    return f"{lead}; {both}; {s['verdict']}{kern}{gil_s}."
+    warn = f" Warning: {s['warning']}." if "warning" in s else ""
+    return f"{lead}; {both}; {s['verdict']}{kern}{gil_s}.{warn}"
 
 
 def write(result: dict, out: Path, tag: str) -> Path:

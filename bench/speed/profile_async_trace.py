@@ -90,7 +90,9 @@ class Classified:
 
 
 def classify(events: list[Ev]) -> Classified:
-    """Sort the events by stream and thread (pure)."""
+    """Sort the events by stream and thread (pure). A kernel's thread is its launching op's
+    where one was recorded (CPU ops are recorded per thread, as it is), else its launch
+    call's (a replayed graph is launched outside any op)."""
     calls = {e.corr: e for e in events if e.kind == "runtime" and e.corr}
     ops = {e.corr: e for e in events if e.kind == "op" and e.corr}
     threads: dict[int, Thread] = defaultdict(Thread)
@@ -108,7 +110,7 @@ def classify(events: list[Ev]) -> Classified:
         s, call, op = streams[e.where], calls.get(e.corr), ops.get(e.linked)
         s.kernels.append((e.start, e.end))
         s.launched.append(call.end if call else None)
-        s.by_thread[call.where if call else op.where if op else -1] += 1
+        s.by_thread[op.where if op else call.where if call else -1] += 1
     return Classified(dict(streams), dict(threads), dict(ranges))
 
 
@@ -170,9 +172,10 @@ def analyze(
     out["streams_found_by"] = picked["found_by"]
     main_t, dec_t = c.threads.get(main_tid), c.threads.get(decode_tid) if decode_tid else None
     out["threads"] = {
-        name: pa.thread_stats(t.ops, t.cuda, t.sync, window) if t else None
+        name: pa.thread_stats(t.ops, t.cuda, t.sync, window) | {"cuda_calls": len(t.cuda)}
+        if t else None
         for name, t in (("main", main_t), ("decode", dec_t))
-    }
+    }  # fmt: skip
     out["streams"] = {
         str(sid): {
             "role": "update" if sid == picked["main"] else "decode" if sid == picked["decode"]
@@ -188,6 +191,11 @@ def analyze(
             else "fewer than two streams ran kernels: no overlap to measure"
         )  # fmt: skip
         return out
+    if dec_t is None or not dec_t.cuda:
+        out["warning"] = (
+            "no CUDA runtime call was recorded on the decode thread: its syncs and launches "
+            "are missing from the split (they count as CPU op or other time)"
+        )
     ms, ds = c.streams[picked["main"]], c.streams[picked["decode"]]
     out["decode_alone_median_kernel_us"] = pa.stream_stats(ds.kernels, tail)["median_kernel_us"]
     out["overlap"] = pa.overlap(ds.kernels, ms.kernels, window)

@@ -199,6 +199,7 @@ def test_classify_links_kernels_to_their_launching_thread_and_launch_time() -> N
     blind = pick_streams(classify(_step_events(decode_calls=False)), MAIN, DECODE)
     assert (blind["main"], blind["decode"]) == (S_MAIN, S_DEC)
     assert blind["found_by"].startswith("elimination")
+    assert "no CUDA runtime call" in analyze(_step_events(False), MAIN, DECODE, 50)["warning"]
     # no launch call, but the kernel names the op it ran under (on the decode thread)
     linked = [*_step_events(decode_calls=False), Ev("k", "kernel", 180, 181, 30, 99, 601)]
     c = classify(linked)
@@ -228,9 +229,10 @@ def test_analyze_a_miniature_step_by_hand() -> None:
     u = got["idle"]["update"]
     assert [u[p + "_us"] for p in pa.IDLE_PARTS] == [13, 9, 2, 0, 1]
     assert got["threads"]["main"] == {"cpu_op_us": 19, "cuda_call_us": 12, "sync_us": 9,
-                                      "outside_us": 72}  # fmt: skip
+                                      "outside_us": 72, "cuda_calls": 3}  # fmt: skip
     assert got["threads"]["decode"] == {"cpu_op_us": 9, "cuda_call_us": 12, "sync_us": 10,
-                                        "outside_us": 79}  # fmt: skip
+                                        "outside_us": 79, "cuda_calls": 4}  # fmt: skip
+    assert "warning" not in got
     # the decode's host wait (130,142) (170,200) while the main thread was between its ops
     # and calls ((104,170) (185,190) (199,200)): 12 + 5 + 1
     assert got["decode_host_wait_while_main_between_ops_us"] == 18
