@@ -12,7 +12,7 @@ This runs the real trainer in this process (``profile_run.build_trainer``: rando
 a bench/shapes config, the project's defaults) asynchronously, warm-up steps, then profiles
 ``--profiled`` steps with torch.profiler (CPU ops of every thread, CUDA kernels and runtime
 calls). In each, inside the update's window (from its start to its last kernel, cut where
-the decode thread ended):
+the decode thread ended, or where the GPU's records stop if the profiler's buffers filled):
 
 - per stream (the update's: most kernels launched from the main thread; the decode's: most
   launched from the decode thread): busy time, kernels, median kernel duration, and the
