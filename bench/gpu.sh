@@ -19,7 +19,8 @@
 #   faults  the GPU fault campaign on the Slurm GPU node (OUT [bench.faults.gpu_run arguments])
 #   code    the code task on one GPU, then the sandbox's throughput there (OUT)
 #   async   synchronous against asynchronous GRPO (algo.max_staleness 0, 1) under a long tail
-#           of lengths: qwen, lora8b, smollm2_1k, smollm2_4k (OUT STAGE...; one a call)
+#           of lengths: qwen, lora8b, smollm2_1k, smollm2_4k; profile (one asynchronous step
+#           under torch.profiler at each decode priority) (OUT STAGE...; one a call)
 #   export  a GSM8K run exported and scored by grpo-eval against the trainer's figure ([OUT])
 #   prep    run HERE, not on the GPU machine: the GGUF parts and wheels a call carries (no OUT;
 #           `prep wheels`: the wheels alone)

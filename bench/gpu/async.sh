@@ -12,13 +12,23 @@
 #   smollm2_4k 8 prompts x G 8, caps 1,024 and 4,096; needs the model converted first, on
 #              the same held machine: `bash bench/gpu.sh real OUT setup` twice and `model`
 #              (bench/GPU_REAL.md, calls 1-2)
+#   profile    bench/speed/profile_async.py: one asynchronous run (algo.max_staleness=1) per
+#              decode priority (rollout.decode_priority normal, then high), each in a process
+#              of its own: warm-up steps, then one step under torch.profiler; while the update
+#              runs, does the decode wait for the GPU or for its host thread (the GIL)?
+#              Random Qwen2.5-1.5B, 4,096 new tokens, 8 prompts x G 8, lengths imposed (as qwen)
 # Knobs (environment): ASYNC_K ("0 1": the staleness values run; one call per value if a
 #   stage outgrows 600 s, then `python -m bench.speed.longtail --analyze-only` here over both)
 #   ASYNC_STEPS (each stage's own, below) ASYNC_LENGTHS (the distribution file)
 #   ASYNC_TIMEOUT (per run, 270 s) ASYNC_VARIANTS (';'-separated NAME=OVERRIDES runs after
 #   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high")
+#   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
+#   PROFILE_ASYNC_RUNS ("normal high": the priorities, one run each) PROFILE_ASYNC_OVERRIDES
+#   (more config key=value, after the priority's) PROFILE_ASYNC_WARMUP (2) PROFILE_ASYNC_TIMEOUT
+#   (per run, 260 s; killed 20 s after)
 # Writes OUT/async_<stage>/{longtail.md,longtail.json,k0/,k1/}: each run's metrics.jsonl,
-# config.yaml and generation records.
+# config.yaml and generation records; profile: OUT/async_profile/profile_async_<priority>.
+# {json,md,log} (6 files: a call brings back 8 at most).
 set -uo pipefail
 out=${1:?usage: bash bench/gpu.sh async OUT STAGE...}
 shift
@@ -38,6 +48,28 @@ async_run() {
     python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} "${variants[@]}" \
         --run-timeout "${ASYNC_TIMEOUT:-270}" -- --precision bf16 --steps "${ASYNC_STEPS:-$steps}" \
         --seed 0 "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
+}
+# profile_async: bench/speed/profile_async.py once per PROFILE_ASYNC_RUNS priority, into
+# OUT/async_profile (the log: the run's last 150 lines)
+profile_async() {
+    local dir=$out/async_profile p code model
+    mkdir -p "$dir"
+    case ${PROFILE_ASYNC_SHAPE:-qwen} in
+    qwen) model=(--model-dir random:bench/shapes/qwen2.5-1.5b --prompts 8) ;;
+    lora8b) model=(--model-dir random:bench/shapes/llama-3.1-8b --override model.lora_rank=16 --prompts 4) ;;
+    *) echo "unknown PROFILE_ASYNC_SHAPE ${PROFILE_ASYNC_SHAPE}: qwen or lora8b"; return 1 ;;
+    esac
+    for p in ${PROFILE_ASYNC_RUNS:-normal high}; do
+        # shellcheck disable=SC2086  (PROFILE_ASYNC_OVERRIDES is a list)
+        timeout -k 20 "${PROFILE_ASYNC_TIMEOUT:-260}" python3 -m bench.speed.profile_async "${model[@]}" \
+            --G 8 --max-new 4096 --precision bf16 --length-dist "$LENGTHS" --seed 0 \
+            --warmup "${PROFILE_ASYNC_WARMUP:-2}" --tag "$p" --out "$dir" \
+            --override "rollout.decode_priority=$p" ${PROFILE_ASYNC_OVERRIDES:-} 2>&1 |
+            tail -n 150 >"$dir/profile_async_$p.log"
+        code=${PIPESTATUS[0]}
+        echo "-- profile_async $p: exit $code"
+        if [ -f "$dir/profile_async_$p.md" ]; then cat "$dir/profile_async_$p.md"; else tail -n 30 "$dir/profile_async_$p.log"; fi
+    done
 }
 for stage in "$@"; do
     echo "== $stage $(date +%T)"
@@ -60,6 +92,13 @@ for stage in "$@"; do
         [ "$stage" = smollm2_4k ] && cap=4096 steps=10
         async_run "$stage" "$steps" --model-dir $MODEL --shape smollm2-135m --source gsm8k \
             --num-train 512 --max-new "$cap" --prompts 8 --G 8 ;;
+    profile) # an async qwen run took ~140 s with 5 steps (60-90 s of start-up); here start-up
+        # + 2 warm-up steps (~30 s) + one profiled step (~17 s, slower under the profiler) and
+        # reading ~10^5-10^6 kernels back: ~150-230 s a run, two in the call's 600 s (each
+        # stopped at 260 s). The 8B update (~25 s) may fill CUPTI's buffers: the report says so.
+        # The 8B LoRA run (a 48 s step) needs a call each: PROFILE_ASYNC_SHAPE=lora8b
+        # PROFILE_ASYNC_RUNS=normal PROFILE_ASYNC_WARMUP=1 PROFILE_ASYNC_TIMEOUT=540, then high
+        profile_async ;;
     *) echo "unknown stage $stage" ;;
     esac
     echo "== $stage took $((SECONDS - t0)) s"

@@ -107,3 +107,38 @@ def test_an_unknown_async_stage_is_said_so(tmp_path: Path, stage: str) -> None:
 def test_the_stage_file_is_listed_by_the_driver() -> None:
     text = (REPO / "bench/gpu.sh").read_text()
     assert "| async |" in text and os.path.isfile(REPO / "bench/gpu/async.sh")
+
+
+def test_the_profile_stage_profiles_both_priorities_with_the_qwen_settings(tmp_path: Path) -> None:
+    """Two runs of bench/speed/profile_async.py (normal, then high priority), each with the
+    qwen stage's model, cap, rows and imposed lengths; their arguments parse as the
+    benchmark's own CLI, the caller's overrides after the priority's."""
+    from bench.speed.profile_async import overrides, parse
+
+    calls, envs, out = _run(tmp_path, ["profile"], PROFILE_ASYNC_OVERRIDES="a.b=1 c.d=2")
+    assert len(calls) == 2 and all(line == "ENV " + " ".join(NVLS) for line in envs)
+    for argv, priority in zip(calls, ("normal", "high"), strict=True):
+        assert argv[1:3] == ["-m", "bench.speed.profile_async"]
+        args = parse(argv[3:])
+        assert (args.shape_name, args.max_new, args.prompts, args.G) == ("qwen2.5-1.5b", 4096, 8, 8)
+        assert args.precision == "bf16" and (REPO / args.length_dist).is_file()
+        assert args.tag == priority and args.out == tmp_path / "out/async_profile"
+        assert args.override == [f"rollout.decode_priority={priority}", "a.b=1", "c.d=2"]
+        assert overrides(args)[0] == "algo.max_staleness=1"
+        assert f"-- profile_async {priority}: exit 0" in out
+
+
+def test_the_profile_stage_takes_the_8b_lora_shape(tmp_path: Path) -> None:
+    from bench.speed.profile_async import parse
+
+    calls, _, _ = _run(
+        tmp_path, ["profile"], PROFILE_ASYNC_SHAPE="lora8b", PROFILE_ASYNC_RUNS="high",
+        PROFILE_ASYNC_WARMUP="1",
+    )  # fmt: skip
+    (argv,) = calls
+    args = parse(argv[3:])
+    assert (args.shape_name, args.prompts, args.warmup) == ("llama-3.1-8b", 4, 1)
+    assert args.override == ["model.lora_rank=16", "rollout.decode_priority=high"]
+    (tmp_path / "bad").mkdir()
+    _, _, out = _run(tmp_path / "bad", ["profile"], PROFILE_ASYNC_SHAPE="nosuch")
+    assert "unknown PROFILE_ASYNC_SHAPE nosuch" in out
