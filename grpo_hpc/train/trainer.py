@@ -195,15 +195,24 @@ class Trainer:
         )
         self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
 
-    def _build_engine(self, model: torch.nn.Module, abort: Callable[[], bool]) -> Any:
+    def _build_engine(
+        self,
+        model: torch.nn.Module,
+        abort: Callable[[], bool],
+        tick: Callable[[], None] | None = None,
+    ) -> Any:
         """A rollout engine on ``model`` (the policy, or an async run's copy of it: a plain
-        module, which generates alone, never in step with other ranks)."""
+        module, which generates alone, never in step with other ranks); ``tick``: called
+        at each of its ticks beside the heartbeat (the decode thread's progress)."""
         opts = self.engine_options
+        beat: Callable[[], None] = self.tracker.heartbeat
+        if tick is not None:
+            beat = _both(tick, beat)
         if dist.fsdp_root(model) is None:
             opts = dataclasses.replace(opts, synced=False)
         return rollout.build_engine(
             self.cfg.rollout.engine, model, self.tok, opts,
-            tick=self.tracker.heartbeat, abort=abort, autocast=self.autocast,
+            tick=beat, abort=abort, autocast=self.autocast,
         )  # fmt: skip
 
     def _maybe_resume(self) -> None:
@@ -500,3 +509,13 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     models.load_model_and_tokenizer,
     autos.cap_fits,
 )
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    """One callback that calls ``first``, then ``then`` (an engine has one tick)."""
+
+    def call() -> None:
+        first()
+        then()
+
+    return call
