@@ -44,6 +44,7 @@ from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
+from grpo_hpc.train.supervision.liveness import Liveness
 
 TICK_S = 1.0
 """Seconds between the trainer's heartbeats while it waits for the generator."""
@@ -69,6 +70,9 @@ class Link:
     """The trainers' own group (their DDP, their agreements), generators left out."""
     device: torch.device
     """Where this process computes (the weights travel from and to it)."""
+    pulse: Liveness | None = None
+    """This process's pulse (None: ``dist.peer_timeout_s=0``): a trainer marks in it what
+    it waits on, for its watch on the generator's progress (``rollout.progress_timeout_s``)."""
 
     @property
     def peer(self) -> int:
@@ -76,13 +80,13 @@ class Link:
         return self.peers[0]
 
 
-def connect(cfg: Config, role: Role, device: torch.device) -> Link:
+def connect(cfg: Config, role: Role, device: torch.device, pulse: Liveness | None = None) -> Link:
     """Join the split run's groups (every rank calls this, in the same order: process
-    groups are created collectively)."""
+    groups are created collectively); ``pulse``: this process's (:attr:`Link.pulse`)."""
     t, world = role.trainers, tdist.get_world_size()
     sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
     trainers = tdist.new_group(ranks=list(range(t)))
-    return Link(role, role.peers, sync, trainers, device)
+    return Link(role, role.peers, sync, trainers, device, pulse)
 
 
 @dataclass(frozen=True)
@@ -301,8 +305,9 @@ class SplitPipeline(RolloutPipeline):
     def _order(self, request: Request, step: int) -> None:
         """Send ``request`` to this trainer's generator, then the weights to every generator
         (trainer 0 sends them; under FSDP2 every trainer takes part in their gather)."""
+        what = f"the generators to take step {step + 1}'s request and weights"
         try:  # both wait for the generators (a stopped one: until the peers' watch ends it)
-            with beating(self.tick):
+            with beating(self.tick), self._waiting(what):
                 send_obj(request, self.link.peer, self.link.device)
                 t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
                 broadcast_weights(self.policy, self.link)
@@ -328,7 +333,8 @@ class SplitPipeline(RolloutPipeline):
     def _receive(self) -> Entry:
         want = self.outstanding.made.pop(0)
         try:
-            entry = recv_obj(self.link.peer, self.link.device, self.tick)
+            with self._waiting(f"step {want.step + 1}'s rollouts"):
+                entry = recv_obj(self.link.peer, self.link.device, self.tick)
         except RuntimeError as e:  # gloo: the connection to the generator closed
             self.closed = True  # nothing more to tell it
             raise GeneratorGone(
@@ -337,6 +343,13 @@ class SplitPipeline(RolloutPipeline):
         if entry.made != want:  # a bug, not a fault: say it rather than train it
             raise GeneratorGone(f"{self._generator} sent {entry.made}, expected {want}")
         return entry
+
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """While this trainer blocks on its generator (for ``what``), its pulse thread
+        judges the generator's progress: a generator alive but stuck pulses on, and the
+        heartbeat this trainer beats meanwhile hides it from the monitor."""
+        pulse = self.link.pulse
+        return contextlib.nullcontext() if pulse is None else pulse.waiting_on(self.link.peer, what)
 
     @property
     def _generator(self) -> str:
