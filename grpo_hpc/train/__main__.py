@@ -42,8 +42,9 @@ if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init
     from grpo_hpc.config.roles import Role
     from grpo_hpc.config.schema import Config
     from grpo_hpc.train.distributed.dist import DistInfo
+    from grpo_hpc.train.rollout.progress import Progress
     from grpo_hpc.train.rollout.split import Link
-    from grpo_hpc.train.supervision.liveness import Liveness, Progress
+    from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
 
 
@@ -64,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         with gc_schedule.imports_frozen():  # torch, the process group, transformers
             from grpo_hpc.config import roles
             from grpo_hpc.train.distributed import dist
-            from grpo_hpc.train.supervision import liveness
+            from grpo_hpc.train.rollout import progress
 
             info = dist.init(cfg.dist)
             role = roles.role_of(cfg, info.rank, info.world_size)
             records = role.records_progress
-            work = liveness.Progress() if role.name == roles.GENERATOR else None
+            work = progress.Progress() if role.name == roles.GENERATOR else None
             pulse = _watch_peers(cfg, paths, info, lambda: trainer, role, work)
             link = _split_link(cfg, info, role, pulse)
             from grpo_hpc.train.trainer import Trainer
@@ -129,7 +130,7 @@ def _split_link(cfg: Config, info: DistInfo, role: Role, pulse: Liveness | None)
     problem = split_problem(cfg, info.world_size)
     if problem:
         raise ConfigError(problem)
-    return split.connect(cfg, role, info.device, pulse)
+    return split.connect(cfg, role, info.device, pulse.waiting_on if pulse is not None else None)
 
 
 def _watch_peers(
@@ -144,6 +145,7 @@ def _watch_peers(
     None for one process or ``dist.peer_timeout_s=0``. ``work``: this rank's progress,
     written in its pulse (a generator's); a trainer waiting on a generator judges it."""
     from grpo_hpc.train.distributed import dist
+    from grpo_hpc.train.rollout import progress
     from grpo_hpc.train.supervision import liveness
 
     timeout = cfg.dist.peer_timeout_s
@@ -165,7 +167,7 @@ def _watch_peers(
         end(ranks, reason, where)
 
     def stuck(rank: int, idle_s: float, what: str) -> None:
-        reason = liveness.stuck_reason(pulse.name(rank), idle_s, role.label, what)
+        reason = progress.stuck_reason(pulse.name(rank), idle_s, role.label, what)
         end([rank], reason, "")
 
     def end(ranks: list[int], reason: str, where: str) -> None:

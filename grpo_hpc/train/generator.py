@@ -29,9 +29,10 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.pipeline import generate
+from grpo_hpc.train.rollout.progress import Progress
 from grpo_hpc.train.rollout.split import Hello, Link, Request, broadcast_weights, recv_obj, send_obj
 from grpo_hpc.train.setup import models
-from grpo_hpc.train.supervision.liveness import Progress
+from grpo_hpc.train.supervision import faults
 
 
 @dataclass
@@ -128,6 +129,7 @@ def serve(link: Link, run_dir: Path, progress: Progress | None = None) -> int:
                 # at the trainer's place in the step's prompts (Collector._take's slice)
                 share.train_set = [{}] * (r * share.per_rank) + job.problems
                 replay.position = job.draw
+                faults.stuck_generation(hello.cfg.faults, job.made.step)  # test-only
                 entry = generate(share, job.made, req.seed, model, autocast, scoring)
                 send_obj(entry, r, link.device)
                 work.bump()

@@ -13,6 +13,7 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -187,8 +188,9 @@ class Trainer:
                 collector, whole, self.link, hello, self.tracker.heartbeat
             )
         else:
+            fault = functools.partial(faults.stuck_generation, cfg.faults)  # test-only
             self.rollouts = RolloutPipeline(
-                collector, whole, self._build_engine, stop, self.autocast, policy.shadow
+                collector, whole, self._build_engine, stop, self.autocast, policy.shadow, fault
             )
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed

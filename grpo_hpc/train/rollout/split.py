@@ -44,7 +44,10 @@ from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
-from grpo_hpc.train.supervision.liveness import Liveness
+
+WaitingOn = Callable[[int, str], contextlib.AbstractContextManager[None]]
+"""Marks, while its body runs, that this process waits on a global rank for something
+(``Liveness.waiting_on``)."""
 
 TICK_S = 1.0
 """Seconds between the trainer's heartbeats while it waits for the generator."""
@@ -70,9 +73,10 @@ class Link:
     """The trainers' own group (their DDP, their agreements), generators left out."""
     device: torch.device
     """Where this process computes (the weights travel from and to it)."""
-    pulse: Liveness | None = None
-    """This process's pulse (None: ``dist.peer_timeout_s=0``): a trainer marks in it what
-    it waits on, for its watch on the generator's progress (``rollout.progress_timeout_s``)."""
+    waiting_on: WaitingOn | None = None
+    """This process's pulse's ``Liveness.waiting_on`` (None: ``dist.peer_timeout_s=0``): a
+    trainer marks in it what it waits on, for its watch on the generator's progress
+    (``rollout.progress_timeout_s``)."""
 
     @property
     def peer(self) -> int:
@@ -80,13 +84,15 @@ class Link:
         return self.peers[0]
 
 
-def connect(cfg: Config, role: Role, device: torch.device, pulse: Liveness | None = None) -> Link:
+def connect(
+    cfg: Config, role: Role, device: torch.device, waiting_on: WaitingOn | None = None
+) -> Link:
     """Join the split run's groups (every rank calls this, in the same order: process
-    groups are created collectively); ``pulse``: this process's (:attr:`Link.pulse`)."""
+    groups are created collectively); ``waiting_on``: :attr:`Link.waiting_on`."""
     t, world = role.trainers, tdist.get_world_size()
     sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
     trainers = tdist.new_group(ranks=list(range(t)))
-    return Link(role, role.peers, sync, trainers, device, pulse)
+    return Link(role, role.peers, sync, trainers, device, waiting_on)
 
 
 @dataclass(frozen=True)
@@ -348,8 +354,8 @@ class SplitPipeline(RolloutPipeline):
         """While this trainer blocks on its generator (for ``what``), its pulse thread
         judges the generator's progress: a generator alive but stuck pulses on, and the
         heartbeat this trainer beats meanwhile hides it from the monitor."""
-        pulse = self.link.pulse
-        return contextlib.nullcontext() if pulse is None else pulse.waiting_on(self.link.peer, what)
+        mark = self.link.waiting_on
+        return contextlib.nullcontext() if mark is None else mark(self.link.peer, what)
 
     @property
     def _generator(self) -> str:

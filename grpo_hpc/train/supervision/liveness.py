@@ -20,11 +20,12 @@ rank judges a peer by its own monotonic clock. A rank that ends normally writes
 A pulse proves a process alive, not its work moving: a generator whose main thread hangs
 (a CUDA kernel or NCCL op that never returns, a deadlock, a reward that loops) keeps
 pulsing, and the trainer waiting for its batch would wait for ever. So a generator process
-also writes its *progress* (:class:`Progress`: a counter its working thread advances at
-every engine tick, request, weight transfer and batch sent) on a second line of its pulse
-file, and a trainer that waits for it (:meth:`Liveness.waiting_on`) ends the job when that
-counter has not moved for ``rollout.progress_timeout_s`` of its wait (:func:`stuck_for`),
-with ExitCode.STALLED and a reason naming the generator (:func:`stuck_reason`).
+also writes its *progress* on a second line of its pulse file (``progress <n>``: the
+counter, grpo_hpc.train.rollout.progress's ``Progress``, that its working thread advances
+at every engine tick, request, weight transfer and batch sent), and a trainer that waits
+for it (:meth:`Liveness.waiting_on`) ends the job when that counter has not moved for
+``rollout.progress_timeout_s`` of its wait (``stuck_for``), with ExitCode.STALLED and a
+reason naming the generator (``stuck_reason``).
 """
 
 from __future__ import annotations
@@ -32,16 +33,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_hpc.train.rollout.progress import HOST, Progress, stuck_for
+
 PULSE_S = 2.0
 """Seconds between a rank's pulses (and its looks at its peers')."""
-HOST = socket.gethostname()
 
 
 @dataclass
@@ -64,24 +65,6 @@ class PeerSeen:
     """When (this rank's monotonic clock) ``progress`` last changed."""
 
 
-class Progress:
-    """A process's work counter, written in its pulse: None until :meth:`start` (a
-    generator loading its model is not judged by it: a load is the monitor's
-    ``step0_timeout``'s), then advanced by :meth:`bump` from the working thread. Read
-    from the pulse thread; an int assignment under the GIL needs no lock, and a bump lost
-    to a race would only be one tick fewer."""
-
-    def __init__(self) -> None:
-        self.value: int | None = None
-
-    def start(self) -> None:
-        self.value = 0
-
-    def bump(self) -> None:
-        if self.value is not None:
-            self.value += 1
-
-
 def progress_of(pulse: str | None) -> int | None:
     """The work counter in a pulse file's text (pure): its second line, ``progress <n>``;
     None when there is none (a rank that reports no progress) or it cannot be read."""
@@ -90,32 +73,6 @@ def progress_of(pulse: str | None) -> int | None:
     if len(parts) == 2 and parts[0] == "progress" and parts[1].isdigit():
         return int(parts[1])
     return None
-
-
-def stuck_for(
-    progress: int | None, progress_at: float, since: float, now: float, limit_s: float
-) -> float | None:
-    """How long a peer's work has not moved while this rank waited for it, when that is
-    over ``limit_s``; None otherwise (pure). ``progress``: the peer's counter (None: it
-    reports none, not judged); ``progress_at``: when it last moved; ``since``: when this
-    rank began waiting (a peer idle before that was waiting for this rank, not stuck);
-    ``limit_s`` 0: off."""
-    if progress is None or limit_s <= 0:
-        return None
-    idle = now - max(progress_at, since)
-    return idle if idle > limit_s else None
-
-
-def stuck_reason(name: str, idle_s: float, waiter: str, what: str) -> str:
-    """The one line progress.json gets for a peer that made no progress (pure), e.g.
-    ``generator (rank 1 on node2) made no progress for 600 s while trainer 0 waited for
-    step 7's rollouts``."""
-    return (
-        f"{name} made no progress for {idle_s:.0f} s while {waiter} waited for {what} "
-        "(rollout.progress_timeout_s): alive but stuck (a hung kernel or collective, a "
-        "deadlock, a reward that never returns); the job ends so that it can be resubmitted "
-        "from the last checkpoint"
-    )
 
 
 def lost_peers(seen: dict[int, PeerSeen], now: float, timeout_s: float) -> list[int]:

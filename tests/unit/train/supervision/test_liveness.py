@@ -8,16 +8,14 @@ import threading
 import time
 from pathlib import Path
 
+from grpo_hpc.train.rollout.progress import Progress, stuck_for, stuck_reason
 from grpo_hpc.train.supervision.liveness import (
     Liveness,
     PeerSeen,
-    Progress,
     describe,
     lost_peers,
     lost_reason,
     progress_of,
-    stuck_for,
-    stuck_reason,
     waiting_in,
 )
 
