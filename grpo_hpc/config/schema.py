@@ -103,6 +103,17 @@ class RolloutConfig:
     """Generation length cap."""
     generation_timeout_s: float = 600.0
     """Time budget for one step's generation; exceeding it fails the run as STALLED."""
+    progress_timeout_s: float = 600.0
+    """Asynchronous runs: how long the generation a trainer waits for may make no progress
+    before the job ends as STALLED (exit 4, resubmitted from the last checkpoint): a
+    generator process (``placement=split``) or decode thread (``placement=thread``) that
+    is alive but stuck (a hung kernel or collective, a deadlock, a reward that never
+    returns). Progress is counted at every engine tick (a token, or a native decode
+    chunk), request, weight transfer and batch, so the longest silence of a healthy
+    generator is a first compile or a batch's reward scoring: the same silences the
+    monitor's ``heartbeat_timeout`` (600 s) already allows a synchronous trainer, whose
+    heartbeat the same ticks beat. Under ``split`` the generator's progress travels in its
+    pulse, so ``dist.peer_timeout_s=0`` turns this off too. 0: off."""
     release_engine_memory: bool = False
     """Native engine: free its packed copy of the weights, its KV caches and its CUDA graphs
     before each update, and rebuild them at the next rollout (the graphs are captured
@@ -388,6 +399,11 @@ class FaultsConfig:
     torch.cuda.OutOfMemoryError; without CUDA the error is raised. Handled like any OOM."""
     oom_gpu_gb: float = 16.0
     """GPU memory (GiB) the out-of-memory fault leaves the process (its pretended card)."""
+    stuck_generation_at_step: int = -1
+    """Asynchronous runs: the generation ahead (a split run's generator process, a thread
+    run's decode thread) sleeps for ever when it starts this step's batch (-1 = off),
+    while the process's other threads (its pulse) run on: alive but stuck, for
+    ``rollout.progress_timeout_s`` to catch. Every attempt that generates that step."""
     state_digest: bool = False
     """Write a digest of each rank's model, optimizer, RNG and data position at every save
     and after every resume, to ``<run>/state_digest/`` (bench/faults/gpu_run.py compares a

@@ -51,6 +51,12 @@ def validate(cfg: Config) -> None:
             f"dist.peer_timeout_s={cfg.dist.peer_timeout_s:g} must be 0 (off) or at least 10 "
             "(ranks pulse every 2 s)"
         )
+    if cfg.rollout.progress_timeout_s != 0 and cfg.rollout.progress_timeout_s < 10:
+        raise ConfigError(
+            f"rollout.progress_timeout_s={cfg.rollout.progress_timeout_s:g} must be 0 (off) or "
+            "at least 10 (progress is read every 2 s); keep the default 600 unless a first "
+            "compile or a batch's reward scoring takes longer"
+        )
     if cfg.training.profile_steps < 0 or cfg.training.profile_from < 1:
         raise ConfigError(
             f"training.profile_steps={cfg.training.profile_steps} must be >= 0 and "
@@ -241,6 +247,7 @@ def _validate_faults(f: FaultsConfig) -> None:
         or f.step_sleep > 0
         or f.stall_at_step >= 0
         or f.oom_at_step >= 0
+        or f.stuck_generation_at_step >= 0
     )
     if active and not f.enabled:
         raise ConfigError(

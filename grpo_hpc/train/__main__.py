@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # torch loads only after the early signal handlers (dist.init
     from grpo_hpc.config.roles import Role
     from grpo_hpc.config.schema import Config
     from grpo_hpc.train.distributed.dist import DistInfo
+    from grpo_hpc.train.rollout.progress import Progress
     from grpo_hpc.train.rollout.split import Link
     from grpo_hpc.train.supervision.liveness import Liveness
     from grpo_hpc.train.trainer import Trainer
@@ -64,19 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         with gc_schedule.imports_frozen():  # torch, the process group, transformers
             from grpo_hpc.config import roles
             from grpo_hpc.train.distributed import dist
+            from grpo_hpc.train.rollout import progress
 
             info = dist.init(cfg.dist)
             role = roles.role_of(cfg, info.rank, info.world_size)
             records = role.records_progress
-            pulse = _watch_peers(cfg, paths, info, lambda: trainer, role)
-            link = _split_link(cfg, info, role)
+            work = progress.Progress() if role.name == roles.GENERATOR else None
+            pulse = _watch_peers(cfg, paths, info, lambda: trainer, role, work)
+            link = _split_link(cfg, info, role, pulse)
             from grpo_hpc.train.trainer import Trainer
 
         _stop_if_signalled()
         if link is not None and role.name == roles.GENERATOR:
             from grpo_hpc.train import generator
 
-            code = generator.serve(link, paths.root)
+            code = generator.serve(link, paths.root, work)
         else:
             if link is not None:  # the trainers' ranks among themselves, in their group
                 group = link.trainer_group
@@ -114,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(code)
 
 
-def _split_link(cfg: Config, info: DistInfo, role: Role) -> Link | None:
+def _split_link(cfg: Config, info: DistInfo, role: Role, pulse: Liveness | None) -> Link | None:
     """This process's end of a ``rollout.placement=split`` run (None for another run);
-    refused (exit 2) where the split is not built (``config.validate.split_problem``)."""
+    refused (exit 2) where the split is not built (``config.validate.split_problem``);
+    ``pulse``: this process's, where a trainer marks what it waits on."""
     if cfg.rollout.placement != "split":
         return None
     from grpo_hpc.config.validate import split_problem
@@ -126,7 +130,7 @@ def _split_link(cfg: Config, info: DistInfo, role: Role) -> Link | None:
     problem = split_problem(cfg, info.world_size)
     if problem:
         raise ConfigError(problem)
-    return split.connect(cfg, role, info.device)
+    return split.connect(cfg, role, info.device, pulse.waiting_on if pulse is not None else None)
 
 
 def _watch_peers(
@@ -135,10 +139,13 @@ def _watch_peers(
     info: DistInfo,
     trainer: Callable[[], Trainer | None],
     role: Role,
+    work: Progress | None = None,
 ) -> Liveness | None:
     """Start this rank's pulse and its watch on the others (grpo_hpc.train.supervision.liveness);
-    None for one process or ``dist.peer_timeout_s=0``."""
+    None for one process or ``dist.peer_timeout_s=0``. ``work``: this rank's progress,
+    written in its pulse (a generator's); a trainer waiting on a generator judges it."""
     from grpo_hpc.train.distributed import dist
+    from grpo_hpc.train.rollout import progress
     from grpo_hpc.train.supervision import liveness
 
     timeout = cfg.dist.peer_timeout_s
@@ -156,6 +163,16 @@ def _watch_peers(
         names = {r: pulse.name(r) for r in ranks}  # a split run's: the role, the host
         step = t.step if t is not None else 0
         reason = liveness.lost_reason(ranks, timeout, step, waiting, names)
+        where = f" (flight recorder: {trace})" if trace is not None else ""
+        end(ranks, reason, where)
+
+    def stuck(rank: int, idle_s: float, what: str) -> None:
+        reason = progress.stuck_reason(pulse.name(rank), idle_s, role.label, what)
+        end([rank], reason, "")
+
+    def end(ranks: list[int], reason: str, where: str) -> None:
+        """Record ``reason``, end ``ranks`` where they run here, and leave (exit 4)."""
+        t = trainer()
         code = ExitCode.STALLED
         if t is not None and t.info.is_main:  # the tracker's record: a heartbeat keeps it
             t.tracker.update(TrainState.FAILED, exit_code=int(code), reason=reason)
@@ -165,10 +182,9 @@ def _watch_peers(
                 rec, state=TrainState.FAILED, exit_code=int(code), reason=reason
             )
             write_progress(paths.progress, rec)
-        where = f" (flight recorder: {trace})" if trace is not None else ""
         sys.stderr.write(f"grpo_hpc.train: error: rank {info.rank}: {reason}{where}\n")
         sys.stderr.flush()
-        for rank in ranks:  # a stopped peer here would hold torchrun 30 s more: end it now
+        for rank in ranks:  # a stopped or stuck peer here would hold torchrun 30 s more
             pid = pulse.local_pid(rank)
             if pid is not None:
                 with contextlib.suppress(OSError):
@@ -178,7 +194,8 @@ def _watch_peers(
     split = cfg.rollout.placement == "split"  # the pulse names the role where roles differ
     pulse = liveness.Liveness(
         paths.alive_dir / launch, info.rank, info.world_size, timeout, lost,
-        role=role.label if split else None,
+        role=role.label if split else None, progress=work,
+        progress_timeout_s=cfg.rollout.progress_timeout_s if split else 0.0, on_stuck=stuck,
     )  # fmt: skip
     pulse.start()
     return pulse

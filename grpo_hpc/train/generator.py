@@ -29,8 +29,10 @@ from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.pipeline import generate
+from grpo_hpc.train.rollout.progress import Progress
 from grpo_hpc.train.rollout.split import Hello, Link, Request, broadcast_weights, recv_obj, send_obj
 from grpo_hpc.train.setup import models
+from grpo_hpc.train.supervision import faults
 
 
 @dataclass
@@ -49,14 +51,15 @@ class Replay:
 
 
 def build(
-    hello: Hello, device: torch.device, run_dir: Path
+    hello: Hello, device: torch.device, run_dir: Path, progress: Progress | None = None
 ) -> tuple[Collector, torch.nn.Module, Scoring, object]:
     """The collector, model, scoring and autocast of the thread placement's shadow, built
     from what trainer 0 said: the same model preparation, engine options and rewards. The
     weights on disk are found on this process's node, as a DDP rank of another node finds
     them (``models.materialize``: the run directory's tiny model, the node's own cache
     of a converted model), not at the path trainer 0 used, which a node-local cache
-    would not have here."""
+    would not have here. ``progress``: advanced at each of the engine's ticks (a token, a
+    decode chunk), what the trainers judge this generator's work by."""
     cfg = hello.cfg
     if cfg.training.num_threads:
         torch.set_num_threads(cfg.training.num_threads)
@@ -77,7 +80,8 @@ def build(
     options = dataclasses.replace(hello.options, synced=False)
     engine = rollout.build_engine(
         cfg.rollout.engine, model, tok, options,
-        tick=lambda: None, abort=lambda: False, autocast=autocast,
+        tick=progress.bump if progress is not None else lambda: None,
+        abort=lambda: False, autocast=autocast,
     )  # fmt: skip
     custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
     info = DistInfo(0, 1, 0, device)  # serve() makes one per trainer: its rank, its share
@@ -86,14 +90,21 @@ def build(
     return collector, model, scoring, autocast
 
 
-def serve(link: Link, run_dir: Path) -> int:
+def serve(link: Link, run_dir: Path, progress: Progress | None = None) -> int:
     """Generate what this generator's trainers ask until the first of them says stop; the
     exit code (0). Each step each of its trainers sends its request (its share of the
     prompts), taken in rank order, then trainer 0 broadcasts the weights to every
     generator; this one makes each named batch for each of its trainers in turn, with that
-    trainer's rank naming its random stream, as the thread placement's ranks do."""
+    trainer's rank naming its random stream, as the thread placement's ranks do.
+
+    ``progress`` (written in this process's pulse): started once the engine is built, then
+    advanced at every request, weight transfer, engine tick and batch sent, so that a
+    trainer waiting on this generator can tell a stuck one from a slow one
+    (``rollout.progress_timeout_s``)."""
+    work = progress if progress is not None else Progress()
     hello: Hello = recv_obj(0, link.device)  # from trainer 0, whichever trainers it serves
-    collector, model, scoring, autocast = build(hello, link.device, run_dir)
+    collector, model, scoring, autocast = build(hello, link.device, run_dir, work)
+    work.start()
     trainers, served = link.role.trainers, link.peers
     shares = [
         dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device)) for r in served
@@ -104,8 +115,11 @@ def serve(link: Link, run_dir: Path) -> int:
         first: Request = recv_obj(served[0], link.device)
         if first.stop:
             return 0
+        work.bump()
         requests = [first] + [recv_obj(r, link.device) for r in served[1:]]
+        work.bump()
         broadcast_weights(model, link)  # every generator, every step: one group
+        work.bump()
         if first.cap != cap:  # a rollback grew the cap
             collector.engine.set_max_new_tokens(first.cap)
             cap = first.cap
@@ -115,5 +129,7 @@ def serve(link: Link, run_dir: Path) -> int:
                 # at the trainer's place in the step's prompts (Collector._take's slice)
                 share.train_set = [{}] * (r * share.per_rank) + job.problems
                 replay.position = job.draw
+                faults.stuck_generation(hello.cfg.faults, job.made.step)  # test-only
                 entry = generate(share, job.made, req.seed, model, autocast, scoring)
                 send_obj(entry, r, link.device)
+                work.bump()

@@ -13,6 +13,7 @@ Decisions that end a step are agreed across ranks (``dist.all_reduce_max``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -187,23 +188,33 @@ class Trainer:
                 collector, whole, self.link, hello, self.tracker.heartbeat
             )
         else:
+            fault = functools.partial(faults.stuck_generation, cfg.faults)  # test-only
             self.rollouts = RolloutPipeline(
-                collector, whole, self._build_engine, stop, self.autocast, policy.shadow
+                collector, whole, self._build_engine, stop, self.autocast, policy.shadow, fault
             )
         self.held_out = HeldOutEval(
             cfg, self.info, self.tok, self.engine, self.eval_set, self.tracker, self._stop_agreed
         )
         self.reporter = StepReporter(cfg, self.info, self.engine, self.gc.clock)
 
-    def _build_engine(self, model: torch.nn.Module, abort: Callable[[], bool]) -> Any:
+    def _build_engine(
+        self,
+        model: torch.nn.Module,
+        abort: Callable[[], bool],
+        tick: Callable[[], None] | None = None,
+    ) -> Any:
         """A rollout engine on ``model`` (the policy, or an async run's copy of it: a plain
-        module, which generates alone, never in step with other ranks)."""
+        module, which generates alone, never in step with other ranks); ``tick``: called
+        at each of its ticks beside the heartbeat (the decode thread's progress)."""
         opts = self.engine_options
+        beat: Callable[[], None] = self.tracker.heartbeat
+        if tick is not None:
+            beat = _both(tick, beat)
         if dist.fsdp_root(model) is None:
             opts = dataclasses.replace(opts, synced=False)
         return rollout.build_engine(
             self.cfg.rollout.engine, model, self.tok, opts,
-            tick=self.tracker.heartbeat, abort=abort, autocast=self.autocast,
+            tick=beat, abort=abort, autocast=self.autocast,
         )  # fmt: skip
 
     def _maybe_resume(self) -> None:
@@ -500,3 +511,13 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     models.load_model_and_tokenizer,
     autos.cap_fits,
 )
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    """One callback that calls ``first``, then ``then`` (an engine has one tick)."""
+
+    def call() -> None:
+        first()
+        then()
+
+    return call

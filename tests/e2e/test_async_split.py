@@ -5,8 +5,10 @@ generator too, and two DDP trainers with two generators, each serving one, again
 ranks; two FSDP2 trainers and a generator against two FSDP2 ranks); a SIGKILL of the
 generator or of the trainer (or of the second of two generators), or a SIGTERM (save, exit
 5), then a resume, ends equal to the uninterrupted split run; a stopped generator or
-trainer is caught as a hung rank is, and named by its role. One uninterrupted split run of
-each shape (1 + 1, 2 + 2) serves the module."""
+trainer is caught as a hung rank is, and named by its role; a generator alive but stuck
+(its pulse runs on, its work does not) is caught by its progress, named, and the resume
+ends equal to the uninterrupted run. One uninterrupted split run of each shape (1 + 1,
+2 + 2) serves the module."""
 
 from __future__ import annotations
 
@@ -93,11 +95,12 @@ def two_by_two(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
 
 def _pulse(run: RunPaths, rank: int, deadline_s: float = 120) -> list[str]:
     """The rank's pulse file's fields (``<pid> <counter> <host> <role>``, then its index
-    where the role has several processes)."""
+    where the role has several processes; its first line: a generator's second line is its
+    progress)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         for f in run.alive_dir.glob(f"*/rank{rank}"):
-            return f.read_text().split()
+            return f.read_text().split("\n")[0].split()
         time.sleep(0.05)
     raise AssertionError(f"rank {rank} never pulsed")
 
@@ -294,3 +297,64 @@ def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: i
         f"{victim} (rank {rank} on {HOST}) stopped answering (no pulse for {timeout_s} s) at step"
     )
     assert rec.reason.startswith(said), rec.reason
+
+
+STUCK_AT = 5
+"""The batch (0-based step, as ``faults.*`` count) that is never made: step 6's, generated
+while step 5 trains, after the checkpoint of step 4. progress.json stays at step 4: a step
+is reported only once the batches generated beside it were received."""
+PROGRESS_LIMIT_S = 10
+"""The test's ``rollout.progress_timeout_s`` (the least allowed)."""
+STUCK_ENDS_S = 120
+"""How long the stuck job may take to end once step 4 was recorded: step 5's update, the
+limit, a pulse or two (every 2 s) and torchrun's teardown, measured at 13.4 s; the
+detection off (``rollout.progress_timeout_s=0``) the run was still waiting at 90 s."""
+
+
+def test_a_stuck_generator_is_caught_by_its_progress_and_resumes_bit_exact(
+    tmp_path: Path, reference: RunPaths
+) -> None:
+    """The generator's main thread stops working (``faults.stuck_generation_at_step``: it
+    sleeps for ever as it starts a batch) while its pulse runs on, so the peers' watch sees
+    nothing wrong and the trainer, waiting for the batch, beats its heartbeat: before
+    ``rollout.progress_timeout_s`` nothing ended such a job. Now the trainer's watch sees
+    the generator's progress still for the limit of its wait and ends the job, exit 4,
+    progress.json naming the generator, its rank and host, how long, and what the trainer
+    waited for; the resume from the last checkpoint (the fault off) ends with the weights
+    and optimizer of the uninterrupted run."""
+    stuck = [
+        "faults.enabled=true",
+        f"faults.stuck_generation_at_step={STUCK_AT}",
+        f"rollout.progress_timeout_s={PROGRESS_LIMIT_S}",
+    ]
+    run = split_run(tmp_path, "stuck-generator", *stuck)
+    started = time.monotonic()
+    with training(run, nproc=2, timeout=240) as result:
+        deadline = started + 180
+        while (rec := read_progress(run.progress)) is None or rec.step < STUCK_AT - 1:
+            assert time.monotonic() < deadline, f"the run never reached step {STUCK_AT - 1}"
+            time.sleep(0.05)
+        reached = time.monotonic()
+        done = result()
+    ended = time.monotonic() - reached
+    print(f"the stuck job ended {ended:.1f} s after step {STUCK_AT - 1} was recorded")
+    assert done.returncode == ExitCode.STALLED, done.stderr[-3000:]
+    assert ended < STUCK_ENDS_S
+    rec = read_progress(run.progress)
+    assert rec.state == TrainState.FAILED and rec.step == STUCK_AT - 1, rec
+    said = f"generator (rank 1 on {HOST}) made no progress for "
+    assert rec.reason.startswith(said), rec.reason
+    idle_s = float(rec.reason[len(said) :].split()[0])
+    assert PROGRESS_LIMIT_S <= idle_s < PROGRESS_LIMIT_S + 10, rec.reason
+    assert f"while trainer waited for step {STUCK_AT + 1}'s rollouts" in rec.reason, rec.reason
+    assert run.latest_checkpoint() == 4
+    # the resume, the fault off (the generator would hang at the same batch again)
+    text = run.config.read_text()
+    assert f"stuck_generation_at_step: {STUCK_AT}" in text
+    run.config.write_text(
+        text.replace(f"stuck_generation_at_step: {STUCK_AT}", "stuck_generation_at_step: -1")
+    )
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_progress(run.progress).step == MAX_STEPS
+    assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))

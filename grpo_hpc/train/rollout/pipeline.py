@@ -45,18 +45,24 @@ from typing import Any
 import torch
 
 from grpo_hpc.config.validate import async_ranks_problem
-from grpo_hpc.core.errors import ConfigError
+from grpo_hpc.core.errors import ConfigError, StalledError
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.distributed.gather import copy_full_weights
 from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.progress import HOST, Progress, stuck_for, stuck_reason
 from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
 from grpo_hpc.train.rollout.side_stream import SideStream
 from grpo_hpc.train.rollout.types import RolloutBatch
 
-MakeEngine = Callable[[torch.nn.Module, Callable[[], bool]], Any]
-"""Builds a rollout engine on a model with an abort test (the trainer's engine options)."""
+MakeEngine = Callable[[torch.nn.Module, Callable[[], bool], Callable[[], None]], Any]
+"""Builds a rollout engine on a model with an abort test and a tick of its own, called
+beside the trainer's heartbeat (the trainer's engine options)."""
+
+JOIN_POLL_S = 2.0
+"""Seconds between the main thread's looks at the decode thread's progress while it waits
+for its batches (as often as a split run's trainer reads its generator's pulse)."""
 
 
 @dataclass
@@ -79,12 +85,15 @@ class RolloutPipeline:
         stop_requested: Callable[[], bool],
         autocast: Callable[[], Any],
         shadow: torch.nn.Module | None = None,
+        fault: Callable[[int], None] | None = None,
     ) -> None:
         """``collector``: the trainer's (its engine on the policy); ``policy``: the
         unwrapped model; ``stop_requested``: a stop signal arrived (cuts a batch generated
         on the main thread, never one generated ahead); ``shadow``: the copy that
         generates (:func:`plain_copy` of the policy before FSDP2 sharded it; None: a copy
-        of ``policy`` taken here, which must then be plain)."""
+        of ``policy`` taken here, which must then be plain); ``fault``: test-only, called
+        with each batch's step before the thread generates it
+        (``faults.stuck_generation``)."""
         cfg = collector.cfg
         self.collector, self.k = collector, cfg.algo.max_staleness
         self.pending: dict[int, Entry] = {}
@@ -102,9 +111,17 @@ class RolloutPipeline:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
         self.shadow = shadow if shadow is not None else plain_copy(policy)
+        self.fault = fault
         self.side = SideStream(next(policy.parameters()).device, cfg.rollout.decode_priority)
         self.on_main = False
-        engine = make_engine(self.shadow, lambda: self.on_main and stop_requested())
+        self.work = Progress()
+        """The decode thread's progress: advanced at each of the shadow engine's ticks and
+        each batch made; the main thread judges it while it waits (:meth:`_join`)."""
+        self.jobs: list[Made] = []
+        """The batches the decode thread was given last."""
+        self.work.start()
+        abort = lambda: self.on_main and stop_requested()  # noqa: E731
+        engine = make_engine(self.shadow, abort, self.work.bump)
         self.now = dataclasses.replace(collector, engine=engine)
         self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
@@ -135,6 +152,7 @@ class RolloutPipeline:
         self.last = entry.made
         if decision.ahead:
             jobs = [Made(s, step, lineage) for s in decision.ahead]
+            self.jobs = jobs
             self.side.ready()  # the thread's stream starts after the copy (and this step's batch)
             self.thread = threading.Thread(
                 target=self._run_ahead, args=(jobs, seed), name="grpo-rollout-ahead", daemon=True
@@ -146,7 +164,7 @@ class RolloutPipeline:
         """Wait for the batches being generated ahead; raise what failed there."""
         if self.thread is not None:
             t = time.monotonic()
-            self.thread.join()
+            self._join()
             self.waited_s += time.monotonic() - t
             self.thread = None
             self.side.hand_over(list(self.pending.values()))
@@ -183,6 +201,33 @@ class RolloutPipeline:
     def close(self) -> None:
         """The trainer is done (nothing to do here: the thread was joined at each step)."""
 
+    def _join(self) -> None:
+        """Wait for the decode thread, judging its progress meanwhile: a thread alive but
+        stuck (a hung kernel, a reward that never returns) beats no heartbeat, and nothing
+        else in this process would end the wait; after ``rollout.progress_timeout_s`` of
+        it without a tick, the run ends as STALLED (exit 4), naming the thread and what
+        the step waited for."""
+        assert self.thread is not None
+        limit = self.collector.cfg.rollout.progress_timeout_s
+        since = time.monotonic()
+        seen, seen_at = self.work.value, since
+        while self.thread.is_alive():
+            self.thread.join(timeout=JOIN_POLL_S if limit > 0 else None)
+            now = time.monotonic()
+            if self.work.value != seen:
+                seen, seen_at = self.work.value, now
+            idle = stuck_for(seen, seen_at, since, now, limit)
+            if idle is not None and self.thread.is_alive():
+                raise StalledError(self._stuck_reason(idle))
+
+    def _stuck_reason(self, idle_s: float) -> str:
+        """progress.json's line for a decode thread that made no progress (:meth:`_join`)."""
+        rank = self.collector.info.rank
+        missing = [m.step for m in self.jobs if m.step not in self.pending]
+        what = f"step {missing[0] + 1}'s rollouts" if missing else "the rollouts ahead"
+        name = f"the decode thread (rank {rank} on {HOST})"
+        return stuck_reason(name, idle_s, f"rank {rank}'s training", what)
+
     # ------------------------------------------------------------------ generation
     def _copy_weights(self) -> None:
         """The policy's full weights into the shadow. Under FSDP2 each tensor is gathered
@@ -194,7 +239,10 @@ class RolloutPipeline:
         try:
             with self.side.inside():
                 for made in jobs:
+                    if self.fault is not None:
+                        self.fault(made.step)
                     self.pending[made.step] = self._generate(self.ahead, made, seed)
+                    self.work.bump()
         except BaseException as e:  # handed to the main thread by settle()
             self.error = e
 

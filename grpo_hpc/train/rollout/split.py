@@ -45,6 +45,10 @@ from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
 
+WaitingOn = Callable[[int, str], contextlib.AbstractContextManager[None]]
+"""Marks, while its body runs, that this process waits on a global rank for something
+(``Liveness.waiting_on``)."""
+
 TICK_S = 1.0
 """Seconds between the trainer's heartbeats while it waits for the generator."""
 
@@ -69,6 +73,10 @@ class Link:
     """The trainers' own group (their DDP, their agreements), generators left out."""
     device: torch.device
     """Where this process computes (the weights travel from and to it)."""
+    waiting_on: WaitingOn | None = None
+    """This process's pulse's ``Liveness.waiting_on`` (None: ``dist.peer_timeout_s=0``): a
+    trainer marks in it what it waits on, for its watch on the generator's progress
+    (``rollout.progress_timeout_s``)."""
 
     @property
     def peer(self) -> int:
@@ -76,13 +84,15 @@ class Link:
         return self.peers[0]
 
 
-def connect(cfg: Config, role: Role, device: torch.device) -> Link:
+def connect(
+    cfg: Config, role: Role, device: torch.device, waiting_on: WaitingOn | None = None
+) -> Link:
     """Join the split run's groups (every rank calls this, in the same order: process
-    groups are created collectively)."""
+    groups are created collectively); ``waiting_on``: :attr:`Link.waiting_on`."""
     t, world = role.trainers, tdist.get_world_size()
     sync = tdist.new_group(ranks=[0, *range(t, world)])  # trainer 0: the broadcast's source
     trainers = tdist.new_group(ranks=list(range(t)))
-    return Link(role, role.peers, sync, trainers, device)
+    return Link(role, role.peers, sync, trainers, device, waiting_on)
 
 
 @dataclass(frozen=True)
@@ -301,8 +311,9 @@ class SplitPipeline(RolloutPipeline):
     def _order(self, request: Request, step: int) -> None:
         """Send ``request`` to this trainer's generator, then the weights to every generator
         (trainer 0 sends them; under FSDP2 every trainer takes part in their gather)."""
+        what = f"the generators to take step {step + 1}'s request and weights"
         try:  # both wait for the generators (a stopped one: until the peers' watch ends it)
-            with beating(self.tick):
+            with beating(self.tick), self._waiting(what):
                 send_obj(request, self.link.peer, self.link.device)
                 t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
                 broadcast_weights(self.policy, self.link)
@@ -328,7 +339,8 @@ class SplitPipeline(RolloutPipeline):
     def _receive(self) -> Entry:
         want = self.outstanding.made.pop(0)
         try:
-            entry = recv_obj(self.link.peer, self.link.device, self.tick)
+            with self._waiting(f"step {want.step + 1}'s rollouts"):
+                entry = recv_obj(self.link.peer, self.link.device, self.tick)
         except RuntimeError as e:  # gloo: the connection to the generator closed
             self.closed = True  # nothing more to tell it
             raise GeneratorGone(
@@ -337,6 +349,13 @@ class SplitPipeline(RolloutPipeline):
         if entry.made != want:  # a bug, not a fault: say it rather than train it
             raise GeneratorGone(f"{self._generator} sent {entry.made}, expected {want}")
         return entry
+
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """While this trainer blocks on its generator (for ``what``), its pulse thread
+        judges the generator's progress: a generator alive but stuck pulses on, and the
+        heartbeat this trainer beats meanwhile hides it from the monitor."""
+        mark = self.link.waiting_on
+        return contextlib.nullcontext() if mark is None else mark(self.link.peer, what)
 
     @property
     def _generator(self) -> str:

@@ -34,6 +34,16 @@ def before_step(f: FaultsConfig, step: int, tracker: Tracker, stopped: Callable[
         raise GenerationAborted()
 
 
+def stuck_generation(f: FaultsConfig, step: int) -> None:
+    """``faults.stuck_generation_at_step``: the generation ahead of this step's batch never
+    returns, and advances no progress counter, while its process's other threads run on
+    (a hung kernel or collective seen from outside). Called by the generation ahead only."""
+    if not (f.enabled and f.stuck_generation_at_step == step):
+        return
+    while True:
+        time.sleep(60)
+
+
 def before_load(f: FaultsConfig) -> None:
     """``faults.slow_load``: sleep before the model loads, as a read from a busy shared
     filesystem would take (the trainer is in state LOADING meanwhile)."""

@@ -51,6 +51,9 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
             "algo.max_staleness=2 with rollout.dynamic_sampling runs in one process",
         ),
         (["training.cut_off_patience=-1"], "training.cut_off_patience must be >= 0"),
+        (["rollout.progress_timeout_s=5"], "rollout.progress_timeout_s=5 must be 0"),
+        (["rollout.progress_timeout_s=-1"], "rollout.progress_timeout_s=-1 must be 0"),
+        (["faults.stuck_generation_at_step=3"], "faults.enabled=true"),
     ],
 )
 def test_bad_overrides(overrides: list[str], message: str) -> None:

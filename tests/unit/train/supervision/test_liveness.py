@@ -8,11 +8,14 @@ import threading
 import time
 from pathlib import Path
 
+from grpo_hpc.train.rollout.progress import Progress, stuck_for, stuck_reason
 from grpo_hpc.train.supervision.liveness import (
     Liveness,
     PeerSeen,
+    describe,
     lost_peers,
     lost_reason,
+    progress_of,
     waiting_in,
 )
 
@@ -28,6 +31,46 @@ def test_only_a_silent_peer_that_pulsed_and_did_not_end_is_lost() -> None:
     assert lost_peers(seen, now=130.0, timeout_s=60.0) == []
     line = lost_reason([1, 3], 60.0, 12)
     assert line.startswith("rank 1, rank 3 stopped answering (no pulse for 60 s) at step 12")
+
+
+def test_stuck_for_judges_only_a_reported_counter_and_only_during_the_wait() -> None:
+    """The table of the pure decision: (progress, when it last moved, when the wait began,
+    now, limit) -> seconds stuck, or None."""
+    table = [
+        # a counter still for 30 s of a 40 s wait: stuck past a 20 s limit
+        ((7, 100.0, 90.0, 130.0, 20.0), 30.0),
+        # the same, under a limit it has not reached
+        ((7, 100.0, 90.0, 130.0, 60.0), None),
+        # the counter moved 5 s ago: working
+        ((7, 125.0, 90.0, 130.0, 20.0), None),
+        # idle long before the wait began (it waited for this rank): counted from the wait
+        ((7, 0.0, 120.0, 130.0, 20.0), None),
+        ((7, 0.0, 100.0, 130.0, 20.0), 30.0),
+        # no counter reported (not a generator, or still loading): never judged
+        ((None, 0.0, 0.0, 1e6, 20.0), None),
+        # a limit of 0: off
+        ((7, 0.0, 0.0, 1e6, 0.0), None),
+        # exactly at the limit: not yet
+        ((7, 100.0, 90.0, 120.0, 20.0), None),
+    ]
+    for args, verdict in table:
+        assert stuck_for(*args) == verdict, (args, verdict)
+
+
+def test_the_progress_line_is_read_back_and_does_not_change_the_name() -> None:
+    """The counter rides on a second line of the pulse; the first line is as before, so a
+    pulse without it (an older writer, a trainer) reads as no progress."""
+    pulse = "4242 17 node2 generator 1\nprogress 33\n"
+    assert progress_of(pulse) == 33
+    assert describe(3, pulse) == "generator 1 (rank 3 on node2)"
+    assert progress_of("4242 17 node2 generator\n") is None
+    assert progress_of(None) is None
+    assert progress_of("4242 17 node2\nprogress x\n") is None
+    line = stuck_reason("generator (rank 1 on node2)", 612.4, "trainer 0", "step 7's rollouts")
+    assert line.startswith(
+        "generator (rank 1 on node2) made no progress for 612 s while trainer 0 waited for "
+        "step 7's rollouts"
+    )
 
 
 def _entry(state: str, name: str, *files: tuple[str, int, str]) -> dict:
@@ -122,3 +165,39 @@ def test_a_peer_that_ends_normally_is_not_reported(tmp_path: Path) -> None:
     assert not called.is_set()  # ... and never reports it
     a.stop()
     assert (tmp_path / "rank0.done").exists()
+
+
+def test_a_stuck_peer_is_reported_only_while_waited_on(tmp_path: Path) -> None:
+    """Two real pulse threads: rank 1 pulses on with a progress counter that stops. Rank 0
+    reports nothing while it does not wait on rank 1 (however long the counter is still),
+    then, once it waits, reports rank 1 after the limit of its wait, with what it waited
+    for; rank 1's pulse never stopped, so it is not lost."""
+    limit_s = 0.5
+    stuck: list[tuple[int, float, str, float]] = []
+    called = threading.Event()
+
+    def on_stuck(rank: int, idle_s: float, what: str) -> None:
+        stuck.append((rank, idle_s, what, time.monotonic()))
+        called.set()
+
+    a = Liveness(tmp_path, 0, 2, 60.0, lambda r: None, pulse_s=0.05,
+                 progress_timeout_s=limit_s, on_stuck=on_stuck)  # fmt: skip
+    work = Progress()
+    b = Liveness(tmp_path, 1, 2, 60.0, lambda r: None, pulse_s=0.05, progress=work)
+    a.start()
+    b.start()
+    work.start()
+    for _ in range(5):  # it works: rank 0 sees the counter move
+        work.bump()
+        time.sleep(0.1)
+    _until(lambda: a._seen[1].progress == 5, "rank 0 read rank 1's progress")
+    time.sleep(3 * limit_s)  # the counter is still, but nobody waits on rank 1
+    assert not called.is_set()
+    with a.waiting_on(1, "step 3's rollouts"):
+        began = time.monotonic()
+        assert called.wait(60.0), "the stuck peer was never reported"
+    rank, idle_s, what, at = stuck[0]
+    assert (rank, what) == (1, "step 3's rollouts") and idle_s > limit_s
+    assert at - began > limit_s  # counted from the wait, not from the counter's last move
+    assert len(stuck) == 1 and not lost_peers(a._seen, time.monotonic(), 60.0)
+    b.stop()
