@@ -361,10 +361,11 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     profile = write_profile(tmp_path / "wait-2x2.yaml", base=PROFILE, nodes_wait_s=5,
                             nproc_per_node=2, cpus_per_task=2, strategy="fsdp")  # fmt: skip
     # The uninterrupted 4-rank run, beside the test's own (not before it, nor on the nodes
-    # it kills): the profile's config, 4 processes under torchrun on this machine.
+    # it kills): the profile's config, 4 processes on this machine, forked as torchrun
+    # starts them (tests/e2e/trainer_fork.py; the jobs themselves run under torchrun).
     ref = RunPaths(tmp_path / "one-node" / "whole")
     create_run(ref, load_profile(str(profile)), "tiny", list(RESIZE))
-    with training(ref, 4, torchrun=True) as whole:
+    with training(ref, 4) as whole:
         paths, lost, alone = _lose_a_node_then_get_it_back(logs, log, procs, profile)
         done = whole()
     assert done.returncode == 0, f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
