@@ -46,7 +46,12 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # only where the launcher itself is under test),
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
-# The suite is CPU-bound, loaded or not: only less CPU makes it faster. Fresh-clone runs
+# The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 59f0537
+# (2026-12-05, 1,552 tests) fresh clones took 16:14 with other sessions' test suites
+# running beside it (load average 10-12 on the 2 cores, not a busy loop per core) and
+# 13:52 with fewer beside it (at b511f63, the same tests); its
+# slurm-multi group (9 tests) alone took 268 s unloaded, 351 s before (the references
+# beside the runs, forked; a heartbeat timeout of 10 s). Fresh-clone runs
 # with a cold Inductor cache at 45d7e3c (2026-12-05, 1,553 tests): 14:40 wall with a busy
 # loop per core, 10:49 without (at 0a9e975, the same code); the new two-node tests sit in
 # the serial slurm-multi group, the critical path. At 7f19c45 (2026-12-04, 1,493 tests):

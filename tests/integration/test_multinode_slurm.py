@@ -29,11 +29,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.submit.job import create_run
 from grpo_hpc.train.state.checkpoint import model_weights
 
+from ..e2e.helpers import training
 from .slurm_helpers import (
     ENDED,
     REPO,
@@ -240,13 +243,14 @@ def test_node_failure_resumes_and_matches_uninterrupted_run(
     paths = RunPaths(logs / "failover")
 
     # 0. The trainer on grpo-n2 hangs (SIGSTOP): rank 0 waits in its next collective and its
-    # heartbeat stops; a monitor with a 20 s heartbeat timeout cancels and resubmits. (That
+    # heartbeat stops; a monitor with a 10 s heartbeat timeout cancels and resubmits. (That
     # monitor is then replaced by one with a longer timeout, which phase 2 needs: a node's
     # death takes ~15 s to become NODE_FAIL, and no rank heartbeats meanwhile.) It starts
     # only once the attempt trains: rank 0 writes no heartbeat while it sets up, which on a
-    # loaded machine can take longer than 20 s (the likely cause of CI's one timeout here).
+    # loaded machine can take longer than 10 s (the likely cause of CI's one timeout here).
+    # Started just before the hang, it could only act early on the hang it is there for.
     step = _wait_training(paths, 0, SAVE_EVERY + 1)
-    hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "20",
+    hb = start_cli("cli.monitor", "--logs", str(logs), *MONITOR_ARGS, "--heartbeat-timeout", "10",
                    log=log)  # fmt: skip
     procs.append(hb)
     hung = Killed(job_ids(paths)[0], time.time(), step, stop_trainer(VICTIM))
@@ -356,10 +360,59 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     logs, log, procs = monitor
     profile = write_profile(tmp_path / "wait-2x2.yaml", base=PROFILE, nodes_wait_s=5,
                             nproc_per_node=2, cpus_per_task=2, strategy="fsdp")  # fmt: skip
-    ref = RunPaths(logs / "whole")
-    done = cli("cli.submit", "--profile", str(profile), "--config", "tiny", "--name", "whole",
-               "--logs", str(logs), "--wait", *RESIZE, timeout=300)  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{describe(ref)}"
+    # The uninterrupted 4-rank run, beside the test's own (not before it, nor on the nodes
+    # it kills): the profile's config, 4 processes on this machine, forked as torchrun
+    # starts them (tests/e2e/trainer_fork.py; the jobs themselves run under torchrun).
+    ref = RunPaths(tmp_path / "one-node" / "whole")
+    create_run(ref, load_profile(str(profile)), "tiny", list(RESIZE))
+    with training(ref, 4) as whole:
+        paths, lost, alone = _lose_a_node_then_get_it_back(logs, log, procs, profile)
+        done = whole()
+    assert done.returncode == 0, f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+    jobs = read_jsonl(paths.jobs)
+    # the job on the node left, adopted by the second monitor, is recorded on 1 node: the
+    # run is known to be short, and grows back
+    assert [(j["nodes"], j.get("short_of")) for j in jobs] == [(2, None), (1, 2), (2, None)]
+    assert "adopted" in jobs[1]["reason"], describe(paths)
+    assert [e["move"] for e in events(paths, "nodes")] == ["wait", "shrink", "grow"]
+    acted = [(e["job_id"], e["action"], e["class"]) for e in events(paths, "decision")
+             if e["action"] not in ("NONE", "WAIT")]  # fmt: skip
+    assert acted == [
+        (lost, "CANCEL_AND_RESUBMIT", "node_fail"),
+        (alone, "CANCEL_AND_RESUBMIT", "nodes_back"),
+        (jobs[-1]["job_id"], "DONE", "finished"),
+    ], describe(paths)
+    assert sacct_attempts(lost)[0][0] == "NODE_FAIL"
+    assert step_nodes(jobs[-1]["job_id"]) == "grpo-n[1-2]"
+    worlds = {json.loads((c / "manifest.json").read_text())["world_size"]
+              for c in paths.checkpoints.glob("step-*")}  # fmt: skip
+    assert worlds == {2, 4}, worlds  # saved on 2 ranks and on 4
+    rec = progress(paths)
+    # each later job resumed from a checkpoint (a run begun again from scratch ends the same)
+    assert rec.state is TrainState.FINISHED and rec.step == 8 and rec.restarts == 2, rec
+    got = {
+        int(m["step"]): m["reward/mean"] for m in read_jsonl(paths.metrics) if "reward/mean" in m
+    }
+    want = {int(m["step"]): m["reward/mean"] for m in read_jsonl(ref.metrics) if "reward/mean" in m}
+    assert got == want, (got, want)  # the same completions, resumed on 2 ranks and on 4
+    mine, theirs = model_weights(paths.checkpoint(8)), model_weights(ref.checkpoint(8))
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
+    view = cli("cli.status", "shrink", "--logs", str(logs))
+    assert re.search(
+        r"1 of 2\s+job \d+ PENDING for 2 node\(s\); 1 of the 2 nodes up", view.stdout
+    ), view.stdout
+    assert re.search(r"nodes: \d\d:\d\d wait \(1/2 up\), \d\d:\d\d shrink to 1, "
+                     r"\d\d:\d\d grow to 2", view.stdout), view.stdout  # fmt: skip
+
+
+def _lose_a_node_then_get_it_back(
+    logs: Path, log: Path, procs: list, profile: Path
+) -> tuple[RunPaths, str, str]:
+    """The run ``shrink`` of the test above, up to its DONE: its paths, the job on both nodes
+    that lost one, the job on the node left."""
     submit(logs, "shrink", *RESIZE[1:], "faults.enabled=true", "faults.step_sleep=1",
            profile=str(profile))  # fmt: skip
     paths = RunPaths(logs / "shrink")
@@ -384,42 +437,7 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     restart_nodes()
     done = wait_for("DONE", lambda: final_event(paths), 300, explain=explain)
     assert done["action"] == "DONE", describe(paths)
-
-    jobs = read_jsonl(paths.jobs)
-    # the job on the node left, adopted by the second monitor, is recorded on 1 node: the
-    # run is known to be short, and grows back
-    assert [(j["nodes"], j.get("short_of")) for j in jobs] == [(2, None), (1, 2), (2, None)]
-    assert "adopted" in jobs[1]["reason"], describe(paths)
-    assert [e["move"] for e in events(paths, "nodes")] == ["wait", "shrink", "grow"]
-    acted = [(e["job_id"], e["action"], e["class"]) for e in events(paths, "decision")
-             if e["action"] not in ("NONE", "WAIT")]  # fmt: skip
-    assert acted == [
-        (lost.job, "CANCEL_AND_RESUBMIT", "node_fail"),
-        (alone, "CANCEL_AND_RESUBMIT", "nodes_back"),
-        (jobs[-1]["job_id"], "DONE", "finished"),
-    ], describe(paths)
-    assert sacct_attempts(lost.job)[0][0] == "NODE_FAIL"
-    assert step_nodes(jobs[-1]["job_id"]) == "grpo-n[1-2]"
-    worlds = {json.loads((c / "manifest.json").read_text())["world_size"]
-              for c in paths.checkpoints.glob("step-*")}  # fmt: skip
-    assert worlds == {2, 4}, worlds  # saved on 2 ranks and on 4
-    rec = progress(paths)
-    assert rec.state is TrainState.FINISHED and rec.step == 8
-    got = {
-        int(m["step"]): m["reward/mean"] for m in read_jsonl(paths.metrics) if "reward/mean" in m
-    }
-    want = {int(m["step"]): m["reward/mean"] for m in read_jsonl(ref.metrics) if "reward/mean" in m}
-    assert got == want, (got, want)  # the same completions, resumed on 2 ranks and on 4
-    mine, theirs = model_weights(paths.checkpoint(8)), model_weights(ref.checkpoint(8))
-    assert mine.keys() == theirs.keys()
-    for k in mine:
-        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
-    view = cli("cli.status", "shrink", "--logs", str(logs))
-    assert re.search(
-        r"1 of 2\s+job \d+ PENDING for 2 node\(s\); 1 of the 2 nodes up", view.stdout
-    ), view.stdout
-    assert re.search(r"nodes: \d\d:\d\d wait \(1/2 up\), \d\d:\d\d shrink to 1, "
-                     r"\d\d:\d\d grow to 2", view.stdout), view.stdout  # fmt: skip
+    return paths, lost.job, alone
 
 
 MONITOR_KILLED_AFTER_SBATCH = (

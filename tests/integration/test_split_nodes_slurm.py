@@ -8,7 +8,8 @@ rendezvous and gloo:
 * ``rollout.placement=thread``: each node's rank trains and generates in a thread.
 
 Each ends, bit for bit (weights and optimizer), as the same seed's run of two processes
-on one node does (torchrun on this machine, tests/e2e/helpers.py). One module fixture
+on one node does (on this machine, forked as torchrun starts them, tests/e2e/helpers.py;
+the jobs themselves run under torchrun). One module fixture
 makes the four runs: the two jobs side by side, the two references beside them.
 
 Two generators across the nodes too (2 nodes of 2 processes: the trainers on grpo-n1, the
@@ -90,13 +91,14 @@ def _two_node_job(logs: Path, placement: str) -> Run:
 
 
 def _one_node_run(root: Path, placement: str) -> Run:
-    """The same seed's run of two processes on one node (torchrun here, not Slurm): the
+    """The same seed's run of two processes on one node (not Slurm; forked from the test
+    worker's trainer server as torchrun would start them, tests/e2e/trainer_fork.py): the
     local profile's config, which differs from the two-node profile's in nothing that
     trains (fp32, DDP, sdpa, one thread)."""
     paths = make_run(root, placement, *RUN_ARGS, nproc=2)
     text = paths.config.read_text()
     paths.config.write_text(text.replace("placement: thread", f"placement: {placement}"))
-    p = train(paths, 2, torchrun=True)
+    p = train(paths, 2)
     return Run(paths, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
 
 
@@ -217,7 +219,7 @@ def test_two_generators_across_two_nodes_train_what_one_node_trains(
         paths = make_run(tmp_path / "one-node", "g2-ref", *RUN_ARGS, nproc=4)
         text = paths.config.read_text().replace("placement: thread", "placement: split")
         paths.config.write_text(text.replace("generators: 1", "generators: 2"))
-        p = train(paths, 4, torchrun=True)
+        p = train(paths, 4)
         return Run(paths, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
 
     with ThreadPoolExecutor(max_workers=2) as pool:
