@@ -118,8 +118,13 @@ def _final_state(paths: RunPaths) -> tuple[dict, dict]:
 
 
 def _pulses(paths: RunPaths) -> dict[str, list[str]]:
-    """rank -> the fields after pid and counter of its pulse file (host, role)."""
-    return {f.name: f.read_text().split()[2:] for f in paths.alive_dir.glob("*/rank[0-9]")}
+    """rank -> the fields after pid and counter of its pulse file's first line (host,
+    role); a generator's second line is its progress (rollout.progress_timeout_s), which
+    its last pulse may or may not carry."""
+    return {
+        f.name: f.read_text().splitlines()[0].split()[2:]
+        for f in paths.alive_dir.glob("*/rank[0-9]")
+    }
 
 
 def _finished_on_both_nodes(run: Run) -> None:
