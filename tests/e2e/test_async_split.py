@@ -28,6 +28,7 @@ from grpo_hpc.train.state.checkpoint import SHARDED, format_of
 from grpo_hpc.train.supervision.liveness import HOST
 
 from .helpers import assert_same, full_state, make_run, signal_job, start, train, training
+from .test_async_stuck import STUCK, STUCK_AT, check_stalled_then_resume, until_stalled
 from .test_resume_exact import _final_state
 
 pytestmark = pytest.mark.slow
@@ -299,18 +300,6 @@ def test_a_stopped_role_is_caught_and_named(tmp_path: Path, victim: str, rank: i
     assert rec.reason.startswith(said), rec.reason
 
 
-STUCK_AT = 5
-"""The batch (0-based step, as ``faults.*`` count) that is never made: step 6's, generated
-while step 5 trains, after the checkpoint of step 4. progress.json stays at step 4: a step
-is reported only once the batches generated beside it were received."""
-PROGRESS_LIMIT_S = 10
-"""The test's ``rollout.progress_timeout_s`` (the least allowed)."""
-STUCK_ENDS_S = 120
-"""How long the stuck job may take to end once step 4 was recorded: step 5's update, the
-limit, a pulse or two (every 2 s) and torchrun's teardown, measured at 13.4 s; the
-detection off (``rollout.progress_timeout_s=0``) the run was still waiting at 90 s."""
-
-
 def test_a_stuck_generator_is_caught_by_its_progress_and_resumes_bit_exact(
     tmp_path: Path, reference: RunPaths
 ) -> None:
@@ -322,39 +311,10 @@ def test_a_stuck_generator_is_caught_by_its_progress_and_resumes_bit_exact(
     progress.json naming the generator, its rank and host, how long, and what the trainer
     waited for; the resume from the last checkpoint (the fault off) ends with the weights
     and optimizer of the uninterrupted run."""
-    stuck = [
-        "faults.enabled=true",
-        f"faults.stuck_generation_at_step={STUCK_AT}",
-        f"rollout.progress_timeout_s={PROGRESS_LIMIT_S}",
-    ]
-    run = split_run(tmp_path, "stuck-generator", *stuck)
-    started = time.monotonic()
+    run = split_run(tmp_path, "stuck-generator", *STUCK)
     with training(run, nproc=2, timeout=240) as result:
-        deadline = started + 180
-        while (rec := read_progress(run.progress)) is None or rec.step < STUCK_AT - 1:
-            assert time.monotonic() < deadline, f"the run never reached step {STUCK_AT - 1}"
-            time.sleep(0.05)
-        reached = time.monotonic()
-        done = result()
-    ended = time.monotonic() - reached
-    print(f"the stuck job ended {ended:.1f} s after step {STUCK_AT - 1} was recorded")
-    assert done.returncode == ExitCode.STALLED, done.stderr[-3000:]
-    assert ended < STUCK_ENDS_S
-    rec = read_progress(run.progress)
-    assert rec.state == TrainState.FAILED and rec.step == STUCK_AT - 1, rec
+        done, ended = until_stalled(run, result)
     said = f"generator (rank 1 on {HOST}) made no progress for "
-    assert rec.reason.startswith(said), rec.reason
-    idle_s = float(rec.reason[len(said) :].split()[0])
-    assert PROGRESS_LIMIT_S <= idle_s < PROGRESS_LIMIT_S + 10, rec.reason
-    assert f"while trainer waited for step {STUCK_AT + 1}'s rollouts" in rec.reason, rec.reason
-    assert run.latest_checkpoint() == 4
-    # the resume, the fault off (the generator would hang at the same batch again)
-    text = run.config.read_text()
-    assert f"stuck_generation_at_step: {STUCK_AT}" in text
-    run.config.write_text(
-        text.replace(f"stuck_generation_at_step: {STUCK_AT}", "stuck_generation_at_step: -1")
-    )
-    result = train(run, 2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert read_progress(run.progress).step == MAX_STEPS
+    waited = f"while trainer waited for step {STUCK_AT + 1}'s rollouts"
+    check_stalled_then_resume(run, done, ended, said, waited, 2)
     assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
