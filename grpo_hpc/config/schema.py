@@ -162,6 +162,16 @@ class RolloutConfig:
     update's length while both ran (bench/results/LOG-speed.md, 2026-12-05); whether
     ``high`` wins it back is to be measured (``bench/gpu.sh async``). No effect on a CPU
     or in a split placement (its generators have a GPU of their own)."""
+    partial_pool: int = 0
+    """Asynchronous runs (``algo.max_staleness`` >= 2, ``placement=thread``): partial
+    rollouts. 0: off, each step's batch is generated whole and waits for its longest
+    answer. ``P`` >= 2: the generator decodes the prompts of ``P`` steps at once; a round
+    stops as soon as a step's worth of groups is complete, and the answers still running
+    are continued in the next round by the next weights (each token keeps the log-prob of
+    the weights that sampled it, which the importance weights read; a group is as stale as
+    its first token). A group that would otherwise exceed ``algo.max_staleness`` is
+    finished in its round. Costs ``P`` times the rows in the generator's KV cache, which
+    also holds a continued answer's tokens as its prompt (docs/async.md)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

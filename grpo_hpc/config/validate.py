@@ -127,6 +127,8 @@ def _validate_async(cfg: Config) -> None:
             f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
             "generated up to k updates ahead)"
         )
+    if problem := partial_problem(cfg):
+        raise ConfigError(problem)
     # a split run's process count is the profile's (nodes x processes), not known here
     split = cfg.rollout.placement == "split"
     problem = (
@@ -152,6 +154,33 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
             f"release, not {ranks}: turn one of them off (docs/async.md)"
         )
     return None
+
+
+def partial_problem(cfg: Config) -> str | None:
+    """Why ``rollout.partial_pool`` cannot run with this config (pure; None: it can). A
+    continued answer trains at least two updates after its first token: one update to
+    reach the round that continues it, one more to train it."""
+    pool, k, ro = cfg.rollout.partial_pool, cfg.algo.max_staleness, cfg.rollout
+    if pool == 0:
+        return None
+    if pool < 2:
+        return (
+            f"rollout.partial_pool={pool} must be 0 (off) or at least 2 (the prompts of that "
+            "many steps decode at once; 1 would wait for every answer, as 0 does)"
+        )
+    why = None
+    if k < 2:
+        why = (
+            f"algo.max_staleness={k}: an answer continued by the next weights trains at "
+            "least 2 updates after its first token; set algo.max_staleness=2 or more"
+        )
+    elif ro.placement != "thread":
+        why = "rollout.placement=split: partial rollouts run in the thread placement only"
+    elif ro.dynamic_sampling:
+        why = "rollout.dynamic_sampling: its extra rounds and the pool's are not combined"
+    elif ro.seed_per_group:
+        why = "rollout.seed_per_group: a group decoded beside other steps' has no stream alone"
+    return f"rollout.partial_pool={pool} cannot run with {why} (docs/async.md)" if why else None
 
 
 def training_ranks(cfg: Config, ranks: int) -> int:

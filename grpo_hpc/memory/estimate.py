@@ -101,6 +101,9 @@ class Settings:
     """``algo.max_staleness``: >= 1 generates while the update runs, from a second copy of
     the weights with an engine of its own (docs/async.md); nothing of the engine is then
     released for the update."""
+    partial_pool: int = 0
+    """``rollout.partial_pool``: the generator's engine decodes the rows of this many steps
+    at once (0: one step's), a continued answer's tokens prefilled again as its prompt."""
     evaluates: bool = True
     """The run evaluates held-out problems while it trains (``training.eval_every`` > 0).
     In an asynchronous run the policy's own engine then allocates a KV cache for the
@@ -387,6 +390,17 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     reference = (c * p if lora else 4 * p) // shard if s.beta > 0 else 0
     prompts = rows if not native else max(1, s.rows // 8)
     transient = prompts * s.prompt_tokens * (3 * c * i + 8 * c * h)
+    kv_shadow, shadow_transient = kv_resident, transient + kv_transient
+    if s.partial_pool:  # P steps' rows; a continued row's prompt holds up to a cap's tokens
+        pool_rows = _round_up(s.rows * s.partial_pool, ROW_BUCKET) if native else s.rows
+        pool_slots = s.prompt_tokens + 2 * s.max_new_tokens
+        pool_slots = _round_up(pool_slots, SPAN_BUCKET) if native else pool_slots
+        pool_kv = pool_rows * pool_slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
+        kv_shadow = pool_kv if native else 0
+        # worst case: every row continued, all prefilled at once at their full length
+        shadow_transient = s.rows * s.partial_pool * (s.prompt_tokens + s.max_new_tokens) * (
+            3 * c * shape.active_intermediate + 8 * c * shape.hidden
+        ) + (0 if native else pool_kv)
     return Estimate(
         weights=weights,
         grads=grads,
@@ -408,6 +422,6 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         # from a full copy gathered after each update, a tensor at a time, no second copy);
         # a LoRA copy shares the frozen base where the policy keeps its parameters
         # (pipeline.plain_copy): its adapters alone
-        shadow=copy_bytes + engine_weights + kv_resident if s.staleness else 0,
-        overlapped=transient + kv_transient if s.staleness else 0,
+        shadow=copy_bytes + engine_weights + kv_shadow if s.staleness else 0,
+        overlapped=shadow_transient if s.staleness else 0,
     )

@@ -100,6 +100,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         release_engine=cfg.rollout.release_engine_memory,
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
         staleness=staleness,
+        partial_pool=cfg.rollout.partial_pool if staleness else 0,
         evaluates=cfg.training.eval_every > 0,
     )
 

@@ -199,10 +199,19 @@ class Collector:
 
     def _take(self) -> list[dict]:
         """This rank's share of the next prompts (whole groups per rank)."""
+        return [self.train_set[i] for i in self.take_indices()]
+
+    def take_indices(self) -> list[int]:
+        """The training-set indices of this rank's share of the next prompts (whole groups
+        per rank); the sampler moves on by a whole step's prompts."""
         self._draw = self.sampler.epoch * self.sampler.n + self.sampler.position
         idx = self.sampler.take(self.cfg.rollout.prompts_per_step)
         lo = self.info.rank * self.per_rank
-        return [self.train_set[i] for i in idx[lo : lo + self.per_rank]]
+        return idx[lo : lo + self.per_rank]
+
+    def prompt_texts(self, problems: list[dict]) -> list[str]:
+        """Each problem rendered as the policy's prompt (its chat template)."""
+        return self._prompts(problems)
 
     def _prompts(self, problems: list[dict]) -> list[str]:
         system = self.cfg.data.system_prompt

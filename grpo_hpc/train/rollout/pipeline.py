@@ -49,10 +49,18 @@ from grpo_hpc.core.errors import ConfigError, StalledError
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
+from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.distributed.gather import copy_full_weights
 from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
 from grpo_hpc.train.rollout.progress import HOST, Progress, stuck_for, stuck_reason
-from grpo_hpc.train.rollout.schedule import Made, plan, rollout_seed, staleness_metrics
+from grpo_hpc.train.rollout.schedule import (
+    Made,
+    plan,
+    rollout_seed,
+    staleness_histogram,
+    staleness_metrics,
+)
 from grpo_hpc.train.rollout.side_stream import SideStream
 from grpo_hpc.train.rollout.types import RolloutBatch
 
@@ -71,6 +79,8 @@ class Entry:
 
     made: Made
     collected: Collected
+    report: RoundReport | None = None
+    """Partial rollouts: each group's first-token weights and what the round did."""
 
 
 class RolloutPipeline:
@@ -101,6 +111,10 @@ class RolloutPipeline:
         self.error: BaseException | None = None
         self.last: Made | None = None
         """The batch the current step trains."""
+        self.last_report: RoundReport | None = None
+        """Its round's report (partial rollouts)."""
+        self.pool: PartialPool | None = None
+        """The groups in flight (``rollout.partial_pool``)."""
         self.waited_s = 0.0
         self.sync_s = 0.0
         """Seconds spent putting the current weights where they generate, this step."""
@@ -125,6 +139,8 @@ class RolloutPipeline:
         self.now = dataclasses.replace(collector, engine=engine)
         self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
+        if cfg.rollout.partial_pool:
+            self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
@@ -135,7 +151,8 @@ class RolloutPipeline:
             return self.collector.collect()
         self.settle()
         made = [e.made for e in self.pending.values()]
-        decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
+        end, depth = self.collector.cfg.training.max_steps, 1 if self.pool else None
+        decision = plan(step, self.k, lineage, made, end, depth)
         for s in decision.drop:
             del self.pending[s]
         t = time.monotonic()
@@ -149,7 +166,7 @@ class RolloutPipeline:
                 self.on_main = False
         else:
             entry = self.pending.pop(step)
-        self.last = entry.made
+        self.last, self.last_report = entry.made, entry.report
         if decision.ahead:
             jobs = [Made(s, step, lineage) for s in decision.ahead]
             self.jobs = jobs
@@ -189,7 +206,30 @@ class RolloutPipeline:
         sync, self.sync_s = self.sync_s, 0.0
         stale, ranks = self.last.step - self.last.version, self.collector.info.world_size
         times = {"time/wait_rollouts": waited, "time/weight_sync": sync}
+        if self.last_report is not None:
+            return self._partial_metrics(samples) | times
         return staleness_metrics(stale, samples * ranks, self.k) | times
+
+    def _partial_metrics(self, samples: int) -> dict[str, float]:
+        """Partial rollouts: each rank's groups are of their own ages, so the histogram and
+        the pool's counts are summed over the ranks (every rank reports each step)."""
+        assert self.last is not None and self.last_report is not None
+        report, info = self.last_report, self.collector.info
+        stale = [self.last.step - v for v in report.versions]
+        per_group = samples // max(1, len(stale))
+        row = staleness_histogram(stale, per_group, self.k)
+        row |= {
+            "partial/continued_rows": float(report.continued),
+            "partial/dropped_groups": float(report.dropped),
+            "partial/pool_groups": float(report.pool),
+            "partial/decoded_rows": float(report.decoded_rows),
+        }
+        if info.world_size > 1:
+            top = row.pop("staleness/max")
+            keys = sorted(row)
+            row = dict(zip(keys, dist.all_reduce_sum([row[k] for k in keys], info), strict=True))
+            row["staleness/max"] = dist.all_reduce_max(top, info)
+        return row
 
     def set_max_new_tokens(self, cap: int) -> None:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
@@ -247,7 +287,20 @@ class RolloutPipeline:
             self.error = e
 
     def _generate(self, collector: Collector, made: Made, seed: int) -> Entry:
-        return generate(collector, made, seed, self.shadow, self.autocast, self.scoring)
+        if self.pool is None:
+            return generate(collector, made, seed, self.shadow, self.autocast, self.scoring)
+        torch.manual_seed(rollout_seed(seed, made.step, collector.info.rank))
+        rows = collector.cfg.algo.micro_batch_size
+
+        def behaviour(batch: RolloutBatch) -> torch.Tensor:
+            return behaviour_logp(self.shadow, batch, rows, self.autocast, self.scoring)
+
+        device = next(self.policy.parameters()).device
+        got, report = self.pool.make(
+            collector, made.step, made.version, made.lineage, behaviour, device
+        )
+        # a batch is as stale as its oldest group (schedule.usable reads it)
+        return Entry(Made(made.step, min(report.versions), made.lineage), got, report)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -257,20 +310,24 @@ class RolloutPipeline:
         self.settle()
         if not self.k:
             return {}
-        return {
-            "rollouts_pending": [
-                {"made": dataclasses.asdict(e.made), "collected": dataclasses.asdict(e.collected)}
-                for _, e in sorted(self.pending.items())
-            ]
-        }
+        pending = [
+            {"made": dataclasses.asdict(e.made), "collected": dataclasses.asdict(e.collected)}
+            | ({"report": dataclasses.asdict(e.report)} if e.report else {})
+            for _, e in sorted(self.pending.items())
+        ]
+        pool = {"partial_pool": self.pool.state_dict()} if self.pool is not None else {}
+        return {"rollouts_pending": pending} | pool
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """What :meth:`state_dict` returned (None or without it: a checkpoint of a
         synchronous run, or of another world size, whose shares differ: nothing pending)."""
         self.pending = {}
         for item in (state or {}).get("rollouts_pending", []):
-            entry = Entry(Made(**item["made"]), _collected(item["collected"]))
+            report = RoundReport(**item["report"]) if "report" in item else None
+            entry = Entry(Made(**item["made"]), _collected(item["collected"]), report)
             self.pending[entry.made.step] = entry
+        if self.pool is not None:  # none in the checkpoint: the pool starts empty
+            self.pool.load_state_dict((state or {}).get("partial_pool"))
 
 
 def plain_copy(model: torch.nn.Module, share_frozen: bool = False) -> torch.nn.Module:

@@ -56,15 +56,24 @@ def usable(made: Made, step: int, k: int, lineage: int) -> bool:
     )
 
 
-def plan(step: int, k: int, lineage: int, made: list[Made], end: int | None = None) -> Plan:
+def plan(
+    step: int,
+    k: int,
+    lineage: int,
+    made: list[Made],
+    end: int | None = None,
+    depth: int | None = None,
+) -> Plan:
     """The pipeline's decision at ``step`` (its weights are version ``step``) with the bound
     ``k`` (>= 0), ``lineage`` rollbacks so far and the batches ``made`` ahead. ``end``: the
     run's step count (``training.max_steps``); nothing is generated for a step at or past
     it (a longer run resumed from the last checkpoint makes those batches then, at
-    staleness 0)."""
+    staleness 0). ``depth``: how many steps ahead to generate (None: ``k``); partial
+    rollouts generate one ahead and spend the rest of the bound on continued answers."""
     kept = {m.step for m in made if usable(m, step, k, lineage)}
     drop = tuple(sorted(m.step for m in made if m.step not in kept))
-    last = step + k + 1 if end is None else min(step + k + 1, end)
+    ahead = k if depth is None else min(depth, k)
+    last = step + ahead + 1 if end is None else min(step + ahead + 1, end)
     ahead = tuple(s for s in range(step + 1, last) if s not in kept)
     return Plan(drop, step not in kept, ahead)
 
@@ -75,6 +84,18 @@ def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
     or generated on another thread draws the same numbers; each rank its own."""
     digest = hashlib.sha256(f"grpo_hpc rollout {seed} {step} {rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
+
+
+def staleness_histogram(stale: list[int], per_group: int, k: int) -> dict[str, float]:
+    """The metrics row's staleness histogram of a batch whose groups are ``stale`` updates
+    stale each (partial rollouts: a group is as stale as its first token), ``per_group``
+    samples a group: every bucket 0 .. ``k`` (and past it, should the bound ever break),
+    and the step's largest."""
+    top = max([k, *stale])
+    counts = {f"staleness/{s}": 0.0 for s in range(top + 1)}
+    for s in stale:
+        counts[f"staleness/{s}"] += per_group
+    return counts | {"staleness/max": float(max(stale, default=0))}
 
 
 def staleness_metrics(staleness: int, samples: int, k: int) -> dict[str, float]:

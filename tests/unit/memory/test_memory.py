@@ -171,6 +171,32 @@ def test_a_lora_copy_holds_its_adapters_not_the_base() -> None:
     assert one.shadow < base / 4 + one.engine_weights + memory.estimate(shape, s).kv_cache
 
 
+def test_a_partial_pool_holds_its_steps_rows_with_continued_prompts() -> None:
+    """``rollout.partial_pool=P``: the generator's cache holds P steps' rows, each with room
+    for a continued answer's tokens as its prompt (prompt + 2 caps), and its prefill may
+    take every row at full length; the policy's own terms do not move. Arithmetic, not
+    measured on a GPU (docs/async.md)."""
+    shape, s = _shape("qwen2.5-1.5b"), replace(_async_measured()[1][1], staleness=2)
+    plain = memory.estimate(shape, s)
+    pooled = memory.estimate(shape, replace(s, partial_pool=2))
+    per_slot = shape.layers * 2 * shape.kv_heads * shape.head_dim * s.compute_bytes
+    rows = -(-s.rows * 2 // 8) * 8
+    slots = -(-(s.prompt_tokens + 2 * s.max_new_tokens) // 64) * 64
+    assert pooled.shadow - plain.shadow == rows * slots * per_slot - plain_kv(shape, s)
+    assert pooled.overlapped > plain.overlapped
+    assert pooled.kv_cache == plain.kv_cache and pooled.activations == plain.activations
+    # no effect on a synchronous run
+    sync = replace(s, staleness=0)
+    assert memory.estimate(shape, replace(sync, partial_pool=2)) == memory.estimate(shape, sync)
+
+
+def plain_kv(shape: memory.ModelShape, s: memory.Settings) -> int:
+    """The generator's cache of one step's rows (the native engine's buckets)."""
+    rows = -(-s.rows // 8) * 8
+    slots = -(-(s.prompt_tokens + s.max_new_tokens) // 64) * 64
+    return rows * slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * s.compute_bytes
+
+
 def _check(profile: str, *overrides: str) -> memory_plan.Check:
     over = [f"model.name_or_path={SHAPES / 'qwen2.5-7b'}", *overrides]
     return resolve("gsm8k", over, load_profile(profile), "r")[1]
