@@ -54,6 +54,15 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
         (["rollout.progress_timeout_s=5"], "rollout.progress_timeout_s=5 must be 0"),
         (["rollout.progress_timeout_s=-1"], "rollout.progress_timeout_s=-1 must be 0"),
         (["faults.stuck_generation_at_step=3"], "faults.enabled=true"),
+        (["rollout.partial_pool=1"], "rollout.partial_pool=1 must be 0 (off"),
+        (
+            ["rollout.partial_pool=2", "algo.max_staleness=1"],
+            "rollout.partial_pool=2 cannot run with algo.max_staleness=1",
+        ),
+        (
+            ["rollout.partial_pool=2", "algo.max_staleness=2", "rollout.placement=split"],
+            "partial rollouts run in the thread placement only",
+        ),
     ],
 )
 def test_bad_overrides(overrides: list[str], message: str) -> None:
