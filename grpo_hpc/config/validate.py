@@ -174,6 +174,12 @@ def partial_problem(cfg: Config) -> str | None:
             f"algo.max_staleness={k}: an answer continued by the next weights trains at "
             "least 2 updates after its first token; set algo.max_staleness=2 or more"
         )
+    elif pool > k:
+        why = (
+            f"algo.max_staleness={k}: a group drawn with the pool full may wait for "
+            f"{pool - 1} older steps' groups and train {pool} updates stale; set "
+            f"rollout.partial_pool to at most {k} or algo.max_staleness to at least {pool}"
+        )
     elif ro.placement != "thread":
         why = "rollout.placement=split: partial rollouts run in the thread placement only"
     elif ro.dynamic_sampling:

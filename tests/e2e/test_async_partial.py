@@ -32,7 +32,7 @@ EOS_SCALE = 12.0
 G, PROMPTS, K = 2, 2, 2
 PARTIAL = [
     f"algo.max_staleness={K}",
-    "rollout.partial_pool=3",
+    "rollout.partial_pool=2",
     f"rollout.num_generations={G}",
     f"rollout.prompts_per_step={PROMPTS}",
     "rollout.max_new_tokens=48",
@@ -85,7 +85,9 @@ def test_answers_are_continued_and_none_trains_staler_than_the_bound(
         assert sum(counts.values()) == PROMPTS * G, r
         assert all(v == 0 for s, v in counts.items() if s > K), r
         assert r["staleness/max"] <= K
-        assert math.isfinite(r["rollout/is_weight_mean"]) and r["rollout/is_weight_max"] > 0
+        if "rollout/is_weight_mean" in r:  # absent where every group was flat (no update)
+            assert math.isfinite(r["rollout/is_weight_mean"]) and r["rollout/is_weight_max"] > 0
+    assert any(r.get("rollout/logp_diff", 0) > 0 for r in rows)
     continued = sum(r["partial/continued_rows"] for r in rows)
     assert continued > 0, "no answer was continued: the test proved nothing"
     assert max(r["staleness/max"] for r in rows) == K

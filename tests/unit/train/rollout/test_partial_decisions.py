@@ -91,6 +91,7 @@ def _cfg(**rollout: object) -> Config:
         ({"partial_pool": 0, "k": 0}, None),
         ({"partial_pool": 2}, None),
         ({"partial_pool": 3, "k": 4}, None),
+        ({"partial_pool": 3, "k": 2}, "set rollout.partial_pool to at most 2"),
         ({"partial_pool": 1}, "must be 0 (off) or at least 2"),
         ({"partial_pool": -2}, "must be 0 (off) or at least 2"),
         ({"partial_pool": 2, "k": 1}, "set algo.max_staleness=2 or more"),
