@@ -1,0 +1,164 @@
+"""The partial-rollout pool's rounds (train/rollout/partial.py) with a scripted engine: each
+row ends after a length drawn from a heavy tail (half the rows within 12 tokens, the rest
+run on to near the cap), so that groups stay unfinished for several rounds unless the
+bound makes them finish. The real engines and the real trainer run the pool in
+tests/e2e/test_async_partial.py; this pins what the pool decides over many rounds: no
+group trains staler than the bound, every group trained is complete and whole, the
+tokens of a continued row are its rounds' in order with each round's log-probs, a saved
+pool resumes the same rounds, and a rollback restarts the groups in flight."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from grpo_hpc.config.schema import Config
+from grpo_hpc.tasks.problems import Sampler
+from grpo_hpc.train.distributed.dist import DistInfo
+from grpo_hpc.train.rewards import toy
+from grpo_hpc.train.rollout.collect import Collector
+from grpo_hpc.train.rollout.partial import PartialPool
+from grpo_hpc.train.rollout.types import RolloutBatch, left_padded, repeat_rows, to_batch
+from grpo_hpc.train.setup.models import char_tokenizer
+
+CAP, CHECK = 64, 8
+TOKEN = 20  # what every scripted row writes before its EOS
+
+
+@dataclass
+class ScriptedEngine:
+    """Rows end after a drawn number of new tokens (EOS the last); each call's rows draw
+    from ``rng`` in order; the log-prob of each token is the call's number (so that a
+    stitched row shows which round wrote each token)."""
+
+    tok: object
+    max_new_tokens: int = CAP
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    calls: int = 0
+
+    def draw(self) -> int:
+        return self.rng.randint(1, 12) if self.rng.random() < 0.5 else self.rng.randint(40, 90)
+
+    def generate_rows(self, prompt_ids, counts, *, greedy=False, stop_when=None) -> RolloutBatch:  # noqa: ANN001
+        self.calls += 1
+        ids, mask = left_padded(prompt_ids, self.tok.pad_token_id)
+        ids, mask = repeat_rows(ids, counts), repeat_rows(mask, counts)
+        ends = [self.draw() for _ in range(ids.shape[0])]
+        t = self.max_new_tokens
+        for check in range(CHECK, self.max_new_tokens, CHECK):
+            if all(e <= check for e in ends):
+                t = check
+                break
+            if stop_when is not None and stop_when([e <= check for e in ends], check):
+                t = check
+                break
+        cols = torch.full((ids.shape[0], t), self.tok.pad_token_id, dtype=torch.long)
+        for r, e in enumerate(ends):
+            cols[r, : min(e, t)] = TOKEN
+            if e <= t:
+                cols[r, e - 1] = self.tok.eos_token_id
+        batch = to_batch(torch.cat([ids, cols], 1), mask, ids.shape[1], self.tok)
+        batch.sampled_logp = torch.full(cols.shape, -float(self.calls)) * batch.completion_mask
+        return batch
+
+
+def _collector(engine: ScriptedEngine, prompts: int, g: int) -> Collector:
+    cfg = Config()
+    cfg.rollout.prompts_per_step, cfg.rollout.num_generations = prompts, g
+    cfg.rollout.max_new_tokens = CAP
+    cfg.reward.correctness = 0.0
+    cfg.reward.format = 0.0
+    train = [{"question": f"{i}+{i}=", "gold": str(2 * i)} for i in range(50)]
+    custom = {"digit_fraction": toy.digit_fraction}
+    collector = Collector(cfg, DistInfo(), engine.tok, train, Sampler(50, 1), custom, None, engine)
+    collector.ahead = True  # no progress file here: as the decode thread, say nothing
+    return collector
+
+
+def _rounds(pool: PartialPool, collector: Collector, steps: range) -> list[tuple[int, list]]:
+    """Round ``s`` made as the thread makes it at k >= 1 (version ``s - 1``; step 0 now)."""
+    out = []
+    for s in steps:
+        got, report = pool.make(collector, s, max(0, s - 1), 0, None, torch.device("cpu"))
+        out.append((s, report, got.scored[0].batch))
+    return out
+
+
+@pytest.mark.parametrize(("k", "steps"), [(2, 2), (3, 2), (3, 3)])
+def test_no_group_trains_staler_than_the_bound(k: int, steps: int) -> None:
+    engine = ScriptedEngine(char_tokenizer())
+    collector = _collector(engine, prompts=3, g=4)
+    pool = PartialPool(steps, k)
+    made = _rounds(pool, collector, range(40))
+    continued = 0
+    for s, report, batch in made:
+        assert len(report.versions) == 3  # a step's groups, every round
+        assert all(0 <= s - v <= k for v in report.versions), (s, report)
+        assert batch.input_ids.shape[0] == 12
+        # every row trained is complete: EOS, or the cap reached
+        lengths = batch.completion_mask.sum(1)
+        assert all(bool(f) or int(n) == CAP for f, n in zip(batch.finished, lengths, strict=True))
+        continued += report.continued
+        assert report.dropped == 0
+    assert continued > 20, "few answers were continued: the test proved little"
+    assert max(s - v for s, r, _ in made for v in r.versions) == k  # the bound is reached
+
+
+def test_a_continued_row_holds_each_rounds_tokens_with_that_rounds_log_probs() -> None:
+    engine = ScriptedEngine(char_tokenizer())
+    collector = _collector(engine, prompts=2, g=4)
+    pool = PartialPool(2, 2)
+    seen = 0
+    for _, _report, batch in _rounds(pool, collector, range(20)):
+        p = batch.prompt_len
+        for r in range(batch.input_ids.shape[0]):
+            n = int(batch.completion_mask[r].sum())
+            logp = batch.sampled_logp[r, :n].tolist()
+            # rounds in order: the log-probs (minus the round's number) never increase
+            assert logp == sorted(logp, reverse=True), logp
+            seen += len(set(logp)) > 1
+            tokens = batch.input_ids[r, p : p + n].tolist()
+            body = tokens[:-1] if batch.finished[r] else tokens
+            assert set(body) <= {TOKEN}, tokens  # no padding inside a stitched answer
+    assert seen > 5
+
+
+def test_a_saved_pool_resumes_the_same_rounds() -> None:
+    def run(split: int | None) -> list[torch.Tensor]:
+        engine = ScriptedEngine(char_tokenizer())
+        collector = _collector(engine, prompts=2, g=4)
+        pool = PartialPool(2, 2)
+        out = [b.input_ids for _, _, b in _rounds(pool, collector, range(split or 12))]
+        if split is not None:  # a new process: the pool, the sampler and the engine's stream
+            state, sampler, rng = pool.state_dict(), collector.sampler.state_dict(), engine.rng
+            engine2 = ScriptedEngine(char_tokenizer(), rng=rng, calls=engine.calls)
+            collector = _collector(engine2, prompts=2, g=4)
+            collector.sampler.load_state_dict(sampler)
+            pool = PartialPool(2, 2)
+            pool.load_state_dict(state)
+            out += [b.input_ids for _, _, b in _rounds(pool, collector, range(split, 12))]
+        return out
+
+    whole, resumed = run(None), run(5)
+    assert len(whole) == len(resumed) == 12
+    assert all(torch.equal(a, b) for a, b in zip(whole, resumed, strict=True))
+
+
+def test_a_rollback_restarts_the_groups_in_flight_and_keeps_their_prompts() -> None:
+    engine = ScriptedEngine(char_tokenizer())
+    collector = _collector(engine, prompts=2, g=4)
+    pool = PartialPool(2, 2)
+    _rounds(pool, collector, range(3))
+    before = [(f.index, f.order) for f in pool.flights]
+    assert any(any(f.rows) for f in pool.flights), "nothing in flight: the test proves nothing"
+    _, report = pool.make(collector, 3, 3, 1, None, torch.device("cpu"))  # lineage 1
+    # the step trained groups of the current weights only; the groups in flight came back
+    # to their prompts (lineage 1), and no prompt drawn before was lost
+    assert report.versions == [3, 3] and report.dropped == 0
+    assert all(f.lineage == 1 for f in pool.flights)
+    left = {f.index for f in pool.flights}
+    trained = [i for i, _ in before if i not in left]
+    assert len(trained) <= 2
