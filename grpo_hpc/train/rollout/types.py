@@ -55,7 +55,8 @@ StopWhen = Callable[[list[bool], int], bool]
 """Asked at each host check of :meth:`RolloutEngine.generate_rows` whether to stop the
 rollout there: ``stop_when(ended, t)``, ``ended`` one bool per output row (True where the
 row has written EOS), ``t`` the completion columns every row has so far (a positive
-multiple of the engine's ``check_every``, below its cap). True: the rollout returns its
+multiple of the engine's ``check_every``, below its cap; not asked once every row has
+ended, the rollout ends there anyway). True: the rollout returns its
 ``t`` columns at once; rows that had not ended come back unfinished (``finished`` False,
 every column in the completion mask), to be continued later (partial rollouts)."""
 
@@ -128,9 +129,8 @@ def left_padded(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, to
     ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
     for i, p in enumerate(prompt_ids):
-        if p:
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 

@@ -3,14 +3,14 @@
 One ``generate`` call:
 1. refill the packed low-precision weights from the policy (once per rollout);
 2. prefill each *prompt* once and copy its K/V into the cache rows of its G completions
-   (no G-fold prefill);
+   (no G-fold prefill; ``generate_rows``: each prompt its own count of rows);
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
    (row bucket, attention-span bucket), all captured at the first rollout of a batch
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
    reads only the span bucket that holds the filled slots. Token choice, EOS tracking
    and the output write happen inside the graph; the host looks at the device only
    every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
-   stop once every row has ended;
+   stop once every row has ended (or when ``generate_rows``'s ``stop_when`` says so);
 4. compact finished rows out (``compact``): at those same checks, once the rows still
    running fit a row bucket at most half the current one, they move (cache, state,
    output so far) into that smaller workspace, whose graphs then run the remaining steps.
