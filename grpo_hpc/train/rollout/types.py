@@ -56,9 +56,10 @@ StopWhen = Callable[[list[bool], int], bool]
 rollout there: ``stop_when(ended, t)``, ``ended`` one bool per output row (True where the
 row has written EOS), ``t`` the completion columns every row has so far (a positive
 multiple of the engine's ``check_every``, below its cap; not asked once every row has
-ended, the rollout ends there anyway). True: the rollout returns its
-``t`` columns at once; rows that had not ended come back unfinished (``finished`` False,
-every column in the completion mask), to be continued later (partial rollouts)."""
+ended, the rollout ends there anyway). True: the rollout returns its ``t`` columns at
+once; rows that had not ended come back unfinished (``finished`` False, every column in
+the completion mask), to be continued later (partial rollouts). A hook that never says
+True leaves the rollout exactly as without it."""
 
 
 class RolloutEngine(Protocol):
