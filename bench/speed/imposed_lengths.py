@@ -104,10 +104,16 @@ class ImposingEngine(native_engine.NativeEngine):
         self._write(call, greedy, n_rows, batch, drawn, t0, t1)
         return batch
 
+    def generate_rows(self, prompt_ids: list[list[int]], counts: list[int], **kw: Any) -> Any:
+        """Neither imposed nor recorded: the hook drives ``generate``'s rollouts only, and
+        an earlier ``generate``'s targets must not leak into these rows."""
+        self.imposing = False
+        return super().generate_rows(prompt_ids, counts, **kw)
+
     # ---------------------------------------------------------------- the correction
-    def _start(self, ws: Workspace, ids: torch.Tensor, pmask: torch.Tensor, g: int,
+    def _start(self, ws: Workspace, ids: torch.Tensor, pmask: torch.Tensor, counts: list[int],
                n_rows: int, greedy: bool) -> None:  # fmt: skip
-        super()._start(ws, ids, pmask, g, n_rows, greedy)
+        super()._start(ws, ids, pmask, counts, n_rows, greedy)
         if self.imposing:
             before = torch.zeros_like(ws.done)
             before[n_rows:] = True  # bucket padding

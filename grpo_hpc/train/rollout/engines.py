@@ -27,6 +27,10 @@ from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the t
     OnRows,
     RolloutBatch,
     RolloutEngine,
+    StopWhen,
+    check_rows,
+    left_padded,
+    repeat_rows,
     to_batch,
 )
 
@@ -48,6 +52,24 @@ class _Deadline(StoppingCriteria):
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
+class _StopWhen(StoppingCriteria):
+    """Asks ``stop_when`` at every ``check_every``-th new token (below the cap, while some
+    row still runs: the native engine's host checks) whether to stop the rollout there."""
+
+    def __init__(self, stop_when: StopWhen, prompt_len: int, check_every: int, cap: int, eos: int):
+        self.stop_when, self.prompt_len = stop_when, prompt_len
+        self.check_every, self.cap, self.eos = check_every, cap, eos
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        t = input_ids.shape[1] - self.prompt_len  # completion columns written, every row
+        stop = False
+        if t % self.check_every == 0 and t < self.cap:
+            # A row that wrote EOS is padded after it, so "has an EOS" is "has ended".
+            ended = (input_ids[:, self.prompt_len :] == self.eos).any(1).tolist()
+            stop = not all(ended) and bool(self.stop_when(ended, t))
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
 @dataclass
 class HFEngine:
     """transformers ``generate`` on the policy model itself (no weight sync needed)."""
@@ -66,6 +88,9 @@ class HFEngine:
     """Context for low-precision generation (bf16/fp16 autocast on GPU)."""
     fp32_head: bool = False
     """Logits in fp32 (``algo.fp32_lm_head``): the distribution the update scores."""
+    check_every: int = 16
+    """New tokens between the calls of ``generate_rows``'s ``stop_when`` (the native
+    engine's host check interval, so both engines ask at the same columns)."""
 
     hands_over_rows = False
     """transformers' ``generate`` returns every row at the end: no streamed scoring."""
@@ -82,12 +107,46 @@ class HFEngine:
         on_running: OnRows | None = None,
     ) -> RolloutBatch:
         """``on_done`` and ``on_running`` are accepted for the interface and never called."""
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        counts = [num_generations] * len(prompts)
+        return self._rollout(enc.input_ids, enc.attention_mask, counts, greedy, None)
+
+    def generate_rows(
+        self,
+        prompt_ids: list[list[int]],
+        counts: list[int],
+        *,
+        greedy: bool = False,
+        stop_when: StopWhen | None = None,
+    ) -> RolloutBatch:
+        """``counts[i]`` completions of each prompt's token ids (see
+        ``RolloutEngine.generate_rows``); ``stop_when`` is asked every ``check_every`` new
+        tokens. ``sampled_logp`` stays None, as with ``generate``."""
+        check_rows(prompt_ids, counts)
+        ids, mask = left_padded(prompt_ids, int(self.tokenizer.pad_token_id))
+        return self._rollout(ids, mask, counts, greedy, stop_when)
+
+    def _rollout(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        counts: list[int],
+        greedy: bool,
+        stop_when: StopWhen | None,
+    ) -> RolloutBatch:
+        """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i): what
+        ``generate`` and ``generate_rows`` share."""
         tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         device = compute_device(self.model)
-        ids = enc.input_ids.repeat_interleave(num_generations, 0).to(device)
-        mask = enc.attention_mask.repeat_interleave(num_generations, 0).to(device)
+        ids = repeat_rows(ids, counts).to(device)
+        mask = repeat_rows(mask, counts).to(device)
         stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
+        criteria: list[StoppingCriteria] = [stop]
+        if stop_when is not None:
+            eos = int(tok.eos_token_id)
+            criteria.append(
+                _StopWhen(stop_when, ids.shape[1], self.check_every, self.max_new_tokens, eos)
+            )
         sampling: dict[str, Any] = {"do_sample": False}
         if not greedy:
             sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
@@ -97,7 +156,7 @@ class HFEngine:
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=self.max_new_tokens,
-                stopping_criteria=StoppingCriteriaList([stop]),
+                stopping_criteria=StoppingCriteriaList(criteria),
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id,
                 synced_gpus=self.synced,

@@ -51,6 +51,16 @@ OnRows = Callable[[list[int], list[list[int]]], None]
 (``on_done``: finished rows, all their tokens; ``on_running``: rows still decoding, the
 tokens since the last call)."""
 
+StopWhen = Callable[[list[bool], int], bool]
+"""Asked at each host check of :meth:`RolloutEngine.generate_rows` whether to stop the
+rollout there: ``stop_when(ended, t)``, ``ended`` one bool per output row (True where the
+row has written EOS), ``t`` the completion columns every row has so far (a positive
+multiple of the engine's ``check_every``, below its cap; not asked once every row has
+ended, the rollout ends there anyway). True: the rollout returns its ``t`` columns at
+once; rows that had not ended come back unfinished (``finished`` False, every column in
+the completion mask), to be continued later (partial rollouts). A hook that never says
+True leaves the rollout exactly as without it."""
+
 
 class RolloutEngine(Protocol):
     hands_over_rows: bool
@@ -69,6 +79,22 @@ class RolloutEngine(Protocol):
         on_running: OnRows | None = None,
     ) -> RolloutBatch: ...
 
+    def generate_rows(
+        self,
+        prompt_ids: list[list[int]],
+        counts: list[int],
+        *,
+        greedy: bool = False,
+        stop_when: StopWhen | None = None,
+    ) -> RolloutBatch:
+        """``counts[i]`` completions of the token ids ``prompt_ids[i]`` (not padded, no
+        special tokens added), rows of prompt i consecutive and in prompt order: the
+        prompts are left-padded to the longest and the batch is built as ``generate``'s
+        (``generate(prompts, G)`` is this with each prompt's ids and ``[G] * P``). A prompt
+        may be a prompt followed by the start of its answer (an unfinished row continued).
+        ``stop_when`` (see :data:`StopWhen`) may end the rollout at a host check."""
+        ...
+
     max_new_tokens: int
     """The cap of the next ``generate``: set through :meth:`set_max_new_tokens`."""
 
@@ -82,6 +108,41 @@ class RolloutEngine(Protocol):
 
 class GenerationAborted(Exception):
     """Generation stopped because a stop was requested (signal): the step is abandoned."""
+
+
+def check_rows(prompt_ids: list[list[int]], counts: list[int]) -> None:
+    """Raise ValueError unless ``generate_rows`` can take these: one count (>= 1) per
+    prompt, at least one prompt, no empty prompt (its row would start from padding)."""
+    if not prompt_ids:
+        raise ValueError("generate_rows: no prompts")
+    if len(counts) != len(prompt_ids):
+        raise ValueError(f"generate_rows: {len(prompt_ids)} prompts but {len(counts)} counts")
+    if min(counts) < 1:
+        raise ValueError(f"generate_rows: every count must be >= 1, got {counts}")
+    if min(len(p) for p in prompt_ids) == 0:
+        raise ValueError("generate_rows: an empty prompt")
+
+
+def left_padded(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompt_ids`` as one [P, L] batch left-padded with ``pad`` to the longest, and its
+    attention mask (0 on the padding): what the tokenizer's left padding gives ``generate``."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def repeat_rows(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Row ``i`` of ``x`` repeated ``counts[i]`` times, in order (dim 0). Equal counts take
+    the integer path ``generate`` always took; unequal ones a tensor of repeats, with the
+    output size given so that a CUDA tensor needs no device sync to size the result."""
+    if len(set(counts)) == 1:
+        return x.repeat_interleave(counts[0], 0)
+    reps = torch.tensor(counts, device=x.device)
+    return x.repeat_interleave(reps, 0, output_size=sum(counts))
 
 
 def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:

@@ -3,14 +3,14 @@
 One ``generate`` call:
 1. refill the packed low-precision weights from the policy (once per rollout);
 2. prefill each *prompt* once and copy its K/V into the cache rows of its G completions
-   (no G-fold prefill);
+   (no G-fold prefill; ``generate_rows``: each prompt its own count of rows);
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
    (row bucket, attention-span bucket), all captured at the first rollout of a batch
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
    reads only the span bucket that holds the filled slots. Token choice, EOS tracking
    and the output write happen inside the graph; the host looks at the device only
    every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
-   stop once every row has ended;
+   stop once every row has ended (or when ``generate_rows``'s ``stop_when`` says so);
 4. compact finished rows out (``compact``): at those same checks, once the rows still
    running fit a row bucket at most half the current one, they move (cache, state,
    output so far) into that smaller workspace, whose graphs then run the remaining steps.
@@ -49,11 +49,20 @@ from grpo_hpc.train.rollout.native.workspace import (
     Workspace,
     compact_rows,
     compaction_buckets,
+    ended_rows,
     pad_rows,
     round_up,
     spans,
 )
-from grpo_hpc.train.rollout.types import GenerationAborted, RolloutBatch, to_batch
+from grpo_hpc.train.rollout.types import (
+    GenerationAborted,
+    RolloutBatch,
+    StopWhen,
+    check_rows,
+    left_padded,
+    repeat_rows,
+    to_batch,
+)
 
 
 def decode_path(compiled: bool, graphed: bool, fused: bool) -> str:
@@ -168,9 +177,43 @@ class NativeEngine:
         checks, hears the tokens the rows still decoding produced since the last check (for
         judging answers written before a row ends; needs ``on_done``)."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = enc.input_ids.to(self.device)
-        pmask = enc.attention_mask.to(self.device)
-        g, n_rows, length = num_generations, len(prompts) * num_generations, ids.shape[1]
+        counts = [num_generations] * len(prompts)
+        return self._rollout(
+            enc.input_ids, enc.attention_mask, counts, greedy, on_done, on_running, None
+        )
+
+    def generate_rows(
+        self,
+        prompt_ids: list[list[int]],
+        counts: list[int],
+        *,
+        greedy: bool = False,
+        stop_when: StopWhen | None = None,
+    ) -> RolloutBatch:
+        """``counts[i]`` completions of each prompt's token ids (see
+        ``RolloutEngine.generate_rows``): one prefill per prompt, copied into the cache
+        rows of its completions, and the decode loop of ``generate``. ``stop_when`` is asked
+        at every host check (``check_every``) with the rows ended so far (rows compacted
+        out ended)."""
+        check_rows(prompt_ids, counts)
+        ids, pmask = left_padded(prompt_ids, self.pad)
+        return self._rollout(ids, pmask, counts, greedy, None, None, stop_when)
+
+    def _rollout(
+        self,
+        ids: torch.Tensor,
+        pmask: torch.Tensor,
+        counts: list[int],
+        greedy: bool,
+        on_done: OnDone | None,
+        on_running: OnRunning | None,
+        stop_when: StopWhen | None,
+    ) -> RolloutBatch:
+        """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i, rows
+        consecutive): what ``generate`` and ``generate_rows`` share."""
+        ids = ids.to(self.device)
+        pmask = pmask.to(self.device)
+        n_rows, length = sum(counts), ids.shape[1]
         deadline = time.monotonic() + self.timeout_s
         if self.packed is None:  # released before the last update
             self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
@@ -179,7 +222,7 @@ class NativeEngine:
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
             self._capture_ahead(root, greedy)  # before the prefill: it writes the cache
-            self._start(root, ids, pmask, g, n_rows, greedy)
+            self._start(root, ids, pmask, counts, n_rows, greedy)
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
             self.stats = {"row_steps": 0, "compactions": 0}
@@ -200,6 +243,9 @@ class NativeEngine:
                         break
                     if hand is not None:
                         hand.check(ws, real, t)
+                    if stop_when is not None and stop_when(ended_rows(ws, real, n_rows), t):
+                        cols = t  # columns [0, t) are written: return them as they are
+                        break
                     target = compact_rows(live.numel(), ws.rows, self.row_bucket)
                     if self.compact and target < ws.rows:
                         ws, real = self._compacted(root, ws, real, live, target, length + t - 1)
@@ -210,8 +256,8 @@ class NativeEngine:
             completion = root.out[:n_rows, :cols].clone()
             logp = root.out_logp[:n_rows, :cols].clone()
         self.tick()
-        full = torch.cat([ids.repeat_interleave(g, 0), completion], 1)
-        batch = to_batch(full, pmask.repeat_interleave(g, 0), length, self.tokenizer)
+        full = torch.cat([repeat_rows(ids, counts), completion], 1)
+        batch = to_batch(full, repeat_rows(pmask, counts), length, self.tokenizer)
         batch.sampled_logp = logp * batch.completion_mask
         return batch
 
@@ -288,21 +334,22 @@ class NativeEngine:
         ws: Workspace,
         ids: torch.Tensor,
         pmask: torch.Tensor,
-        g: int,
+        counts: list[int],
         n_rows: int,
         greedy: bool,
     ) -> None:
-        """Prefill, choose completion token 0 of every row, set the decode state."""
+        """Prefill, choose completion token 0 of every row, set the decode state (the
+        ``counts[i]`` rows of prompt i, ``n_rows`` in all, start from its prefill)."""
         rows = ws.tokens.shape[0]
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
-        logits = forward.prefill(self.packed, ids, pad_p, ws.cache, g, self.dtype)
-        spread = pad_rows(logits.repeat_interleave(g, 0), rows)
+        logits = forward.prefill(self.packed, ids, pad_p, ws.cache, counts, self.dtype)
+        spread = pad_rows(repeat_rows(logits, counts), rows)
         # Eager token choice: once per rollout, and outside the capture that falls back to
         # eager decoding if compiling fails.
         token, logp = choose(
             spread, self.temperature, self.top_p, greedy, logp_temperature=self.logp_temperature
         )
-        ws.left_pad.copy_(pad_rows(pad_p.repeat_interleave(g, 0), rows))
+        ws.left_pad.copy_(pad_rows(repeat_rows(pad_p, counts), rows))
         ws.tokens.copy_(token)
         ws.done.copy_(token == self.eos)
         ws.done[n_rows:] = True  # bucket padding rows never count as running

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from grpo_hpc.train.rollout.native import attention
 from grpo_hpc.train.rollout.native.sampling import Pick, pick
 from grpo_hpc.train.rollout.native.weights import Packed
+from grpo_hpc.train.rollout.types import repeat_rows
 
 
 @dataclass
@@ -163,13 +164,14 @@ def prefill(
     ids: torch.Tensor,
     left_pad: torch.Tensor,
     cache: KVCache,
-    rows_per_prompt: int,
+    rows_per_prompt: int | list[int],
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Run the prompts [P, L] (left-padded) once; write their K/V into the cache rows of
-    every completion of the group (rows ``i*G .. i*G+G-1`` get prompt ``i``); return the
-    last position's logits [P, V] (the head's dtype: compute dtype, like the HF model's, or
-    fp32 with ``algo.fp32_lm_head``)."""
+    every completion of the group (``rows_per_prompt``: G, rows ``i*G .. i*G+G-1`` get
+    prompt ``i``; or one count per prompt, prompt ``i``'s rows following prompt ``i-1``'s);
+    return the last position's logits [P, V] (the head's dtype: compute dtype, like the HF
+    model's, or fp32 with ``algo.fp32_lm_head``)."""
     s = packed.shape
     n, length = ids.shape
     pos = torch.arange(length, device=ids.device)
@@ -187,6 +189,17 @@ def prefill(
     x = packed.embed[ids].float() * s.embed_scale
     group = s.heads // s.kv_heads
     rows = cache.k.shape[1]
+    counts = [rows_per_prompt] * n if isinstance(rows_per_prompt, int) else rows_per_prompt
+    need = sum(counts)
+    # Each completion row's prompt, made once rather than per layer (equal counts keep the
+    # integer repeat every rollout used before mixed counts existed).
+    source = (
+        None if len(set(counts)) == 1 else repeat_rows(torch.arange(n, device=ids.device), counts)
+    )
+
+    def spread(x: torch.Tensor) -> torch.Tensor:
+        return x.repeat_interleave(counts[0], 0) if source is None else x.index_select(0, source)
+
     for li, lw in enumerate(packed.layers):
         h = _maybe_norm(x, lw.attn_norm, s.eps).to(dtype)
         q, k, v = split_qkv(F.linear(h, lw.wqkv, lw.bqkv), s.heads, s.kv_heads)
@@ -194,9 +207,8 @@ def prefill(
         q = apply_rope(qk_norm(q, lw.q_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
         k = apply_rope(qk_norm(k, lw.k_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
         v = v.transpose(1, 2)  # [P, kv_heads, L, d]
-        need = n * rows_per_prompt
-        cache.k[li, :need, :, :length] = k.repeat_interleave(rows_per_prompt, 0)
-        cache.v[li, :need, :, :length] = v.repeat_interleave(rows_per_prompt, 0)
+        cache.k[li, :need, :, :length] = spread(k)
+        cache.v[li, :need, :, :length] = spread(v)
         if need < rows:  # bucket padding rows: copies of the last row keep values finite
             cache.k[li, need:, :, :length] = k[-1:]
             cache.v[li, need:, :, :length] = v[-1:]

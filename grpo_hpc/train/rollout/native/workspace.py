@@ -91,6 +91,18 @@ class HandOver:
         self.shown = t
 
 
+def ended_rows(ws: Workspace, real: int, n_rows: int) -> list[bool]:
+    """One bool per row of the rollout (``n_rows``): True where the row has written EOS.
+    The first ``real`` rows of ``ws`` hold rollout rows ``ws.rows_of[:real]``, as
+    :meth:`HandOver.check` reads them; a rollout row none of them holds was compacted out,
+    which only a finished row is. One copy from the device (at a host check, which has
+    already waited for it)."""
+    ended = [True] * n_rows
+    for row in ws.rows_of[:real][~ws.done[:real]].tolist():
+        ended[row] = False
+    return ended
+
+
 def compact_rows(live: int, rows: int, bucket: int) -> int:
     """Rows of the batch to decode ``live`` running rows in: the smallest ``bucket * 2^k``
     that holds them, or ``rows`` (the current batch) when that is no smaller. Halving

@@ -1,0 +1,337 @@
+"""``generate_rows`` of both rollout engines on the CPU (what partial rollouts build on):
+rows with their own prompts and counts, continuation of an unfinished answer, and the
+``stop_when`` hook, with real tiny models saved and loaded through ``from_pretrained``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_hpc.train.rollout.engines import HFEngine, RolloutBatch, capped
+from grpo_hpc.train.rollout.native.engine import NativeEngine
+from grpo_hpc.train.setup.models import LlamaShape, char_tokenizer, save_random_llama
+
+# Three lengths: the batch is left-padded, and each prompt's rows carry its own padding.
+PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
+MIXED = [3, 1, 2]
+ENDING = [5, 3, 4]
+"""Counts of the tests where rows end early: enough rows that some end at every check."""
+
+
+def _load(path: Path):  # noqa: ANN202
+    from grpo_hpc.train.setup.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(path, "sdpa", torch.device("cpu"))
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    out = tmp_path_factory.mktemp("llama") / "m"
+    save_random_llama(out, LlamaShape(64, 2, 4, 2, 128), seed=3)
+    return _load(out)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A random Qwen2 (q/k/v biases, untied head, 3 query heads per KV head)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("qwen2") / "m"
+    tok = char_tokenizer()
+    torch.manual_seed(5)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        initializer_range=0.3,  # larger weights: greedy text that is not one repeated char
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # HF initialises biases to zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return _load(out)
+
+
+def _engines(model, tok, new: int = 40, **kw):  # noqa: ANN001, ANN003, ANN202
+    return (
+        HFEngine(model, tok, new, 1.0, 1.0, 60, **kw),
+        NativeEngine(model, tok, new, 1.0, 1.0, 60, **kw),
+    )
+
+
+def _engine(kind: str, model, tok, new: int = 40, **kw):  # noqa: ANN001, ANN003, ANN202
+    hf, native = _engines(model, tok, new, **kw)
+    return native if kind == "native" else hf
+
+
+def _ids(tok, prompts: list[str]) -> list[list[int]]:  # noqa: ANN001
+    return [tok(p, add_special_tokens=False).input_ids for p in prompts]
+
+
+def _assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
+    """Bit for bit: every tensor, the texts and the prompt width."""
+    assert a.prompt_len == b.prompt_len
+    for name in ("input_ids", "attention_mask", "completion_mask", "finished"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.texts == b.texts
+    assert (a.sampled_logp is None) == (b.sampled_logp is None)
+    if a.sampled_logp is not None:
+        assert torch.equal(a.sampled_logp, b.sampled_logp)
+
+
+def _has_eos_before(batch: RolloutBatch, eos: int, t: int) -> list[bool]:
+    """Per row: an EOS among the first ``t`` completion columns of the returned batch."""
+    return (batch.input_ids[:, batch.prompt_len : batch.prompt_len + t] == eos).any(1).tolist()
+
+
+# ---------------------------------------------------------------- generate is generate_rows
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_equal_counts_give_generate_bit_for_bit(
+    kind: str, name: str, request: pytest.FixtureRequest
+) -> None:
+    model, tok = request.getfixturevalue(name)
+    engine = _engine(kind, model, tok)
+    ids = _ids(tok, PROMPTS)
+    assert len({len(i) for i in ids}) == len(PROMPTS)  # padding differs from row to row
+    torch.manual_seed(7)
+    want = engine.generate(PROMPTS, 3)
+    torch.manual_seed(7)
+    got = engine.generate_rows(ids, [3] * len(PROMPTS))
+    assert len(set(want.texts)) > 3, "degenerate test: too few distinct completions"
+    _assert_same(want, got)
+    assert (got.sampled_logp is not None) == (kind == "native")
+
+
+# ---------------------------------------------------------------- mixed counts
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_mixed_counts_give_each_prompt_its_own_greedy_completion(kind: str, llama: tuple) -> None:
+    model, tok = llama
+    engine = _engine(kind, model, tok)
+    ids = _ids(tok, PROMPTS)
+    batch = engine.generate_rows(ids, MIXED, greedy=True)
+    owner = [i for i, n in enumerate(MIXED) for _ in range(n)]  # [0, 0, 0, 1, 2, 2]
+    assert batch.input_ids.shape[0] == sum(MIXED) == len(batch.texts)
+    width = max(len(i) for i in ids)
+    assert batch.prompt_len == width
+    alone = [engine.generate([p], 1, greedy=True) for p in PROMPTS]
+    texts = [a.texts[0] for a in alone]
+    assert len(set(texts)) == len(PROMPTS), "degenerate test: prompts complete alike"
+    for row, i in enumerate(owner):
+        # the prompt, left-padded with the pad id to the longest, masked on the padding
+        pad = width - len(ids[i])
+        assert batch.input_ids[row, pad:width].tolist() == ids[i]
+        assert (batch.input_ids[row, :pad] == tok.pad_token_id).all()
+        assert batch.attention_mask[row, :width].tolist() == [0] * pad + [1] * len(ids[i])
+        # the completion: that of the prompt decoded on its own
+        a = alone[i]
+        n = int(a.completion_mask.sum())
+        assert int(batch.completion_mask[row].sum()) == n
+        got = batch.input_ids[row, width : width + n]
+        assert torch.equal(got, a.input_ids[0, a.prompt_len : a.prompt_len + n])
+        assert batch.texts[row] == a.texts[0]
+        assert bool(batch.finished[row]) == bool(a.finished[0])
+
+
+# ---------------------------------------------------------------- continuation
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_a_continued_row_goes_on_as_the_uncut_decode(kind: str, qwen2: tuple) -> None:
+    """The partial-rollout case: two answers cut after 13 and 9 tokens continue, in one
+    call (different prompt + answer lengths, so left padding), for 27 more tokens: the
+    tokens of the uncut greedy decode, and (native) its log-probs (prefill vs decode
+    numerics). The Qwen2: the random Llama's greedy text is one character repeated."""
+    model, tok = qwen2
+    n, cut = 40, [13, 9]
+    engine = _engine(kind, model, tok, new=n)
+    prompts = PROMPTS[:2]
+    ids = _ids(tok, prompts)
+    full = [engine.generate([p], 1, greedy=True) for p in prompts]
+    for f in full:  # no EOS before N: every one of the N tokens can be compared
+        assert f.completion_mask.sum() == n and not f.finished[0]
+    tokens = [f.input_ids[0, f.prompt_len :] for f in full]
+    assert all(len(set(t.tolist())) > 10 for t in tokens), "degenerate test: repeated text"
+    cap = n - max(cut)  # 27: row 0 continues to its 40th token, row 1 to its 36th
+    with capped(engine, cap):
+        cont = engine.generate_rows(
+            [i + t[:m].tolist() for i, t, m in zip(ids, tokens, cut, strict=True)],
+            [1, 1],
+            greedy=True,
+        )
+    assert cont.prompt_len == max(len(i) + m for i, m in zip(ids, cut, strict=True))
+    assert cont.input_ids.shape[1] == cont.prompt_len + cap
+    assert not cont.finished.any() and bool(cont.completion_mask.all())
+    for row, (t, m) in enumerate(zip(tokens, cut, strict=True)):
+        assert torch.equal(cont.input_ids[row, cont.prompt_len :], t[m : m + cap])
+        if kind == "native":
+            assert full[row].sampled_logp is not None and cont.sampled_logp is not None
+            torch.testing.assert_close(
+                cont.sampled_logp[row], full[row].sampled_logp[0, m : m + cap], atol=1e-4, rtol=0
+            )
+
+
+# ---------------------------------------------------------------- stop_when
+
+
+class _Hook:
+    """Records every call; says stop once ``t`` reaches ``at`` (never when None)."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.calls: list[tuple[list[bool], int]] = []
+
+    def __call__(self, ended: list[bool], t: int) -> bool:
+        self.calls.append((list(ended), t))
+        return self.at is not None and t >= self.at
+
+
+@pytest.fixture(scope="module")
+def qwen2_eos(qwen2: tuple) -> tuple:
+    """The Qwen2 with a tokenizer whose EOS it writes often (:func:`_eos_in_many_rows`)."""
+    model, tok = qwen2
+    return model, _eos_in_many_rows(model, tok, _ids(tok, PROMPTS), ENDING)
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_stop_when_ends_the_rollout_at_a_host_check(kind: str, qwen2_eos: tuple) -> None:
+    model, tok = qwen2_eos
+    every = 8
+    engine = _engine(kind, model, tok, new=40, check_every=every)
+    ids = _ids(tok, PROMPTS)
+    torch.manual_seed(3)
+    uncut = engine.generate_rows(ids, ENDING)
+    hook = _Hook(2 * every)
+    torch.manual_seed(3)
+    batch = engine.generate_rows(ids, ENDING, stop_when=hook)
+    t = 2 * every
+    assert batch.input_ids.shape[1] - batch.prompt_len == t == batch.completion_mask.shape[1]
+    assert [c[1] for c in hook.calls] == [every, 2 * every]  # positive multiples of the check
+    assert all(len(ended) == sum(ENDING) for ended, _ in hook.calls)
+    ended = hook.calls[-1][0]
+    assert batch.finished.tolist() == ended
+    assert any(ended) and not all(ended), "degenerate test: no row or every row ended"
+    for row in range(sum(ENDING)):
+        if not ended[row]:
+            assert bool(batch.completion_mask[row].all())
+            assert batch.attention_mask[row, batch.prompt_len :].all()
+    for seen, at in hook.calls:
+        assert seen == _has_eos_before(batch, tok.eos_token_id, at)
+    # Stopping changes no token: the columns it kept are the uncut rollout's.
+    width = batch.prompt_len + t
+    assert torch.equal(batch.input_ids, uncut.input_ids[:, :width])
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+@pytest.mark.parametrize("ending", [False, True])
+def test_stop_when_that_never_stops_changes_nothing(
+    kind: str, ending: bool, request: pytest.FixtureRequest
+) -> None:
+    """Rows that never end (the Llama) and rows that end early (``qwen2_eos``)."""
+    model, tok = request.getfixturevalue("qwen2_eos" if ending else "llama")
+    counts = ENDING if ending else MIXED
+    engine = _engine(kind, model, tok, new=40, check_every=8)
+    ids = _ids(tok, PROMPTS)
+    torch.manual_seed(4)
+    want = engine.generate_rows(ids, counts)
+    hook = _Hook(None)
+    torch.manual_seed(4)
+    got = engine.generate_rows(ids, counts, stop_when=hook)
+    _assert_same(want, got)
+    # asked at every check below the cap of 40 while a row still ran
+    running = [t for t in (8, 16, 24, 32) if not all(_has_eos_before(want, tok.eos_token_id, t))]
+    assert [c[1] for c in hook.calls] == running and running
+    for seen, at in hook.calls:
+        assert seen == _has_eos_before(want, tok.eos_token_id, at)
+
+
+def _eos_in_many_rows(model, tok, prompt_ids: list[list[int]], counts: list[int]):  # noqa: ANN001, ANN202
+    """A copy of ``tok`` whose EOS is the token found in the most rows of a sampled rollout
+    (not among any row's first 4 tokens). The random models never write the real EOS;
+    with this one rows end at many different steps, as a real model's do, and the native
+    engine compacts them out."""
+    torch.manual_seed(0)
+    probe = NativeEngine(model, tok, 64, 1.0, 1.0, 60).generate_rows(prompt_ids, counts)
+    completion = probe.input_ids[:, probe.prompt_len :]
+    rows_with = torch.zeros(len(tok), dtype=torch.long)
+    for row in completion:
+        rows_with[row.unique()] += 1
+    rows_with[completion[:, :4].unique()] = 0
+    rows_with[tok.pad_token_id] = 0
+    tok2 = copy.deepcopy(tok)
+    tok2.eos_token = tok.convert_ids_to_tokens(int(rows_with.argmax()))
+    return tok2
+
+
+@pytest.mark.parametrize("stop_at", [48, None])
+def test_stop_when_through_compactions_maps_rows_back(
+    qwen2_eos: tuple, stop_at: int | None
+) -> None:
+    """Native engine, rows ending early (an EOS the model writes often, see
+    :func:`_eos_in_many_rows`) and compacted out of small row buckets: ``ended`` is, at
+    every check, each output row's EOS so far in the returned batch (a compacted row
+    ended; the rows still decoding mapped back through ``rows_of``); a hook that never
+    stops leaves the result bit for bit."""
+    model, tok2 = qwen2_eos
+    counts = ENDING
+    ids = _ids(tok2, PROMPTS)
+    eos = tok2.eos_token_id
+
+    def engine() -> NativeEngine:
+        return NativeEngine(model, tok2, 64, 1.0, 1.0, 60, row_bucket=2, check_every=4)
+
+    torch.manual_seed(1)
+    plain = engine()
+    uncut = plain.generate_rows(ids, counts)
+    hook = _Hook(stop_at)
+    torch.manual_seed(1)
+    hooked = engine()
+    batch = hooked.generate_rows(ids, counts, stop_when=hook)
+    assert hooked.stats["compactions"] >= 1  # rows were compacted out before the stop
+    assert any(any(e) and not all(e) for e, _ in hook.calls), "degenerate: no row ended"
+    for seen, at in hook.calls:
+        assert at % 4 == 0 and at > 0 and len(seen) == sum(counts)
+        assert seen == _has_eos_before(batch, eos, at)
+    if stop_at is None:
+        _assert_same(uncut, batch)
+        assert plain.stats == hooked.stats
+        return
+    assert batch.completion_mask.shape[1] == stop_at == hook.calls[-1][1]
+    assert batch.finished.tolist() == hook.calls[-1][0]
+    assert not all(hook.calls[-1][0]), "degenerate test: every row ended before the stop"
+    for row, fin in enumerate(batch.finished.tolist()):
+        if not fin:
+            assert bool(batch.completion_mask[row].all())
+    width = batch.prompt_len + stop_at
+    assert torch.equal(batch.input_ids, uncut.input_ids[:, :width])
+    assert uncut.sampled_logp is not None and batch.sampled_logp is not None
+    assert torch.equal(batch.sampled_logp, uncut.sampled_logp[:, :stop_at] * batch.completion_mask)
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_rows_without_a_prompt_or_a_count_are_refused(kind: str, llama: tuple) -> None:
+    model, tok = llama
+    engine = _engine(kind, model, tok)
+    for prompt_ids, counts in (([], []), ([[5, 6]], [1, 1]), ([[5, 6]], [0]), ([[5], []], [1, 1])):
+        with pytest.raises(ValueError, match="generate_rows"):
+            engine.generate_rows(prompt_ids, counts)
