@@ -170,9 +170,10 @@ class RolloutConfig:
     are continued in the next round by the next weights (each token keeps the log-prob of
     the weights that sampled it, which the importance weights read; a group is as stale as
     its first token). A group that would otherwise exceed ``algo.max_staleness`` is
-    finished in its round. ``P`` <= ``algo.max_staleness`` (a group drawn with the pool full
-    may wait behind ``P - 1`` steps' older groups). Costs ``P`` times the rows in the generator's KV cache, which
-    also holds a continued answer's tokens as its prompt (docs/async.md)."""
+    finished in its round. ``P`` <= ``algo.max_staleness``: a group drawn with the pool
+    full may wait behind ``P - 1`` steps' older groups. Costs ``P`` times the rows in the
+    generator's KV cache, which also holds a continued answer's tokens as its prompt
+    (docs/async.md)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

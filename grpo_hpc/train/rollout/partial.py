@@ -44,7 +44,7 @@ import torch
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.collect import Collected, Collector
-from grpo_hpc.train.rollout.types import RolloutBatch, to_batch
+from grpo_hpc.train.rollout.types import RolloutBatch, left_padded, to_batch
 
 
 @dataclass
@@ -281,17 +281,14 @@ def stitch(flights: list[Flight], tok: Any, device: torch.device) -> RolloutBatc
     (right-padded), as a rollout of one round returns it; the log-probs each token was
     sampled with."""
     rows = [(f.prompt, r, lp) for f in flights for r, lp in zip(f.rows, f.logp, strict=True)]
-    width = max(len(p) for p, _, _ in rows)
+    prompts, pmask = left_padded([p for p, _, _ in rows], tok.pad_token_id)
     cols = max(1, max(len(r) for _, r, _ in rows))
-    pad = tok.pad_token_id
-    ids = torch.full((len(rows), width + cols), pad, dtype=torch.long)
-    pmask = torch.zeros((len(rows), width), dtype=torch.long)
+    out = torch.full((len(rows), cols), tok.pad_token_id, dtype=torch.long)
     logp = torch.zeros((len(rows), cols), dtype=torch.float32)
-    for i, (prompt, row, lp) in enumerate(rows):
-        ids[i, width - len(prompt) : width] = torch.tensor(prompt, dtype=torch.long)
-        pmask[i, width - len(prompt) :] = 1
-        ids[i, width : width + len(row)] = torch.tensor(row, dtype=torch.long)
+    for i, (_, row, lp) in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         logp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-    batch = to_batch(ids.to(device), pmask.to(device), width, tok)
+    ids = torch.cat([prompts, out], 1).to(device)
+    batch = to_batch(ids, pmask.to(device), prompts.shape[1], tok)
     batch.sampled_logp = logp.to(device) * batch.completion_mask
     return batch
