@@ -71,8 +71,10 @@ class SubmitPlan:
         copy = "a copy of the weights"
         if fsdp:  # each rank's copy is whole: its shards are gathered after each update
             where, copy = f"each of {ranks} FSDP2 processes", "a full copy of the weights"
+        pool = self.config.rollout.partial_pool
+        partial = f", the prompts of {pool} steps in flight, answers continued" if pool else ""
         return (
-            f"placement: {where}: the trainer, and a generator thread on {copy}, "
+            f"placement: {where}: the trainer, and a generator thread on {copy}{partial}, "
             f"batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
         )
 

@@ -492,6 +492,22 @@ def test_cli_dry_run_places_an_asynchronous_run_ddp_or_fsdp(tmp_path: Path) -> N
     assert not (tmp_path / "logs").exists()
 
 
+def test_cli_dry_run_says_partial_rollouts_and_refuses_them_in_one_line(tmp_path: Path) -> None:
+    """rollout.partial_pool: ``--dry-run`` says the pool on the placement line; a pool the
+    bound cannot hold is refused before anything is written, exit 2, one line."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--profile", "local", "--config", "tiny", "--dry-run", "rollout.partial_pool=2")
+    ok = _grpo_submit(*args, "algo.max_staleness=2", env=env)
+    assert ok.returncode == ExitCode.OK, ok.stderr
+    [line] = [x for x in ok.stdout.splitlines() if x.startswith("placement: ")]
+    assert "the prompts of 2 steps in flight, answers continued" in line and "2 update(s)" in line
+    bad = _grpo_submit(*args, "algo.max_staleness=1", env=env)
+    assert bad.returncode == ExitCode.CONFIG_ERROR
+    said = [x for x in bad.stderr.splitlines() if x.strip()]
+    assert len(said) == 1 and "set algo.max_staleness=2 or more" in said[0], bad.stderr
+    assert not (tmp_path / "logs").exists()
+
+
 def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     """rollout.placement=split: ``--dry-run`` prints one line with each role's ranks and
     memory estimate (trainers first, the generators last; with several, which serves which
