@@ -134,6 +134,7 @@ def profile_one(shape: str, args: argparse.Namespace) -> dict:
         warm_s = time.perf_counter() - t0
         # The profiler slows the host (every op is recorded): the last warm-up step's
         # times are the step as it runs unobserved.
+        trainer.tracker.flush()  # a thread of the tracker's writes metrics.jsonl
         unprofiled = _last_metrics(trainer.paths.metrics)
         instrument(trainer)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
@@ -147,6 +148,7 @@ def profile_one(shape: str, args: argparse.Namespace) -> dict:
         if args.trace:
             prof.export_chrome_trace(str(trace))
         events = list(prof.events())
+        trainer.tracker.flush()
         result = {
             "benchmark": "profile_step",
             "shape": shape,

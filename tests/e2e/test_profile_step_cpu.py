@@ -39,5 +39,9 @@ def test_profile_step_splits_a_tiny_step_by_phase_and_category(tmp_path: Path) -
     assert gen["by_category_ms"]["logp_head"] == 0 and gen["by_category_ms"]["optimizer"] == 0
     backward = [t for t in upd["top"] if t["name"] == "aten::silu_backward"]
     assert backward and backward[0]["category"] == "activation"
+    # the step's own times, read after the tracker's writer thread flushed them: the warm-up
+    # step's (unprofiled) and the profiled step's
+    for key in ("unprofiled_metrics", "metrics"):
+        assert result[key]["time/step"] > 0 and result[key]["time/generate"] > 0, result[key]
     table = (tmp_path / "summary.md").read_text()
     assert "| logp_head |" in table and "update ms" in table
