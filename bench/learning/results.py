@@ -141,6 +141,7 @@ COLORS = {
     "grpo_hpc_eager": "tab:brown",
     "grpo_hpc_int8": "tab:pink",
     "grpo_hpc_async": "navy",
+    "grpo_hpc_partial": "darkgreen",
 }
 
 

@@ -39,9 +39,11 @@ SYSTEMS = {
     "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
     # the defaults, asynchronous: each batch generated one update ahead (docs/async.md)
     "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1"]),
+    # partial rollouts: two steps' prompts in flight, long answers continued (docs/async.md)
+    "grpo_hpc_partial": ("grpo_hpc", ["algo.max_staleness=2", "rollout.partial_pool=2"]),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
 
-PAIRS = [("grpo_hpc", "grpo_hpc_async")]
+PAIRS = [("grpo_hpc", "grpo_hpc_async"), ("grpo_hpc", "grpo_hpc_partial")]
 """(baseline, variant) compared seed by seed when a file holds both (results.paired)."""

@@ -201,6 +201,13 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     assert paired(base, [_run(5, [(40, 1.0, 0.5)])]) is None
     systems = {"grpo_hpc": base, "grpo_hpc_async": other, "trl": base}
     assert list(pairings(systems)) == ["grpo_hpc_async - grpo_hpc"]
+    # partial rollouts pair the same way, with the two changes they need
+    assert SYSTEMS["grpo_hpc_partial"] == (
+        "grpo_hpc",
+        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=2", "rollout.partial_pool=2"],
+    )
+    both = pairings(systems | {"grpo_hpc_partial": other})
+    assert list(both) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_partial - grpo_hpc"]
     assert pairings({"grpo_hpc": base}) == {}
     line = paired_line("grpo_hpc_async - grpo_hpc", p)
     assert line.startswith("grpo_hpc_async - grpo_hpc: +0.033 ± 0.067 over 3 paired seeds")
