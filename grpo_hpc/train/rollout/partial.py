@@ -44,7 +44,7 @@ import torch
 from grpo_hpc.core.progress import TrainState
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout.collect import Collected, Collector
-from grpo_hpc.train.rollout.types import RolloutBatch, left_padded, to_batch
+from grpo_hpc.train.rollout.types import GenerationAborted, RolloutBatch, left_padded, to_batch
 
 
 @dataclass
@@ -157,6 +157,25 @@ class PartialPool:
         ``collector.per_rank`` complete groups. ``behaviour(batch)``: the sampled tokens'
         log-probs under those weights, where the engine reports none (HF generate);
         ``device``: where the batch goes (the policy's)."""
+        saved = self.state_dict()
+        try:
+            return self._make(collector, step, version, lineage, behaviour, device)
+        except GenerationAborted:
+            # A stop cut a round made on the main thread: the trainer restores the step's
+            # start (the sampler's position included), so the pool goes back too, or the
+            # checkpoint would hold groups drawn from a position it then draws again.
+            self.load_state_dict(saved)
+            raise
+
+    def _make(
+        self,
+        collector: Collector,
+        step: int,
+        version: int,
+        lineage: int,
+        behaviour: Any,
+        device: torch.device,
+    ) -> tuple[Collected, RoundReport]:
         want, g = collector.per_rank, collector.cfg.rollout.num_generations
         cap = collector.engine.max_new_tokens
         VERIFIER.take_stats()

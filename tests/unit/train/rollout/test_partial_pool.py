@@ -21,7 +21,13 @@ from grpo_hpc.train.distributed.dist import DistInfo
 from grpo_hpc.train.rewards import toy
 from grpo_hpc.train.rollout.collect import Collector
 from grpo_hpc.train.rollout.partial import PartialPool
-from grpo_hpc.train.rollout.types import RolloutBatch, left_padded, repeat_rows, to_batch
+from grpo_hpc.train.rollout.types import (
+    GenerationAborted,
+    RolloutBatch,
+    left_padded,
+    repeat_rows,
+    to_batch,
+)
 from grpo_hpc.train.setup.models import char_tokenizer
 
 CAP, CHECK = 64, 8
@@ -162,3 +168,23 @@ def test_a_rollback_restarts_the_groups_in_flight_and_keeps_their_prompts() -> N
     left = {f.index for f in pool.flights}
     trained = [i for i, _ in before if i not in left]
     assert len(trained) <= 2
+
+
+def test_a_round_cut_by_a_stop_leaves_the_pool_as_it_was() -> None:
+    """A stop signal cuts a round made on the main thread (the first step, after a
+    rollback): the trainer restores the sampler to the step's start, and the pool must go
+    back with it (groups drawn in the cut round would be drawn again)."""
+    engine = ScriptedEngine(char_tokenizer())
+    collector = _collector(engine, prompts=2, g=4)
+    pool = PartialPool(2, 2)
+    _rounds(pool, collector, range(3))
+    before, sampler = pool.state_dict(), collector.sampler.state_dict()
+
+    def cut(*args: object, **kwargs: object) -> RolloutBatch:
+        raise GenerationAborted()
+
+    engine.generate_rows = cut  # type: ignore[method-assign]
+    with pytest.raises(GenerationAborted):
+        pool.make(collector, 3, 3, 0, None, torch.device("cpu"))
+    assert pool.state_dict() == before
+    assert collector.sampler.state_dict() != sampler  # drawn, and the trainer restores it
