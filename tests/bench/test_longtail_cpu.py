@@ -185,6 +185,59 @@ def test_a_tiny_run_of_the_lora_stage_path_honours_every_imposed_length(tmp_path
 
 
 @pytest.mark.slow
+def test_a_partial_run_honours_every_imposed_length_across_rounds(tmp_path: Path) -> None:
+    """The long-tail runner with a partial-rollout variant (``rollout.partial_pool=2``)
+    beside the synchronous run: each round's rows end at their drawn targets in total
+    answer length (or the cap), the rows a round stopped are continued in later rounds
+    with their targets carried (never drawn again), the trainer logs continued rows, and
+    the analysis finds every length honoured. Mostly short rows with a tail past the host
+    checks (16, 32, 48 of the cap of 64), so that rounds stop with rows still running."""
+    lengths = [2, 4, 6, 8, 10, 12, 14, 15, 16, 30, 45, 64, 64]
+    dist = ld.LengthDist(lengths, 64, [False] * 12 + [True], {"test": "x"})
+    ld.save(dist, tmp_path / "dist.json")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--staleness", "0",
+        "--variant", "partial=algo.max_staleness=2 rollout.partial_pool=2", "--",
+        "--model-dir", "random:bench/shapes/tiny", "--precision", "fp32", "--max-new", "64",
+        "--prompts", "2", "--G", "4", "--steps", "4", "--seed", "5",
+        "--length-dist", str(tmp_path / "dist.json"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "longtail.json").read_text())
+    assert [r["lengths_mismatched"] for r in result["runs"]] == [[], []]
+    assert result["runs"][1]["steps"] == 4 and result["runs"][1]["tokens_per_gpu_s"] > 0
+    calls = [json.loads(x) for x in (out / "partial/generations/generations-rank0.jsonl").open()]
+    calls = [c for c in calls if not c["greedy"]]
+    assert [c["call"] for c in calls] == list(range(len(calls)))
+    cut: list[tuple[int, int]] = []  # (answer so far, target) of rows stopped by a round
+    continued = 0
+    for c in calls:
+        cols = ("drawn", "answered", "lengths", "finished", "sources")
+        for target, a, n, fin, source in zip(*(c[k] for k in cols), strict=True):
+            if a:  # continued: the target its first round drew, carried to this round
+                assert source == "carried" and (a, target) in cut
+                cut.remove((a, target))
+                continued += 1
+            else:
+                assert source == "drawn"
+            total = a + n
+            if fin:  # EOS at the target
+                assert total == target <= 64
+            elif total == 64:  # ran to the cap: drawn past it
+                assert target > 64
+            else:  # stopped by the round below its target: continued later
+                assert total < min(target, 64)
+                cut.append((total, target))
+    assert continued >= 3, "few rows continued: the test proved little"
+    steps = [json.loads(x) for x in (out / "partial/metrics.jsonl").open()]
+    steps = [s for s in steps if "loss" in s]
+    assert sum(s["partial/continued_rows"] for s in steps) >= 3
+    assert "partial_pool: 2" in (out / "partial/config.yaml").read_text()
+
+
+@pytest.mark.slow
 def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
     """A run that fails (here: a shape that does not exist) leaves its folder, its stderr
     and a FAILED mark; the other staleness still runs; the table says so; the exit is not 0."""
