@@ -7,8 +7,9 @@ One ``generate`` call:
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
    (row bucket, attention-span bucket), all captured at the first rollout of a batch
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
-   reads only the span bucket that holds the filled slots. Token choice, EOS tracking
-   and the output write happen inside the graph; the host looks at the device only
+   reads only the span bucket that holds the filled slots. Token choice, EOS tracking,
+   each row's room (``generate_rows``'s ``answered``) and the output write happen inside
+   the graph; the host looks at the device only
    every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
    stop once every row has ended (or when ``generate_rows``'s ``stop_when`` says so);
 4. compact finished rows out (``compact``): at those same checks, once the rows still
