@@ -9,9 +9,9 @@ One ``generate`` call:
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
    reads only the span bucket that holds the filled slots. Token choice, EOS tracking,
    each row's room (``generate_rows``'s ``answered``) and the output write happen inside
-   the graph; the host looks at the device only
-   every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
-   stop once every row has ended (or when ``generate_rows``'s ``stop_when`` says so);
+   the graph; the host looks at the device only every ``check_every`` tokens to refresh
+   the heartbeat, enforce the time budget and stop once every row has ended (or when
+   ``generate_rows``'s ``stop_when`` says so);
 4. compact finished rows out (``compact``): at those same checks, once the rows still
    running fit a row bucket at most half the current one, they move (cache, state,
    output so far) into that smaller workspace, whose graphs then run the remaining steps.
