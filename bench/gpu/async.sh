@@ -21,7 +21,9 @@
 #   stage outgrows 600 s, then `python -m bench.speed.longtail --analyze-only` here over both)
 #   ASYNC_STEPS (each stage's own, below) ASYNC_LENGTHS (the distribution file)
 #   ASYNC_TIMEOUT (per run, 270 s) ASYNC_VARIANTS (';'-separated NAME=OVERRIDES runs after
-#   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high")
+#   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high"; partial rollouts:
+#   "partial=algo.max_staleness=2 rollout.partial_pool=2", each row's imposed length carried
+#   across the rounds that continue it)
 #   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
 #   PROFILE_ASYNC_RUNS ("normal high": the priorities, one run each) PROFILE_ASYNC_OVERRIDES
 #   (more config key=value, after the priority's) PROFILE_ASYNC_WARMUP (2) PROFILE_ASYNC_TIMEOUT

@@ -11,7 +11,9 @@ native``, ``--override algo.max_staleness=K`` and either the caller's ``--length
 ``--record`` (a real model: its own lengths). ``--variant NAME=OVERRIDES`` adds a run of
 its own after those (e.g. ``k1high=algo.max_staleness=1 rollout.decode_priority=high``:
 space-separated config overrides, in ``DIR/NAME/``), compared with the first run like the
-others. Each run's metrics and generation records land in ``DIR/k<K>/`` (with
+others (``partial=algo.max_staleness=2 rollout.partial_pool=2``: partial rollouts, each
+row's drawn length carried across the rounds that continue it and judged in total answer
+length). Each run's metrics and generation records land in ``DIR/k<K>/`` (with
 ``grpo_step.log``, its stderr); a run stopped at ``--run-timeout`` or failed is kept as far
 as it went, and the next still runs.
 ``bench/speed/longtail_analysis.py`` turns them into ``DIR/longtail.md`` (a table) and

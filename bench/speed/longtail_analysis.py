@@ -21,6 +21,13 @@ run does not log is None, never 0.
   engine's ``check_every`` decode steps). Median over the measured generations, rank 0;
 - ``time/wait_rollouts`` (the step waiting for the generator after its update) and
   ``time/weight_sync`` (a weight transfer, where a placement logs one), means per step.
+
+A partial-rollout run (``rollout.partial_pool``) records one call per round, with each
+row's ``answered`` tokens from earlier rounds (:func:`is_partial`): its rows are judged in
+total answer length (:func:`partial_mismatches`), its prompt tokens are those of the
+groups each round started (one step's in steady state; the first round fills the pool and
+is the skipped step), and a step's trained batch (answers stitched from several rounds)
+is not compared with one round's lengths.
 """
 
 from __future__ import annotations
@@ -104,12 +111,44 @@ def longest_row_waits(records: list[Row], skip: int = 1, rank: int = 0) -> list[
     return [longest_row_wait(c) for c in calls[skip:]]
 
 
+def is_partial(call: Row) -> bool:
+    """Whether a record is a partial-rollout round (``generate_rows``: rows may continue
+    answers of earlier rounds)."""
+    return call.get("answered") is not None
+
+
+def partial_mismatches(call: Row) -> list[str]:
+    """Rows of one partial round whose imposed length was not honoured (pure). Row ``r``
+    had ``answered`` tokens, made ``lengths`` more, and its target (``drawn``, in total
+    answer length) came from a draw or was carried from its earlier round. Honoured: it
+    ended with EOS at total length = target; or, without EOS, ran to the cap with a target
+    past it; or was stopped by the round below both (continued later, its target carried:
+    a continued row whose target was ``lost`` is not honoured)."""
+    out = []
+    cap = int(call["cap"])
+    for r, (target, a, n, fin) in enumerate(
+        zip(call["drawn"], call["answered"], call["lengths"], call["finished"], strict=True)
+    ):
+        total, where = a + n, f"call {call['call']} rank {call['rank']} row {r}"
+        if call["sources"][r] == "lost":
+            out.append(f"{where}: continued after {a} tokens, its target was not carried")
+        elif fin and total != target:
+            out.append(f"{where}: target {target}, ended with EOS at total length {total}")
+        elif not fin and total >= min(target, cap) and not (target > cap and total == cap):
+            out.append(f"{where}: target {target}, no EOS at total length {total}")
+    return out
+
+
 def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -> list[str]:
     """Where the imposed lengths were not honoured (empty: everywhere they were): a row
     whose recorded length is not its drawn one (capped at the cap), and a step whose
-    logged mean length is not the mean of its generation's recorded lengths."""
+    logged mean length is not the mean of its generation's recorded lengths. Partial
+    rounds: :func:`partial_mismatches`, and no step's mean is compared (its answers were
+    made over several rounds)."""
     out = []
     calls = sampled_calls(records)
+    if any(is_partial(c) for c in calls):
+        return [m for c in calls if c.get("drawn") is not None for m in partial_mismatches(c)]
     for c in calls:
         if c.get("drawn") is None:
             continue

@@ -31,6 +31,7 @@ from grpo_hpc.train.rollout.types import (  # noqa: F401 - re-exported for the t
     check_rows,
     left_padded,
     repeat_rows,
+    rooms,
     to_batch,
 )
 
@@ -52,20 +53,42 @@ class _Deadline(StoppingCriteria):
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
+class _Room(StoppingCriteria):
+    """Ends each row at its room (``generate_rows``'s ``answered``): per row, True once it
+    has ``room`` new tokens. transformers ends the rows a criterion marks True and pads
+    them after, as it does a row that wrote EOS."""
+
+    def __init__(self, room: torch.Tensor, prompt_len: int):
+        self.room, self.prompt_len = room, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return (input_ids.shape[1] - self.prompt_len) >= self.room
+
+
 class _StopWhen(StoppingCriteria):
     """Asks ``stop_when`` at every ``check_every``-th new token (below the cap, while some
     row still runs: the native engine's host checks) whether to stop the rollout there."""
 
-    def __init__(self, stop_when: StopWhen, prompt_len: int, check_every: int, cap: int, eos: int):
+    def __init__(
+        self,
+        stop_when: StopWhen,
+        prompt_len: int,
+        check_every: int,
+        cap: int,
+        eos: int,
+        room: torch.Tensor,
+    ):
         self.stop_when, self.prompt_len = stop_when, prompt_len
-        self.check_every, self.cap, self.eos = check_every, cap, eos
+        self.check_every, self.cap, self.eos, self.room = check_every, cap, eos, room
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         t = input_ids.shape[1] - self.prompt_len  # completion columns written, every row
         stop = False
         if t % self.check_every == 0 and t < self.cap:
-            # A row that wrote EOS is padded after it, so "has an EOS" is "has ended".
-            ended = (input_ids[:, self.prompt_len :] == self.eos).any(1).tolist()
+            # A row that wrote EOS is padded after it, so "has an EOS" is "has ended"; so
+            # has a row with its room's tokens (``_Room`` ended it).
+            wrote_eos = (input_ids[:, self.prompt_len :] == self.eos).any(1)
+            ended = (wrote_eos | (t >= self.room)).tolist()
             stop = not all(ended) and bool(self.stop_when(ended, t))
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
@@ -109,7 +132,7 @@ class HFEngine:
         """``on_done`` and ``on_running`` are accepted for the interface and never called."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         counts = [num_generations] * len(prompts)
-        return self._rollout(enc.input_ids, enc.attention_mask, counts, greedy, None)
+        return self._rollout(enc.input_ids, enc.attention_mask, counts, greedy, None, None)
 
     def generate_rows(
         self,
@@ -118,13 +141,15 @@ class HFEngine:
         *,
         greedy: bool = False,
         stop_when: StopWhen | None = None,
+        answered: list[int] | None = None,
     ) -> RolloutBatch:
         """``counts[i]`` completions of each prompt's token ids (see
         ``RolloutEngine.generate_rows``); ``stop_when`` is asked every ``check_every`` new
-        tokens. ``sampled_logp`` stays None, as with ``generate``."""
-        check_rows(prompt_ids, counts)
+        tokens; a row stops at its room (``answered``) through a per-row stopping
+        criterion. ``sampled_logp`` stays None, as with ``generate``."""
+        check_rows(prompt_ids, counts, answered, self.max_new_tokens)
         ids, mask = left_padded(prompt_ids, int(self.tokenizer.pad_token_id))
-        return self._rollout(ids, mask, counts, greedy, stop_when)
+        return self._rollout(ids, mask, counts, greedy, stop_when, answered)
 
     def _rollout(
         self,
@@ -133,19 +158,26 @@ class HFEngine:
         counts: list[int],
         greedy: bool,
         stop_when: StopWhen | None,
+        answered: list[int] | None,
     ) -> RolloutBatch:
-        """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i): what
-        ``generate`` and ``generate_rows`` share."""
+        """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i, the
+        last ``answered[i]`` ids already its answer): what ``generate`` and
+        ``generate_rows`` share."""
         tok = self.tokenizer
         device = compute_device(self.model)
         ids = repeat_rows(ids, counts).to(device)
         mask = repeat_rows(mask, counts).to(device)
+        room = rooms(answered, counts, self.max_new_tokens).to(device)
         stop = _Deadline(time.monotonic() + self.timeout_s, self.tick, self.abort)
         criteria: list[StoppingCriteria] = [stop]
+        if answered is not None and any(answered):
+            # Only where some row has less than the cap: otherwise max_new_tokens is its
+            # room and the call stays as it was.
+            criteria.append(_Room(room, ids.shape[1]))
         if stop_when is not None:
             eos = int(tok.eos_token_id)
             criteria.append(
-                _StopWhen(stop_when, ids.shape[1], self.check_every, self.max_new_tokens, eos)
+                _StopWhen(stop_when, ids.shape[1], self.check_every, self.max_new_tokens, eos, room)
             )
         sampling: dict[str, Any] = {"do_sample": False}
         if not greedy:
@@ -168,7 +200,7 @@ class HFEngine:
             )
         if stop.aborted:
             raise GenerationAborted()
-        return to_batch(out, mask, ids.shape[1], tok)
+        return to_batch(out, mask, ids.shape[1], tok, room)
 
     def release(self) -> None:
         """Nothing to free: generate's cache lives only while it generates."""

@@ -238,6 +238,7 @@ class PartialPool:
     ) -> int:
         """One round over every unfinished row of the pool; returns the rows decoded."""
         prompts, counts, where = [], [], []  # where: per engine row, (flight, row)
+        answered: list[int] = []  # per prompt: its trailing ids that are already answer
         for fi, f in enumerate(self.flights):
             todo = [j for j, e in enumerate(f.ended(cap)) if not e]
             if not todo:
@@ -245,24 +246,32 @@ class PartialPool:
             if len(todo) == len(f.rows) and not any(f.rows):  # fresh: one prefill, G rows
                 prompts.append(f.prompt)
                 counts.append(len(todo))
+                answered.append(0)
             else:  # continued: each row its own prompt (its tokens so far)
                 prompts += [f.prompt + f.rows[j] for j in todo]
                 counts += [1] * len(todo)
+                answered += [len(f.rows[j]) for j in todo]
             where += [(fi, j) for j in todo]
         if not where:
             return 0
         must = [must_finish(f.version, step, self.k) for f in self.flights]
 
         def stop_when(ended: list[bool], t: int) -> bool:
-            """At a host check, ``t`` tokens in: a row is open until EOS or its cap; a
-            group is complete with no open row (the groups not decoded are complete)."""
+            """At a host check, ``t`` tokens in: a row is open until EOS or its cap (the
+            engine's ``ended`` says both: the room it was given is the cap less its
+            tokens; the cap test stays as a guard); a group is complete with no open row
+            (the groups not decoded are complete)."""
             open_rows = [0] * len(self.flights)
             for (fi, j), e in zip(where, ended, strict=True):
                 if not (e or len(self.flights[fi].rows[j]) + t >= cap):
                     open_rows[fi] += 1
             return round_over([o == 0 for o in open_rows], must, want)
 
-        batch = collector.engine.generate_rows(prompts, counts, stop_when=stop_when)
+        # ``answered``: each row's total answer stays under the cap inside the engine, which
+        # ends a continued row at its room instead of decoding it on to the cap.
+        batch = collector.engine.generate_rows(
+            prompts, counts, stop_when=stop_when, answered=answered
+        )
         logp = batch.sampled_logp if batch.sampled_logp is not None else behaviour(batch)
         lengths = batch.completion_mask.sum(1).tolist()
         finished = batch.finished.tolist() if batch.finished is not None else [False] * len(where)
@@ -270,6 +279,8 @@ class PartialPool:
         for r, (fi, j) in enumerate(where):
             f = self.flights[fi]
             room = cap - len(f.rows[j])
+            # The engine gave the row at most its room; min() is a guard that keeps the
+            # cap whatever an engine returns.
             n = min(int(lengths[r]), room)
             f.rows[j] += batch.input_ids[r, p : p + n].tolist()
             f.logp[j] += logp[r, :n].tolist()

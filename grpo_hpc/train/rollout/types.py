@@ -54,12 +54,13 @@ tokens since the last call)."""
 StopWhen = Callable[[list[bool], int], bool]
 """Asked at each host check of :meth:`RolloutEngine.generate_rows` whether to stop the
 rollout there: ``stop_when(ended, t)``, ``ended`` one bool per output row (True where the
-row has written EOS), ``t`` the completion columns every row has so far (a positive
-multiple of the engine's ``check_every``, below its cap; not asked once every row has
-ended, the rollout ends there anyway). True: the rollout returns its ``t`` columns at
-once; rows that had not ended come back unfinished (``finished`` False, every column in
-the completion mask), to be continued later (partial rollouts). A hook that never says
-True leaves the rollout exactly as without it."""
+row has written EOS or reached its room, see ``generate_rows``'s ``answered``), ``t`` the
+completion columns every row has so far (a positive multiple of the engine's
+``check_every``, below its cap; not asked once every row has ended, the rollout ends there
+anyway). True: the rollout returns its ``t`` columns at once; rows that had not ended come
+back unfinished (``finished`` False, every column in the completion mask), to be continued
+later (partial rollouts). A hook that never says True leaves the rollout exactly as
+without it."""
 
 
 class RolloutEngine(Protocol):
@@ -86,13 +87,18 @@ class RolloutEngine(Protocol):
         *,
         greedy: bool = False,
         stop_when: StopWhen | None = None,
+        answered: list[int] | None = None,
     ) -> RolloutBatch:
         """``counts[i]`` completions of the token ids ``prompt_ids[i]`` (not padded, no
         special tokens added), rows of prompt i consecutive and in prompt order: the
         prompts are left-padded to the longest and the batch is built as ``generate``'s
         (``generate(prompts, G)`` is this with each prompt's ids and ``[G] * P``). A prompt
         may be a prompt followed by the start of its answer (an unfinished row continued).
-        ``stop_when`` (see :data:`StopWhen`) may end the rollout at a host check."""
+        ``stop_when`` (see :data:`StopWhen`) may end the rollout at a host check.
+        ``answered[i]``: how many trailing ids of prompt i are already its answer (None:
+        all 0). The cap is on the whole answer, so prompt i's rows get at most its *room*,
+        ``max_new_tokens - answered[i]`` (>= 1) new tokens: a row that reaches its room
+        ends there as a row at the cap does (``finished`` False, no EOS, masked after)."""
         ...
 
     max_new_tokens: int
@@ -110,9 +116,16 @@ class GenerationAborted(Exception):
     """Generation stopped because a stop was requested (signal): the step is abandoned."""
 
 
-def check_rows(prompt_ids: list[list[int]], counts: list[int]) -> None:
+def check_rows(
+    prompt_ids: list[list[int]],
+    counts: list[int],
+    answered: list[int] | None = None,
+    cap: int | None = None,
+) -> None:
     """Raise ValueError unless ``generate_rows`` can take these: one count (>= 1) per
-    prompt, at least one prompt, no empty prompt (its row would start from padding)."""
+    prompt, at least one prompt, no empty prompt (its row would start from padding), and
+    (where given) one ``answered`` per prompt, each shorter than its prompt (an answer
+    follows a prompt) and leaving room for at least one new token under ``cap``."""
     if not prompt_ids:
         raise ValueError("generate_rows: no prompts")
     if len(counts) != len(prompt_ids):
@@ -121,6 +134,22 @@ def check_rows(prompt_ids: list[list[int]], counts: list[int]) -> None:
         raise ValueError(f"generate_rows: every count must be >= 1, got {counts}")
     if min(len(p) for p in prompt_ids) == 0:
         raise ValueError("generate_rows: an empty prompt")
+    if answered is None:
+        return
+    if len(answered) != len(prompt_ids):
+        raise ValueError(f"generate_rows: {len(prompt_ids)} prompts but {len(answered)} answered")
+    for p, a in zip(prompt_ids, answered, strict=True):
+        if not 0 <= a < len(p):
+            raise ValueError(f"generate_rows: answered {a} of a prompt of {len(p)} ids")
+        if cap is not None and cap - a < 1:
+            raise ValueError(f"generate_rows: answered {a} leaves no room under the cap {cap}")
+
+
+def rooms(answered: list[int] | None, counts: list[int], cap: int) -> torch.Tensor:
+    """Each output row's room (pure): the new tokens it may have, ``cap - answered[i]`` for
+    the ``counts[i]`` rows of prompt i ([N] long; None: every row the cap)."""
+    per_prompt = [cap - a for a in answered] if answered is not None else [cap] * len(counts)
+    return repeat_rows(torch.tensor(per_prompt, dtype=torch.long), counts)
 
 
 def left_padded(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +174,14 @@ def repeat_rows(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return x.repeat_interleave(reps, 0, output_size=sum(counts))
 
 
-def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> RolloutBatch:
+def to_batch(
+    out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any, room: torch.Tensor | None = None
+) -> RolloutBatch:
+    """The batch of the generated ``out`` [N, p + C] (prompts left-padded to ``p``):
+    each row's completion runs to its first EOS, included, and at most to its ``room``
+    ([N], new tokens the row may have; None: every column): a row stopped by its room
+    has no EOS, and the columns past it (padding) are masked out of the completion, the
+    attention and the text. ``finished``: an EOS within the room."""
     completion = out[:, p:]
     is_eos = completion == tok.eos_token_id
     # Tokens after the first EOS are padding: mask = positions <= first EOS.
@@ -156,6 +192,13 @@ def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> 
     )
     pos = torch.arange(completion.shape[1], device=out.device).unsqueeze(0)
     cmask = (pos <= first_eos.unsqueeze(1)).long()
+    finished = is_eos.any(1)
+    if room is not None:
+        # A row stopped by its room wrote no EOS: its padding after the room would
+        # otherwise count (and, where pad is EOS, read as an ending).
+        room = room.to(out.device).unsqueeze(1)
+        cmask = cmask * (pos < room).long()
+        finished = (first_eos.unsqueeze(1) < room).squeeze(1) & finished
     texts = tok.batch_decode(
         completion * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True
     )
@@ -166,7 +209,7 @@ def to_batch(out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any) -> 
         prompt_len=p,
         texts=texts,
         pad_token_id=tok.pad_token_id,
-        finished=is_eos.any(1),
+        finished=finished,
     )
 
 

@@ -7,10 +7,11 @@ One ``generate`` call:
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
    (row bucket, attention-span bucket), all captured at the first rollout of a batch
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
-   reads only the span bucket that holds the filled slots. Token choice, EOS tracking
-   and the output write happen inside the graph; the host looks at the device only
-   every ``check_every`` tokens to refresh the heartbeat, enforce the time budget and
-   stop once every row has ended (or when ``generate_rows``'s ``stop_when`` says so);
+   reads only the span bucket that holds the filled slots. Token choice, EOS tracking,
+   each row's room (``generate_rows``'s ``answered``) and the output write happen inside
+   the graph; the host looks at the device only every ``check_every`` tokens to refresh
+   the heartbeat, enforce the time budget and stop once every row has ended (or when
+   ``generate_rows``'s ``stop_when`` says so);
 4. compact finished rows out (``compact``): at those same checks, once the rows still
    running fit a row bucket at most half the current one, they move (cache, state,
    output so far) into that smaller workspace, whose graphs then run the remaining steps.
@@ -61,6 +62,7 @@ from grpo_hpc.train.rollout.types import (
     check_rows,
     left_padded,
     repeat_rows,
+    rooms,
     to_batch,
 )
 
@@ -179,7 +181,7 @@ class NativeEngine:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         counts = [num_generations] * len(prompts)
         return self._rollout(
-            enc.input_ids, enc.attention_mask, counts, greedy, on_done, on_running, None
+            enc.input_ids, enc.attention_mask, counts, greedy, on_done, on_running, None, None
         )
 
     def generate_rows(
@@ -189,15 +191,17 @@ class NativeEngine:
         *,
         greedy: bool = False,
         stop_when: StopWhen | None = None,
+        answered: list[int] | None = None,
     ) -> RolloutBatch:
         """``counts[i]`` completions of each prompt's token ids (see
         ``RolloutEngine.generate_rows``): one prefill per prompt, copied into the cache
         rows of its completions, and the decode loop of ``generate``. ``stop_when`` is asked
         at every host check (``check_every``) with the rows ended so far (rows compacted
-        out ended)."""
-        check_rows(prompt_ids, counts)
+        out ended). A row ends at its room (``answered``) inside the decode step, as at
+        EOS (``Workspace.room``), and is compacted out like a finished row."""
+        check_rows(prompt_ids, counts, answered, self.max_new_tokens)
         ids, pmask = left_padded(prompt_ids, self.pad)
-        return self._rollout(ids, pmask, counts, greedy, None, None, stop_when)
+        return self._rollout(ids, pmask, counts, greedy, None, None, stop_when, answered)
 
     def _rollout(
         self,
@@ -208,12 +212,15 @@ class NativeEngine:
         on_done: OnDone | None,
         on_running: OnRunning | None,
         stop_when: StopWhen | None,
+        answered: list[int] | None,
     ) -> RolloutBatch:
         """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i, rows
-        consecutive): what ``generate`` and ``generate_rows`` share."""
+        consecutive, the last ``answered[i]`` ids already its answer): what ``generate``
+        and ``generate_rows`` share."""
         ids = ids.to(self.device)
         pmask = pmask.to(self.device)
         n_rows, length = sum(counts), ids.shape[1]
+        room = rooms(answered, counts, self.max_new_tokens)
         deadline = time.monotonic() + self.timeout_s
         if self.packed is None:  # released before the last update
             self.packed = weights.allocate(self.model, self.dtype, self.device, self.head_dtype)
@@ -222,7 +229,7 @@ class NativeEngine:
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
             self._capture_ahead(root, greedy)  # before the prefill: it writes the cache
-            self._start(root, ids, pmask, counts, n_rows, greedy)
+            self._start(root, ids, pmask, counts, n_rows, greedy, room.to(self.device))
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
             self.stats = {"row_steps": 0, "compactions": 0}
@@ -257,7 +264,7 @@ class NativeEngine:
             logp = root.out_logp[:n_rows, :cols].clone()
         self.tick()
         full = torch.cat([repeat_rows(ids, counts), completion], 1)
-        batch = to_batch(full, repeat_rows(pmask, counts), length, self.tokenizer)
+        batch = to_batch(full, repeat_rows(pmask, counts), length, self.tokenizer, room)
         batch.sampled_logp = logp * batch.completion_mask
         return batch
 
@@ -327,6 +334,7 @@ class NativeEngine:
             out=zeros(rows, m),
             out_logp=zeros(rows, m, dt=torch.float32),
             rows_of=torch.arange(rows, device=dev),
+            room=zeros(rows),
         )
 
     def _start(
@@ -337,9 +345,11 @@ class NativeEngine:
         counts: list[int],
         n_rows: int,
         greedy: bool,
+        room: torch.Tensor,
     ) -> None:
         """Prefill, choose completion token 0 of every row, set the decode state (the
-        ``counts[i]`` rows of prompt i, ``n_rows`` in all, start from its prefill)."""
+        ``counts[i]`` rows of prompt i, ``n_rows`` in all, start from its prefill; row
+        ``r`` may have ``room[r]`` new tokens)."""
         rows = ws.tokens.shape[0]
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
         logits = forward.prefill(self.packed, ids, pad_p, ws.cache, counts, self.dtype)
@@ -351,7 +361,9 @@ class NativeEngine:
         )
         ws.left_pad.copy_(pad_rows(repeat_rows(pad_p, counts), rows))
         ws.tokens.copy_(token)
-        ws.done.copy_(token == self.eos)
+        ws.room.copy_(pad_rows(room, rows))
+        # Column 0 is written: a row with room for one token ends here as at EOS.
+        ws.done.copy_((token == self.eos) | (ws.room <= 1))
         ws.done[n_rows:] = True  # bucket padding rows never count as running
         ws.out.fill_(self.pad)
         ws.out_logp.zero_()
@@ -375,7 +387,7 @@ class NativeEngine:
         for dst, src in ((new.cache.k, ws.cache.k), (new.cache.v, ws.cache.v)):
             for layer in range(dst.shape[0]):
                 dst[layer, :, :, :filled] = src[layer, :, :, :filled].index_select(0, idx)
-        for name in ("tokens", "left_pad", "done", "out", "out_logp", "rows_of"):
+        for name in ("tokens", "left_pad", "done", "out", "out_logp", "rows_of", "room"):
             getattr(new, name).copy_(getattr(ws, name).index_select(0, idx))
         new.done[live.numel() :] = True
         new.pos.copy_(ws.pos)
@@ -458,6 +470,9 @@ class NativeEngine:
         ws.out.index_copy_(1, col, token.unsqueeze(1))
         ws.out_logp.index_copy_(1, col, logp.unsqueeze(1))
         ws.done.logical_or_(token == self.eos)
+        # A row that wrote its room's last column ends as at EOS (later columns: padding).
+        # Compared on the device: no host look inside the (captured) step.
+        ws.done.logical_or_(col + 1 >= ws.room)
         ws.tokens.copy_(token)
         ws.pos.add_(1)
 

@@ -31,13 +31,16 @@ class Workspace:
     left_pad: torch.Tensor
     """[rows] leading pad tokens of each row's prompt."""
     done: torch.Tensor
-    """[rows] row has emitted EOS."""
+    """[rows] row has emitted EOS or reached its room."""
     out: torch.Tensor
     """[rows, max_new] completion tokens."""
     out_logp: torch.Tensor
     """[rows, max_new] log-probability of each under the policy (fp32)."""
     rows_of: torch.Tensor
     """[rows] the row of the rollout each workspace row holds (identity until compacted)."""
+    room: torch.Tensor
+    """[rows] new tokens the row may have (``generate_rows``'s room: the cap less what it
+    had answered); the step marks it done once it wrote that many, as at EOS."""
     graphs: dict[tuple[int, bool, int], Any] = field(default_factory=dict)
     compacted: dict[int, Workspace] = field(default_factory=dict)
     """Smaller batches finished rows are compacted into; their caches are views of the
@@ -92,7 +95,8 @@ class HandOver:
 
 
 def ended_rows(ws: Workspace, real: int, n_rows: int) -> list[bool]:
-    """One bool per row of the rollout (``n_rows``): True where the row has written EOS.
+    """One bool per row of the rollout (``n_rows``): True where the row has written EOS or
+    reached its room (``Workspace.room``).
     The first ``real`` rows of ``ws`` hold rollout rows ``ws.rows_of[:real]``, as
     :meth:`HandOver.check` reads them; a rollout row none of them holds was compacted out,
     which only a finished row is. One copy from the device (at a host check, which has

@@ -325,6 +325,114 @@ def test_stop_when_through_compactions_maps_rows_back(
     assert torch.equal(batch.sampled_logp, uncut.sampled_logp[:, :stop_at] * batch.completion_mask)
 
 
+# ---------------------------------------------------------------- room (answered)
+
+
+def _greedy_tails(engine, tok, prompts: list[str], n: int) -> list[torch.Tensor]:  # noqa: ANN001
+    """Each prompt's uncut greedy completion of ``n`` tokens (none may end with EOS)."""
+    full = engine.generate_rows(_ids(tok, prompts), [1] * len(prompts), greedy=True)
+    assert not full.finished.any() and int(full.completion_mask.sum()) == n * len(prompts)
+    tokens = full.input_ids[:, full.prompt_len :]
+    assert all(len(set(t.tolist())) > 10 for t in tokens), "degenerate test: repeated text"
+    return list(tokens)
+
+
+def _check_room_rows(batch: RolloutBatch, tok, rooms: list[int]) -> None:  # noqa: ANN001
+    """Every row ran to its room and no further: no EOS, ``finished`` False, completion
+    and attention masks 1 up to the room and 0 after, padding after it, the text of the
+    real tokens only."""
+    p = batch.prompt_len
+    for row, room in enumerate(rooms):
+        width = batch.completion_mask.shape[1]
+        assert batch.completion_mask[row].tolist() == [1] * room + [0] * (width - room)
+        assert batch.attention_mask[row, p:].tolist() == batch.completion_mask[row].tolist()
+        assert (batch.input_ids[row, p + room :] == tok.pad_token_id).all()
+        assert not bool(batch.finished[row])
+        real = batch.input_ids[row, p : p + room]
+        assert batch.texts[row] == tok.decode(real, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_an_answered_prompt_gets_only_its_room(kind: str, qwen2: tuple) -> None:
+    """``answered=[5]`` under the cap N: exactly N - 5 new tokens (no EOS), the tail of the
+    uncut greedy decode, ending at the total cap; unfinished, masked after its room."""
+    model, tok = qwen2
+    n = 40
+    engine = _engine(kind, model, tok, new=n)
+    (tail,) = _greedy_tails(engine, tok, PROMPTS[:1], n)
+    ids = _ids(tok, PROMPTS[:1])[0]
+    batch = engine.generate_rows([ids + tail[:5].tolist()], [1], greedy=True, answered=[5])
+    assert int(batch.completion_mask.sum()) == n - 5
+    _check_room_rows(batch, tok, [n - 5])
+    got = batch.input_ids[0, batch.prompt_len : batch.prompt_len + n - 5]
+    assert torch.equal(got, tail[5:])  # 5 answered + 35 new = the whole capped answer
+    if kind == "native":
+        assert batch.sampled_logp is not None
+        assert (batch.sampled_logp[0, n - 5 :] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_mixed_rooms_in_one_call_each_stop_at_their_own(kind: str, qwen2: tuple) -> None:
+    """``answered=[0, 20, 11]`` in one call (two rows each, a small row bucket so the native
+    engine compacts the rows that reached their room out): each row stops at its own room,
+    each continuation is the uncut greedy decode's tail, token for token, to the total cap;
+    ``stop_when`` sees a row ended from the check where it reached its room."""
+    model, tok = qwen2
+    n, answered, every = 40, [0, 20, 11], 8
+    engine = _engine(kind, model, tok, new=n, check_every=every)
+    if kind == "native":
+        engine.row_bucket = 2
+    tails = _greedy_tails(engine, tok, PROMPTS, n)
+    ids = [i + t[:a].tolist() for i, t, a in zip(_ids(tok, PROMPTS), tails, answered, strict=True)]
+    hook = _Hook(None)
+    batch = engine.generate_rows(ids, [2, 2, 2], greedy=True, stop_when=hook, answered=answered)
+    rooms = [n - a for a in answered for _ in range(2)]
+    _check_room_rows(batch, tok, rooms)
+    for row, room in enumerate(rooms):
+        got = batch.input_ids[row, batch.prompt_len : batch.prompt_len + room]
+        assert torch.equal(got, tails[row // 2][n - room :])
+    assert [t for _, t in hook.calls] == [8, 16, 24, 32]
+    for ended, t in hook.calls:
+        assert ended == [t >= room for room in rooms]
+    assert any(any(e) and not all(e) for e, _ in hook.calls), "degenerate: no room reached"
+    if kind == "native":
+        assert engine.stats["compactions"] >= 1  # the rows at their room were compacted out
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_answered_none_is_all_zeros_bit_for_bit(kind: str, qwen2_eos: tuple) -> None:
+    """Sampled, rows ending early: ``answered`` None, all zeros and not given are one
+    rollout (and ``generate``'s, pinned above)."""
+    model, tok = qwen2_eos
+    engine = _engine(kind, model, tok, new=40, check_every=8)
+    ids = _ids(tok, PROMPTS)
+    got = []
+    for answered in ("absent", None, [0, 0, 0]):
+        torch.manual_seed(6)
+        kw = {} if answered == "absent" else {"answered": answered}
+        got.append(engine.generate_rows(ids, ENDING, **kw))
+    assert got[0].finished.any(), "degenerate test: no row ended"
+    _assert_same(got[0], got[1])
+    _assert_same(got[0], got[2])
+
+
+def test_to_batch_masks_a_row_at_its_room_even_where_pad_is_eos() -> None:
+    """A row stopped by its room has no EOS; its padding after the room is masked and,
+    where the pad id is the EOS id, does not read as an ending."""
+    from types import SimpleNamespace
+
+    from grpo_hpc.train.rollout.types import to_batch
+
+    tok = SimpleNamespace(eos_token_id=0, pad_token_id=0, batch_decode=lambda ids, **_: [
+        " ".join(str(i) for i in row.tolist() if i) for row in ids
+    ])  # fmt: skip
+    out = torch.tensor([[9, 5, 6, 0, 0], [9, 5, 6, 7, 8], [9, 5, 0, 0, 0]])
+    batch = to_batch(out, torch.ones(3, 1, dtype=torch.long), 1, tok, torch.tensor([2, 4, 4]))
+    assert batch.completion_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    assert batch.finished.tolist() == [False, False, True]  # row 2: EOS within its room
+    assert batch.texts == ["5 6", "5 6 7 8", "5"]
+
+
 # ---------------------------------------------------------------- arguments
 
 
@@ -335,3 +443,12 @@ def test_rows_without_a_prompt_or_a_count_are_refused(kind: str, llama: tuple) -
     for prompt_ids, counts in (([], []), ([[5, 6]], [1, 1]), ([[5, 6]], [0]), ([[5], []], [1, 1])):
         with pytest.raises(ValueError, match="generate_rows"):
             engine.generate_rows(prompt_ids, counts)
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_answered_without_room_or_past_its_prompt_is_refused(kind: str, llama: tuple) -> None:
+    model, tok = llama
+    engine = _engine(kind, model, tok, new=8)
+    for answered in ([8], [9], [-1], [3], [0, 0]):  # no room, negative, the whole prompt
+        with pytest.raises(ValueError, match="generate_rows"):
+            engine.generate_rows([[5, 6, 7]], [1], answered=answered)

@@ -26,6 +26,7 @@ from grpo_hpc.train.rollout.types import (
     RolloutBatch,
     left_padded,
     repeat_rows,
+    rooms,
     to_batch,
 )
 from grpo_hpc.train.setup.models import char_tokenizer
@@ -44,15 +45,25 @@ class ScriptedEngine:
     max_new_tokens: int = CAP
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     calls: int = 0
+    asked: list = field(default_factory=list)
+    """Each call's prompts, counts and ``answered``."""
 
     def draw(self) -> int:
         return self.rng.randint(1, 12) if self.rng.random() < 0.5 else self.rng.randint(40, 90)
 
-    def generate_rows(self, prompt_ids, counts, *, greedy=False, stop_when=None) -> RolloutBatch:  # noqa: ANN001
+    def generate_rows(
+        self, prompt_ids, counts, *, greedy=False, stop_when=None, answered=None
+    ) -> RolloutBatch:  # noqa: ANN001, E501
         self.calls += 1
+        self.asked.append((list(prompt_ids), list(counts), answered))
         ids, mask = left_padded(prompt_ids, self.tok.pad_token_id)
         ids, mask = repeat_rows(ids, counts), repeat_rows(mask, counts)
-        ends = [self.draw() for _ in range(ids.shape[0])]
+        room = rooms(answered, counts, self.max_new_tokens).tolist()
+        # As the real engines: a row ends at its EOS or, drawn longer than its room, at
+        # the room without one.
+        draws = [self.draw() for _ in room]
+        ends = [min(d, rm) for d, rm in zip(draws, room, strict=True)]
+        eos = [d <= rm for d, rm in zip(draws, room, strict=True)]
         t = self.max_new_tokens
         for check in range(CHECK, self.max_new_tokens, CHECK):
             if all(e <= check for e in ends):
@@ -64,9 +75,10 @@ class ScriptedEngine:
         cols = torch.full((ids.shape[0], t), self.tok.pad_token_id, dtype=torch.long)
         for r, e in enumerate(ends):
             cols[r, : min(e, t)] = TOKEN
-            if e <= t:
+            if eos[r] and e <= t:
                 cols[r, e - 1] = self.tok.eos_token_id
-        batch = to_batch(torch.cat([ids, cols], 1), mask, ids.shape[1], self.tok)
+        out = torch.cat([ids, cols], 1)
+        batch = to_batch(out, mask, ids.shape[1], self.tok, torch.tensor(room))
         batch.sampled_logp = torch.full(cols.shape, -float(self.calls)) * batch.completion_mask
         return batch
 
@@ -130,6 +142,25 @@ def test_a_continued_row_holds_each_rounds_tokens_with_that_rounds_log_probs() -
             body = tokens[:-1] if batch.finished[r] else tokens
             assert set(body) <= {TOKEN}, tokens  # no padding inside a stitched answer
     assert seen > 5
+
+
+def test_the_pool_gives_each_continued_row_its_answer_so_far_as_answered() -> None:
+    """``answered``: 0 for a fresh group's prompt (its G rows), the row's tokens so far for
+    a continued row (its own prompt); the engine then keeps every answer under the cap."""
+    engine = ScriptedEngine(char_tokenizer())
+    collector = _collector(engine, prompts=2, g=4)
+    _rounds(PartialPool(2, 2), collector, range(12))
+    continued = 0
+    for prompts, counts, answered in engine.asked:
+        assert answered is not None and len(answered) == len(prompts)
+        for ids, n, a in zip(prompts, counts, answered, strict=True):
+            if a == 0:
+                assert n == 4  # a fresh group: one prompt, its G rows
+            else:  # an answer so far, of the scripted token, below the cap
+                assert n == 1 and ids[-a:] == [TOKEN] * a
+                assert a < CAP
+                continued += 1
+    assert continued > 5, "few rows were continued: the test proved little"
 
 
 def test_a_saved_pool_resumes_the_same_rounds() -> None:
