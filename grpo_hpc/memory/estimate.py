@@ -58,6 +58,11 @@ HEAD_CHUNK_TOKENS = 1024
 """grpo_hpc.train.algo.logp_head.DEFAULT_CHUNK_TOKENS."""
 ROW_BUCKET, SPAN_BUCKET = 8, 64
 """The native engine pads rows and cache slots to these multiples."""
+PREFILL_TOKENS = 16384
+"""The native engine prefills a rollout's prompts in chunks of at most this many padded
+tokens (``prompts x longest prompt``; a longer prompt alone), the default of
+``NativeEngine.prefill_tokens``: its prefill transient is bounded by it, not by every
+continued answer of a partial rollout at full length at once."""
 
 
 @dataclass(frozen=True)

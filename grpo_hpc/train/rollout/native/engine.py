@@ -3,7 +3,8 @@
 One ``generate`` call:
 1. refill the packed low-precision weights from the policy (once per rollout);
 2. prefill each *prompt* once and copy its K/V into the cache rows of its G completions
-   (no G-fold prefill; ``generate_rows``: each prompt its own count of rows);
+   (no G-fold prefill; ``generate_rows``: each prompt its own count of rows), the prompts
+   in chunks of at most ``prefill_tokens`` padded tokens;
 3. decode one token per row per step. On CUDA each step is a captured graph, one per
    (row bucket, attention-span bucket), all captured at the first rollout of a batch
    shape (``capture_ahead``) and replayed for every later step and rollout; attention
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from grpo_hpc.core.errors import StalledError
+from grpo_hpc.memory.estimate import PREFILL_TOKENS
 from grpo_hpc.train.distributed.dist import compute_device
 from grpo_hpc.train.rollout.native import attention, forward, weights
 from grpo_hpc.train.rollout.native.sampling import choose
@@ -123,6 +125,15 @@ class NativeEngine:
     (and, with new strides, recompiles the layers), which is what made a held-out
     evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
 
+    prefill_tokens: int = PREFILL_TOKENS
+    """Padded tokens (``prompts x longest prompt``) prefilled at once: a rollout's prompts
+    run in consecutive chunks of whole prompts within this budget (a longer prompt alone),
+    each chunk padded to its own longest prompt and writing its rows of the cache. Partial
+    rollouts hand the engine many continued answers, each a prompt of up to a cap's tokens
+    (Qwen2.5-1.5B at 4,096: 128 rows x ~4,400 tokens), whose one-batch prefill would hold
+    tens of GB of MLP products; the memory estimate counts this budget instead. A rollout
+    that fits it runs as one batch, as before; 0: always one batch."""
+
     hands_over_rows = True
     """``generate``'s ``on_done`` hears of rows as they finish."""
 
@@ -154,12 +165,14 @@ class NativeEngine:
         self.eos = int(self.tokenizer.eos_token_id)
         self.stats: dict[str, int] = {}
         """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
-        decode cost) and ``compactions``."""
+        decode cost), ``compactions`` and ``prefill_chunks``."""
         self.totals = {"captures": 0, "caches": 0}
         """Since construction: CUDA graphs captured and KV caches allocated."""
         self.prepared: set[tuple[int, bool]] = set()
         """(rows, greedy) of the batch shapes whose graphs were all captured ahead."""
         self.pad = int(self.tokenizer.pad_token_id)
+        self.prefill_shapes: list[tuple[int, int]] = []
+        """(prompts, padded width) of each chunk the last rollout prefilled."""
 
     # ------------------------------------------------------------------ public
     def generate(
@@ -232,7 +245,11 @@ class NativeEngine:
             self._start(root, ids, pmask, counts, n_rows, greedy, room.to(self.device))
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows
             cols = self.max_new_tokens
-            self.stats = {"row_steps": 0, "compactions": 0}
+            self.stats = {
+                "row_steps": 0,
+                "compactions": 0,
+                "prefill_chunks": len(self.prefill_shapes),
+            }
             hand = HandOver(on_done, on_running) if on_done is not None else None
             for t in range(1, self.max_new_tokens):
                 if t % self.check_every == 0:
@@ -352,7 +369,7 @@ class NativeEngine:
         ``r`` may have ``room[r]`` new tokens)."""
         rows = ws.tokens.shape[0]
         pad_p = (pmask.shape[1] - pmask.sum(1)).long()
-        logits = forward.prefill(self.packed, ids, pad_p, ws.cache, counts, self.dtype)
+        logits = self._prefill(ws.cache, ids, pad_p, counts)
         spread = pad_rows(repeat_rows(logits, counts), rows)
         # Eager token choice: once per rollout, and outside the capture that falls back to
         # eager decoding if compiling fails.
@@ -372,6 +389,41 @@ class NativeEngine:
         ws.first_slot.fill_(ids.shape[1])
         ws.pos.fill_(ids.shape[1])
         ws.rows_of.copy_(torch.arange(rows, device=ws.rows_of.device))
+
+    def _prefill(
+        self, cache: forward.KVCache, ids: torch.Tensor, pad_p: torch.Tensor, counts: list[int]
+    ) -> torch.Tensor:
+        """Prefill the prompts ``ids`` [P, L] (left padding ``pad_p``) into the cache rows
+        of their ``counts``, in chunks within ``prefill_tokens`` (``forward.prefill_chunks``);
+        the last position's logits [P, V], the chunks' in order. Every chunk keeps the
+        rollout's slot layout (a prompt's last token at slot L - 1, as one batch puts it):
+        it drops only the leading columns that are padding in each of its prompts."""
+        n, width = ids.shape
+        if not self.prefill_tokens or n * width <= self.prefill_tokens:
+            # One batch: today's call exactly (bit for bit), and no host look at lengths.
+            self.prefill_shapes = [(n, width)]
+            return forward.prefill(self.packed, ids, pad_p, cache, counts, self.dtype)
+        lengths = (width - pad_p).tolist()  # once per rollout: the chunks are host decisions
+        out, row, self.prefill_shapes = [], 0, []
+        for a, b in forward.prefill_chunks(lengths, self.prefill_tokens):
+            cut = min(width - max(lengths[a:b]), width - 1)  # a chunk runs >= 1 column
+            chunk = ids[a:b, cut:]
+            self.prefill_shapes.append((b - a, width - cut))
+            out.append(
+                forward.prefill(
+                    self.packed,
+                    chunk,
+                    pad_p[a:b] - cut,
+                    cache,
+                    counts[a:b],
+                    self.dtype,
+                    first_row=row,
+                    first_slot=cut,
+                    pad_after=b == n,
+                )
+            )
+            row += sum(counts[a:b])
+        return torch.cat(out)
 
     def _compacted(
         self, root: Workspace, ws: Workspace, real: int, live: torch.Tensor, rows: int, filled: int

@@ -159,6 +159,29 @@ def _mlp(
     return x + _joined(F.linear(act * up, wdown), out_norm, eps)
 
 
+def prefill_chunks(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive chunks ``[a, b)`` of the prompts (their token ``lengths``, in order)
+    whose ``prompts x longest prompt`` (the chunk's padded tokens) stays within ``budget``;
+    a prompt longer than the budget is a chunk of its own. ``budget`` 0: one chunk (pure).
+
+    Why: the prefill's transient (each layer's q/k/v, the MLP's [P, L, intermediate]
+    products, a [P, 1, L, L] mask) grows with the padded tokens of the prompts run at once;
+    partial rollouts give the engine many continued answers of thousands of tokens each."""
+    n = len(lengths)
+    if not budget or n == 0:
+        return [(0, n)]
+    chunks: list[tuple[int, int]] = []
+    start, widest = 0, 0
+    for i, length in enumerate(lengths):
+        wider = max(widest, length, 1)
+        if i > start and (i + 1 - start) * wider > budget:
+            chunks.append((start, i))
+            start, wider = i, max(length, 1)
+        widest = wider
+    chunks.append((start, n))
+    return chunks
+
+
 def prefill(
     packed: Packed,
     ids: torch.Tensor,
@@ -166,14 +189,39 @@ def prefill(
     cache: KVCache,
     rows_per_prompt: int | list[int],
     dtype: torch.dtype,
+    first_row: int = 0,
+    first_slot: int = 0,
+    pad_after: bool = True,
 ) -> torch.Tensor:
     """Run the prompts [P, L] (left-padded) once; write their K/V into the cache rows of
     every completion of the group (``rows_per_prompt``: G, rows ``i*G .. i*G+G-1`` get
     prompt ``i``; or one count per prompt, prompt ``i``'s rows following prompt ``i-1``'s);
     return the last position's logits [P, V] (the head's dtype: compute dtype, like the HF
-    model's, or fp32 with ``algo.fp32_lm_head``)."""
+    model's, or fp32 with ``algo.fp32_lm_head``).
+
+    A chunk of a rollout's prompts (:func:`prefill_chunks`) passes where its rows and
+    slots lie in the rollout's cache: its first prompt's rows start at ``first_row``, and
+    ``ids``' column 0 is slot ``first_slot`` (the chunk dropped the rollout's leading
+    columns that are padding in each of its prompts: every row of a rollout decodes at one
+    slot index, so a prompt's last token stays at slot ``first_slot + L - 1``, where the
+    unchunked prefill writes it). Slots ``[0, first_slot)`` of its rows are left padding,
+    masked at decode, and are zeroed: a masked key still meets an additive -inf bias (the
+    matrix-product attention) and its value a zero weight (both attentions), so it must be
+    finite; a workspace's stale values of an earlier rollout are, but zeros need no proof.
+    ``pad_after``: fill the cache's bucket-padding rows after the last row (the last chunk
+    does). The defaults are the unchunked prefill, the code path of every rollout that fits
+    one chunk."""
     s = packed.shape
     n, length = ids.shape
+    rows = cache.k.shape[1]
+    counts = [rows_per_prompt] * n if isinstance(rows_per_prompt, int) else rows_per_prompt
+    need = sum(counts)
+    end = first_row + need  # one past this call's last row
+    padded = pad_after and end < rows  # bucket padding rows: copies of the last row
+    slots = slice(first_slot, first_slot + length)
+    if first_slot:
+        cache.k[:, first_row : rows if padded else end, :, :first_slot] = 0
+        cache.v[:, first_row : rows if padded else end, :, :first_slot] = 0
     pos = torch.arange(length, device=ids.device)
     key_ok = pos.unsqueeze(0) >= left_pad.unsqueeze(1)  # [P, L]
     causal = pos.unsqueeze(1) >= pos.unsqueeze(0)
@@ -188,9 +236,6 @@ def prefill(
     tables = rope_tables(packed, (pos.unsqueeze(0) - left_pad.unsqueeze(1)).clamp(min=0))
     x = packed.embed[ids].float() * s.embed_scale
     group = s.heads // s.kv_heads
-    rows = cache.k.shape[1]
-    counts = [rows_per_prompt] * n if isinstance(rows_per_prompt, int) else rows_per_prompt
-    need = sum(counts)
     # Each completion row's prompt, made once rather than per layer (equal counts keep the
     # integer repeat every rollout used before mixed counts existed).
     source = (
@@ -207,11 +252,11 @@ def prefill(
         q = apply_rope(qk_norm(q, lw.q_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
         k = apply_rope(qk_norm(k, lw.k_norm, s.eps), cos, sin).to(dtype).transpose(1, 2)
         v = v.transpose(1, 2)  # [P, kv_heads, L, d]
-        cache.k[li, :need, :, :length] = spread(k)
-        cache.v[li, :need, :, :length] = spread(v)
-        if need < rows:  # bucket padding rows: copies of the last row keep values finite
-            cache.k[li, need:, :, :length] = k[-1:]
-            cache.v[li, need:, :, :length] = v[-1:]
+        cache.k[li, first_row:end, :, slots] = spread(k)
+        cache.v[li, first_row:end, :, slots] = spread(v)
+        if padded:  # bucket padding rows: copies of the last row keep values finite
+            cache.k[li, end:, :, slots] = k[-1:]
+            cache.v[li, end:, :, slots] = v[-1:]
         out = F.scaled_dot_product_attention(
             q,
             k.repeat_interleave(group, 1),
