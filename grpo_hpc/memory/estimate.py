@@ -22,6 +22,8 @@ keeps (grpo_hpc/train: models, dist, optimization, update, logp_head, native/wei
 - the native engine's packed bf16/fp16 weights (a full, unsharded copy; LoRA folded in;
   under LoRA without FSDP2 only the adapted projections, the frozen base read in place)
   and its static KV cache of rows x (prompt + max_new) slots, both kept for the whole run;
+  its prefill runs at most PREFILL_TOKENS padded tokens at once (partial rollouts' long
+  continued prompts);
 - activations of one micro-batch (``algo.micro_batch_tokens`` padded tokens); with gradient
   checkpointing the layer inputs plus one layer being recomputed; compiled layers
   (``dist.compile``, as ``auto`` resolves it for the submission) keep fewer than eager ones;
@@ -402,8 +404,14 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         pool_slots = _round_up(pool_slots, SPAN_BUCKET) if native else pool_slots
         pool_kv = pool_rows * pool_slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c
         kv_shadow = pool_kv if native else 0
-        # worst case: every row continued, all prefilled at once at their full length
-        shadow_transient = s.rows * s.partial_pool * (s.prompt_tokens + s.max_new_tokens) * (
+        # worst case: every row continued, each its prompt and a cap's tokens as its prompt.
+        # HF generate prefills them all at once; the native engine in chunks of at most
+        # PREFILL_TOKENS padded tokens (NativeEngine.prefill_tokens), or one longer prompt.
+        longest = s.prompt_tokens + s.max_new_tokens
+        prefilled = s.rows * s.partial_pool * longest
+        if native:
+            prefilled = min(prefilled, max(PREFILL_TOKENS, longest))
+        shadow_transient = prefilled * (
             3 * c * shape.active_intermediate + 8 * c * shape.hidden
         ) + (0 if native else pool_kv)
     return Estimate(

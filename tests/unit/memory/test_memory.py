@@ -174,8 +174,9 @@ def test_a_lora_copy_holds_its_adapters_not_the_base() -> None:
 def test_a_partial_pool_holds_its_steps_rows_with_continued_prompts() -> None:
     """``rollout.partial_pool=P``: the generator's cache holds P steps' rows, each with room
     for a continued answer's tokens as its prompt (prompt + 2 caps), and its prefill may
-    take every row at full length; the policy's own terms do not move. Arithmetic, not
-    measured on a GPU (docs/async.md)."""
+    take every row at full length, which the native engine runs in chunks of at most
+    PREFILL_TOKENS padded tokens (one longer prompt alone); the policy's own terms do not
+    move. Arithmetic, not measured on a GPU (docs/async.md)."""
     shape, s = _shape("qwen2.5-1.5b"), replace(_async_measured()[1][1], staleness=2)
     plain = memory.estimate(shape, s)
     pooled = memory.estimate(shape, replace(s, partial_pool=2))
@@ -183,7 +184,17 @@ def test_a_partial_pool_holds_its_steps_rows_with_continued_prompts() -> None:
     rows = -(-s.rows * 2 // 8) * 8
     slots = -(-(s.prompt_tokens + 2 * s.max_new_tokens) // 64) * 64
     assert pooled.shadow - plain.shadow == rows * slots * per_slot - plain_kv(shape, s)
-    assert pooled.overlapped > plain.overlapped
+    # The prefill's transient per token, the estimate's formula for every prefill.
+    c = s.compute_bytes
+    per_token = 3 * c * shape.active_intermediate + 8 * c * shape.hidden
+    longest = s.prompt_tokens + s.max_new_tokens
+    # 128 continued rows of 4,416 tokens (41 GiB at once): one chunk of the budget (1.2 GiB)
+    assert longest < memory.PREFILL_TOKENS and s.rows * 2 * longest > 30 * memory.PREFILL_TOKENS
+    assert pooled.overlapped == memory.PREFILL_TOKENS * per_token > plain.overlapped
+    # a cap past the budget: one continued prompt is a chunk of its own
+    cap = 5 * memory.PREFILL_TOKENS
+    long = memory.estimate(shape, replace(s, partial_pool=2, max_new_tokens=cap))
+    assert long.overlapped == (s.prompt_tokens + cap) * per_token
     assert pooled.kv_cache == plain.kv_cache and pooled.activations == plain.activations
     # no effect on a synchronous run
     sync = replace(s, staleness=0)
