@@ -46,6 +46,7 @@ import torch
 
 from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core.errors import ConfigError, StalledError
+from grpo_hpc.memory.estimate import PREFILL_TOKENS
 from grpo_hpc.train.algo.batching import Scored
 from grpo_hpc.train.algo.logp_head import Scoring
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
@@ -141,6 +142,8 @@ class RolloutPipeline:
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.rollout.partial_pool:
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
+            if hasattr(engine, "prefill_tokens"):  # native: continued answers in chunks
+                engine.prefill_tokens = PREFILL_TOKENS
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int, lineage: int, seed: int) -> Collected:

@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from grpo_hpc.core.errors import StalledError
-from grpo_hpc.memory.estimate import PREFILL_TOKENS
 from grpo_hpc.train.distributed.dist import compute_device
 from grpo_hpc.train.rollout.native import attention, forward, weights
 from grpo_hpc.train.rollout.native.sampling import choose
@@ -125,14 +124,16 @@ class NativeEngine:
     (and, with new strides, recompiles the layers), which is what made a held-out
     evaluation over prompts of many lengths crawl. 0: grow by half again when needed."""
 
-    prefill_tokens: int = PREFILL_TOKENS
-    """Padded tokens (``prompts x longest prompt``) prefilled at once: a rollout's prompts
-    run in consecutive chunks of whole prompts within this budget (a longer prompt alone),
-    each chunk padded to its own longest prompt and writing its rows of the cache. Partial
-    rollouts hand the engine many continued answers, each a prompt of up to a cap's tokens
-    (Qwen2.5-1.5B at 4,096: 128 rows x ~4,400 tokens), whose one-batch prefill would hold
-    tens of GB of MLP products; the memory estimate counts this budget instead. A rollout
-    that fits it runs as one batch, as before; 0: always one batch."""
+    prefill_tokens: int = 0
+    """Padded tokens (``prompts x longest prompt``) prefilled at once; 0: every prompt in
+    one batch (a synchronous step's few prompts, an evaluation: as every figure so far was
+    measured). Partial rollouts (``rollout.partial_pool``) set ``PREFILL_TOKENS`` on the
+    generator's engine: they hand it many continued answers, each a prompt of up to a
+    cap's tokens (Qwen2.5-1.5B at 4,096: 128 rows x ~4,400 tokens), whose one-batch prefill
+    would hold tens of GB of MLP products. A rollout's prompts then run in consecutive
+    chunks of whole prompts within the budget (a longer prompt alone), each chunk padded to
+    its own longest prompt and writing its rows of the cache; one that fits runs as one
+    batch, as before. The memory estimate counts one chunk."""
 
     hands_over_rows = True
     """``generate``'s ``on_done`` hears of rows as they finish."""

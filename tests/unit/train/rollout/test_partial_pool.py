@@ -9,13 +9,16 @@ pool resumes the same rounds, and a rollback restarts the groups in flight."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
 
 from grpo_hpc.config.schema import Config
+from grpo_hpc.memory.estimate import PREFILL_TOKENS
 from grpo_hpc.tasks.problems import Sampler
 from grpo_hpc.train.distributed.dist import DistInfo
 from grpo_hpc.train.rewards import toy
@@ -219,3 +222,30 @@ def test_a_round_cut_by_a_stop_leaves_the_pool_as_it_was() -> None:
         pool.make(collector, 3, 3, 0, None, torch.device("cpu"))
     assert pool.state_dict() == before
     assert collector.sampler.state_dict() != sampler  # drawn, and the trainer restores it
+
+
+@pytest.mark.parametrize("pool", [0, 2])
+def test_the_generators_engine_prefills_in_chunks_only_for_partial_rollouts(
+    tmp_path: Path, pool: int
+) -> None:
+    """A partial pool's generator gets continued answers as prompts: its native engine
+    prefills them in chunks of ``PREFILL_TOKENS`` (the budget the memory estimate counts);
+    every other engine prefills in one batch, as every figure so far was measured."""
+    from grpo_hpc.train.rollout.native.engine import NativeEngine
+    from grpo_hpc.train.rollout.pipeline import RolloutPipeline
+    from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
+
+    save_random_llama(tmp_path / "m", LlamaShape(32, 1, 2, 1, 64), seed=0)
+    model, tok = load_model_and_tokenizer(tmp_path / "m", "sdpa", torch.device("cpu"))
+    policy = NativeEngine(model, tok, CAP, 1.0, 1.0, 60)
+    collector = _collector(ScriptedEngine(tok), prompts=2, g=4)
+    collector.engine = policy
+    collector.cfg.algo.max_staleness = 2
+    collector.cfg.rollout.partial_pool = pool
+
+    def make(shadow, abort, tick):  # noqa: ANN001, ANN202 - the trainer's _build_engine
+        return NativeEngine(shadow, tok, CAP, 1.0, 1.0, 60, abort=abort, tick=tick)
+
+    pipe = RolloutPipeline(collector, model, make, lambda: False, contextlib.nullcontext)
+    assert pipe.now.engine.prefill_tokens == (PREFILL_TOKENS if pool else 0)
+    assert policy.prefill_tokens == 0

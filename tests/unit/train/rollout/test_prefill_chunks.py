@@ -112,8 +112,9 @@ def test_a_budget_of_zero_or_of_every_prompt_is_one_chunk() -> None:
     assert forward.prefill_chunks([12, 53, 4, 23], 0) == [(0, 4)]
     assert forward.prefill_chunks([12, 53, 4, 23], 4 * 53) == [(0, 4)]
     assert forward.prefill_chunks([12, 53, 4, 23], 4 * 53 - 1) != [(0, 4)]
-    # the engine's default is the budget the memory estimate counts
-    assert NativeEngine.prefill_tokens == PREFILL_TOKENS
+    # one batch unless asked (evaluations and synchronous steps as measured so far); the
+    # partial pool's generator asks for the budget the memory estimate counts
+    assert NativeEngine.prefill_tokens == 0
 
 
 # ---------------------------------------------------------------- chunked = one batch
