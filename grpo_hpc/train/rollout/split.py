@@ -272,6 +272,8 @@ class SplitPipeline(RolloutPipeline):
         self.thread = None
         self.error = None
         self.last: Made | None = None
+        self.last_report = None  # partial rollouts: refused with a split (validate.py)
+        self.pool = None
         self.waited_s = 0.0
         self.sync_s = 0.0
         self.policy, self.link, self.tick = policy, link, tick
