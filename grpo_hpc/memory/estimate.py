@@ -399,7 +399,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     transient = prompts * s.prompt_tokens * (3 * c * i + 8 * c * h)
     kv_shadow, shadow_transient = kv_resident, transient + kv_transient
     if s.partial_pool:  # P steps' rows; a continued row's prompt holds up to a cap's tokens
-        pool_rows = _round_up(s.rows * s.partial_pool, ROW_BUCKET) if native else s.rows
+        pool_rows = s.rows * s.partial_pool  # HF generate's cache too: it decodes them all
+        pool_rows = _round_up(pool_rows, ROW_BUCKET) if native else pool_rows
         pool_slots = s.prompt_tokens + 2 * s.max_new_tokens
         pool_slots = _round_up(pool_slots, SPAN_BUCKET) if native else pool_slots
         pool_kv = pool_rows * pool_slots * shape.layers * 2 * shape.kv_heads * shape.head_dim * c

@@ -199,6 +199,12 @@ def test_a_partial_pool_holds_its_steps_rows_with_continued_prompts() -> None:
     # no effect on a synchronous run
     sync = replace(s, staleness=0)
     assert memory.estimate(shape, replace(sync, partial_pool=2)) == memory.estimate(shape, sync)
+    # HF generate decodes P steps' rows too, its cache held while it generates: every row
+    # continued, prefilled at once, plus that cache
+    hf = replace(s, engine="hf")
+    hf_pooled = memory.estimate(shape, replace(hf, partial_pool=2))
+    hf_kv = s.rows * 2 * (s.prompt_tokens + 2 * s.max_new_tokens) * per_slot
+    assert hf_pooled.overlapped == s.rows * 2 * longest * per_token + hf_kv
 
 
 def plain_kv(shape: memory.ModelShape, s: memory.Settings) -> int:
