@@ -142,8 +142,9 @@ class RolloutPipeline:
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.rollout.partial_pool:
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
-            if hasattr(engine, "prefill_tokens"):  # native: continued answers in chunks
-                engine.prefill_tokens = PREFILL_TOKENS
+            if hasattr(engine, "prefill_tokens"):  # native: continued answers in chunks,
+                engine.prefill_tokens = PREFILL_TOKENS  # a cache with room for them
+                engine.carry_answers()
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int, lineage: int, seed: int) -> Collected:

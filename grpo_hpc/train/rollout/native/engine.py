@@ -163,6 +163,9 @@ class NativeEngine:
         one (an evaluation's) decodes in the same workspaces and graphs."""
         self.floor = self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0
         """Least KV cache capacity of a new workspace (raised when a cache had to regrow)."""
+        self.answers = 1
+        """Caps a cache holds past the longest prompt: 1, or 2 once prompts may carry their
+        answer so far (:meth:`carry_answers`)."""
         self.eos = int(self.tokenizer.eos_token_id)
         self.stats: dict[str, int] = {}
         """Of the last ``generate``: ``row_steps`` (rows decoded, summed over steps: the
@@ -305,8 +308,17 @@ class NativeEngine:
             self._drop_all_graphs()
             self.width = cap
             if self.max_prompt_tokens:
-                self.floor = max(self.floor, self.max_prompt_tokens + cap)
+                self.floor = max(self.floor, self.max_prompt_tokens + cap * self.answers)
         self.max_new_tokens = cap
+
+    def carry_answers(self) -> None:
+        """Prompts may end with up to a cap's tokens of their answer (partial rollouts'
+        continued rows): every KV cache is sized for the longest prompt, a cap of answer and
+        a cap of new tokens from the start. Otherwise each longer continuation than any
+        before would regrow the cache and capture every CUDA graph again."""
+        self.answers = 2
+        if self.max_prompt_tokens:
+            self.floor = max(self.floor, self.max_prompt_tokens + 2 * self.max_new_tokens)
 
     # ------------------------------------------------------------------ internals
     def _workspace(self, rows: int, capacity: int) -> Workspace:

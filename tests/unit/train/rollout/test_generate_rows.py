@@ -452,3 +452,26 @@ def test_answered_without_room_or_past_its_prompt_is_refused(kind: str, llama: t
     for answered in ([8], [9], [-1], [3], [0, 0]):  # no room, negative, the whole prompt
         with pytest.raises(ValueError, match="generate_rows"):
             engine.generate_rows([[5, 6, 7]], [1], answered=answered)
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_a_cache_sized_for_carried_answers_never_regrows(qwen2: tuple, carry: bool) -> None:
+    """Partial rollouts hand the generator's engine prompts that end with up to a cap's
+    tokens of answer: with ``carry_answers()`` its caches are sized for them from the start
+    (one cache for the fresh rollout and its continuation); without, the continuation's
+    longer prompt regrows the cache (and, on a GPU, captures every graph again)."""
+    model, tok = qwen2
+    ids = _ids(tok, PROMPTS)
+    longest = max(len(i) for i in ids)
+    engine = NativeEngine(model, tok, 64, 1.0, 1.0, 60, max_prompt_tokens=longest)
+    if carry:
+        engine.carry_answers()
+    fresh = engine.generate_rows(ids, [2] * len(ids))
+    p = fresh.prompt_len
+    answer = fresh.input_ids[0, p : p + 60].tolist()  # the first row, 60 tokens in
+    # past the first cache's slack (its capacity rounds up to a multiple of 64 slots)
+    assert longest + len(answer) + 64 > -(-(longest + 64) // 64) * 64
+    start = fresh.attention_mask[0, :p].nonzero()[0].item()
+    continued = fresh.input_ids[0, start:p].tolist() + answer
+    engine.generate_rows([continued], [1], answered=[len(answer)])
+    assert engine.totals["caches"] == (1 if carry else 2)
