@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -19,10 +17,9 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.events import read as read_events
-from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.core.progress import read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
-from grpo_hpc.train.state import state_digest
 
 from .helpers import (
     assert_same,
@@ -33,7 +30,7 @@ from .helpers import (
     train_side_by_side,
     training,
 )
-from .test_resume_exact import MAX_STEPS, STEPS, _final_state, _kill_and_resume
+from .test_resume_exact import STEPS, _final_state, check_kill_and_resume
 
 SAMPLES = 8  # the tiny config's 2 prompts x 4 completions, all trained each step
 
@@ -121,25 +118,9 @@ def test_async_kill_and_resume_is_bit_exact(
     generated ahead included). Two DDP ranks (under the real torchrun): each generates its
     share ahead with no collective. LoRA: the copy that generates shares the frozen base
     with the policy (pipeline.plain_copy) and still generates from version t's adapters."""
-    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
-    rng = random.Random(seed)
     steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
     steps += [f"model.lora_rank={lora}"] if lora else []
-    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
-    digests = ["faults.enabled=true", "faults.state_digest=true"]
-    run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)
-    if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
-        assert train(ref, nproc).returncode == 0
-        _kill_and_resume(run, nproc, rng, seed)
-    else:
-        with training(ref) as ref_result:  # beside the killed and resumed runs
-            _kill_and_resume(run, 1, rng, seed)
-            assert ref_result().returncode == 0
-    rec = read_progress(run.progress)
-    assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
-    assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
-    resumed, differ = state_digest.compare_folder(run.state_digest)
-    assert resumed == nproc and differ == [], differ
+    run = check_kill_and_resume(tmp_path, steps, nproc)
     # the run really was asynchronous: its last step trained a batch k updates old
     assert _rows(run)[-1]["staleness/max"] == k
 

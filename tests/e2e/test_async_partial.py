@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import random
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
-from grpo_hpc.train.state import state_digest
 
-from .helpers import assert_same, make_run, train, training
-from .test_resume_exact import MAX_STEPS, STEPS, _final_state, _kill_and_resume
+from .helpers import make_run, train
+from .test_resume_exact import STEPS, check_kill_and_resume
 
 EOS_SCALE = 12.0
 """The EOS row's scale: a third to two thirds of the rows end before the 48-token cap
@@ -102,25 +97,9 @@ def test_partial_kill_and_resume_is_bit_exact(
     """SIGKILL at a random moment after the first checkpoint, resume: the weights and the
     optimizer at the end equal the uninterrupted run's, bit for bit; the resumed rank's
     state digest equals its checkpoint's (the pool of answers in flight included)."""
-    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
-    rng = random.Random(seed)
     steps = [*STEPS, *PARTIAL, f"rollout.engine={engine}", f"model.name_or_path={ending_model}"]
     steps[steps.index(f"rollout.prompts_per_step={PROMPTS}")] = (
         f"rollout.prompts_per_step={2 * nproc}"
     )
-    ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
-    digests = ["faults.enabled=true", "faults.state_digest=true"]
-    run = make_run(tmp_path, "killed", *steps, *digests, nproc=nproc)
-    if nproc > 1:  # two runs of two processes on two cores: one after the other is quicker
-        assert train(ref, nproc).returncode == 0
-        _kill_and_resume(run, nproc, rng, seed)
-    else:
-        with training(ref) as ref_result:
-            _kill_and_resume(run, 1, rng, seed)
-            assert ref_result().returncode == 0
-    rec = read_progress(run.progress)
-    assert rec.state == TrainState.FINISHED and rec.restarts == 1 and rec.step == MAX_STEPS
-    assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
-    resumed, differ = state_digest.compare_folder(run.state_digest)
-    assert resumed == nproc and differ == [], differ
+    run = check_kill_and_resume(tmp_path, steps, nproc)
     assert sum(r["partial/continued_rows"] for r in _rows(run)) > 0

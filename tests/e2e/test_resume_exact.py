@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.state import state_digest
 
@@ -76,12 +77,13 @@ def _kill_and_resume(run, nproc: int, rng: random.Random, seed: int) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("nproc", "engine"), [(1, "hf"), (1, "native"), (2, "native")])
-def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -> None:
+def check_kill_and_resume(tmp_path: Path, steps: list[str], nproc: int) -> RunPaths:
+    """A run of ``steps`` SIGKILLed at a random moment after its first checkpoint (the seed
+    from GRPO_HPC_TEST_SEED, else the clock, said on failure) and resumed ends with the
+    weights and optimizer of an uninterrupted run of the same seed, bit for bit, and every
+    rank's state digest equals its checkpoint's; returns the killed run."""
     seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
-    steps = [*STEPS, f"rollout.engine={engine}"]
     ref = make_run(tmp_path, "uninterrupted", *steps, nproc=nproc)
     # the killed run also writes state digests (bench/faults/gpu_run.py judges GPU resumes by
     # them): here they must agree with the bit-exact comparison below, and change nothing
@@ -99,6 +101,13 @@ def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -
     assert_same(_final_state(ref, MAX_STEPS), _final_state(run, MAX_STEPS))
     resumed, differ = state_digest.compare_folder(run.state_digest)
     assert resumed == nproc and differ == [], differ  # every rank resumed what was saved
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("nproc", "engine"), [(1, "hf"), (1, "native"), (2, "native")])
+def test_kill_and_resume_is_bit_exact(tmp_path: Path, nproc: int, engine: str) -> None:
+    check_kill_and_resume(tmp_path, [*STEPS, f"rollout.engine={engine}"], nproc)
 
 
 @pytest.mark.slow
