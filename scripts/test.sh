@@ -46,7 +46,9 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # only where the launcher itself is under test),
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
-# The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 6b1c013
+# The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 425708c
+# (2026-12-05, 1,706 tests, nothing else running) a fresh clone took 11:59 (pytest 11:47;
+# node failure 195 s, lost node 182 s: the slurm-multi group still the critical path). At 6b1c013
 # (2026-12-05, 1,586 tests, nothing else running) a fresh clone took 12:16 (pytest 12:10;
 # node failure 201 s, lost node 149 s, the slurm-multi group the critical path). At 59f0537
 # (2026-12-05, 1,552 tests) fresh clones took 16:14 with other sessions' test suites
