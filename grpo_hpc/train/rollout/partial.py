@@ -122,7 +122,7 @@ class RoundReport:
     continued: int = 0
     """Rows trained whose tokens came from more than one round."""
     dropped: int = 0
-    """Groups dropped as too stale since the last report."""
+    """Groups dropped as too stale by the round."""
     pool: int = 0
     """Groups in flight after the round."""
     decoded_rows: int = 0
@@ -140,8 +140,6 @@ class PartialPool:
     flights: list[Flight] = field(default_factory=list)
     drawn: int = 0
     """Groups drawn so far (the next one's ``order``)."""
-    dropped: int = 0
-    """Groups dropped as too stale, not yet reported."""
 
     # ------------------------------------------------------------------ one round
     def make(
@@ -157,34 +155,26 @@ class PartialPool:
         ``collector.per_rank`` complete groups. ``behaviour(batch)``: the sampled tokens'
         log-probs under those weights, where the engine reports none (HF generate);
         ``device``: where the batch goes (the policy's)."""
-        saved = self.state_dict()
-        try:
-            return self._make(collector, step, version, lineage, behaviour, device)
-        except GenerationAborted:
-            # A stop cut a round made on the main thread: the trainer restores the step's
-            # start (the sampler's position included), so the pool goes back too, or the
-            # checkpoint would hold groups drawn from a position it then draws again.
-            self.load_state_dict(saved)
-            raise
-
-    def _make(
-        self,
-        collector: Collector,
-        step: int,
-        version: int,
-        lineage: int,
-        behaviour: Any,
-        device: torch.device,
-    ) -> tuple[Collected, RoundReport]:
         want, g = collector.per_rank, collector.cfg.rollout.num_generations
         cap = collector.engine.max_new_tokens
         VERIFIER.take_stats()
         for f in self.flights:
             if f.lineage != lineage:
                 f.restart(lineage)
+        held, drawn = len(self.flights), self.drawn
         self._top_up(collector, want, g, lineage)
         t = time.monotonic()
-        decoded = self._decode(collector, step, version, cap, want, behaviour)
+        try:
+            decoded = self._decode(collector, step, version, cap, want, behaviour)
+        except GenerationAborted:
+            # A stop cut a round made on the main thread (inside the engine, before any
+            # flight's tokens changed): the trainer restores the step's start, the sampler's
+            # position included, so the groups drawn for this round go too, or the
+            # checkpoint would hold groups drawn from a position it then draws again. (A
+            # flight restarted above stays restarted: this line would restart it anyway.)
+            del self.flights[held:]
+            self.drawn = drawn
+            raise
         generate_s = time.monotonic() - t
         picked = choose(
             [f.version for f in self.flights],
@@ -193,14 +183,12 @@ class PartialPool:
             want,
         )
         chosen = [self.flights[i] for i in picked]
-        self.flights = [f for i, f in enumerate(self.flights) if i not in set(picked)]
-        keep = [
-            f
-            for f in self.flights
-            if not (f.complete(cap) and expired(f.version, step + 1, self.k))
+        taken = set(picked)
+        left = [f for i, f in enumerate(self.flights) if i not in taken]
+        # A complete group left over trains at the next step at the earliest.
+        self.flights = [
+            f for f in left if not (f.complete(cap) and expired(f.version, step + 1, self.k))
         ]
-        self.dropped += len(self.flights) - len(keep)
-        self.flights = keep
         collector._say(TrainState.SCORING)
         t = time.monotonic()
         batch = stitch(chosen, collector.tok, device)
@@ -211,11 +199,10 @@ class PartialPool:
         report = RoundReport(
             versions=[f.version for f in chosen],
             continued=sum(n > 1 for f in chosen for n in f.spans),
-            dropped=self.dropped,
+            dropped=len(left) - len(self.flights),
             pool=len(self.flights),
             decoded_rows=decoded,
         )
-        self.dropped = 0
         return out, report
 
     def _top_up(self, collector: Collector, want: int, g: int, lineage: int) -> None:
@@ -296,14 +283,12 @@ class PartialPool:
         return {
             "flights": [asdict(f) for f in self.flights],
             "drawn": self.drawn,
-            "dropped": self.dropped,
         }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         state = state or {}
         self.flights = [Flight(**f) for f in state.get("flights", [])]
         self.drawn = int(state.get("drawn", 0))
-        self.dropped = int(state.get("dropped", 0))
 
 
 def stitch(flights: list[Flight], tok: Any, device: torch.device) -> RolloutBatch:
