@@ -163,9 +163,10 @@ class RolloutConfig:
     ``high`` wins it back is to be measured (``bench/gpu.sh async``). No effect on a CPU
     or in a split placement (its generators have a GPU of their own)."""
     partial_pool: int = 0
-    """Asynchronous runs (``algo.max_staleness`` >= 2, ``placement=thread``): partial
-    rollouts. 0: off, each step's batch is generated whole and waits for its longest
-    answer. ``P`` >= 2: the generator decodes the prompts of ``P`` steps at once; a round
+    """Asynchronous runs (``algo.max_staleness`` >= 2): partial rollouts. 0: off, each
+    step's batch is generated whole and waits for its longest answer. ``P`` >= 2: the
+    generator (a thread, or under ``placement=split`` a generator process advancing the
+    pool its trainer keeps) decodes the prompts of ``P`` steps at once; a round
     stops as soon as a step's worth of groups is complete, and the answers still running
     are continued in the next round by the next weights (each token keeps the log-prob of
     the weights that sampled it, which the importance weights read; a group is as stale as

@@ -180,8 +180,6 @@ def partial_problem(cfg: Config) -> str | None:
             f"{pool - 1} older steps' groups and train {pool} updates stale; set "
             f"rollout.partial_pool to at most {k} or algo.max_staleness to at least {pool}"
         )
-    elif ro.placement != "thread":
-        why = "rollout.placement=split: partial rollouts run in the thread placement only"
     elif ro.dynamic_sampling:
         why = "rollout.dynamic_sampling: its extra rounds and the pool's are not combined"
     elif ro.seed_per_group:

@@ -199,7 +199,7 @@ def check(cfg: Config, profile: Profile) -> Check:
         how += f"; to fit: {', '.join(plan.changed)}"
     split = cfg.rollout.placement == "split"
     if split:  # the trainers' estimate above; each generator holds its own
-        gen = generator_gib(shape, s, cfg.algo.max_staleness)
+        gen = generator_gib(shape, s, cfg)
         head = f"memory: {e.total_gib:.1f} GiB per trainer GPU, {gen:.1f} GiB per generator"
         head += f" GPU, of {gpu_mem_gb:g} GiB ({profile_name})"
         if plan.fits and gen > gpu_mem_gb:
@@ -295,12 +295,14 @@ class RoleMemory:
     gradients, optimizer, the update; its own engine, for the held-out evaluation)."""
 
 
-def generator_gib(shape: ModelShape, trainers: Settings, staleness: int) -> float:
+def generator_gib(shape: ModelShape, trainers: Settings, cfg: Config) -> float:
     """A split run's generator on its GPU (GiB, as ``total_gib`` counts): the asynchronous
     estimate's copy of the weights, its engine and a generation's transient
-    (``Estimate.shadow``, ``overlapped``) for one trainer's batch at a time, whatever
-    means fit the ``trainers``' own settings (they hold no copy)."""
-    both = estimate(shape, replace(trainers, staleness=max(1, staleness)))
+    (``Estimate.shadow``, ``overlapped``) for one trainer's batch at a time (with partial
+    rollouts, that trainer's pool of ``rollout.partial_pool`` steps), whatever means fit
+    the ``trainers``' own settings (they hold no copy)."""
+    k, pool = max(1, cfg.algo.max_staleness), cfg.rollout.partial_pool
+    both = estimate(shape, replace(trainers, staleness=k, partial_pool=pool))
     return (both.shadow + both.overlapped) / GIB * FRAGMENTATION + CUDA_CONTEXT_GIB
 
 
@@ -313,5 +315,5 @@ def split_memory(
     if shape is None:
         return None
     s = settings_of(cfg, nodes, capability)  # the trainers'
-    gen = generator_gib(shape, s, cfg.algo.max_staleness)
+    gen = generator_gib(shape, s, cfg)
     return RoleMemory(gen, estimate(shape, s).total_gib)

@@ -100,9 +100,13 @@ def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
     trainers = _ranks("trainer", range(t), per_node)
     generators = _ranks("generator", range(t, ranks), per_node)
     served = f" (trainer r's: rank {t} + r % {g})" if g > 1 else ""  # config.roles.generator_of
+    pool = cfg.rollout.partial_pool
+    partial = (
+        f"; each trainer's prompts of {pool} steps in flight, answers continued" if pool else ""
+    )
     return (
-        f"placement: split: {trainers}{update}, {generators}{engine}{served}; batches at most "
-        f"{k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
+        f"placement: split: {trainers}{update}, {generators}{engine}{served}{partial}; "
+        f"batches at most {k} update(s) stale (algo.max_staleness={k}; docs/async.md)"
     )
 
 

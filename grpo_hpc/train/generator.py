@@ -3,8 +3,9 @@ copy of the policy and its engine, and nothing a restart cannot rebuild. It serv
 trainers ``config.roles.trainers_of`` names (trainer ``r`` by generator ``r % G``). Its
 weights are trainer 0's, broadcast to every generator before each step's batches; its
 random stream is the step's and the trainer's (``schedule.rollout_seed``); its prompts are
-the ones each trainer drew. It makes the batches its trainers name, in order, and sends
-each back; it never starts one on its own. The trainers' side, and the messages, are
+the ones each trainer drew (with partial rollouts, the pool each trainer keeps and sends:
+one round of it is advanced per request and sent back with the batch). It makes the
+batches its trainers name, in order, and sends each back; it never starts one on its own. The trainers' side, and the messages, are
 :mod:`grpo_hpc.train.rollout.split`.
 
 A stop signal (Slurm's preemption) is the trainers' to answer: the generator finishes the
@@ -16,8 +17,10 @@ torchrun ends it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,10 +30,25 @@ from grpo_hpc.train.algo.optimization import autocast_factory
 from grpo_hpc.train.distributed.dist import DistInfo
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
-from grpo_hpc.train.rollout.collect import Collector
-from grpo_hpc.train.rollout.pipeline import generate
+from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
+from grpo_hpc.train.rollout.pipeline import (
+    Behaviour,
+    Entry,
+    for_partial,
+    generate,
+    partial_round,
+)
 from grpo_hpc.train.rollout.progress import Progress
-from grpo_hpc.train.rollout.split import Hello, Link, Request, broadcast_weights, recv_obj, send_obj
+from grpo_hpc.train.rollout.split import (
+    Hello,
+    Job,
+    Link,
+    Request,
+    broadcast_weights,
+    recv_obj,
+    send_obj,
+)
 from grpo_hpc.train.setup import models
 from grpo_hpc.train.supervision import faults
 
@@ -83,6 +101,8 @@ def build(
         tick=progress.bump if progress is not None else lambda: None,
         abort=lambda: False, autocast=autocast,
     )  # fmt: skip
+    if cfg.rollout.partial_pool:
+        for_partial(engine)
     custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
     info = DistInfo(0, 1, 0, device)  # serve() makes one per trainer: its rank, its share
     collector = Collector(cfg, info, tok, [], Replay(), custom, None, engine, ahead=True)
@@ -118,7 +138,8 @@ def serve(link: Link, run_dir: Path, progress: Progress | None = None) -> int:
         work.bump()
         requests = [first] + [recv_obj(r, link.device) for r in served[1:]]
         work.bump()
-        broadcast_weights(model, link)  # every generator, every step: one group
+        if first.weights:  # every generator alike (their trainers follow one plan): one group
+            broadcast_weights(model, link)
         work.bump()
         if first.cap != cap:  # a rollback grew the cap
             collector.engine.set_max_new_tokens(first.cap)
@@ -126,10 +147,40 @@ def serve(link: Link, run_dir: Path, progress: Progress | None = None) -> int:
         for j in range(len(first.jobs)):
             for r, share, req in zip(served, shares, requests, strict=True):
                 job = req.jobs[j]
-                # at the trainer's place in the step's prompts (Collector._take's slice)
-                share.train_set = [{}] * (r * share.per_rank) + job.problems
-                replay.position = job.draw
                 faults.stuck_generation(hello.cfg.faults, job.made.step)  # test-only
-                entry = generate(share, job.made, req.seed, model, autocast, scoring)
+                if job.pool is not None:
+                    entry = advance(share, job, req.seed, model, scoring, autocast, link.device)
+                else:
+                    # at the trainer's place in the step's prompts (Collector._take's slice)
+                    share.train_set = [{}] * (r * share.per_rank) + job.problems
+                    replay.position = job.draw
+                    entry = generate(share, job.made, req.seed, model, autocast, scoring)
                 send_obj(entry, r, link.device)
                 work.bump()
+
+
+def advance(
+    share: Collector,
+    job: Job,
+    seed: int,
+    model: torch.nn.Module,
+    scoring: Scoring,
+    autocast: Callable[[], Any],
+    device: torch.device,
+) -> Entry:
+    """Partial rollouts: one round over the pool the trainer prepared (``job.pool``, topped
+    up from its sampler), with the thread placement's code; the batch and the pool as the
+    round left it go back to the trainer, which keeps the pool."""
+    cfg = share.cfg
+    pool = PartialPool(cfg.rollout.partial_pool, cfg.algo.max_staleness)
+    pool.load_state_dict(job.pool)
+    # the flights' problems by their index in the trainer's training set
+    share.train_set = dict(zip((f.index for f in pool.flights), job.problems, strict=True))
+    made = job.made
+
+    def round_(behaviour: Behaviour) -> tuple[Collected, RoundReport]:
+        return pool.advance(share, made.step, made.version, behaviour, device)
+
+    entry = partial_round(share, made, seed, round_, model, autocast, scoring)
+    entry.pool = pool.state_dict()
+    return entry

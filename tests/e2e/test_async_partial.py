@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import random
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from grpo_hpc.core.paths import RunPaths
+from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
 
-from .helpers import make_run, train
-from .test_resume_exact import STEPS, check_kill_and_resume
+from .helpers import assert_same, make_run, signal_job, start, train
+from .test_async_split import _pulse, _wait_for
+from .test_resume_exact import STEPS, _final_state, check_kill_and_resume
 
 EOS_SCALE = 12.0
 """The EOS row's scale: a third to two thirds of the rows end before the 48-token cap
@@ -47,7 +54,7 @@ def ending_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _rows(run) -> list[dict]:  # noqa: ANN001 - RunPaths
+def _rows(run: RunPaths) -> list[dict]:
     lines = run.metrics.read_text().splitlines()
     return [r for r in map(json.loads, lines) if "reward/mean" in r]
 
@@ -103,3 +110,116 @@ def test_partial_kill_and_resume_is_bit_exact(
     )
     run = check_kill_and_resume(tmp_path, steps, nproc)
     assert sum(r["partial/continued_rows"] for r in _rows(run)) > 0
+
+
+SPLIT_STEPS = 8
+
+
+def _as_split(paths: RunPaths) -> RunPaths:
+    """The run with its last process a generator (``rollout.placement=split``; the local
+    profile's config is the thread placement's, as test_async_split.split_run turns it)."""
+    text = paths.config.read_text()
+    assert "placement: thread" in text
+    paths.config.write_text(text.replace("placement: thread", "placement: split"))
+    return paths
+
+
+def _rounds(run: RunPaths) -> list[list[float]]:
+    """What each step's round did: rows continued, groups left in the pool, rows decoded,
+    and the groups' ages."""
+    keys = ["partial/continued_rows", "partial/pool_groups", "partial/decoded_rows"]
+    keys += [f"staleness/{s}" for s in range(K + 1)]
+    return [[r[k] for k in keys] for r in _rows(run)]
+
+
+def _split_steps(model: Path) -> list[str]:
+    return [
+        *PARTIAL,
+        f"training.max_steps={SPLIT_STEPS}",
+        "training.save_every_steps=4",
+        "training.keep_last=1",
+        f"model.name_or_path={model}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def split_reference(tmp_path_factory: pytest.TempPathFactory, ending_model: Path) -> RunPaths:
+    """The uninterrupted split run with partial rollouts (a trainer and a generator)."""
+    root = tmp_path_factory.mktemp("split-partial")
+    run = _as_split(make_run(root, "uninterrupted", *_split_steps(ending_model), nproc=2))
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_the_split_placement_trains_what_the_thread_placement_trains(
+    tmp_path: Path, ending_model: Path, split_reference: RunPaths
+) -> None:
+    """Partial rollouts with the generator in a process of its own: the trainer keeps the
+    pool (draws its prompts, saves it) and its generator advances it one round per request.
+    The same seed trains, bit for bit, what the thread placement trains: the same rounds
+    (continued rows, pool sizes, rows decoded, each group's age) and the same weights and
+    optimizer at the end; answers were continued."""
+    thread = make_run(tmp_path, "thread", *_split_steps(ending_model))
+    result = train(thread)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _rounds(split_reference) == _rounds(thread)
+    assert sum(r["partial/continued_rows"] for r in _rows(split_reference)) > 0
+    final = SPLIT_STEPS
+    assert_same(_final_state(split_reference, final), _final_state(thread, final))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["generator", "trainer"])
+def test_a_split_run_killed_mid_pool_resumes_bit_exact(
+    tmp_path: Path, ending_model: Path, split_reference: RunPaths, victim: str
+) -> None:
+    """SIGKILL of the generator (which holds nothing between requests: the pool is the
+    trainer's, in its checkpoint) or of the trainer after the first checkpoint, under the
+    real torchrun; the resume ends with the weights and optimizer of the uninterrupted
+    split run, bit for bit."""
+    seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    slow = ["faults.enabled=true", "faults.step_sleep=0.5"]  # changes no number
+    run = _as_split(
+        make_run(tmp_path, f"killed-{victim}", *_split_steps(ending_model), *slow, nproc=2)
+    )
+    proc = start(run, 2)
+    try:
+        pid = int(_pulse(run, 1 if victim == "generator" else 0)[0])
+        _wait_for(run, rng.randint(4, SPLIT_STEPS - 2), proc)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)  # torchrun ends the other process
+    finally:
+        signal_job(proc.pid, signal.SIGKILL)
+    rec = read_progress(run.progress)
+    assert rec is not None and rec.state != TrainState.FINISHED, (
+        f"seed {seed}: the run finished before the kill; the test proved nothing"
+    )
+    result = train(run, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_progress(run.progress).step == SPLIT_STEPS
+    final = SPLIT_STEPS
+    assert_same(_final_state(split_reference, final), _final_state(run, final))
+
+
+@pytest.mark.slow
+def test_one_generator_advances_two_trainers_pools_as_two_ranks_do(
+    tmp_path: Path, ending_model: Path
+) -> None:
+    """Two DDP trainers and one generator: each trainer keeps its own pool and the
+    generator advances both in turn, each with its trainer's random stream; the run trains,
+    bit for bit, what two DDP ranks of the thread placement train, with the same rounds."""
+    steps = _split_steps(ending_model)
+    steps[steps.index(f"rollout.prompts_per_step={PROMPTS}")] = "rollout.prompts_per_step=4"
+    thread = make_run(tmp_path, "thread", *steps, nproc=2)
+    split = _as_split(make_run(tmp_path, "split", *steps, nproc=3))
+    for run, nproc in ((thread, 2), (split, 3)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert _rounds(split) == _rounds(thread)
+    assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
+    final = SPLIT_STEPS
+    assert_same(_final_state(split, final), _final_state(thread, final))

@@ -152,29 +152,51 @@ class PartialPool:
         device: torch.device,
     ) -> tuple[Collected, RoundReport]:
         """The batch of ``step`` by a round of the weights ``version`` (the engine's):
-        ``collector.per_rank`` complete groups. ``behaviour(batch)``: the sampled tokens'
-        log-probs under those weights, where the engine reports none (HF generate);
-        ``device``: where the batch goes (the policy's)."""
-        want, g = collector.per_rank, collector.cfg.rollout.num_generations
-        cap = collector.engine.max_new_tokens
-        VERIFIER.take_stats()
-        for f in self.flights:
-            if f.lineage != lineage:
-                f.restart(lineage)
-        held, drawn = len(self.flights), self.drawn
-        self._top_up(collector, want, g, lineage)
-        t = time.monotonic()
+        :meth:`prepare`, then :meth:`advance` (one process; a split run's trainer prepares
+        and its generator advances)."""
+        held, drawn = self.prepare(collector, lineage)
         try:
-            decoded = self._decode(collector, step, version, cap, want, behaviour)
+            return self.advance(collector, step, version, behaviour, device)
         except GenerationAborted:
             # A stop cut a round made on the main thread (inside the engine, before any
             # flight's tokens changed): the trainer restores the step's start, the sampler's
             # position included, so the groups drawn for this round go too, or the
             # checkpoint would hold groups drawn from a position it then draws again. (A
-            # flight restarted above stays restarted: this line would restart it anyway.)
+            # flight restarted by prepare stays restarted: this line would restart it anyway.)
             del self.flights[held:]
             self.drawn = drawn
             raise
+
+    def prepare(self, collector: Collector, lineage: int) -> tuple[int, int]:
+        """Before a round: the flights of an abandoned line back to their prompts, and the
+        pool topped up with whole steps' prompts from ``collector``'s sampler (the data
+        order's side of a round). Returns the flights and draws before the top-up (what
+        undoes it)."""
+        for f in self.flights:
+            if f.lineage != lineage:
+                f.restart(lineage)
+        held, drawn = len(self.flights), self.drawn
+        self._top_up(collector, collector.per_rank, collector.cfg.rollout.num_generations, lineage)
+        return held, drawn
+
+    def advance(
+        self,
+        collector: Collector,
+        step: int,
+        version: int,
+        behaviour: Any,
+        device: torch.device,
+    ) -> tuple[Collected, RoundReport]:
+        """A round of the weights ``version`` (``collector``'s engine's) over the pool
+        :meth:`prepare` filled: the batch of ``step``, ``collector.per_rank`` complete
+        groups, scored against ``collector.train_set[index]``. ``behaviour(batch)``: the
+        sampled tokens' log-probs under those weights, where the engine reports none (HF
+        generate); ``device``: where the batch goes (the policy's)."""
+        want = collector.per_rank
+        cap = collector.engine.max_new_tokens
+        VERIFIER.take_stats()
+        t = time.monotonic()
+        decoded = self._decode(collector, step, version, cap, want, behaviour)
         generate_s = time.monotonic() - t
         picked = choose(
             [f.version for f in self.flights],

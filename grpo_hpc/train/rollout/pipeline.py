@@ -82,6 +82,9 @@ class Entry:
     collected: Collected
     report: RoundReport | None = None
     """Partial rollouts: each group's first-token weights and what the round did."""
+    pool: dict[str, Any] | None = None
+    """Partial rollouts in a split run: the trainer's pool as the generator's round left it
+    (``PartialPool.state_dict``; the trainer takes it back on receipt: never saved here)."""
 
 
 class RolloutPipeline:
@@ -142,9 +145,7 @@ class RolloutPipeline:
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.rollout.partial_pool:
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
-            if hasattr(engine, "prefill_tokens"):  # native: continued answers in chunks,
-                engine.prefill_tokens = PREFILL_TOKENS  # a cache with room for them
-                engine.carry_answers()
+            for_partial(engine)
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
@@ -293,18 +294,13 @@ class RolloutPipeline:
     def _generate(self, collector: Collector, made: Made, seed: int) -> Entry:
         if self.pool is None:
             return generate(collector, made, seed, self.shadow, self.autocast, self.scoring)
-        torch.manual_seed(rollout_seed(seed, made.step, collector.info.rank))
-        rows = collector.cfg.algo.micro_batch_size
+        pool, device = self.pool, next(self.policy.parameters()).device
 
-        def behaviour(batch: RolloutBatch) -> torch.Tensor:
-            return behaviour_logp(self.shadow, batch, rows, self.autocast, self.scoring)
+        def round_(behaviour: Behaviour) -> tuple[Collected, RoundReport]:
+            return pool.make(collector, made.step, made.version, made.lineage, behaviour, device)
 
-        device = next(self.policy.parameters()).device
-        got, report = self.pool.make(
-            collector, made.step, made.version, made.lineage, behaviour, device
-        )
-        # a batch is as stale as its oldest group (schedule.usable reads it)
-        return Entry(Made(made.step, min(report.versions), made.lineage), got, report)
+        shadow, autocast, scoring = self.shadow, self.autocast, self.scoring
+        return partial_round(collector, made, seed, round_, shadow, autocast, scoring)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -370,6 +366,44 @@ def generate(
                 model, scored.batch, collector.cfg.algo.micro_batch_size, autocast, scoring
             )
     return Entry(made, got)
+
+
+Behaviour = Callable[[RolloutBatch], torch.Tensor]
+"""The sampled tokens' log-probs of a batch under the weights that generated it."""
+
+
+def partial_round(
+    collector: Collector,
+    made: Made,
+    seed: int,
+    round_: Callable[[Behaviour], tuple[Collected, RoundReport]],
+    model: torch.nn.Module,
+    autocast: Callable[[], Any],
+    scoring: Scoring,
+) -> Entry:
+    """The batch ``made`` names by a partial-rollout round (``round_``: the pool's
+    ``make``, or a split run generator's ``advance`` of the pool its trainer prepared), from
+    the rollout stream of (``seed``, step, the collector's rank), the behaviour log-probs
+    scored by ``model`` where the engine reports none: what a generator thread and a
+    generator process both run. The batch is as stale as its oldest group
+    (``schedule.usable`` reads its version)."""
+    torch.manual_seed(rollout_seed(seed, made.step, collector.info.rank))
+    rows = collector.cfg.algo.micro_batch_size
+
+    def behaviour(batch: RolloutBatch) -> torch.Tensor:
+        return behaviour_logp(model, batch, rows, autocast, scoring)
+
+    got, report = round_(behaviour)
+    return Entry(Made(made.step, min(report.versions), made.lineage), got, report)
+
+
+def for_partial(engine: Any) -> None:
+    """A partial pool's generator engine: the native engine prefills continued answers in
+    chunks of ``PREFILL_TOKENS`` and sizes its caches for them from the start (HF generate
+    needs neither)."""
+    if hasattr(engine, "prefill_tokens"):
+        engine.prefill_tokens = PREFILL_TOKENS
+        engine.carry_answers()
 
 
 @torch.no_grad()

@@ -16,6 +16,11 @@ which generator made it, so the run stays a function of its seed:
 on a CPU it trains bit for bit what the thread placement trains
 (tests/e2e/test_async_split.py).
 
+Partial rollouts (``rollout.partial_pool``): the trainer keeps the pool. It tops it up from
+its own sampler and sends it with each request (one round a request); its generator runs
+the round with the thread's code and sends the batch back with the pool as the round left
+it (tests/e2e/test_async_partial.py: bit for bit the thread placement's rounds).
+
 Messages are pickled values sent as byte tensors point to point over the default group
 (gloo on a CPU); the weights travel a tensor at a time, broadcast (under FSDP2 each
 gathered by the trainers first; on NCCL the same code moves the GPU tensors, no host copy;
@@ -41,6 +46,7 @@ from grpo_hpc.config.roles import GENERATOR, Role
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.distributed.gather import gather_into, is_shard, unique_state
 from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.partial import PartialPool
 from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
@@ -124,9 +130,15 @@ class Job:
     made: Made
     """Its step, version (the weights sent with the request) and lineage."""
     problems: list[dict]
-    """The trainer's share of the step's prompts, as its sampler drew them."""
+    """The trainer's share of the step's prompts, as its sampler drew them; with a
+    ``pool``, each of its flights' problem, in the pool's order."""
     draw: int
     """Where in the data order they were drawn from (``rollout.seed_per_group``)."""
+    pool: dict[str, Any] | None = None
+    """Partial rollouts (``rollout.partial_pool``): the trainer's pool of answers in flight,
+    topped up for this round (``PartialPool.state_dict``). The trainer keeps the pool (in
+    its checkpoint, as the thread placement does); the generator advances it by one round
+    and sends it back with the batch (``Entry.pool``), holding nothing between requests."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,10 @@ class Request:
     """The rollout cap in force (a rollback may have raised it)."""
     stop: bool = False
     """The trainers are done: the generator exits."""
+    weights: bool = True
+    """Trainer 0 broadcasts the weights after the requests. False: the generator keeps the
+    weights it has (partial rollouts ask for the step's own round and, once it is back,
+    the next one, both of the same weights)."""
 
 
 # ---------------------------------------------------------------------- transport
@@ -272,8 +288,10 @@ class SplitPipeline(RolloutPipeline):
         self.thread = None
         self.error = None
         self.last: Made | None = None
-        self.last_report = None  # partial rollouts: refused with a split (validate.py)
+        self.last_report = None
         self.pool = None
+        if cfg.rollout.partial_pool:  # the trainer keeps it; its generator advances it
+            self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
         self.waited_s = 0.0
         self.sync_s = 0.0
         self.policy, self.link, self.tick = policy, link, tick
@@ -290,25 +308,47 @@ class SplitPipeline(RolloutPipeline):
         (the step's own first, waited for here, when it is missing)."""
         self.settle()
         made = [e.made for e in self.pending.values()]
-        decision = plan(step, self.k, lineage, made, self.collector.cfg.training.max_steps)
+        end, depth = self.collector.cfg.training.max_steps, 1 if self.pool else None
+        decision = plan(step, self.k, lineage, made, end, depth)
         for s in decision.drop:
             del self.pending[s]
         steps = ((step,) if decision.now else ()) + decision.ahead
-        if steps:
-            # the prompts in the order the thread placement draws them: the step's own,
-            # then the batches ahead
-            jobs = []
-            for s in steps:
-                problems, draw = self.collector.draw()
-                jobs.append(Job(Made(s, step, lineage), problems, draw))
-            self._order(Request(tuple(jobs), seed, self.cap), step)
-            self.outstanding.made = [j.made for j in jobs]
-        if decision.now:
-            entry = self._receive()
+        if self.pool is not None and decision.now and decision.ahead:
+            entry = self._now_then_ahead(step, lineage, seed, decision.ahead)
         else:
-            entry = self.pending.pop(step)
-        self.last = entry.made
+            if steps:
+                self._order(Request(self._jobs(steps, step, lineage), seed, self.cap), step)
+            entry = self._receive() if decision.now else self.pending.pop(step)
+        self.last, self.last_report = entry.made, entry.report
         return entry.collected
+
+    def _now_then_ahead(self, step: int, lineage: int, seed: int, ahead: tuple[int, ...]) -> Entry:
+        """Partial rollouts, the step's own batch missing: a round tops up the pool the
+        round before left, so the step's round comes back before the next is asked for
+        (of the same weights: sent once)."""
+        self._order(Request(self._jobs((step,), step, lineage), seed, self.cap), step)
+        entry = self._receive()
+        jobs = self._jobs(ahead, step, lineage)
+        self._order(Request(jobs, seed, self.cap, weights=False), step)
+        return entry
+
+    def _jobs(self, steps: tuple[int, ...], step: int, lineage: int) -> tuple[Job, ...]:
+        """The batches of ``steps`` (asked for at ``step``), their prompts drawn in the order
+        the thread placement draws them: the step's own, then the batches ahead; with
+        partial rollouts, the pool topped up as the thread's round tops it up."""
+        jobs = []
+        for s in steps:
+            made = Made(s, step, lineage)
+            if self.pool is None:
+                problems, draw = self.collector.draw()
+                jobs.append(Job(made, problems, draw))
+                continue
+            assert len(steps) == 1, "partial rollouts ask for one round at a time"
+            self.pool.prepare(self.collector, lineage)
+            problems = [self.collector.train_set[f.index] for f in self.pool.flights]
+            jobs.append(Job(made, problems, 0, self.pool.state_dict()))
+        self.outstanding.made += [j.made for j in jobs]
+        return tuple(jobs)
 
     def _order(self, request: Request, step: int) -> None:
         """Send ``request`` to this trainer's generator, then the weights to every generator
@@ -317,9 +357,10 @@ class SplitPipeline(RolloutPipeline):
         try:  # both wait for the generators (a stopped one: until the peers' watch ends it)
             with beating(self.tick), self._waiting(what):
                 send_obj(request, self.link.peer, self.link.device)
-                t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
-                broadcast_weights(self.policy, self.link)
-                self.sync_s += time.monotonic() - t
+                if request.weights:
+                    t = time.monotonic()  # every trainer: FSDP2's shards are gathered by all
+                    broadcast_weights(self.policy, self.link)
+                    self.sync_s += time.monotonic() - t
         except RuntimeError as e:  # gloo: a generator's connection closed
             # no stop then: another generator may wait in this broadcast for weights that
             # will not come, and a stop sent to it would wait with it (until torchrun's kill)
@@ -348,7 +389,14 @@ class SplitPipeline(RolloutPipeline):
             raise GeneratorGone(
                 f"{self._generator} ended without sending the batch of step {want.step + 1}: {e}"
             ) from e
-        if entry.made != want:  # a bug, not a fault: say it rather than train it
+        # a bug, not a fault: say it rather than train it (a partial round's batch is as
+        # stale as its oldest group: its version is the generator's to say)
+        if entry.made.step != want.step or entry.made.lineage != want.lineage:
+            raise GeneratorGone(f"{self._generator} sent {entry.made}, expected {want}")
+        if self.pool is not None:  # the pool as the round left it
+            self.pool.load_state_dict(entry.pool)
+            entry.pool = None
+        elif entry.made != want:
             raise GeneratorGone(f"{self._generator} sent {entry.made}, expected {want}")
         return entry
 

@@ -59,10 +59,6 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
             ["rollout.partial_pool=2", "algo.max_staleness=1"],
             "rollout.partial_pool=2 cannot run with algo.max_staleness=1",
         ),
-        (
-            ["rollout.partial_pool=2", "algo.max_staleness=2", "rollout.placement=split"],
-            "partial rollouts run in the thread placement only",
-        ),
     ],
 )
 def test_bad_overrides(overrides: list[str], message: str) -> None:

@@ -465,6 +465,24 @@ def test_a_split_run_is_judged_per_role() -> None:
     assert "a generator does NOT fit" in small.line
 
 
+def test_a_split_generator_holds_its_trainers_partial_pool() -> None:
+    """rollout.partial_pool under the split placement: the trainers keep the pool, the
+    generator decodes it, so the generator's figure grows by the pool's KV cache (P steps'
+    rows, each with room for its prompt and two caps) and the trainers' does not move."""
+    over = [f"model.name_or_path={SHAPES / 'qwen2.5-1.5b'}", "rollout.max_new_tokens=4096"]
+    over += ["algo.max_staleness=2", "rollout.placement=split", "algo.micro_batch_tokens=4096"]
+    plain = memory_plan.split_memory(build_config("gsm8k", over), 1)
+    cfg = build_config("gsm8k", [*over, "rollout.partial_pool=2"])
+    pooled = memory_plan.split_memory(cfg, 1)
+    assert plain is not None and pooled is not None
+    assert pooled.trainer_gib == plain.trainer_gib
+    s = memory_plan.settings_of(cfg)  # the trainers' (one trainer: every row of a step)
+    assert (s.ranks, s.rows, s.partial_pool) == (1, 256, 0)
+    per_token = 28 * 2 * 2 * 128 * 2  # layers x (K, V) x KV heads x head dim x bf16
+    grown = 2 * s.rows * (s.prompt_tokens + 2 * 4096) - s.rows * (s.prompt_tokens + 4096)
+    assert pooled.generator_gib - plain.generator_gib >= grown * per_token / memory.GIB
+
+
 def test_the_settings_know_whether_the_run_evaluates() -> None:
     """``training.eval_every`` decides it (the policy's cache of an asynchronous run)."""
     off = build_config("tiny", ["training.eval_every=0", "algo.max_staleness=1"])

@@ -508,6 +508,31 @@ def test_cli_dry_run_says_partial_rollouts_and_refuses_them_in_one_line(tmp_path
     assert not (tmp_path / "logs").exists()
 
 
+def test_cli_dry_run_says_a_split_runs_partial_pool_and_its_generator_memory(
+    tmp_path: Path,
+) -> None:
+    """A split run with partial rollouts: the placement line says each trainer's pool, and
+    the generator's estimate counts the pool's rows (P steps', each with room for a
+    continued answer), more than the same run's without a pool."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--profile", "h100x2", "--config", "tiny", "--dry-run", "rollout.placement=split")
+    engines = {}
+    for pool in (0, 2):
+        pool_args = (
+            "algo.max_staleness=2",
+            f"rollout.partial_pool={pool}",
+            "rollout.max_new_tokens=4096",
+        )
+        out = _grpo_submit(*args, *pool_args, env=env)
+        assert out.returncode == ExitCode.OK, out.stderr
+        [line] = [x for x in out.stdout.splitlines() if x.startswith("placement: split: ")]
+        said = "each trainer's prompts of 2 steps in flight, answers continued"
+        assert (said in line) == bool(pool), line
+        engines[pool] = float(line.split("generator rank 1 (engine ")[1].split(" GiB")[0])
+    assert engines[2] > engines[0], engines
+    assert not (tmp_path / "logs").exists()
+
+
 def test_cli_dry_run_names_each_role_of_a_split_run(tmp_path: Path) -> None:
     """rollout.placement=split: ``--dry-run`` prints one line with each role's ranks and
     memory estimate (trainers first, the generators last; with several, which serves which

@@ -96,7 +96,7 @@ def _cfg(**rollout: object) -> Config:
         ({"partial_pool": -2}, "must be 0 (off) or at least 2"),
         ({"partial_pool": 2, "k": 1}, "set algo.max_staleness=2 or more"),
         ({"partial_pool": 2, "k": 0}, "set algo.max_staleness=2 or more"),
-        ({"partial_pool": 2, "placement": "split"}, "thread placement only"),
+        ({"partial_pool": 2, "placement": "split"}, None),
         ({"partial_pool": 2, "dynamic_sampling": True}, "rollout.dynamic_sampling"),
         ({"partial_pool": 2, "seed_per_group": True}, "rollout.seed_per_group"),
     ],
