@@ -5,8 +5,8 @@ weights are trainer 0's, broadcast to every generator before each step's batches
 random stream is the step's and the trainer's (``schedule.rollout_seed``); its prompts are
 the ones each trainer drew (with partial rollouts, the pool each trainer keeps and sends:
 one round of it is advanced per request and sent back with the batch). It makes the
-batches its trainers name, in order, and sends each back; it never starts one on its own. The trainers' side, and the messages, are
-:mod:`grpo_hpc.train.rollout.split`.
+batches its trainers name, in order, and sends each back; it never starts one on its own.
+The trainers' side, and the messages, are :mod:`grpo_hpc.train.rollout.split`.
 
 A stop signal (Slurm's preemption) is the trainers' to answer: the generator finishes the
 batch in flight, the trainers save the batches they received and its first trainer tells
