@@ -2,7 +2,8 @@
 decodes on a stream of its own (train/rollout/side_stream.py) with the native engine's
 CUDA graphs, on the rank's own device, and what it hands over is what the update reads;
 on two GPUs the same under FSDP2 (each rank's copy gathered from the shards) and with the
-generator in a process of its own (rollout.placement=split: weights and batches over NCCL).
+generator in a process of its own (rollout.placement=split: weights and batches over NCCL);
+partial rollouts in both placements.
 
 GPU kernels are not bit-deterministic, so these runs are judged by what a broken handover
 or a thread on the wrong device would show: a run that fails, staleness that is not the
@@ -74,3 +75,39 @@ def test_async_native_on_the_gpu_hands_over_what_it_sampled(
     assert all(0.0 <= x < KL_BOUND for x in kl), kl
     if placement == "split" or strategy == "fsdp":  # a transfer every step, timed
         assert all(r["time/weight_sync"] > 0 for r in rows[1:]), rows
+
+
+@pytest.mark.parametrize(("nproc", "placement"), [(1, "thread"), (2, "split")])
+def test_partial_rollouts_on_the_gpu_continue_answers_within_the_bound(
+    tmp_path: Path, ending_model: Path, nproc: int, placement: str
+) -> None:
+    """Partial rollouts (``rollout.partial_pool=2``, k = 2) with the native engine in bf16:
+    continued answers prefilled again (in chunks) and decoded to their own room inside the
+    captured decode step, by a thread on its side stream or by a generator process advancing
+    its trainer's pool over NCCL. Every step trains a step's groups at most k stale, some
+    answers continued, and the sampler's log-probs stay near the trainer's."""
+    if torch.cuda.device_count() < nproc:
+        pytest.skip(f"needs {nproc} GPUs")
+    steps = [
+        "training.max_steps=8",
+        "algo.max_staleness=2",
+        "rollout.partial_pool=2",
+        "rollout.engine=native",
+        "rollout.max_new_tokens=48",
+        "rollout.num_generations=2",
+        "rollout.prompts_per_step=2",
+        "algo.micro_batch_size=4",
+        f"model.name_or_path={ending_model}",
+    ]
+    paths = make_run(tmp_path, f"partial{nproc}{placement}", *steps, nproc=nproc)
+    text = paths.config.read_text().replace("precision: fp32", "precision: bf16")
+    if placement == "split":
+        text = text.replace("placement: thread", "placement: split")
+    paths.config.write_text(text)
+    result = train(paths, nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(paths)
+    assert len(rows) == 8 and all(r["staleness/max"] <= 2 for r in rows), rows
+    assert sum(r["partial/continued_rows"] for r in rows) > 0, "nothing continued: proved nothing"
+    kl = [r["rollout/engine_kl"] for r in rows]
+    assert all(0.0 <= x < KL_BOUND for x in kl), kl

@@ -1,11 +1,13 @@
 """Partial rollouts (``rollout.partial_pool``) on the real trainer: answers are continued by
 newer weights, no sample trains staler than ``algo.max_staleness`` (a group as stale as its
 first token), and a run SIGKILLed mid-run and resumed ends equal, bit for bit, to the
-uninterrupted one (one process and two DDP ranks: the pool is saved per rank).
+uninterrupted one (one process and two DDP ranks: the pool is saved per rank). In the
+split placement (the trainer keeps the pool, its generator process advances it) the run
+trains, bit for bit and round for round, what the thread placement trains, and a SIGKILL
+of either role resumes bit for bit.
 
-The model is a random tiny Llama whose EOS row of the (tied) output layer is scaled up, so
-that its answers end at many lengths (a long tail: with the plain random model most rows
-run to the cap, every round ends together and nothing is ever continued)."""
+The model is conftest's ``ending_model``: a random tiny Llama whose answers end at many
+lengths (a long tail)."""
 
 from __future__ import annotations
 
@@ -18,19 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
-from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
 
 from .helpers import assert_same, make_run, signal_job, start, train
 from .test_async_split import _pulse, _wait_for
 from .test_resume_exact import STEPS, _final_state, check_kill_and_resume
 
-EOS_SCALE = 12.0
-"""The EOS row's scale: a third to two thirds of the rows end before the 48-token cap
-(measured on this model: lengths 5 .. 30 and 4 of 16 at the cap)."""
 G, PROMPTS, K = 2, 2, 2
 PARTIAL = [
     f"algo.max_staleness={K}",
@@ -40,18 +37,6 @@ PARTIAL = [
     "rollout.max_new_tokens=48",
     "algo.micro_batch_size=4",
 ]
-
-
-@pytest.fixture(scope="module")
-def ending_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny config's model shape with answers that end (see the module's docstring)."""
-    out = tmp_path_factory.mktemp("ending") / "model"
-    save_random_llama(out, LlamaShape(64, 2, 4, 2, 128), seed=0)
-    model, tok = load_model_and_tokenizer(out, "sdpa", torch.device("cpu"))
-    with torch.no_grad():
-        model.get_output_embeddings().weight[tok.eos_token_id] *= EOS_SCALE
-    model.save_pretrained(out)
-    return out
 
 
 def _rows(run: RunPaths) -> list[dict]:
