@@ -51,7 +51,7 @@ from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.rollout.split import Hello, Link, SplitPipeline
 from grpo_hpc.train.setup import autos, loading, models
 from grpo_hpc.train.setup.autos import kernels_line
-from grpo_hpc.train.state import best, checkpoint, final, state_digest
+from grpo_hpc.train.state import best, checkpoint, final, run_state
 from grpo_hpc.train.supervision import breakers, faults, on_collapse
 from grpo_hpc.train.supervision.gc_schedule import GcSchedule
 from grpo_hpc.train.supervision.signals import STOP_SIGNALS
@@ -144,7 +144,7 @@ class Trainer:
         # Step 0 is the same state in every attempt: the first one built the random tiny
         # model (drawing from the generator), a later one loaded it and drew nothing.
         checkpoint.seed_all(cfg.training.seed + info.rank)
-        self._maybe_resume()
+        run_state.resume(self, _RUN_STATE_TOOLS)  # the newest checkpoint, if any
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         cfg = self.cfg
@@ -216,63 +216,6 @@ class Trainer:
             self.cfg.rollout.engine, model, self.tok, opts,
             tick=beat, abort=abort, autocast=self.autocast,
         )  # fmt: skip
-
-    def _maybe_resume(self) -> None:
-        step = self.paths.latest_checkpoint()
-        if step is None:
-            return
-        state, rng = checkpoint.load(
-            self.paths.checkpoint(step),
-            self.model,
-            self.opt.optim,
-            self.info,
-            trainable_only=bool(self.cfg.model.lora_rank),
-        )
-        self.opt.sched.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.step = state["step"]
-        self.streaks = breakers.Streaks(state["zero_streak"])
-        # the collapse watch, its rollbacks and seed (older checkpoints: the cut-off streak)
-        self.collapse.load(state.get("collapse"), state.get("cut_streak", 0))
-        if self.collapse.cap is not None:  # a rollback before the stop raised it
-            self.set_rollout_cap(self.collapse.cap)
-        if rng is not None:
-            checkpoint.set_rng_state(rng)
-        self.rollouts.load_state_dict(rng)  # this rank's batches generated ahead, if any
-        if faults.digests_on(self.cfg.faults):
-            # named by this launch (rank 0's token: a rank's own attempt count is read from
-            # progress.json, which rank 0 may already have rewritten)
-            launch = dist.launch_token(self.info)
-            self._write_digest(f"resume-{launch}-step{self.step}", self._rank_state())
-        self.tracker.update(
-            restarts=self.tracker.record.restarts + 1,
-            step=self.step,
-            start_step=self.step,
-            epoch=self.sampler.epoch,
-            last_checkpoint=step,
-        )
-
-    def _trainer_state(self) -> dict:
-        """What a checkpoint keeps besides weights, optimizer and RNG."""
-        return {
-            "step": self.step,
-            "sampler": self.sampler.state_dict(),
-            "scheduler": self.opt.sched.state_dict(),
-            "zero_streak": self.streaks.zero_reward,
-            "collapse": self.collapse.state(),
-        }
-
-    def _rank_state(self) -> dict:
-        """What a checkpoint keeps of this rank alone: its RNG and (asynchronous runs) the
-        batches it generated ahead from its share of the prompts (``rng-rank<R>.pt``)."""
-        return checkpoint.rng_state() | self.rollouts.state_dict()
-
-    def _write_digest(self, name: str, rng: dict) -> None:
-        """``faults.state_digest``: this rank's state digest (grpo_hpc.train.state.state_digest)."""
-        if not faults.digests_on(self.cfg.faults):
-            return
-        parts = state_digest.digest(self.model, self.opt.optim, rng, self._trainer_state())
-        state_digest.write(self.paths.state_digest, f"{name}-rank{self.info.rank}", parts)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.stop_signal is None:
@@ -384,35 +327,8 @@ class Trainer:
             self.save()
 
     def save(self) -> None:
-        # Step 0 is never saved: every attempt rebuilds it identically from the seed, and
-        # saving it would change it. torch's get_state_dict fills an empty optimizer state
-        # by taking an AdamW step on zero gradients, so a step-0 checkpoint carries Adam
-        # step count 1 and every later bias correction is off by one (a hang_rank fault trial).
-        if self.step == 0 or self.paths.latest_checkpoint() == self.step:
-            return
-        self.tracker.update(TrainState.CHECKPOINTING)
-        state, rng = self._trainer_state(), self._rank_state()
-        # before the save: a rank killed once its checkpoint is complete (its peer finished
-        # it) has written its digest already (a save that never completes is never loaded)
-        self._write_digest(f"save-step{self.step}", rng)
-        seconds: dict[str, float] = {}
-        with phase("save"):
-            checkpoint.save(
-                self.paths,
-                self.step,
-                self.model,
-                self.opt.optim,
-                state,
-                rng,
-                self.info,
-                trainable_only=bool(self.cfg.model.lora_rank),
-                keep_last=self.cfg.training.keep_last,
-                slow_save_s=self.cfg.faults.slow_save if self.cfg.faults.enabled else 0,
-                seconds=seconds,
-            )
-        self.last_save = time.monotonic()
-        self.tracker.update(last_checkpoint=self.step)
-        self.tracker.log_save(self.step, seconds)
+        """This step's checkpoint (collective): :func:`run_state.save`."""
+        run_state.save(self, _RUN_STATE_TOOLS)
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> None:
@@ -511,6 +427,8 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
     models.load_model_and_tokenizer,
     autos.cap_fits,
 )
+
+_RUN_STATE_TOOLS = run_state.Tools(faults.digests_on, breakers.Streaks)
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:

@@ -381,7 +381,7 @@ def _load_start_weights(trainer: TrainerLike, tools: Tools) -> None:
 def _restart_optimizer(optim: torch.optim.Optimizer) -> None:
     """Every state tensor to zero: for Adam(W), the state of its first step (moments 0,
     step 0). Zeroed rather than dropped: a checkpoint of an empty optimizer state is
-    filled by torch with one step on zero gradients (trainer.save's comment)."""
+    filled by torch with one step on zero gradients (train/state/run_state.py, save)."""
     for state in optim.state.values():
         for key, value in list(state.items()):
             if torch.is_tensor(value):
