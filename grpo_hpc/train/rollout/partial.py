@@ -36,7 +36,8 @@ Rollback: flights of an abandoned line restart from their prompt under the curre
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from array import array
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -302,15 +303,43 @@ class PartialPool:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "flights": [asdict(f) for f in self.flights],
-            "drawn": self.drawn,
-        }
+        """The pool as plain values, each row's tokens and log-probs packed as bytes (what
+        a checkpoint keeps, and what a split run's trainer and generator send each other
+        every step: 128 rows of 4,096 tokens took 1.5 s to copy and 0.5 s to pickle as
+        lists, 0.07 s and 0.3 s as bytes, on this project's 2-core machine)."""
+        return {"flights": [_packed(f) for f in self.flights], "drawn": self.drawn}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         state = state or {}
-        self.flights = [Flight(**f) for f in state.get("flights", [])]
+        self.flights = [_unpacked(f) for f in state.get("flights", [])]
         self.drawn = int(state.get("drawn", 0))
+
+
+TOKEN, LOGP = "q", "d"
+"""The ``array`` codes a flight's rows are packed in: int64 token ids, float64 log-probs
+(a Python float whole: bit for bit whatever dtype the engine reported)."""
+
+
+def _packed(f: Flight) -> dict[str, Any]:
+    d = asdict(replace(f, rows=[], logp=[]))
+    d["rows"] = [array(TOKEN, r).tobytes() for r in f.rows]
+    d["logp"] = [array(LOGP, lp).tobytes() for lp in f.logp]
+    return d
+
+
+def _unpacked(d: dict[str, Any]) -> Flight:
+    """A flight from :func:`_packed` (or from a pool saved as lists, before packing)."""
+
+    def values(code: str, v: bytes | list) -> list:
+        if isinstance(v, list):
+            return v
+        a = array(code)
+        a.frombytes(v)
+        return a.tolist()
+
+    rows = [values(TOKEN, r) for r in d["rows"]]
+    logp = [values(LOGP, lp) for lp in d["logp"]]
+    return Flight(**(d | {"rows": rows, "logp": logp}))
 
 
 def stitch(flights: list[Flight], tok: Any, device: torch.device) -> RolloutBatch:

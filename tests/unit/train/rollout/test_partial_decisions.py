@@ -4,11 +4,20 @@ ages, the schedule's depth, and the config's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from grpo_hpc.config.schema import Config
 from grpo_hpc.config.validate import partial_problem
-from grpo_hpc.train.rollout.partial import choose, expired, must_finish, round_over
+from grpo_hpc.train.rollout.partial import (
+    Flight,
+    PartialPool,
+    choose,
+    expired,
+    must_finish,
+    round_over,
+)
 from grpo_hpc.train.rollout.schedule import Made, Plan, plan, staleness_histogram
 
 
@@ -107,3 +116,21 @@ def test_what_partial_rollouts_refuse(settings: dict, says: str | None) -> None:
         assert problem is None
     else:
         assert problem is not None and says in problem and "\n" not in problem
+
+
+def test_a_saved_pool_comes_back_bit_for_bit_and_reads_the_list_format() -> None:
+    """The pool's state packs each row's tokens and log-probs as bytes: loaded again, every
+    value is the same Python number (a log-prob no float32 holds included); a pool saved as
+    plain lists (before packing) still loads."""
+    f = Flight(7, [1, 2, 3], [[5, 2**40], []], [[-0.1, -1e-300], []], [True, False], 3, 1, 4)
+    f.spans = [2, 0]
+    pool = PartialPool(2, 2, [f], drawn=5)
+    state = pool.state_dict()
+    assert all(isinstance(r, bytes) for r in state["flights"][0]["rows"])
+    back = PartialPool(2, 2)
+    back.load_state_dict(state)
+    assert back.flights == [f] and back.drawn == 5
+    old = {"flights": [dataclasses.asdict(f)], "drawn": 5}
+    listed = PartialPool(2, 2)
+    listed.load_state_dict(old)
+    assert listed.flights == [f]
