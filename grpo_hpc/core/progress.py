@@ -84,7 +84,11 @@ class ProgressRecord:
     """Share of the last step's completion tokens whose PPO ratio was clipped."""
     staleness: int | None = None
     """Updates between the weights that generated the last step's batch and the weights
-    it trained (asynchronous runs, ``algo.max_staleness``; None: a synchronous run)."""
+    it trained (asynchronous runs, ``algo.max_staleness``; None: a synchronous run); with
+    partial rollouts, of its oldest group."""
+    continued: int | None = None
+    """Partial rollouts (``rollout.partial_pool``): rows of the last step's batch whose answer
+    came from more than one round, over every rank (None: no partial rollouts)."""
     last_checkpoint: int | None = None
     """Step of the newest COMPLETE checkpoint."""
     restarts: int = 0

@@ -74,7 +74,7 @@ def read_row(paths: RunPaths, view: SlurmView | None) -> RunRow:
         row.train_state, row.step, row.max_steps = rec.state.value, rec.step, rec.max_steps
         row.reward_mean, row.kl, row.tokens_per_s = rec.reward_mean, rec.kl, rec.tokens_per_s
         row.entropy, row.engine_kl, row.clip_frac = rec.entropy, rec.engine_kl, rec.clip_frac
-        row.staleness = rec.staleness
+        row.staleness, row.continued = rec.staleness, rec.continued
         row.heartbeat = rec.heartbeat
         if rec.last_checkpoint is not None:
             row.last_checkpoint = max(rec.last_checkpoint, row.last_checkpoint or 0)

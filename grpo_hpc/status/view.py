@@ -70,9 +70,12 @@ class RunRow:
     entropy_step: int | None = None
     """The step ``entropy`` was measured at when that is not the last step (None: it is)."""
     engine_kl: float | None = None
-    staleness: int | None = None
-    """Of the last step's batch, in updates (asynchronous runs; None: synchronous)."""
     """Engine-vs-trainer KL (k3, per token) of the last step."""
+    staleness: int | None = None
+    """Of the last step's batch, in updates (asynchronous runs; None: synchronous); with
+    partial rollouts, of its oldest group."""
+    continued: int | None = None
+    """Partial rollouts: rows of the last step's batch continued from an earlier round."""
     clip_frac: float | None = None
     """Share of the last step's tokens whose PPO ratio was clipped."""
     tokens_per_s: float | None = None
@@ -393,6 +396,8 @@ def health_line(row: RunRow) -> str:
     its step."""
     at = "" if row.entropy_step is None else f" (step {row.entropy_step})"
     stale = "" if row.staleness is None else f", batch {row.staleness} update(s) stale"
+    if row.staleness is not None and row.continued is not None:  # groups of their own ages
+        stale = f", groups at most {row.staleness} update(s) stale, {row.continued} rows continued"
     return (
         f"last step: entropy {_num(row.entropy, '.3f')} nats/token{at}, "
         f"engine-trainer KL {_num(row.engine_kl, '.2e')}, clipped {_num(row.clip_frac, '.1%')}"

@@ -390,6 +390,7 @@ class Trainer:
             engine_kl=stats.get("rollout/engine_kl"),
             clip_frac=stats.get("clip_frac"),
             staleness=self.rollouts.staleness,
+            continued=_count(times.get("partial/continued_rows")),
         )
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
@@ -429,6 +430,11 @@ _ROLLBACK_TOOLS = on_collapse.Tools(
 )
 
 _RUN_STATE_TOOLS = run_state.Tools(faults.digests_on, breakers.Streaks)
+
+
+def _count(value: float | None) -> int | None:
+    """A metric that counts, for progress.json (None: not logged)."""
+    return None if value is None else int(value)
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:

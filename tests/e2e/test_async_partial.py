@@ -23,6 +23,8 @@ import pytest
 
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
+from grpo_hpc.status import report
+from grpo_hpc.status.view import health_line
 
 from .helpers import assert_same, make_run, signal_job, start, train
 from .test_async_split import _pulse, _wait_for
@@ -79,6 +81,12 @@ def test_answers_are_continued_and_none_trains_staler_than_the_bound(
     assert continued > 0, "no answer was continued: the test proved nothing"
     assert max(r["staleness/max"] for r in rows) == K
     assert all(r["partial/pool_groups"] >= 0 and r["partial/dropped_groups"] == 0 for r in rows)
+    # what grpo-status RUN shows of the last step: its oldest group's age, the rows continued
+    row = report.collect_rows(tmp_path, [run.name])[0]
+    last = rows[-1]
+    assert (row.staleness, row.continued) == (last["staleness/max"], last["partial/continued_rows"])
+    said = f"{int(last['partial/continued_rows'])} rows continued"
+    assert health_line(row).endswith(f"groups at most {row.staleness} update(s) stale, {said}")
 
 
 @pytest.mark.slow

@@ -328,6 +328,10 @@ def test_one_run_view_shows_the_last_steps_health(logs: Path) -> None:
     )
     row.staleness = 1  # an asynchronous run (algo.max_staleness)
     assert health_line(row).endswith("clipped 5.0%, batch 1 update(s) stale")
+    row.staleness, row.continued = 2, 12  # partial rollouts: each group of its own age
+    assert health_line(row).endswith(
+        "clipped 5.0%, groups at most 2 update(s) stale, 12 rows continued"
+    )
 
 
 def test_health_line_shows_the_last_measured_entropy_and_its_step() -> None:
