@@ -19,13 +19,9 @@ from grpo_hpc.train.rollout.engines import (
     capped,
     pick_engine,
 )
-from grpo_hpc.train.rollout.native.engine import (
-    NativeEngine,
-    compact_rows,
-    compaction_buckets,
-    spans,
-)
+from grpo_hpc.train.rollout.native.engine import NativeEngine
 from grpo_hpc.train.rollout.native.sampling import choose, top_p_filter
+from grpo_hpc.train.rollout.native.workspace import compact_rows, compaction_buckets, spans
 
 PROMPTS = ["What is 2+3?", "Compute 17 plus 25, then give the answer.", "9*9="]
 
