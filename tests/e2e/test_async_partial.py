@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from grpo_hpc.core.events import read as read_events
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 
 from .helpers import assert_same, make_run, signal_job, start, train
-from .test_async_split import _pulse, _wait_for
+from .test_async_split import ROLLBACK, _completions, _pulse, _wait_for
 from .test_resume_exact import STEPS, _final_state, check_kill_and_resume
 
 G, PROMPTS, K = 2, 2, 2
@@ -216,3 +217,30 @@ def test_one_generator_advances_two_trainers_pools_as_two_ranks_do(
     assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
     final = SPLIT_STEPS
     assert_same(_final_state(split, final), _final_state(thread, final))
+
+
+@pytest.mark.slow
+def test_a_rollback_restarts_the_flights_in_both_placements_alike(
+    tmp_path: Path, ending_model: Path
+) -> None:
+    """A collapse rolled back at step 2 (flat zero rewards: no signal) with partial
+    rollouts: the groups in flight go back to their prompts under the restored weights
+    (nothing trains older than the rollback), and the split placement's trainer, which
+    keeps the pool, samples every step what the thread placement samples."""
+    steps = [*PARTIAL, f"model.name_or_path={ending_model}", *ROLLBACK]
+    thread = make_run(tmp_path, "thread", *steps)
+    split = _as_split(make_run(tmp_path, "split", *steps, nproc=2))
+    for run, nproc in ((thread, 1), (split, 2)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rolled = [
+            (e["action"], e["step"])
+            for e in read_events(run.events)
+            if e.get("phase") == "collapse"
+        ]
+        assert rolled[:1] == [("ROLLBACK", 2)], rolled
+        # step 3 is the restored weights' first batch: every group started after the rollback
+        assert _rows(run)[2]["staleness/max"] == 0, _rows(run)[2]
+    assert _rounds(split) == _rounds(thread)
+    assert _completions(split) == _completions(thread)
+    assert_same(_final_state(split, 4), _final_state(thread, 4))

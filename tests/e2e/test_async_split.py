@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.core.errors import ExitCode
+from grpo_hpc.core.events import read as read_events
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.state.checkpoint import SHARDED, format_of
@@ -318,3 +319,46 @@ def test_a_stuck_generator_is_caught_by_its_progress_and_resumes_bit_exact(
     waited = f"while trainer waited for step {STUCK_AT + 1}'s rollouts"
     check_stalled_then_resume(run, done, ended, said, waited, 2)
     assert_same(_final_state(reference, MAX_STEPS), _final_state(run, MAX_STEPS))
+
+
+ROLLBACK = [
+    "faults.enabled=true",
+    "faults.zero_reward=true",  # flat groups: no signal, a collapse at step 2
+    "training.collapse_window=2",
+    "training.collapse_patience=2",
+    "training.on_collapse=rollback",
+    "training.max_steps=4",
+]
+"""test_async.py's rollback at step 2 (to the start)."""
+
+
+def test_a_rollback_samples_what_the_thread_placements_rollback_samples(tmp_path: Path) -> None:
+    """A collapse rolled back at step 2 in the split placement: the trainer drops the batch
+    its generator made ahead from the abandoned weights and asks for step 3's from the
+    restored ones (staleness 0, then 1 again), with the new seed; every step samples what
+    the thread placement's rollback of the same seed samples (its zero rewards train
+    nothing, so the completions are the evidence), and the run ends as it ends."""
+    thread = make_run(tmp_path, "thread", *ROLLBACK, "algo.max_staleness=1")
+    split = make_run(tmp_path, "split", *ROLLBACK, "algo.max_staleness=1", nproc=2)
+    split.config.write_text(
+        split.config.read_text().replace("placement: thread", "placement: split")
+    )
+    for run, nproc in ((thread, 1), (split, 2)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rolled = [
+            (e["action"], e["step"])
+            for e in read_events(run.events)
+            if e.get("phase") == "collapse"
+        ]
+        assert rolled[:1] == [("ROLLBACK", 2)], rolled
+        assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
+    assert _completions(split) == _completions(thread)
+    assert_same(_final_state(split, 4), _final_state(thread, 4))
+
+
+def _completions(run: RunPaths) -> list[tuple[int, str]]:
+    """Each logged sample's step and completion (samples.jsonl)."""
+    return [
+        (r["step"], r["completion"]) for r in map(json.loads, run.samples.read_text().splitlines())
+    ]
