@@ -244,3 +244,22 @@ def test_a_rollback_restarts_the_flights_in_both_placements_alike(
     assert _rounds(split) == _rounds(thread)
     assert _completions(split) == _completions(thread)
     assert_same(_final_state(split, 4), _final_state(thread, 4))
+
+
+@pytest.mark.slow
+def test_the_split_placement_with_the_native_engine_trains_what_the_thread_one_trains(
+    tmp_path: Path, ending_model: Path
+) -> None:
+    """The same with the native engine (a continued answer's prompt holds its answer so
+    far, and the row stops at its room inside the decode step): the same rounds and the
+    same weights and optimizer at the end, bit for bit. (This pool is small enough to
+    prefill in one chunk: the chunked prefill is test_prefill_chunks.py's.)"""
+    steps = [*_split_steps(ending_model), "rollout.engine=native"]
+    thread = make_run(tmp_path, "thread", *steps)
+    split = _as_split(make_run(tmp_path, "split", *steps, nproc=2))
+    for run, nproc in ((thread, 1), (split, 2)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert _rounds(split) == _rounds(thread)
+    assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
+    assert_same(_final_state(split, SPLIT_STEPS), _final_state(thread, SPLIT_STEPS))

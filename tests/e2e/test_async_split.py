@@ -7,7 +7,8 @@ generator or of the trainer (or of the second of two generators), or a SIGTERM (
 5), then a resume, ends equal to the uninterrupted split run; a stopped generator or
 trainer is caught as a hung rank is, and named by its role; a generator alive but stuck
 (its pulse runs on, its work does not) is caught by its progress, named, and the resume
-ends equal to the uninterrupted run. One uninterrupted split run of each shape (1 + 1,
+ends equal to the uninterrupted run; a collapse rolled back samples, step for step, what
+the thread placement's rollback samples. One uninterrupted split run of each shape (1 + 1,
 2 + 2) serves the module."""
 
 from __future__ import annotations
