@@ -3,8 +3,9 @@ newer weights, no sample trains staler than ``algo.max_staleness`` (a group as s
 first token), and a run SIGKILLed mid-run and resumed ends equal, bit for bit, to the
 uninterrupted one (one process and two DDP ranks: the pool is saved per rank). In the
 split placement (the trainer keeps the pool, its generator process advances it) the run
-trains, bit for bit and round for round, what the thread placement trains, and a SIGKILL
-of either role resumes bit for bit.
+trains, bit for bit and round for round, what the thread placement trains (HF generate
+and the native engine; one trainer, and two served by one generator), a SIGKILL of either
+role resumes bit for bit, and a rollback restarts the flights in both placements alike.
 
 The model is conftest's ``ending_model``: a random tiny Llama whose answers end at many
 lengths (a long tail)."""
