@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.faults import ending_model
 from bench.faults.plan import (
     EXCLUSIVE,
     PLACEMENT_OVERRIDES,
@@ -66,9 +67,11 @@ def reference_plans(plans: list[TrialPlan], placement: str = "sync") -> list[Tri
     return [TrialPlan(-1 - i, "reference", prof, (), placement) for i, prof in enumerate(profiles)]
 
 
-def _run_trial(plan: TrialPlan, work: Path, seed: int, max_steps: int) -> tuple[Trial, TrialResult]:
+def _run_trial(
+    plan: TrialPlan, work: Path, seed: int, max_steps: int, extra: tuple[str, ...] = ()
+) -> tuple[Trial, TrialResult]:
     name = f"reference-{plan.profile}" if plan.kind == "reference" else f"trial-{plan.index:03d}"
-    trial = Trial(plan, work / name, seed, max_steps)
+    trial = Trial(plan, work / name, seed, max_steps, extra)
     result = trial.run()
     if plan.kind in EXCLUSIVE or any(f.kind in EXCLUSIVE for f in plan.faults):
         why = restore_cluster()
@@ -92,6 +95,9 @@ EXAMPLES = """examples:
   python -m bench.faults --plan --trials 20 --seed 1      # print the schedule, run nothing
   python -m bench.faults --table bench/results/faults_cpu_2026-11-23.json   # the README table
   python -m bench.faults --placement split --trials 12 --parallel 2 --out /tmp/split.json
+  python -m bench.faults --placement split --trials 13 --parallel 2 --ending-model \\
+      --override algo.max_staleness=2 --override rollout.partial_pool=2   # partial rollouts
+      --override algo.max_staleness=2 --override rollout.partial_pool=2   # partial rollouts
 
 Trial i of seed S is the same whatever --trials is (its kind is kinds[i % len(kinds)] of
 its placement: kinds_for in bench/faults/plan.py; its moments come from a generator seeded
@@ -124,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         "--parallel", type=int, default=1, metavar="K",
         help="trials at once (slurmctld/node faults always run alone; default 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override every run adds after its placement's (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ending-model", action="store_true",
+        help="run on a tiny model whose answers end at many lengths "
+        "(bench/faults/ending_model.py, at its 48-token cap): partial rollouts continue them",
+    )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep every trial's run directory")
     p.add_argument("--plan", action="store_true", help="print the schedule and exit")
     p.add_argument("--table", type=Path, metavar="JSON", help="print a results file's table")
@@ -143,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(plan.to_json()))
         return 0
     work = args.work or Path(f"/tmp/grpo-faults-{args.seed}-{os.getpid()}")
+    extra = tuple(args.override)
+    if args.ending_model:  # built once, read by every run (the nodes share the disk)
+        model = ending_model.save(work / "ending-model")
+        cap = f"rollout.max_new_tokens={ending_model.MAX_NEW_TOKENS}"
+        extra = (f"model.name_or_path={model}", cap, *extra)
     meta = {
         "campaign": {
             "seed": args.seed,
@@ -158,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"training.max_steps={args.max_steps}",
                 *RUN_OVERRIDES,
                 *PLACEMENT_OVERRIDES[args.placement],
+                *extra,
             ],
             "monitor": MONITOR_FLAGS,
         },
@@ -169,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[TrialResult] = []
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         for batch in batches(reference_plans(plans, args.placement) + plans, args.parallel):
-            runs = [pool.submit(_run_trial, p, work, args.seed, args.max_steps) for p in batch]
+            runs = [
+                pool.submit(_run_trial, p, work, args.seed, args.max_steps, extra) for p in batch
+            ]
             for plan, fut in zip(batch, runs, strict=True):
                 trial, r = fut.result()
                 if plan.kind == "reference":

@@ -112,8 +112,14 @@ class Trial(Injector):
     monitor_flags: list[str] = MONITOR_FLAGS
     """grpo-monitor's flags for the trial's run (the GPU campaign sets its own)."""
 
-    def __init__(self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS) -> None:
+    def __init__(
+        self, plan: TrialPlan, root: Path, seed: int, max_steps: int = MAX_STEPS,
+        extra: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        """``extra``: config overrides every run of the campaign adds after its
+        placement's (``--override``, ``--ending-model``)."""
         self.plan, self.root, self.seed, self.max_steps = plan, root, seed, max_steps
+        self.extra = extra
         # The harness's pid in the name: job names (what squeue is asked about) never
         # collide with another campaign on the same cluster (CI's, say).
         self.paths = RunPaths.for_run(f"t{plan.index:03d}-{os.getpid()}", root)
@@ -170,6 +176,7 @@ class Trial(Injector):
         args = ["--profile", profile, "--config", "tiny", "--name", self.paths.name]
         args += ["--logs", str(self.root), "--no-wait", f"training.seed={self.seed}"]
         args += [f"training.max_steps={self.max_steps}", *PLACEMENT_OVERRIDES[self.plan.placement]]
+        args += self.extra
         r = subprocess.run(
             [*cli("submit"), *args, *RUN_OVERRIDES],
             capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO,

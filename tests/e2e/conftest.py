@@ -9,10 +9,6 @@ from pathlib import Path
 
 import pytest
 
-EOS_SCALE = 12.0
-"""``ending_model``'s EOS row scale: a third to two thirds of the rows end before a 48-token
-cap (measured on this model: lengths 5 .. 30 and 4 of 16 at the cap)."""
-
 
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Path]:
@@ -44,18 +40,9 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> I
 
 @pytest.fixture(scope="session")
 def ending_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny config's model shape with answers that end at many lengths: a random tiny
-    Llama whose EOS row of the (tied) output layer is scaled by ``EOS_SCALE`` (with the plain
-    random model most rows run to the cap: every round of partial rollouts ends together
-    and nothing is ever continued)."""
-    import torch
+    """The tiny config's model shape with answers that end at many lengths
+    (bench/faults/ending_model.py: with the plain random model most rows run to the cap,
+    every round of partial rollouts ends together and nothing is ever continued)."""
+    from bench.faults import ending_model
 
-    from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
-
-    out = tmp_path_factory.mktemp("ending") / "model"
-    save_random_llama(out, LlamaShape(64, 2, 4, 2, 128), seed=0)
-    model, tok = load_model_and_tokenizer(out, "sdpa", torch.device("cpu"))
-    with torch.no_grad():
-        model.get_output_embeddings().weight[tok.eos_token_id] *= EOS_SCALE
-    model.save_pretrained(out)
-    return out
+    return ending_model.save(tmp_path_factory.mktemp("ending") / "model")
