@@ -22,14 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from grpo_hpc.core.events import read as read_events
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 
 from .helpers import assert_same, make_run, signal_job, start, train
-from .test_async_split import ROLLBACK, _completions, _pulse, _wait_for
+from .test_async_split import (
+    ROLLBACK,
+    _completions,
+    _pulse,
+    _wait_for,
+    as_split,
+    both_placements,
+    collapse_actions,
+)
 from .test_resume_exact import STEPS, _final_state, check_kill_and_resume
 
 G, PROMPTS, K = 2, 2, 2
@@ -110,15 +117,6 @@ def test_partial_kill_and_resume_is_bit_exact(
 SPLIT_STEPS = 8
 
 
-def _as_split(paths: RunPaths) -> RunPaths:
-    """The run with its last process a generator (``rollout.placement=split``; the local
-    profile's config is the thread placement's, as test_async_split.split_run turns it)."""
-    text = paths.config.read_text()
-    assert "placement: thread" in text
-    paths.config.write_text(text.replace("placement: thread", "placement: split"))
-    return paths
-
-
 def _rounds(run: RunPaths) -> list[list[float]]:
     """What each step's round did: rows continued, groups left in the pool, rows decoded,
     and the groups' ages."""
@@ -141,7 +139,7 @@ def _split_steps(model: Path) -> list[str]:
 def split_reference(tmp_path_factory: pytest.TempPathFactory, ending_model: Path) -> RunPaths:
     """The uninterrupted split run with partial rollouts (a trainer and a generator)."""
     root = tmp_path_factory.mktemp("split-partial")
-    run = _as_split(make_run(root, "uninterrupted", *_split_steps(ending_model), nproc=2))
+    run = as_split(make_run(root, "uninterrupted", *_split_steps(ending_model), nproc=2))
     result = train(run, 2)
     assert result.returncode == 0, result.stderr[-3000:]
     return run
@@ -177,7 +175,7 @@ def test_a_split_run_killed_mid_pool_resumes_bit_exact(
     seed = int(os.environ.get("GRPO_HPC_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     slow = ["faults.enabled=true", "faults.step_sleep=0.5"]  # changes no number
-    run = _as_split(
+    run = as_split(
         make_run(tmp_path, f"killed-{victim}", *_split_steps(ending_model), *slow, nproc=2)
     )
     proc = start(run, 2)
@@ -209,11 +207,7 @@ def test_one_generator_advances_two_trainers_pools_as_two_ranks_do(
     bit for bit, what two DDP ranks of the thread placement train, with the same rounds."""
     steps = _split_steps(ending_model)
     steps[steps.index(f"rollout.prompts_per_step={PROMPTS}")] = "rollout.prompts_per_step=4"
-    thread = make_run(tmp_path, "thread", *steps, nproc=2)
-    split = _as_split(make_run(tmp_path, "split", *steps, nproc=3))
-    for run, nproc in ((thread, 2), (split, 3)):
-        result = train(run, nproc)
-        assert result.returncode == 0, result.stderr[-3000:]
+    thread, split = both_placements(tmp_path, *steps, ranks=2)
     assert _rounds(split) == _rounds(thread)
     assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
     final = SPLIT_STEPS
@@ -229,17 +223,9 @@ def test_a_rollback_restarts_the_flights_in_both_placements_alike(
     (nothing trains older than the rollback), and the split placement's trainer, which
     keeps the pool, samples every step what the thread placement samples."""
     steps = [*PARTIAL, f"model.name_or_path={ending_model}", *ROLLBACK]
-    thread = make_run(tmp_path, "thread", *steps)
-    split = _as_split(make_run(tmp_path, "split", *steps, nproc=2))
-    for run, nproc in ((thread, 1), (split, 2)):
-        result = train(run, nproc)
-        assert result.returncode == 0, result.stderr[-3000:]
-        rolled = [
-            (e["action"], e["step"])
-            for e in read_events(run.events)
-            if e.get("phase") == "collapse"
-        ]
-        assert rolled[:1] == [("ROLLBACK", 2)], rolled
+    thread, split = both_placements(tmp_path, *steps)
+    for run in (thread, split):
+        assert collapse_actions(run)[:1] == [("ROLLBACK", 2)], collapse_actions(run)
         # step 3 is the restored weights' first batch: every group started after the rollback
         assert _rows(run)[2]["staleness/max"] == 0, _rows(run)[2]
     assert _rounds(split) == _rounds(thread)
@@ -255,12 +241,7 @@ def test_the_split_placement_with_the_native_engine_trains_what_the_thread_one_t
     far, and the row stops at its room inside the decode step): the same rounds and the
     same weights and optimizer at the end, bit for bit. (This pool is small enough to
     prefill in one chunk: the chunked prefill is test_prefill_chunks.py's.)"""
-    steps = [*_split_steps(ending_model), "rollout.engine=native"]
-    thread = make_run(tmp_path, "thread", *steps)
-    split = _as_split(make_run(tmp_path, "split", *steps, nproc=2))
-    for run, nproc in ((thread, 1), (split, 2)):
-        result = train(run, nproc)
-        assert result.returncode == 0, result.stderr[-3000:]
+    thread, split = both_placements(tmp_path, *_split_steps(ending_model), "rollout.engine=native")
     assert _rounds(split) == _rounds(thread)
     assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
     assert_same(_final_state(split, SPLIT_STEPS), _final_state(thread, SPLIT_STEPS))

@@ -60,14 +60,35 @@ so a survivor blocked in a message or collective that cannot complete fails the 
 
 def split_run(root: Path, name: str, *overrides: str, nproc: int = 2) -> RunPaths:
     """A run of ``nproc`` processes, the last ``rollout.generators`` generating (one
-    unless the overrides say). grpo-submit's local profile runs one process and refuses
-    the split there, so the run is made threaded and turned into a split one, as make_run
-    turns one process into several."""
-    paths = make_run(root, name, *STEPS, *overrides, nproc=nproc)
+    unless the overrides say), with this module's ``STEPS``."""
+    return as_split(make_run(root, name, *STEPS, *overrides, nproc=nproc))
+
+
+def as_split(paths: RunPaths) -> RunPaths:
+    """``paths``'s run with its last process(es) generating. grpo-submit's local profile
+    runs one process and refuses the split there, so the run is made threaded and turned
+    into a split one, as make_run turns one process into several."""
     text = paths.config.read_text()
     assert "placement: thread" in text
     paths.config.write_text(text.replace("placement: thread", "placement: split"))
     return paths
+
+
+def both_placements(root: Path, *overrides: str, ranks: int = 1) -> tuple[RunPaths, RunPaths]:
+    """The same run trained to its end in the thread placement on ``ranks`` processes and in
+    the split one on ``ranks`` trainers and one generator: (thread, split)."""
+    thread = make_run(root, "thread", *overrides, nproc=ranks)
+    split = as_split(make_run(root, "split", *overrides, nproc=ranks + 1))
+    for run, nproc in ((thread, ranks), (split, ranks + 1)):
+        result = train(run, nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return thread, split
+
+
+def collapse_actions(run: RunPaths) -> list[tuple[str, int]]:
+    """The run's collapse decisions (events.jsonl): each action and its step."""
+    events = read_events(run.events)
+    return [(e["action"], e["step"]) for e in events if e.get("phase") == "collapse"]
 
 
 def _rows(run: RunPaths) -> list[dict]:
@@ -148,14 +169,7 @@ def test_two_trainers_train_what_two_ranks_train(tmp_path: Path, strategy: str) 
     gather each tensor and trainer 0 sends it, as each rank gathers its own copy."""
     steps = ["training.max_steps=4", "algo.max_staleness=1", "rollout.prompts_per_step=4"]
     steps.append(f"dist.strategy={strategy}")
-    thread = make_run(tmp_path, "thread", *steps, nproc=2)
-    split = make_run(tmp_path, "split", *steps, nproc=3)
-    split.config.write_text(
-        split.config.read_text().replace("placement: thread", "placement: split")
-    )
-    for run, nproc in ((thread, 2), (split, 3)):
-        result = train(run, nproc)
-        assert result.returncode == 0, result.stderr[-3000:]
+    thread, split = both_placements(tmp_path, *steps, ranks=2)
     assert_same(full_state(thread, 4), full_state(split, 4))
     sharded = strategy == "fsdp"
     assert (format_of(split.checkpoint(4)) == SHARDED) == sharded  # over the 2 trainers
@@ -339,20 +353,9 @@ def test_a_rollback_samples_what_the_thread_placements_rollback_samples(tmp_path
     restored ones (staleness 0, then 1 again), with the new seed; every step samples what
     the thread placement's rollback of the same seed samples (its zero rewards train
     nothing, so the completions are the evidence), and the run ends as it ends."""
-    thread = make_run(tmp_path, "thread", *ROLLBACK, "algo.max_staleness=1")
-    split = make_run(tmp_path, "split", *ROLLBACK, "algo.max_staleness=1", nproc=2)
-    split.config.write_text(
-        split.config.read_text().replace("placement: thread", "placement: split")
-    )
-    for run, nproc in ((thread, 1), (split, 2)):
-        result = train(run, nproc)
-        assert result.returncode == 0, result.stderr[-3000:]
-        rolled = [
-            (e["action"], e["step"])
-            for e in read_events(run.events)
-            if e.get("phase") == "collapse"
-        ]
-        assert rolled[:1] == [("ROLLBACK", 2)], rolled
+    thread, split = both_placements(tmp_path, *ROLLBACK, "algo.max_staleness=1")
+    for run in (thread, split):
+        assert collapse_actions(run)[:1] == [("ROLLBACK", 2)], collapse_actions(run)
         assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
     assert _completions(split) == _completions(thread)
     assert_same(_final_state(split, 4), _final_state(thread, 4))
