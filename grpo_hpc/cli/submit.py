@@ -21,6 +21,9 @@ SUBMIT_EXAMPLES = """examples:
   grpo-submit --profile my-4node.yaml --config gsm8k --dry-run   # nodes: 4: a scaling: line too
   grpo-submit --profile h100x2 --config gsm8k training.max_steps=500 --name gsm8k-a
   grpo-submit --profile slurm-local --config tiny --wait --rollout.temperature=0.7
+  grpo-submit --profile h100x2 --config gsm8k algo.max_staleness=1 --dry-run   # overlapped
+  grpo-submit --profile h100x2 --config gsm8k algo.max_staleness=2 rollout.partial_pool=2 \
+      rollout.placement=split --dry-run   # a generator GPU; long answers continued
   grpo-submit --resume gsm8k-a                          # next attempt of an existing run
   grpo-submit --resume gsm8k-a --from-step 200          # go back to checkpoint 200
   grpo-submit --profile supercloud --config gsm8k --watch   # and start a monitor for it
