@@ -23,7 +23,9 @@
 #   ASYNC_TIMEOUT (per run, 270 s) ASYNC_VARIANTS (';'-separated NAME=OVERRIDES runs after
 #   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high"; partial rollouts:
 #   "partial=algo.max_staleness=2 rollout.partial_pool=2", each row's imposed length carried
-#   across the rounds that continue it)
+#   across the rounds that continue it) ASYNC_NPROC (processes, 1: on two GPUs, 2 runs the
+#   synchronous and thread runs as 2 DDP ranks and a split variant, e.g. "split=algo.
+#   max_staleness=1 rollout.placement=split", as a trainer and a generator: the same GPUs)
 #   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
 #   PROFILE_ASYNC_RUNS ("normal high": the priorities, one run each) PROFILE_ASYNC_OVERRIDES
 #   (more config key=value, after the priority's) PROFILE_ASYNC_WARMUP (2) PROFILE_ASYNC_TIMEOUT
@@ -49,7 +51,7 @@ async_run() {
     # shellcheck disable=SC2086  (ASYNC_K is a list)
     python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} "${variants[@]}" \
         --run-timeout "${ASYNC_TIMEOUT:-270}" -- --precision bf16 --steps "${ASYNC_STEPS:-$steps}" \
-        --seed 0 "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
+        --seed 0 --nproc "${ASYNC_NPROC:-1}" "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
 }
 # profile_async: bench/speed/profile_async.py once per PROFILE_ASYNC_RUNS priority, into
 # OUT/async_profile (the log: the run's last 150 lines)

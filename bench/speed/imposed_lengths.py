@@ -291,13 +291,17 @@ def install(lengths: Path | None, cap: int, seed: int, record: Path) -> None:
 def child(run_dir: str, lengths: Path | None, seed: int, record: Path) -> int:
     """Train ``run_dir`` under the hook; fail when no generation went through it."""
     from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.config.validate import training_ranks
     from grpo_hpc.core.paths import RunPaths
     from grpo_hpc.train.__main__ import main as train_main
 
     cfg = load_resolved(RunPaths(Path(run_dir)).config)
     install(lengths, cfg.rollout.max_new_tokens, seed, record)
     code = train_main([run_dir])
-    if code == 0 and ImposingEngine.calls == 0:
+    # a split run's trainers generate nothing of the rollouts (their generators do)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    trainer = cfg.rollout.placement == "split" and ImposingEngine.rank < training_ranks(cfg, world)
+    if code == 0 and ImposingEngine.calls == 0 and not trainer:
         print("imposed_lengths: no generation went through the native engine "
               "(rollout.engine must be native)", file=sys.stderr)  # fmt: skip
         return 3

@@ -73,7 +73,13 @@ def tokens_per_gpu_s(steps: list[Row], prompts: list[float], skip: int = 1) -> f
     if not kept or seconds <= 0:
         return None
     tokens = sum(p + response_tokens(s) for s, p in kept)
-    return tokens / seconds / int(kept[0][0].get("world_size", 1))
+    return tokens / seconds / gpus(kept[0][0])
+
+
+def gpus(step: Row) -> int:
+    """The GPUs a step ran on: its ranks, and a split run's generators (``world_size``
+    counts the trainers alone)."""
+    return int(step.get("world_size", 1)) + int(step.get("generators", 0))
 
 
 def idle_share(steps: list[Row], key: str, skip: int = 1) -> float | None:
@@ -176,13 +182,15 @@ def summarize(
     if cut:
         records = [r for r in records if r.get("greedy") or r["call"] < len(steps)]
     prompts = prompt_tokens_per_step(records, len(steps))
-    waits = longest_row_waits(records, skip)
+    # rank 0's generations; a split run's trainers generate none: its first generator's
+    first = min((int(r["rank"]) for r in records), default=0)
+    waits = longest_row_waits(records, skip, first)
     return {
         "run": name,
         "cut": cut,
         "steps": len(steps),
         "steps_measured": max(len(steps) - skip, 0),
-        "gpus": int(steps[0].get("world_size", 1)) if steps else None,
+        "gpus": gpus(steps[0]) if steps else None,
         "step_s": mean_of(steps, "time/step", skip),
         "generate_s": mean_of(steps, "time/generate", skip),
         "train_s": mean_of(steps, "time/train", skip),

@@ -93,6 +93,20 @@ def test_the_real_model_stages_record_real_lengths_at_both_caps(tmp_path: Path) 
     assert all(line == "ENV " + " ".join(NVLS) for line in envs)
 
 
+def test_two_gpus_run_the_comparison_on_both_and_a_split_variant(tmp_path: Path) -> None:
+    """ASYNC_NPROC=2: every run of the stage on 2 processes (the synchronous run as 2 DDP
+    ranks, a split variant as a trainer and a generator: the same GPUs), multicast off;
+    one process by default."""
+    split = "split=algo.max_staleness=2 rollout.partial_pool=2 rollout.placement=split"
+    calls, envs, _ = _run(tmp_path, ["qwen"], ASYNC_NPROC="2", ASYNC_VARIANTS=split, ASYNC_K="0")
+    [argv] = calls
+    assert _after(argv, "--nproc") == "2" and _after(argv, "--variant") == split
+    assert all(line == "ENV " + " ".join(NVLS) for line in envs)
+    (tmp_path / "one").mkdir()
+    [one], _, _ = _run(tmp_path / "one", ["qwen"])
+    assert _after(one, "--nproc") == "1"
+
+
 def test_without_the_converted_model_the_real_stages_say_so(tmp_path: Path) -> None:
     calls, _, out = _run(tmp_path, ["smollm2_1k"], 1, ASYNC_MODEL=str(tmp_path / "none"))
     assert calls == [] and "no converted model" in out

@@ -164,3 +164,15 @@ def test_a_variant_is_one_more_run_with_its_overrides(tmp_path: Path) -> None:
     for bad in (["k1high"], ["k/1=algo.max_staleness=1"], ["k1=algo.max_staleness=1"]):
         with pytest.raises(ValueError):
             plan_runs([0, 1], bad)
+
+
+def test_a_split_runs_generators_count_among_its_gpus() -> None:
+    """A split run's metrics count its trainers in ``world_size`` and its generators apart:
+    tokens/s/GPU divides by both (the same 2 GPUs as a 2-rank synchronous run); the
+    longest-row wait is read from the first rank that generated (its generator)."""
+    assert la.gpus({"world_size": 2}) == 2 and la.gpus({"world_size": 1, "generators": 1}) == 2
+    prompts = la.prompt_tokens_per_step(RECORDS, 3)
+    split = [{**s, "world_size": 1, "generators": 1} for s in STEPS]
+    assert la.tokens_per_gpu_s(split, prompts) == la.tokens_per_gpu_s(STEPS, prompts)
+    moved = [{**r, "rank": r["rank"] + 1} for r in RECORDS]  # no rank 0 among them
+    assert la.longest_row_waits(moved, rank=1) == la.longest_row_waits(RECORDS, rank=0)

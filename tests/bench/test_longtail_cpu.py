@@ -238,6 +238,42 @@ def test_a_partial_run_honours_every_imposed_length_across_rounds(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_a_split_run_beside_two_ddp_ranks_counts_both_gpus_and_honours_its_lengths(
+    tmp_path: Path,
+) -> None:
+    """The next multi-GPU call's comparison on two CPU processes: a synchronous run of two
+    DDP ranks against the split placement with partial rollouts (a trainer and a generator
+    process). The split run is counted over both processes (its metrics' ``world_size`` is
+    the trainers', ``generators`` the rest), its generator's rounds honour every imposed
+    length across rounds (the trainer generates nothing and is not held to it), and its
+    longest-row wait is read from the generator's records."""
+    lengths = [2, 4, 6, 8, 10, 12, 14, 15, 16, 30, 45, 64, 64]
+    dist = ld.LengthDist(lengths, 64, [False] * 12 + [True], {"test": "x"})
+    ld.save(dist, tmp_path / "dist.json")
+    out = tmp_path / "out"
+    split = "split=algo.max_staleness=2 rollout.partial_pool=2 rollout.placement=split"
+    cmd = [
+        sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--staleness", "0",
+        "--variant", split, "--",
+        "--model-dir", "random:bench/shapes/tiny", "--precision", "fp32", "--max-new", "64",
+        "--prompts", "2", "--G", "4", "--steps", "4", "--seed", "5", "--nproc", "2",
+        "--length-dist", str(tmp_path / "dist.json"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync, run = json.loads((out / "longtail.json").read_text())["runs"]
+    assert sync["gpus"] == run["gpus"] == 2
+    assert run["lengths_mismatched"] == [] and run["steps"] == 4
+    assert run["tokens_per_gpu_s"] > 0 and run["longest_row_wait_s"] is not None
+    records = out / "split/generations"
+    assert [f.name for f in records.iterdir()] == ["generations-rank1.jsonl"]  # the generator
+    steps = [json.loads(x) for x in (out / "split/metrics.jsonl").open()]
+    steps = [s for s in steps if "loss" in s]
+    assert all(s["world_size"] == 1 and s["generators"] == 1 for s in steps)
+    assert sum(s["partial/continued_rows"] for s in steps) > 0
+
+
+@pytest.mark.slow
 def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
     """A run that fails (here: a shape that does not exist) leaves its folder, its stderr
     and a FAILED mark; the other staleness still runs; the table says so; the exit is not 0."""

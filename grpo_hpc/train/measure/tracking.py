@@ -298,6 +298,8 @@ def step_metrics(
         "gen_len/mean": sums[2] / (generated or n),
         "world_size": world_size,
     }
+    if cfg.rollout.placement == "split":  # world_size counts the trainers; the job has these too
+        m["generators"] = cfg.rollout.generators
     for name, total in zip(component_names, sums[5:], strict=True):
         m[f"reward/{name.rsplit(':', 1)[-1]}"] = total / n
     return m

@@ -127,6 +127,9 @@ def test_step_metrics_reports_reward_spread() -> None:
     # length is over the 8 the 40 tokens came from.
     two_rounds = step_metrics(3, build_config("tiny", []), sums, ["correctness"], 1, 8.0)
     assert two_rounds["gen_len/mean"] == 5.0 and two_rounds["reward/mean"] == 0.5
+    split = build_config("tiny", ["algo.max_staleness=1", "rollout.placement=split"])
+    assert step_metrics(3, split, sums, ["correctness"], 1)["generators"] == 1  # beside 1 trainer
+    assert "generators" not in m
 
 
 BETA_METRICS = Path(__file__).with_name("data") / "tiny_beta_metrics.jsonl"
