@@ -173,8 +173,9 @@ class RolloutConfig:
     its first token). A group that would otherwise exceed ``algo.max_staleness`` is
     finished in its round. ``P`` <= ``algo.max_staleness``: a group drawn with the pool
     full may wait behind ``P - 1`` steps' older groups. Costs ``P`` times the rows in the
-    generator's KV cache, which also holds a continued answer's tokens as its prompt
-    (docs/async.md)."""
+    generator's KV cache, which also holds a continued answer's tokens as its prompt; every
+    group then trains about ``P`` updates stale, with a long tail or not (answers that all
+    end within a round still wait a round in the pool): for long tails (docs/async.md)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the
