@@ -83,9 +83,10 @@ def test_partial_rollouts_on_the_gpu_continue_answers_within_the_bound(
 ) -> None:
     """Partial rollouts (``rollout.partial_pool=2``, k = 2) with the native engine in bf16:
     continued answers prefilled again (one chunk: this pool is small) and decoded to their
-    own room inside the captured decode step, by a thread on its side stream or by a generator process advancing
-    its trainer's pool over NCCL. Every step trains a step's groups at most k stale, some
-    answers continued, and the sampler's log-probs stay near the trainer's."""
+    own room inside the captured decode step, by a thread on its side stream or by a
+    generator process advancing its trainer's pool over NCCL. Every step trains a step's
+    groups at most k stale, some answers continued, and the sampler's log-probs stay near
+    the trainer's."""
     if torch.cuda.device_count() < nproc:
         pytest.skip(f"needs {nproc} GPUs")
     steps = [
