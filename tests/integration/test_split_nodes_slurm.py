@@ -10,7 +10,11 @@ rendezvous and gloo:
 Each ends, bit for bit (weights and optimizer), as the same seed's run of two processes
 on one node does (on this machine, forked as torchrun starts them, tests/e2e/helpers.py;
 the jobs themselves run under torchrun). One module fixture
-makes the four runs: the two jobs side by side, the two references beside them.
+makes the runs: the jobs side by side, the references beside them.
+
+Partial rollouts split across the nodes too (``rollout.partial_pool=2``: the trainer on
+grpo-n1 keeps the pool, the generator on grpo-n2 advances it), on a model whose answers end
+at many lengths: the final state of one process of the thread placement, to the bit.
 
 Two generators across the nodes too (2 nodes of 2 processes: the trainers on grpo-n1, the
 generators on grpo-n2), against the same seed's 2 + 2 split run on one node.
@@ -31,6 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.faults import ending_model
 from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
@@ -82,33 +87,51 @@ def _slurmctld_stays() -> Iterator[None]:
         yield
 
 
-def _two_node_job(logs: Path, placement: str) -> Run:
-    """``grpo-submit --wait`` on the two nodes, one process each."""
-    where = ["--config", "tiny", "--name", placement, "--logs", str(logs), "--wait"]
-    args = [*RUN_ARGS, f"rollout.placement={placement}"]
+def _two_node_job(logs: Path, placement: str, name: str = "", extra: tuple = ()) -> Run:
+    """``grpo-submit --wait`` on the two nodes, one process each (``extra``: more config)."""
+    name = name or placement
+    where = ["--config", "tiny", "--name", name, "--logs", str(logs), "--wait"]
+    args = [*RUN_ARGS, f"rollout.placement={placement}", *extra]
     p = cli("cli.submit", "--profile", PROFILE, *where, *args, timeout=300)
-    return Run(RunPaths(logs / placement), p.returncode, p.stdout + p.stderr)
+    return Run(RunPaths(logs / name), p.returncode, p.stdout + p.stderr)
 
 
-def _one_node_run(root: Path, placement: str) -> Run:
-    """The same seed's run of two processes on one node (not Slurm; forked from the test
-    worker's trainer server as torchrun would start them, tests/e2e/trainer_fork.py): the
-    local profile's config, which differs from the two-node profile's in nothing that
+def _one_node_run(
+    root: Path, placement: str, name: str = "", extra: tuple = (), nproc: int = 2
+) -> Run:
+    """The same seed's run of ``nproc`` processes on one node (not Slurm; forked from the
+    test worker's trainer server as torchrun would start them, tests/e2e/trainer_fork.py):
+    the local profile's config, which differs from the two-node profile's in nothing that
     trains (fp32, DDP, sdpa, one thread)."""
-    paths = make_run(root, placement, *RUN_ARGS, nproc=2)
+    paths = make_run(root, name or placement, *RUN_ARGS, *extra, nproc=nproc)
     text = paths.config.read_text()
     paths.config.write_text(text.replace("placement: thread", f"placement: {placement}"))
-    p = train(paths, 2)
+    p = train(paths, nproc)
     return Run(paths, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
+
+
+def _partial(model: Path) -> tuple[str, ...]:
+    """Partial rollouts on a model whose answers end at many lengths (continued answers)."""
+    return (
+        "algo.max_staleness=2", "rollout.partial_pool=2", f"model.name_or_path={model}",
+        f"rollout.max_new_tokens={ending_model.MAX_NEW_TOKENS}",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """``split`` and ``thread`` on two nodes, ``split-ref`` and ``thread-ref`` on one."""
+    """``split`` and ``thread`` on two nodes, ``split-ref`` and ``thread-ref`` on one;
+    ``split-partial`` (partial rollouts) on two nodes and ``split-partial-ref``, its one
+    process of the thread placement."""
     logs, local = tmp_path_factory.mktemp("nodes"), tmp_path_factory.mktemp("one-node")
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    partial = _partial(ending_model.save(tmp_path_factory.mktemp("ending") / "model"))
+    with ThreadPoolExecutor(max_workers=6) as pool:
         jobs = {p: pool.submit(_two_node_job, logs, p) for p in PLACEMENTS}
         refs = {f"{p}-ref": pool.submit(_one_node_run, local, p) for p in PLACEMENTS}
+        jobs["split-partial"] = pool.submit(_two_node_job, logs, "split", "split-partial", partial)
+        refs["split-partial-ref"] = pool.submit(
+            _one_node_run, local, "thread", "split-partial-ref", partial, 1
+        )
         return {name: f.result() for name, f in (jobs | refs).items()}
 
 
@@ -157,6 +180,21 @@ def test_thread_placement_across_two_nodes_trains_what_one_node_trains(
     _finished_on_both_nodes(run)
     assert ref.returncode == 0, ref.output
     assert_same(_final_state(run.paths), _final_state(ref.paths))
+
+
+def test_partial_rollouts_split_across_two_nodes_train_what_one_process_trains(
+    runs: dict[str, Run],
+) -> None:
+    """Partial rollouts with the trainer on grpo-n1 keeping the pool and the generator on
+    grpo-n2 advancing it (the pool crosses the nodes twice a step): the final weights and
+    optimizer of one process of the thread placement, to the bit; answers were continued."""
+    run, ref = runs["split-partial"], runs["split-partial-ref"]
+    _finished_on_both_nodes(run)
+    assert "each trainer's prompts of 2 steps in flight" in run.output
+    assert ref.returncode == 0, ref.output
+    assert_same(_final_state(run.paths), _final_state(ref.paths))
+    rows = [r for r in read_jsonl(run.paths.metrics) if "reward/mean" in r]
+    assert sum(r["partial/continued_rows"] for r in rows) > 0
 
 
 MONITOR_ARGS = [
