@@ -111,9 +111,20 @@ def fit(
 def alternatives(
     shape: ModelShape, s: Settings, budget_gib: float, allow_offload: bool = False
 ) -> list[tuple[str, float]]:
-    """What would fit when nothing automatic does: LoRA (rank 16) with the memory means, and
-    smaller token budgets. (override, total GiB) pairs, the best first."""
+    """What would fit when nothing automatic does, each with the memory means: an
+    asynchronous run without its partial pool (P steps' rows in the generator's cache) or
+    synchronous (no generating copy), LoRA (rank 16), and smaller token budgets. (override,
+    total GiB) pairs, the closest to the run asked for first."""
     out: list[tuple[str, float]] = []
+    lighter = []
+    if s.partial_pool:
+        lighter.append(("rollout.partial_pool=0", replace(s, partial_pool=0)))
+    if s.staleness:
+        lighter.append(("algo.max_staleness=0", replace(s, staleness=0, partial_pool=0)))
+    for override, trial in lighter:
+        plan = fit(shape, trial, budget_gib, allow_offload)
+        if plan.fits:
+            out.append((override, plan.estimate.total_gib))
     if not s.lora_rank:
         plan = fit(shape, replace(s, lora_rank=16), budget_gib, allow_offload)
         if plan.fits:

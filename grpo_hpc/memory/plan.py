@@ -203,7 +203,9 @@ def check(cfg: Config, profile: Profile) -> Check:
         head = f"memory: {e.total_gib:.1f} GiB per trainer GPU, {gen:.1f} GiB per generator"
         head += f" GPU, of {gpu_mem_gb:g} GiB ({profile_name})"
         if plan.fits and gen > gpu_mem_gb:
-            return _generator_refusal(head, how, gen, gpu_mem_gb, profile_name, plan)
+            pool = cfg.rollout.partial_pool
+            plain = generator_gib(shape, s, replace_pool(cfg, 0)) if pool else None
+            return _generator_refusal(head, how, gen, gpu_mem_gb, profile_name, plan, plain)
     if plan.fits:
         return Check(f"{head}: fits; {how}", plan)
     over = e.total_gib - gpu_mem_gb
@@ -221,15 +223,26 @@ def check(cfg: Config, profile: Profile) -> Check:
     return Check(f"{head}: does NOT fit (+{over:.1f} GiB); {how}; {would}", plan, refusal)
 
 
+def replace_pool(cfg: Config, pool: int) -> Config:
+    """``cfg`` with ``rollout.partial_pool`` set to ``pool`` (a copy: the run's is kept)."""
+    return replace(cfg, rollout=replace(cfg.rollout, partial_pool=pool))
+
+
 def _generator_refusal(
-    head: str, how: str, gen: float, gpu_mem_gb: float, profile_name: str, plan: Plan
-) -> Check:
+    head: str, how: str, gen: float, gpu_mem_gb: float, profile_name: str, plan: Plan,
+    without_pool: float | None = None,
+) -> Check:  # fmt: skip
     """A split run whose trainers fit and whose generator does not: the means that fit a
-    trainer (FSDP2, checkpointing, offload) do nothing for a generator's copy and cache."""
+    trainer (FSDP2, checkpointing, offload) do nothing for a generator's copy and cache.
+    ``without_pool``: a partial run's generator estimate with no pool (P steps' rows in its
+    cache, each with room for two caps), said where it would fit."""
     over = gen - gpu_mem_gb
+    pool = ""
+    if without_pool is not None and without_pool <= gpu_mem_gb:
+        pool = f"rollout.partial_pool=0 ({without_pool:.1f} GiB a generator), "
     fix = (
-        "lower rollout.max_new_tokens or rollout.prompts_per_step (a generator makes one "
-        "trainer's batch at a time), or use larger GPUs"
+        f"{pool}lower rollout.max_new_tokens or rollout.prompts_per_step (a generator makes "
+        "one trainer's batch at a time), or use larger GPUs"
     )
     refusal = (
         f"memory: a generator's estimate {gen:.1f} GiB exceeds {profile_name}'s "

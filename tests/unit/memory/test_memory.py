@@ -483,6 +483,22 @@ def test_a_split_generator_holds_its_trainers_partial_pool() -> None:
     assert pooled.generator_gib - plain.generator_gib >= grown * per_token / memory.GIB
 
 
+def test_a_partial_pool_that_does_not_fit_says_what_would() -> None:
+    """Qwen2.5-1.5B at 4,096 with a partial pool of 2 on h100x2: nothing automatic fits a
+    thread-placement rank, and the refusal names the run without its pool (and synchronous)
+    as what would, with their figures; under the split placement the generator does not fit
+    and its refusal names rollout.partial_pool=0 with a generator's estimate without it."""
+    over = [f"model.name_or_path={SHAPES / 'qwen2.5-1.5b'}", "rollout.max_new_tokens=4096"]
+    over += ["algo.max_staleness=2", "rollout.partial_pool=2"]
+    _, thread = resolve("gsm8k", over, load_profile("h100x2"), "r")
+    assert thread.refusal is not None, thread.line
+    assert "would fit: rollout.partial_pool=0 (" in thread.refusal
+    assert "or algo.max_staleness=0 (" in thread.refusal
+    _, split = resolve("gsm8k", [*over, "rollout.placement=split"], load_profile("h100x2"), "r")
+    assert split.refusal is not None and "a generator's estimate" in split.refusal
+    assert "; rollout.partial_pool=0 (" in split.refusal and " GiB a generator), " in split.refusal
+
+
 def test_the_settings_know_whether_the_run_evaluates() -> None:
     """``training.eval_every`` decides it (the policy's cache of an asynchronous run)."""
     off = build_config("tiny", ["training.eval_every=0", "algo.max_staleness=1"])
