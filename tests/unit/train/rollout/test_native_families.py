@@ -18,8 +18,8 @@ from grpo_hpc.config.rollout_engine import native_problem
 from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.rollout.engines import HFEngine
 from grpo_hpc.train.rollout.native.engine import NativeEngine
-from grpo_hpc.train.setup.models import char_tokenizer, load_model_and_tokenizer
-from tests.fixtures.families.make import FAMILIES, HERE, VOCAB, WINDOW
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
+from tests.fixtures.families.make import FAMILIES, HERE, WINDOW, save_varied
 
 NATIVE = ["qwen3", "llama3", "olmo2", "smollm3", "mistral", "ministral", "phi3", "gemma3"]
 """The fixture families the native engine decodes (qwen3_moe is told, not decoded)."""
@@ -35,36 +35,9 @@ PROMPTS = [
 _SAVED: dict[str, Path] = {}
 
 
-def _save(name: str, root: Path) -> Path:
-    """A random model of family ``name`` saved with the char tokenizer. At HF's default
-    init a random model's greedy text is one token repeated, which would prove little:
-    larger weights (smaller for Gemma, whose embeddings are multiplied by sqrt(hidden) and
-    whose tied head then keeps echoing the input token) and norm weights far from 1 make
-    the tokens vary and every norm matter. The EOS row of the head is zeroed (its logit 0
-    stays below the largest of 159 random ones) so that every row decodes all 64 tokens."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(HERE / name)
-    gemma = cfg.model_type.startswith("gemma")
-    cfg.initializer_range = 0.02 if gemma else 0.3
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:  # Gemma's norm weights are centred on 0 (it scales by 1 + w)
-                p.normal_(0.0 if gemma else 1.0, 2.0 if gemma else 0.3)
-        model.get_output_embeddings().weight[cfg.eos_token_id] = 0.0
-    out = root / name
-    model.save_pretrained(out)
-    tok = char_tokenizer(VOCAB)
-    assert (tok.pad_token_id, tok.eos_token_id) == (cfg.pad_token_id, cfg.eos_token_id)
-    tok.save_pretrained(out)
-    return out
-
-
 def _load(name: str, factory: pytest.TempPathFactory):  # noqa: ANN202
     if name not in _SAVED:
-        _SAVED[name] = _save(name, factory.mktemp("families"))
+        _SAVED[name] = save_varied(name, factory.mktemp("families"))
     model, tok = load_model_and_tokenizer(_SAVED[name], "sdpa", torch.device("cpu"))
     return model.eval(), tok
 

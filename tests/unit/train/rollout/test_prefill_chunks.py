@@ -8,8 +8,6 @@ the budget; a budget that fits, or 0, is the one batch bit for bit."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,8 +15,8 @@ from grpo_hpc.memory.estimate import PREFILL_TOKENS
 from grpo_hpc.train.rollout.native import forward, weights
 from grpo_hpc.train.rollout.native.engine import NativeEngine
 from grpo_hpc.train.rollout.types import RolloutBatch, left_padded
-from grpo_hpc.train.setup.models import char_tokenizer, load_model_and_tokenizer
-from tests.fixtures.families.make import HERE, VOCAB
+from grpo_hpc.train.setup.models import load_model_and_tokenizer
+from tests.fixtures.families.make import save_varied
 
 # Lengths 12, 53, 4 and 23: every chunk but the longest one's is padded to less than the
 # rollout's 53 columns, and Gemma 3's sliding window (16) is shorter than three of them.
@@ -38,33 +36,11 @@ TOL = 1e-5
 other batch shapes round differently: Gemma's keys reach 20)."""
 
 
-def _save(root: Path, name: str) -> Path:
-    """A random model of fixture family ``name`` whose greedy text varies (larger weights
-    and norms far from 1, as tests/unit/train/rollout/test_native_families.py makes them),
-    saved with the char tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(HERE / name)
-    gemma = cfg.model_type.startswith("gemma")
-    cfg.initializer_range = 0.02 if gemma else 0.3
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.normal_(0.0 if gemma else 1.0, 2.0 if gemma else 0.3)
-        model.get_output_embeddings().weight[cfg.eos_token_id] = 0.0  # every row runs on
-    out = root / name
-    model.save_pretrained(out)
-    char_tokenizer(VOCAB).save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module", params=["qwen3", "gemma3"])
 def model_tok(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """Qwen3 (q/k norms, grouped KV heads) and Gemma 3 (sliding and global layers with
     their own rotary, post-norms, scaled embeddings, GELU)."""
-    path = _save(tmp_path_factory.mktemp("chunks"), request.param)
+    path = save_varied(request.param, tmp_path_factory.mktemp("chunks"))
     model, tok = load_model_and_tokenizer(path, "sdpa", torch.device("cpu"))
     return model.eval(), tok
 
