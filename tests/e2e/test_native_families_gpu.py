@@ -28,7 +28,8 @@ from grpo_hpc.train.algo.update import MicroBatch, completion_logp
 from grpo_hpc.train.rollout.native import attention, forward
 from grpo_hpc.train.rollout.native.engine import NativeEngine
 from grpo_hpc.train.setup.models import load_model_and_tokenizer
-from tests.unit.train.rollout.test_native_families import NATIVE, NEW, PROMPTS, WINDOWED, _save
+from tests.fixtures.families.make import save_varied
+from tests.unit.train.rollout.test_native_families import NATIVE, NEW, PROMPTS, WINDOWED
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +41,7 @@ BF16 = torch.bfloat16
 
 @pytest.fixture(scope="module", params=NATIVE)
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    path = _save(request.param, tmp_path_factory.mktemp("families"))
+    path = save_varied(request.param, tmp_path_factory.mktemp("families"))
     model, tok = load_model_and_tokenizer(path, "sdpa", CUDA)
     return request.param, model.eval(), tok
 
