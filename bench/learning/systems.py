@@ -20,6 +20,13 @@ HANDED = [
 """The keep-best systems' settings over the shared ones: grpo_hpc's defaults for a run
 that has a validation split (``training.on_collapse`` is set per system)."""
 
+OPSM_DELTA = 0.02
+"""``algo.offpolicy_mask`` of ``grpo_hpc_async_opsm``, chosen before any run, not tuned: an
+order of magnitude above the bf16 engine/trainer gap of a synchronous step (k3 KL about
+0.001 a token) and within what one update of staleness measured on this benchmark (0.005-
+0.021 a token, learning_2term_mask_async48_h100_2026-12-05.json), so that it drops the
+completions that drifted most, not every stale one."""
+
 SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
@@ -41,9 +48,25 @@ SYSTEMS = {
     "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1"]),
     # partial rollouts: two steps' prompts in flight, long answers continued (docs/async.md)
     "grpo_hpc_partial": ("grpo_hpc", ["algo.max_staleness=2", "rollout.partial_pool=2"]),
+    # asynchronous with off-policy sequence masking: a stale completion with a negative
+    # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
+    "grpo_hpc_async_opsm": (
+        "grpo_hpc",
+        ["algo.max_staleness=1", f"algo.offpolicy_mask={OPSM_DELTA}"],
+    ),
+    # what a user with a validation split gets, asynchronous: keep-best, the rescue acting
+    "grpo_hpc_rollback_async": (
+        "grpo_hpc",
+        [*HANDED, "training.on_collapse=rollback", "algo.max_staleness=1"],
+    ),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
 
-PAIRS = [("grpo_hpc", "grpo_hpc_async"), ("grpo_hpc", "grpo_hpc_partial")]
+PAIRS = [
+    ("grpo_hpc", "grpo_hpc_async"),
+    ("grpo_hpc", "grpo_hpc_partial"),
+    ("grpo_hpc", "grpo_hpc_async_opsm"),
+    ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
+]
 """(baseline, variant) compared seed by seed when a file holds both (results.paired)."""

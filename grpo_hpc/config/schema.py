@@ -243,6 +243,14 @@ class AlgoConfig:
     measured with bench/learning/run.py). Synchronous runs need the native engine, which
     reports its log-probs; with HF generate there is nothing to correct. Asynchronous runs
     score the sampled tokens under the generating weights where the engine did not."""
+    offpolicy_mask: float = 0.0
+    """Off-policy sequence masking (DeepSeek-V3.2's report), ``delta``: a completion with
+    a negative advantage whose tokens the sampler drew more readily than the trainer now
+    would, on average ``mean_t log(pi_sampler / pi_old) > delta``, trains nothing (its
+    share of the loss's normaliser stays). 0 = off (the default). Meant for asynchronous
+    runs, where the sampler is up to ``max_staleness`` updates old; needs the sampler's
+    log-probs, as ``tis_cap`` does. ``rollout/offpolicy_masked_frac`` in the metrics is the
+    share of completions it dropped. Not yet measured with bench/learning (docs/async.md)."""
     max_staleness: int = 0
     """Asynchronous GRPO (docs/async.md): the rollouts of the next steps are generated on
     a copy of the weights, in a thread, while this step trains. Each batch carries the

@@ -103,6 +103,12 @@ def validate(cfg: Config) -> None:
     cap = cfg.algo.tis_cap
     if cap is not None and (not 0 <= cap or 0 < cap < 1):
         raise ConfigError("algo.tis_cap must be 0 (off) or >= 1 (e.g. 2): it caps a ratio")
+    if cfg.algo.offpolicy_mask < 0:
+        raise ConfigError(
+            f"algo.offpolicy_mask={cfg.algo.offpolicy_mask} must be >= 0 (0: off; e.g. "
+            "0.02: a negative-advantage completion whose mean log(pi_sampler / pi_old) "
+            "passes it trains nothing)"
+        )
     _validate_async(cfg)
     if cfg.training.rollback_cap_growth < 1 or cfg.training.rollback_cap_max < 0:
         raise ConfigError(

@@ -178,7 +178,7 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     ``grpo_hpc``'s: the difference of each seed's handed-over accuracy, its mean and that
     mean's standard error (hand-computed), on the seeds both ran only."""
     from bench.learning.results import paired, paired_line, pairings
-    from bench.learning.systems import SYSTEMS
+    from bench.learning.systems import OPSM_DELTA, SYSTEMS
 
     assert SYSTEMS["grpo_hpc_async"] == (
         "grpo_hpc",
@@ -209,6 +209,18 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     both = pairings(systems | {"grpo_hpc_partial": other})
     assert list(both) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_partial - grpo_hpc"]
     assert pairings({"grpo_hpc": base}) == {}
+    # off-policy sequence masking pairs with the defaults; the rescue's asynchronous
+    # system with the rescue's synchronous one
+    assert SYSTEMS["grpo_hpc_async_opsm"][1][-2:] == [
+        "algo.max_staleness=1",
+        f"algo.offpolicy_mask={OPSM_DELTA}",
+    ]
+    assert SYSTEMS["grpo_hpc_rollback_async"][1] == [
+        *SYSTEMS["grpo_hpc_rollback"][1],
+        "algo.max_staleness=1",
+    ]
+    rescue = pairings({"grpo_hpc_rollback": base, "grpo_hpc_rollback_async": other})
+    assert list(rescue) == ["grpo_hpc_rollback_async - grpo_hpc_rollback"]
     line = paired_line("grpo_hpc_async - grpo_hpc", p)
     assert line.startswith("grpo_hpc_async - grpo_hpc: +0.033 ± 0.067 over 3 paired seeds")
     assert line.endswith("within one standard error")

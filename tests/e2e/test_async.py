@@ -72,6 +72,23 @@ def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
     assert row.staleness == k and health_line(row).endswith(f"batch {k} update(s) stale")
 
 
+def test_off_policy_sequence_masking_drops_only_stale_completions(tmp_path: Path) -> None:
+    """algo.offpolicy_mask in the real trainer: step 1 (staleness 0, the sampler's
+    log-probs the trainer's to the bit) drops nothing; the stale steps after it drop some
+    completions (a delta just above 0 catches every negative one that drifted at all) and
+    never all, and the share is in each metrics row."""
+    run = make_run(
+        tmp_path, "opsm", "training.max_steps=4", "algo.max_staleness=1", "algo.offpolicy_mask=1e-6"
+    )
+    result = train(run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in _rows(run) if "rollout/offpolicy_masked_frac" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    share = [r["rollout/offpolicy_masked_frac"] for r in rows]
+    assert share[0] == 0.0 and all(0.0 <= s < 1.0 for s in share), share
+    assert max(share[1:]) > 0.0, share
+
+
 def test_a_rollback_drops_the_batches_of_the_abandoned_weights(tmp_path: Path) -> None:
     """A collapse rolled back at step 2 (to the start: tests/e2e/test_collapse_run.py's
     setting) leaves a batch generated ahead by weights that no longer exist: step 3 trains

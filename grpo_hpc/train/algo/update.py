@@ -17,6 +17,7 @@ import torch
 from grpo_hpc.config.schema import AlgoConfig
 from grpo_hpc.train.algo.logp_head import Scoring, fused_logp_head, head_problem
 from grpo_hpc.train.algo.loss import TokenStats, aggregate, per_token_loss
+from grpo_hpc.train.algo.offpolicy import largest_weight, raw_weight, sequence_keep, tis_weight
 from grpo_hpc.train.algo.packing import host_to_device, pack, packed_forward
 from grpo_hpc.train.distributed.dist import DistInfo, all_reduce_max, all_reduce_sum
 from grpo_hpc.train.rollout.types import RolloutBatch
@@ -293,7 +294,8 @@ def accumulate(
                 ref_logp=mb.ref_logp,
                 beta=algo.beta,
             )
-            loss_tok = loss_tok * tis_weight(logp, mb, cap)
+            keep = sequence_keep(logp, mb, cmask, algo.offpolicy_mask)
+            loss_tok = loss_tok * tis_weight(logp, mb, cap) * keep
             loss = aggregate(
                 loss_tok,
                 cmask,
@@ -305,9 +307,9 @@ def accumulate(
             (scaler.scale(loss) if scaler else loss).backward()
         if mb.weight:
             sums += _stat_sums(
-                loss.detach() / info.world_size, logp, entropy, stats, cmask, mb, cap
+                loss.detach() / info.world_size, logp, entropy, stats, cmask, mb, cap, keep
             )
-            top = torch.maximum(top, _largest_weight(logp, mb, cmask))
+            top = torch.maximum(top, largest_weight(logp, mb, cmask))
     reduced = dict(zip(STAT_KEYS, all_reduce_sum(sums.tolist(), info), strict=True))
     tokens = max(reduced.pop("tokens"), 1.0)
     # The step's size, summed over ranks: a step's time is compared with steps of a similar
@@ -324,6 +326,10 @@ def accumulate(
         out["rollout/is_weight_mean"] = weight / engine_tokens
         out["rollout/is_weight_max"] = all_reduce_max(float(top), info)
         out["rollout/is_clipped_frac"] = clipped / engine_tokens
+    masked = reduced.pop("seq_masked")
+    if algo.offpolicy_mask > 0 and engine_tokens:
+        # completions off-policy sequence masking dropped (algo.offpolicy_mask)
+        out["rollout/offpolicy_masked_frac"] = masked / max(num_seqs, 1.0)
     return out | {k: v / tokens for k, v in reduced.items()}
 
 
@@ -332,24 +338,6 @@ def _tokens(mb: MicroBatch) -> float:
     if mb.tokens is not None:
         return float(mb.tokens)
     return float(mb.batch.completion_mask[mb.rows].sum())  # a device sync
-
-
-def tis_weight(logp: torch.Tensor, mb: MicroBatch, cap: float) -> torch.Tensor | float:
-    """Truncated importance sampling weights ``min(pi_old / pi_sampler, cap)`` per token
-    (``algo.tis_cap``; 1.0 when off or when the sampler's log-probs are not known). The
-    sampler drew from its own distribution (the engine's numerics; in an asynchronous run,
-    weights up to ``algo.max_staleness`` updates old); the update's estimator assumes the
-    trainer's (``old_logp``, or this forward detached when it is on-policy). Variant: token-
-    level TIS (Yao et al. 2025) on the behaviour policy, with the clipped ratio taken
-    against the trainer's own ``pi_old``: the decoupled PPO objective of asynchronous RL
-    (Hilton et al. 2022; AReaL), its behaviour weight truncated instead of unbounded.
-    Detached: a weight on the gradient, not a term of it. Masked positions are capped like
-    the rest and dropped by the aggregation."""
-    if cap <= 0 or mb.batch.sampled_logp is None:
-        return 1.0
-    old = mb.old_logp if mb.old_logp is not None else logp.detach()
-    sampled = mb.batch.sampled_logp[mb.rows].to(logp.device)
-    return torch.exp(old - sampled).clamp(max=cap)
 
 
 STAT_KEYS = (
@@ -365,6 +353,7 @@ STAT_KEYS = (
     "engine_tokens",
     "is_weight",
     "is_clip",
+    "seq_masked",
 )
 
 
@@ -377,6 +366,7 @@ def _stat_sums(
     cmask: torch.Tensor,
     mb: MicroBatch,
     cap: float = 0.0,
+    keep: torch.Tensor | float = 1.0,
 ) -> torch.Tensor:
     """Token sums of the step statistics (order of STAT_KEYS), as one device tensor.
     ``logp_diff`` compares the rollout engine's log-probs with this forward's: a large
@@ -385,7 +375,9 @@ def _stat_sums(
     log p_engine``, ``exp(d) - d - 1 >= 0`` per token (Schulman's k3; unbiased for the KL
     when the tokens are drawn from the engine's distribution, i.e. at T = 1 or with
     ``algo.tempered_logp``). ``is_weight`` / ``is_clip``: the importance weights
-    :func:`tis_weight` applies (uncapped where ``cap`` is 0) and the tokens the cap cut."""
+    :func:`tis_weight` applies (uncapped where ``cap`` is 0) and the tokens the cap cut;
+    ``seq_masked``: the completions :func:`sequence_keep` dropped (``keep``), a count of
+    rows, not tokens."""
     m = cmask.bool()
     low, high = stats.is_clipped_low & m, stats.is_clipped_high & m
     zero = loss.new_zeros(())
@@ -396,7 +388,7 @@ def _stat_sums(
         diff = torch.where(m, d.abs(), 0.0).sum()
         kl = torch.where(m, torch.exp(d) - d - 1.0, 0.0).sum()
         n_engine = m.sum()
-        raw = _raw_weight(logp, mb)
+        raw = raw_weight(logp, mb)
         weight = torch.where(m, raw.clamp(max=cap) if cap > 0 else raw, 0.0).sum()
         cut = (m & (raw > cap)).sum() if cap > 0 else zero
     parts = [
@@ -412,23 +404,6 @@ def _stat_sums(
         n_engine,
         weight,
         cut,
+        (keep == 0).sum() if isinstance(keep, torch.Tensor) else zero,
     ]
     return torch.stack([p.double() for p in parts])
-
-
-def _raw_weight(logp: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
-    """``pi_old / pi_sampler`` per token before any cap (:func:`tis_weight`'s ratio);
-    ``mb.batch.sampled_logp`` must be there."""
-    assert mb.batch.sampled_logp is not None
-    old = mb.old_logp if mb.old_logp is not None else logp.detach()
-    return torch.exp(old - mb.batch.sampled_logp[mb.rows].to(logp.device))
-
-
-@torch.no_grad()
-def _largest_weight(logp: torch.Tensor, mb: MicroBatch, cmask: torch.Tensor) -> torch.Tensor:
-    """The largest uncapped importance weight of ``mb``'s tokens (0 without sampler
-    log-probs or tokens), on the device."""
-    if mb.batch.sampled_logp is None or not mb.weight:
-        return torch.zeros((), dtype=torch.float64, device=logp.device)
-    raw = torch.where(cmask.bool(), _raw_weight(logp, mb), 0.0)
-    return raw.max().double() if raw.numel() else raw.new_zeros((), dtype=torch.float64)

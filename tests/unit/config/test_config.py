@@ -45,6 +45,7 @@ def test_resolved_round_trip(tmp_path: Path) -> None:
         (["data.num_train=-1"], "data.num_train=-1 must be >= 0"),
         (["algo.tis_cap=0.5"], "algo.tis_cap must be 0"),
         (["algo.tis_cap=-1"], "algo.tis_cap must be 0"),
+        (["algo.offpolicy_mask=-0.1"], "algo.offpolicy_mask=-0.1 must be >= 0"),
         (["algo.max_staleness=-1"], "algo.max_staleness=-1 must be >= 0"),
         (
             ["algo.max_staleness=2", "dist.nproc_per_node=2", "rollout.dynamic_sampling=true"],

@@ -114,9 +114,10 @@ def _grads_and_stats(
     return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
 
 
-def _with_engine_logp(batch: RolloutBatch, shift: float) -> RolloutBatch:
+def _with_engine_logp(batch: RolloutBatch, shift: float | torch.Tensor) -> RolloutBatch:
     """The batch as the native engine returns it, its log-probs the trainer's minus
-    ``shift`` (an engine that gave every sampled token exp(-shift) times the probability)."""
+    ``shift`` (an engine that gave every sampled token exp(-shift) times the probability;
+    a ``[rows, 1]`` tensor: one shift per row)."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(_small_llama_config())
     mb = MicroBatch(batch, torch.arange(batch.input_ids.shape[0]), torch.zeros(1))
@@ -171,3 +172,33 @@ def test_an_asynchronous_run_corrects_with_cap_2_unless_told_otherwise() -> None
     assert stats["rollout/is_clipped_frac"] == 1.0
     assert AlgoConfig(max_staleness=2, tis_cap=0.0).importance_cap == 0.0
     assert AlgoConfig(max_staleness=0, tis_cap=3.0).importance_cap == 3.0
+
+
+def test_off_policy_sequence_masking_drops_stale_negative_completions() -> None:
+    """algo.offpolicy_mask = delta: a completion trains nothing when its advantage is
+    negative and mean_t log(pi_sampler / pi_old) > delta; every other completion trains as
+    before. Row 1 (negative, the sampler 0.5 nats per token surer than the trainer) is
+    dropped: the gradient is the one with its advantage 0, the normaliser unchanged. Row 0
+    drifted as far but its advantage is positive; row 3 is negative but within delta."""
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    drift = torch.tensor([[0.5], [0.5], [0.01], [0.01]])  # log pi_sampler - log pi_old
+    lengths = [6, 2, 4, 5]
+    algo = AlgoConfig(tis_cap=0.0, offpolicy_mask=0.1)
+    masked, stats = _grads_and_stats(_with_engine_logp(_ragged_batch(lengths), -drift), adv, algo)
+    expected, _ = _grads_and_stats(
+        _ragged_batch(lengths), torch.tensor([1.0, 0.0, 0.25, -1.0]), algo
+    )
+    for name, g in expected.items():
+        torch.testing.assert_close(masked[name], g, rtol=1e-5, atol=1e-7)
+    assert stats["rollout/offpolicy_masked_frac"] == 0.25
+    # off (0, the default) or a delta above every drift: nothing dropped, nothing reported
+    plain, plain_stats = _grads_and_stats(_ragged_batch(lengths), adv, AlgoConfig(tis_cap=0.0))
+    for delta in (0.0, 0.6):
+        algo = AlgoConfig(tis_cap=0.0, offpolicy_mask=delta)
+        kept, kept_stats = _grads_and_stats(
+            _with_engine_logp(_ragged_batch(lengths), -drift), adv, algo
+        )
+        for name, g in plain.items():
+            torch.testing.assert_close(kept[name], g, rtol=1e-5, atol=1e-7)
+        assert ("rollout/offpolicy_masked_frac" in kept_stats) == (delta > 0)
+    assert "rollout/offpolicy_masked_frac" not in plain_stats
