@@ -27,7 +27,7 @@ STALENESS_MEAN = "staleness/mean"
 ASYNC_PANELS = (
     (STALENESS_MEAN, "samples' staleness (updates; max dashed)"),
     ("rollout/is_weight_mean", "importance weight (mean; largest dashed)"),
-    ("rollout/is_clipped_frac", "share of tokens the weight cap cut"),
+    ("rollout/is_clipped_frac", "share the weight cap cut (masked completions dashed)"),
 )
 """Drawn after ``PANELS`` for an asynchronous run (``algo.max_staleness`` >= 1: its metrics
 carry ``staleness/max``): how stale the trained samples were, and the off-policy
@@ -36,6 +36,8 @@ OVERLAYS = {
     "eval/accuracy": "eval/accuracy_strict",
     STALENESS_MEAN: "staleness/max",
     "rollout/is_weight_mean": "rollout/is_weight_max",
+    # algo.offpolicy_mask: the share of completions it dropped (a run with it off logs none)
+    "rollout/is_clipped_frac": "rollout/offpolicy_masked_frac",
 }
 """A second series drawn dashed in another key's panel (held-out: with an answer line)."""
 BOUNDED = (

@@ -274,6 +274,36 @@ def test_the_weight_panel_draws_the_mean_and_the_largest_weight(tmp_path: Path) 
         plt.close(fig)
 
 
+def test_the_cap_panel_draws_the_completions_sequence_masking_dropped() -> None:
+    """With ``algo.offpolicy_mask`` the run logs the share of completions it dropped: drawn
+    dashed in the panel of the tokens the weight cap cut (both shares, 0..1); a run with it
+    off logs none, and the panel keeps its one line."""
+    from grpo_hpc.status.plot import ASYNC_PANELS
+
+    rows = [
+        {"step": s, "time": float(s), "reward/mean": 0.1, "staleness/0": 0.0, "staleness/1": 8.0,
+         "staleness/max": 1, "rollout/is_clipped_frac": 0.01 * s,
+         "rollout/offpolicy_masked_frac": 0.125 * s}
+        for s in (1, 2, 3)
+    ]  # fmt: skip
+    for logged, lines in ((rows, 2), ([dict(r) for r in rows], 1)):
+        if lines == 1:
+            for r in logged:
+                del r["rollout/offpolicy_masked_frac"]
+        fig = build_figure(plot_data(logged, []), "opsm")
+        try:
+            panel = {ax.get_title(): ax for ax in fig.get_axes()}[ASYNC_PANELS[2][1]]
+            drawn = [line for line in panel.get_lines() if len(line.get_ydata())]
+            assert len(drawn) == lines
+            if lines == 2:
+                assert list(drawn[1].get_ydata()) == [0.125, 0.25, 0.375]
+                assert drawn[1].get_linestyle() == "--"
+        finally:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+
+
 def test_no_async_panel_without_a_staleness_histogram() -> None:
     """A synchronous run on the native engine logs importance weights too (all 1, from the
     sampler's log-probs) but no staleness: its figure keeps its nine panels."""
