@@ -68,6 +68,7 @@ def test_a_stopped_collapse_ends_with_its_reason_and_is_never_resubmitted(tmp_pa
     assert rec.state is TrainState.FAILED and rec.step == 2 and paths.latest_checkpoint() == 2
     assert rec.reason.startswith("collapse (no_signal) at step 2")
     assert "stopped (training.on_collapse=stop); checkpoint saved" in rec.reason
+    assert "max_staleness" not in rec.reason  # synchronous: nothing to say of staleness
     assert f"the model to hand on in {paths.final}" in rec.reason  # no evaluation: the last
     assert (paths.final / "config.json").is_file()
     (ev,) = _collapses(paths)
@@ -76,6 +77,24 @@ def test_a_stopped_collapse_ends_with_its_reason_and_is_never_resubmitted(tmp_pa
     history = history_from(read_jsonl(paths.events), [{"job_id": str(rec.job_id)}])
     action = decide(rec, job, history, rec.heartbeat + 60)
     assert (action.kind, action.failure_class) == (ActionKind.STOP, FailureClass.COLLAPSED)
+
+
+def test_an_asynchronous_stop_names_the_synchronous_step(tmp_path: Path) -> None:
+    """The same stop in an asynchronous run (algo.max_staleness=1) says, in progress.json
+    (what grpo-status and the monitor read) and in its event, that asynchronous runs stalled
+    more often on the learning benchmark and that algo.max_staleness=0 may learn."""
+    paths = make_run(
+        tmp_path, "stop-async", *DEAD, "training.collapse_patience=2", "training.max_steps=6",
+        "training.on_collapse=stop", "algo.max_staleness=1",
+    )  # fmt: skip
+    result = train(paths)
+    assert result.returncode == ExitCode.CIRCUIT_BREAKER, result.stderr[-3000:]
+    rec = read_progress(paths.progress)
+    assert rec.state is TrainState.FAILED and rec.step == 2
+    hint = "the run is asynchronous (algo.max_staleness=1)"
+    assert hint in rec.reason and rec.reason.endswith("algo.max_staleness=0 may learn")
+    (ev,) = _collapses(paths)
+    assert ev["action"] == "STOP" and hint in ev["reason"]
 
 
 def _adam_steps(paths: RunPaths, step: int) -> set[float]:

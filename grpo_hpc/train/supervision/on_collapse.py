@@ -89,6 +89,20 @@ def rollback_seed(seed: int, attempt: int) -> int:
     return seed + attempt * SEED_STRIDE
 
 
+def staleness_hint(max_staleness: int) -> str:
+    """What a collapse stop adds for an asynchronous run (pure; empty for a synchronous
+    one): measured on the learning benchmark (docs/async.md, "What staleness costs in
+    learning"), one update of staleness left 10 of 20 seeds trapped where the synchronous
+    step left 4, so the one change worth naming is to train synchronously."""
+    if max_staleness < 1:
+        return ""
+    return (
+        f"; the run is asynchronous (algo.max_staleness={max_staleness}), and asynchronous "
+        "runs stalled more often on the learning benchmark (docs/async.md): "
+        "algo.max_staleness=0 may learn"
+    )
+
+
 class TrainerLike(Protocol):
     cfg: Config
     paths: RunPaths
@@ -222,13 +236,14 @@ class CollapseGuard:
                 else ": no best checkpoint, and a LoRA policy cannot go back to the start"
             )
         note = f"stopped (training.on_collapse={t.on_collapse}{spent}); checkpoint saved"
+        hint = staleness_hint(self.cfg.algo.max_staleness)
         trainer.save()
-        self._event(trainer, v, "STOP", note)
+        self._event(trainer, v, "STOP", note + hint)
         if t.save_final and t.export_final and trainer.info.is_main:
             # final/: the model to hand over (training.final), last/ beside; what and why
             if out := trainer._export_final():
                 note += f", the model to hand on in {out}"
-        error = CircuitBreakerError(f"{v.line()}; {note}")
+        error = CircuitBreakerError(f"{v.line()}; {note}{hint}")
         # Rank 0 records the stop, then every rank waits for it: a rank that exits first
         # (its own exit 3) makes torchrun end rank 0, maybe in the middle of an export of
         # several GB and before the COLLAPSED record the monitor reads.

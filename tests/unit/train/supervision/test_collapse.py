@@ -26,6 +26,7 @@ from grpo_hpc.train.supervision.on_collapse import (
     rollback_cap,
     rollback_seed,
     rollback_target,
+    staleness_hint,
 )
 
 RESULTS = Path(__file__).parents[4] / "bench/results"
@@ -304,3 +305,10 @@ def test_the_recorded_one_digit_run_is_solved_not_collapsed() -> None:
     dead = [r["step"] for r in steps if r["grad_norm"] == 0.0]
     right = [r["step"] for r in steps if r["reward/correctness"] >= 1 and r["reward/std"] == 0]
     assert dead == right and len(right) == 18
+
+
+def test_a_collapse_stop_names_staleness_only_in_an_asynchronous_run() -> None:
+    assert staleness_hint(0) == ""
+    hint = staleness_hint(2)
+    assert hint.startswith("; the run is asynchronous (algo.max_staleness=2)")
+    assert "docs/async.md" in hint and hint.endswith("algo.max_staleness=0 may learn")
