@@ -55,6 +55,7 @@ SYSTEMS = {
         ["algo.max_staleness=1", f"algo.offpolicy_mask={OPSM_DELTA}"],
     ),
     # what a user with a validation split gets, asynchronous: keep-best, the rescue acting
+    # (a rollback also makes the run synchronous: training.rollback_synchronous, default)
     "grpo_hpc_rollback_async": (
         "grpo_hpc",
         [*HANDED, "training.on_collapse=rollback", "algo.max_staleness=1"],

@@ -89,22 +89,26 @@ def test_off_policy_sequence_masking_drops_only_stale_completions(tmp_path: Path
     assert max(share[1:]) > 0.0, share
 
 
-def test_a_rollback_drops_the_batches_of_the_abandoned_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("synchronous", [True, False])
+def test_a_rollback_drops_the_batches_of_the_abandoned_weights(
+    tmp_path: Path, synchronous: bool
+) -> None:
     """A collapse rolled back at step 2 (to the start: tests/e2e/test_collapse_run.py's
     setting) leaves a batch generated ahead by weights that no longer exist: step 3 trains
-    a batch made then by the restored weights (staleness 0), not that one; step 4 is one
-    update stale again."""
+    a batch made then by the restored weights (staleness 0), not that one. Then, by default
+    (training.rollback_synchronous), the run is synchronous (step 4 at staleness 0 too, the
+    event says so); with it off, step 4 is one update stale again."""
     dead = ("faults.enabled=true", "faults.zero_reward=true")  # flat groups: no signal
     collapse = ("training.collapse_window=2", "training.collapse_patience=2")
     rollback = ("training.on_collapse=rollback", "training.max_steps=4")
-    run = make_run(tmp_path, "rb", *dead, *collapse, *rollback, "algo.max_staleness=1")
+    remedy = f"training.rollback_synchronous={str(synchronous).lower()}"
+    run = make_run(tmp_path, "rb", *dead, *collapse, *rollback, "algo.max_staleness=1", remedy)
     result = train(run)
     assert result.returncode == 0, result.stderr[-3000:]
-    events = read_events(run.events)
-    assert [(e["action"], e["step"]) for e in events if e.get("phase") == "collapse"][:1] == [
-        ("ROLLBACK", 2)
-    ]
-    assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
+    events = [e for e in read_events(run.events) if e.get("phase") == "collapse"]
+    assert [(e["action"], e["step"]) for e in events][:1] == [("ROLLBACK", 2)]
+    assert ("synchronous from here" in events[0]["reason"]) == synchronous
+    assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 0 if synchronous else 1]
 
 
 def test_the_run_does_not_depend_on_thread_timing(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_hpc.core.events import read as read_events
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
@@ -228,6 +229,9 @@ def test_a_rollback_restarts_the_flights_in_both_placements_alike(
         assert collapse_actions(run)[:1] == [("ROLLBACK", 2)], collapse_actions(run)
         # step 3 is the restored weights' first batch: every group started after the rollback
         assert _rows(run)[2]["staleness/max"] == 0, _rows(run)[2]
+        # the pool continues answers across steps: the run stays asynchronous, and says so
+        rollback = next(e for e in read_events(run.events) if e.get("action") == "ROLLBACK")
+        assert "still asynchronous (partial rollouts cannot switch)" in rollback["reason"]
     assert _rounds(split) == _rounds(thread)
     assert _completions(split) == _completions(thread)
     assert_same(_final_state(split, 4), _final_state(thread, 4))

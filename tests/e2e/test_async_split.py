@@ -350,13 +350,15 @@ ROLLBACK = [
 def test_a_rollback_samples_what_the_thread_placements_rollback_samples(tmp_path: Path) -> None:
     """A collapse rolled back at step 2 in the split placement: the trainer drops the batch
     its generator made ahead from the abandoned weights and asks for step 3's from the
-    restored ones (staleness 0, then 1 again), with the new seed; every step samples what
-    the thread placement's rollback of the same seed samples (its zero rewards train
-    nothing, so the completions are the evidence), and the run ends as it ends."""
+    restored ones (staleness 0), with the new seed, and from then on asks for each step's
+    batch from the current weights (training.rollback_synchronous: staleness 0 at step 4
+    too); every step samples what the thread placement's rollback of the same seed samples
+    (its zero rewards train nothing, so the completions are the evidence), and the run
+    ends as it ends."""
     thread, split = both_placements(tmp_path, *ROLLBACK, "algo.max_staleness=1")
     for run in (thread, split):
         assert collapse_actions(run)[:1] == [("ROLLBACK", 2)], collapse_actions(run)
-        assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 1]
+        assert [r["staleness/max"] for r in _rows(run)] == [0, 1, 0, 0]
     assert _completions(split) == _completions(thread)
     assert_same(_final_state(split, 4), _final_state(thread, 4))
 

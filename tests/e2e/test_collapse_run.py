@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from grpo_hpc.core.best import BestRecord, write_best
@@ -127,12 +128,18 @@ def test_rollback_goes_back_to_the_best_checkpoint_with_a_new_seed(tmp_path: Pat
     assert "rollback 1/1" in (read_progress(paths.progress).reason or "")
 
 
-def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(
+    tmp_path: Path, staleness: int
+) -> None:
     """Rolled back to the start at step 2 (checkpointed with its count, seed and fresh
     optimizer), killed at the start of step 3, resumed: steps 3-4 and the final weights
-    equal those of a run that was never stopped, to the bit."""
+    equal those of a run that was never stopped, to the bit. Asynchronous (staleness 1),
+    the rollback also made the run synchronous (training.rollback_synchronous): the
+    checkpoint says so, and the resumed run goes on synchronously."""
     args = (*DEAD, "training.collapse_patience=2", "training.on_collapse=rollback",
-            "training.max_steps=4", "faults.enabled=true")  # fmt: skip
+            "training.max_steps=4", "faults.enabled=true",
+            f"algo.max_staleness={staleness}")  # fmt: skip
     whole = make_run(tmp_path, "whole", *args)
     cut = make_run(tmp_path, "cut", *args, "faults.crash_at_step=2")
     assert train(whole).returncode == 0
@@ -141,12 +148,16 @@ def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(tmp_path: Pa
     assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
     assert "to step 0 (the start)" in ev["reason"]
     assert _adam_steps(cut, 2) == {0.0}  # the starting weights with a fresh optimizer
+    state = torch.load(cut.checkpoint(2) / "trainer.pt", weights_only=False)
+    assert state["collapse"]["synchronous"] == bool(staleness)
     cut.config.write_text(cut.config.read_text().replace("crash_at_step: 2", "crash_at_step: -1"))
     result = train(cut)
     assert result.returncode == 0, result.stderr[-3000:]
     keys = ("reward/mean", "loss", "grad_norm", "rollout/truncated")
     tail = [[m.get(k) for k in keys] for m in _steps(cut) if m["step"] > 2]
     assert tail == [[m.get(k) for k in keys] for m in _steps(whole) if m["step"] > 2]
+    if staleness:  # synchronous after the rollback, in the resumed run as in the whole one
+        assert [m["staleness/max"] for m in _steps(cut) if m["step"] > 2] == [0, 0]
     assert [e["seed"] for e in _collapses(cut)] == [e["seed"] for e in _collapses(whole)]
     a = torch.load(whole.checkpoint(4) / "model.pt", weights_only=False)
     b = torch.load(cut.checkpoint(4) / "model.pt", weights_only=False)

@@ -294,6 +294,7 @@ class SplitPipeline(RolloutPipeline):
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
         self.waited_s = 0.0
         self.sync_s = 0.0
+        self.depth = None
         self.policy, self.link, self.tick = policy, link, tick
         self.outstanding = Outstanding()
         self.cap = cfg.rollout.max_new_tokens
@@ -308,8 +309,8 @@ class SplitPipeline(RolloutPipeline):
         (the step's own first, waited for here, when it is missing)."""
         self.settle()
         made = [e.made for e in self.pending.values()]
-        end, depth = self.collector.cfg.training.max_steps, 1 if self.pool else None
-        decision = plan(step, self.k, lineage, made, end, depth)
+        end = self.collector.cfg.training.max_steps
+        decision = plan(step, self.k, lineage, made, end, self.ahead_depth())
         for s in decision.drop:
             del self.pending[s]
         steps = ((step,) if decision.now else ()) + decision.ahead

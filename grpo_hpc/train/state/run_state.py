@@ -88,6 +88,8 @@ def resume(t: TrainerParts, tools: Tools) -> None:
     t.collapse.load(state.get("collapse"), state.get("cut_streak", 0))
     if t.collapse.cap is not None:  # a rollback before the stop raised it
         t.set_rollout_cap(t.collapse.cap)
+    if t.collapse.synchronous:  # a rollback before the stop made the run synchronous
+        t.rollouts.go_synchronous()
     if rng is not None:
         checkpoint.set_rng_state(rng)
     t.rollouts.load_state_dict(rng)  # this rank's batches generated ahead, if any

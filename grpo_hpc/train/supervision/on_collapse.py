@@ -116,6 +116,8 @@ class TrainerLike(Protocol):
 
     def set_rollout_cap(self, cap: int) -> None: ...
 
+    def set_synchronous(self) -> bool: ...
+
     def _export_final(self) -> str | None: ...
 
 
@@ -156,6 +158,8 @@ class CollapseGuard:
     cap: int | None = None
     """The rollouts' cap a rollback raised (``training.rollback_cap_growth``); None: the
     configured ``rollout.max_new_tokens``."""
+    synchronous: bool = False
+    """A rollback made the asynchronous run synchronous (``training.rollback_synchronous``)."""
 
     @property
     def rollout_cap(self) -> int:
@@ -174,6 +178,7 @@ class CollapseGuard:
             "rollbacks": self.rollbacks,
             "seed": self.seed,
             "cap": self.cap,
+            "synchronous": self.synchronous,
         }
 
     def load(self, state: dict[str, Any] | None, legacy_cut_streak: int = 0) -> None:
@@ -184,6 +189,7 @@ class CollapseGuard:
         self.watch = Watch.from_state(state.get("watch"))
         self.rollbacks, self.seed = int(state.get("rollbacks", 0)), state.get("seed")
         self.cap = state.get("cap")
+        self.synchronous = bool(state.get("synchronous", False))
 
     def observe_step(self, m: dict[str, Any], stats: dict[str, Any], is_main: bool) -> None:
         """A step's all-reduced metrics (the same on every rank)."""
@@ -236,7 +242,8 @@ class CollapseGuard:
                 else ": no best checkpoint, and a LoRA policy cannot go back to the start"
             )
         note = f"stopped (training.on_collapse={t.on_collapse}{spent}); checkpoint saved"
-        hint = staleness_hint(self.cfg.algo.max_staleness)
+        # a run a rollback made synchronous has nothing more to try there
+        hint = "" if self.synchronous else staleness_hint(self.cfg.algo.max_staleness)
         trainer.save()
         self._event(trainer, v, "STOP", note + hint)
         if t.save_final and t.export_final and trainer.info.is_main:
@@ -309,12 +316,28 @@ class CollapseGuard:
             f"rollback {self.rollbacks}/{t.collapse_retries} to step {target} "
             f"({'best checkpoint' if target else 'the start'}){trapped} with sampling seed "
             f"{self.seed}; "
-            f"{self._grow_cap(trainer, at_cap)}"
+            f"{self._grow_cap(trainer, at_cap)}{self._synchronous(trainer)}"
         )
         cap = self.rollout_cap
         self._event(trainer, v, "ROLLBACK", note, to_step=target, seed=self.seed, cap=cap)
         trainer.tracker.update(reason=f"{v.line()}; {note}")
         return True
+
+    def _synchronous(self, trainer: TrainerLike) -> str:
+        """An asynchronous run made synchronous by its first rollback
+        (``training.rollback_synchronous``); what changed, in words (empty: nothing)."""
+        cfg = self.cfg
+        if cfg.algo.max_staleness < 1 or not cfg.training.rollback_synchronous:
+            return ""
+        if self.synchronous:
+            return ""  # an earlier rollback did it
+        if not trainer.set_synchronous():
+            return "; still asynchronous (partial rollouts cannot switch)"
+        self.synchronous = True
+        return (
+            "; synchronous from here (training.rollback_synchronous: asynchronous runs "
+            "stalled more often on the learning benchmark, docs/async.md)"
+        )
 
     def _grow_cap(self, trainer: TrainerLike, at_cap: bool) -> str:
         """The rollouts' cap for the next attempt (:func:`rollback_cap`), applied; what
