@@ -37,10 +37,12 @@ or torch.compile: ``rollout.enforce_eager``); ``grpo_hpc_int8`` is the defaults 
 change, AdamW's moments in 8 bits (``optim.state=int8``, torchao); ``grpo_hpc_async`` the
 defaults asynchronous (``algo.max_staleness=1``: its seeds pair with ``grpo_hpc``'s, and
 the summary's ``paired`` says whether the two hand over models within one standard
-error); ``trl`` (bf16 autocast on a GPU, as a TRL user runs it), ``trl_fp32`` (TRL
-without autocast). The JSON keeps, per system, one run per seed, and is extended, not
-overwritten, by a later call with other seeds or systems (a GPU call is limited to 10
-minutes): runs already there are kept.
+error), ``grpo_hpc_async_opsm`` the same with off-policy sequence masking and
+``grpo_hpc_rollback_async`` the rescue's system asynchronous (paired with ``grpo_hpc`` and
+``grpo_hpc_rollback``: systems.py); ``trl`` (bf16 autocast on a GPU, as a TRL user runs
+it), ``trl_fp32`` (TRL without autocast). The JSON keeps, per system, one run per seed,
+and is extended, not overwritten, by a later call with other seeds or systems (a GPU
+call is limited to 10 minutes): runs already there are kept.
 
 ``--jobs N`` runs N seeds/systems at once, each in its own process (a 135M model leaves
 an H100 mostly idle, so seeds come several times faster). Their accuracy per step is what
