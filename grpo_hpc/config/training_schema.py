@@ -94,6 +94,7 @@ class TrainingConfig:
     a rollback also skips a peak saved at the cap (back to the start instead: docs/
     ALGORITHM.md, "A collapse at the cap")."""
     rollback_cap_max: int = 0
+    """The largest rollout cap a rollback may raise to (0: twice ``rollout.max_new_tokens``)."""
     rollback_synchronous: bool = True
     """``on_collapse=rollback`` in an asynchronous run (``algo.max_staleness`` >= 1, the
     thread or split placement without ``rollout.partial_pool``): the run trains
@@ -102,7 +103,6 @@ class TrainingConfig:
     seeds trapped where the synchronous step left 4 (docs/async.md, "What staleness costs
     in learning"): the retry is given the step that escaped more often, at the synchronous
     step's speed. False: the run stays asynchronous."""
-    """The largest rollout cap a rollback may raise to (0: twice ``rollout.max_new_tokens``)."""
     collapse_window: int = 10
     """Collapse signals ``no_signal``, ``pinned`` and ``entropy`` look back this many steps."""
     collapse_patience: int = 8
