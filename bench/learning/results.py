@@ -74,6 +74,8 @@ def summarize(runs: list[dict], target: float) -> dict:
         "collapses_acted_on": sum(
             1 for r in runs for c in r.get("collapses", ()) if c["action"] != "FLAG"
         ),
+        # the GPUs its runs ran on (a file's systems may have run on different ones)
+        "devices": sorted({r["device"] for r in runs if "device" in r}),
         "time_to_target_mean_s": sum(timed) / len(timed) if timed else None,
         "timed_seeds": len(timed),
         "seeds_reaching_target": len(reached),
@@ -199,7 +201,7 @@ def plot(result: dict, out: Path) -> None:
     fig.suptitle(
         f"SmolLM2-135M, {c['terms']}-term sums, overlong {c.get('overlong', 'penalty')}, "
         f"{c['prompts']}x{c['G']}, {c['steps']} steps, "
-        f"accuracy on the problems the legend names ({result['env']['device']})"
+        f"accuracy on the problems the legend names ({devices(result)})"
     )
     fig.tight_layout()
     tmp = out.with_suffix(".tmp.png")
@@ -207,11 +209,31 @@ def plot(result: dict, out: Path) -> None:
     tmp.rename(out)
 
 
+def stamp_devices(result: dict) -> None:
+    """Each run of ``result`` that names no device gets its file's (``env.device``): a file
+    adds runs made on other machines since, and its ``env`` is then the last call's."""
+    device = result.get("env", {}).get("device")
+    if device is None:
+        return
+    for runs in result["systems"].values():
+        for run in runs:
+            run.setdefault("device", device)
+
+
+def devices(result: dict) -> str:
+    """The GPUs a file's runs ran on, for a title: one, or several joined."""
+    runs = [r for rs in result["systems"].values() for r in rs]
+    found = sorted({r["device"] for r in runs if "device" in r})
+    return " and ".join(found) or result.get("env", {}).get("device", "?")
+
+
 def merge_runs(result: dict, other: dict) -> int:
     """Adds ``other``'s runs to ``result`` (pure but for mutating ``result``); a run of a
     (system, seed) already there is replaced: a merge brings runs made since, on several
     GPUs at once (one ``--out`` each) or again after a change. Returns the runs taken."""
     taken = 0
+    stamp_devices(result)
+    stamp_devices(other)
     for name, runs in other["systems"].items():
         mine = result["systems"].setdefault(name, [])
         seeds = {r["seed"] for r in runs}

@@ -77,6 +77,7 @@ from bench.learning.results import (  # noqa: F401
     merge_files,
     merge_runs,
     pairings,
+    stamp_devices,
     summarize,
     time_to,
 )
@@ -218,6 +219,8 @@ STEP_FIELDS = {
     "engine_kl": "rollout/engine_kl",
     "cut": "rollout/truncated",
     "solved": "rollout/solved",  # share of groups right in every completion (the watch's)
+    "staleness": "staleness/max",  # asynchronous runs: 0 from a rollback on (synchronous)
+    "offpolicy_masked": "rollout/offpolicy_masked_frac",  # algo.offpolicy_mask's share
 }
 
 
@@ -362,15 +365,17 @@ def main() -> None:
         raise SystemExit(f"{path} holds runs of other settings: {result['config']}")
     result |= {"benchmark": "learning", "config": config, "target": args.target}
     todo = pending_runs(result, args.seeds, args.systems)
+    stamp_devices(result)  # the runs already there keep the device they ran on
+    env = env_info()
     for name, run in run_all(todo, args, model_dir, cuda):
         runs = result["systems"].setdefault(name, [])
-        runs.append(run)
+        runs.append(run | {"device": env["device"]})
         runs.sort(key=lambda r: r["seed"])
         curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}" for e in run["evals"])
         print(f"{name:18} seed {run['seed']}: {curve}", flush=True)
         result["summary"] = {n: summarize(r, args.target) for n, r in result["systems"].items()}
         result["paired"] = pairings(result["systems"])  # grpo_hpc_async against grpo_hpc
-        result["env"] = env_info()
+        result["env"] = env
         write_result(result, path)  # after every run: a call cut short keeps what ran
     finish(result, path, args.target)
 

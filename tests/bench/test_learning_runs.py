@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.learning.results import devices
 from bench.learning.run import merge_runs, pending_runs, summarize
 
 
@@ -114,6 +115,19 @@ def test_merge_replaces_a_seed_run_again_and_keeps_the_rest() -> None:
     assert [r["seed"] for r in result["systems"]["grpo_hpc"]] == [0, 1, 7]
     assert result["systems"]["grpo_hpc"][1]["evals"][0]["accuracy"] == 0.9  # the new run
     assert [r["seed"] for r in result["systems"]["trl"]] == [0]  # untouched
+
+
+def test_runs_keep_the_device_they_ran_on_when_a_file_gains_runs_of_another() -> None:
+    """A file's ``env`` is its last call's: runs made before on another GPU keep theirs."""
+    result = {"systems": {"grpo_hpc": [_run(0, [])]}, "env": {"device": "H100"}}
+    other = {"systems": {"opsm": [_run(0, [(5, 1.0, 0.5)])]}, "env": {"device": "H200"}}
+    merge_runs(result, other)
+    assert [r["device"] for r in result["systems"]["grpo_hpc"]] == ["H100"]
+    assert [r["device"] for r in result["systems"]["opsm"]] == ["H200"]
+    assert devices(result) == "H100 and H200"
+    assert summarize(result["systems"]["opsm"], 0.8)["devices"] == ["H200"]
+    one = {"systems": {"grpo_hpc": [_run(0, [])]}, "env": {"device": "H100"}}
+    assert devices(one) == "H100"  # a file from before runs named theirs: its env's
 
 
 def test_merge_files_from_several_gpus_into_one_summary(tmp_path: Path) -> None:
