@@ -118,7 +118,7 @@ def _submit(argv: list[str]) -> int:
     print(result.memory_line)
     if torch_note:
         print(torch_note)
-    for line in (plan.rollout_line, plan.placement_line):
+    for line in (plan.rollout_line, plan.placement_line, plan.async_note):
         if line:
             print(line)
     executor = plan.profile.executor

@@ -79,8 +79,42 @@ class SubmitPlan:
         )
 
     @property
+    def async_note(self) -> str:
+        """The ``note:`` line of an asynchronous run that hands over its last step."""
+        return async_learning_note(self.config)
+
+    @property
     def refused(self) -> bool:
         return bool(self.problems)
+
+
+def async_learning_note(cfg: Config) -> str:
+    """A note for an asynchronous run without keep-best or the rescue, which the learning
+    benchmark showed it needs: its last step learned worse than the synchronous step's
+    (k = 1, 20 paired seeds), while with a validation split keep-best and the rescue
+    handed over as good a model (docs/async.md, "What staleness costs in learning").
+    Empty for a synchronous run or one that has both. Pure."""
+    if not cfg.algo.max_staleness:
+        return ""
+    t = cfg.training
+    missing = []
+    if cfg.data.num_val <= 0:
+        missing.append(("a validation split", "data.num_val=32"))
+    if t.eval_every <= 0:
+        missing.append(("evaluations", "training.eval_every=N"))
+    if cfg.data.num_val > 0 and t.eval_every > 0 and t.final != "best":
+        missing.append(("keep-best", "training.final=best"))
+    if t.on_collapse != "rollback":
+        missing.append(("the rescue", "training.on_collapse=rollback"))
+    if not missing:
+        return ""
+    what = " and ".join(w for w, _ in missing)
+    fix = " ".join(f for _, f in missing)
+    return (
+        f"note: asynchronous without {what}: its last step learned worse than a synchronous "
+        f"one on the learning benchmark, keep-best with the rescue as well (docs/async.md); "
+        f"set {fix}"
+    )
 
 
 def split_placement_line(cfg: Config, profile: Profile, ranks: int) -> str:
@@ -298,6 +332,7 @@ def dry_run_text(plan: SubmitPlan) -> str:
     """What ``--dry-run`` prints: the job, the memory and rollout lines the submission
     prints, a multi-node plan's scaling estimate, and each problem that refuses it."""
     refused = [f"# refused at submission: {line}" for line in plan.problems]
-    lines = (plan.memory.line, plan.rollout_line, plan.placement_line, scaling_text(plan))
+    lines = (plan.memory.line, plan.rollout_line, plan.placement_line, plan.async_note)
+    lines += (scaling_text(plan),)
     said = [line for line in lines if line] + refused
     return preview(plan) + "\n".join(said) + "\n"
