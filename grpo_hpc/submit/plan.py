@@ -111,9 +111,9 @@ def async_learning_note(cfg: Config) -> str:
     what = " and ".join(w for w, _ in missing)
     fix = " ".join(f for _, f in missing)
     return (
-        f"note: asynchronous without {what}: its last step learned worse than a synchronous "
-        f"one on the learning benchmark, keep-best with the rescue as well (docs/async.md); "
-        f"set {fix}"
+        f"note: asynchronous without {what}: on the learning benchmark its last step scored "
+        f"below a synchronous run's, while keep-best with the rescue matched it "
+        f"(docs/async.md); set {fix}"
     )
 
 
