@@ -5,7 +5,8 @@ uninterrupted one (one process and two DDP ranks: the pool is saved per rank). I
 split placement (the trainer keeps the pool, its generator process advances it) the run
 trains, bit for bit and round for round, what the thread placement trains (HF generate
 and the native engine; one trainer, and two served by one generator), a SIGKILL of either
-role resumes bit for bit, and a rollback restarts the flights in both placements alike.
+role resumes bit for bit, and a rollback restarts the flights (or, by default, ends partial
+rollouts) in both placements alike.
 
 The model is conftest's ``ending_model``: a random tiny Llama whose answers end at many
 lengths (a long tail)."""
@@ -120,10 +121,10 @@ SPLIT_STEPS = 8
 
 def _rounds(run: RunPaths) -> list[list[float]]:
     """What each step's round did: rows continued, groups left in the pool, rows decoded,
-    and the groups' ages."""
+    and the groups' ages (None where a step had no round: partial rollouts ended)."""
     keys = ["partial/continued_rows", "partial/pool_groups", "partial/decoded_rows"]
     keys += [f"staleness/{s}" for s in range(K + 1)]
-    return [[r[k] for k in keys] for r in _rows(run)]
+    return [[r.get(k) for k in keys] for r in _rows(run)]
 
 
 def _split_steps(model: Path) -> list[str]:
@@ -216,22 +217,33 @@ def test_one_generator_advances_two_trainers_pools_as_two_ranks_do(
 
 
 @pytest.mark.slow
-def test_a_rollback_restarts_the_flights_in_both_placements_alike(
-    tmp_path: Path, ending_model: Path
+@pytest.mark.parametrize("synchronous", [False, True], ids=["restart", "synchronous"])
+def test_a_rollback_restarts_the_flights_or_ends_them_in_both_placements_alike(
+    tmp_path: Path, ending_model: Path, synchronous: bool
 ) -> None:
     """A collapse rolled back at step 2 (flat zero rewards: no signal) with partial
-    rollouts: the groups in flight go back to their prompts under the restored weights
-    (nothing trains older than the rollback), and the split placement's trainer, which
-    keeps the pool, samples every step what the thread placement samples."""
+    rollouts. With ``training.rollback_synchronous=false`` the groups in flight go back to
+    their prompts under the restored weights (nothing trains older than the rollback) and
+    the run stays asynchronous; by default the rollback ends partial rollouts (the pool
+    dropped) and every later step trains a synchronous step's batch. Either way the split
+    placement's trainer, which keeps the pool, samples every step what the thread
+    placement samples."""
     steps = [*PARTIAL, f"model.name_or_path={ending_model}", *ROLLBACK]
+    steps += [f"training.rollback_synchronous={str(synchronous).lower()}"]
     thread, split = both_placements(tmp_path, *steps)
     for run in (thread, split):
         assert collapse_actions(run)[:1] == [("ROLLBACK", 2)], collapse_actions(run)
         # step 3 is the restored weights' first batch: every group started after the rollback
         assert _rows(run)[2]["staleness/max"] == 0, _rows(run)[2]
-        # the pool continues answers across steps: the run stays asynchronous, and says so
         rollback = next(e for e in read_events(run.events) if e.get("action") == "ROLLBACK")
-        assert "still asynchronous (partial rollouts cannot switch)" in rollback["reason"]
+        after = _rows(run)[2:]
+        if synchronous:  # no pool left, nothing ahead: each step's batch its own weights'
+            assert "synchronous from here" in rollback["reason"], rollback["reason"]
+            assert all(r["staleness/max"] == 0 and "partial/pool_groups" not in r for r in after)
+        else:  # the pool goes on: later rounds continue answers across steps again
+            assert "synchronous from here" not in rollback["reason"], rollback["reason"]
+            assert all("partial/pool_groups" in r for r in after)
+            assert max(r["staleness/max"] for r in after) > 0, after
     assert _rounds(split) == _rounds(thread)
     assert _completions(split) == _completions(thread)
     assert_same(_final_state(split, 4), _final_state(thread, 4))

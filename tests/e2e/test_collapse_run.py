@@ -128,39 +128,52 @@ def test_rollback_goes_back_to_the_best_checkpoint_with_a_new_seed(tmp_path: Pat
     assert "rollback 1/1" in (read_progress(paths.progress).reason or "")
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize(
+    ("mode", "at"),
+    [
+        (["algo.max_staleness=0"], 2),
+        (["algo.max_staleness=1"], 2),
+        # partial rollouts end too; the pool's first step cuts fewer rows, so the
+        # collapse comes a step later (saved there, as the others at 2)
+        (["algo.max_staleness=2", "rollout.partial_pool=2", "training.save_every_steps=3"], 3),
+    ],
+    ids=["sync", "async", "partial"],
+)
 def test_a_run_resumed_after_a_rollback_goes_on_as_if_never_stopped(
-    tmp_path: Path, staleness: int
+    tmp_path: Path, mode: list[str], at: int
 ) -> None:
-    """Rolled back to the start at step 2 (checkpointed with its count, seed and fresh
-    optimizer), killed at the start of step 3, resumed: steps 3-4 and the final weights
-    equal those of a run that was never stopped, to the bit. Asynchronous (staleness 1),
-    the rollback also made the run synchronous (training.rollback_synchronous): the
-    checkpoint says so, and the resumed run goes on synchronously."""
+    """Rolled back to the start at step ``at`` (checkpointed with its count, seed and fresh
+    optimizer), killed at the start of the next step, resumed: the two steps after and the
+    final weights equal those of a run that was never stopped, to the bit. Asynchronous
+    (staleness 1, or 2 with partial rollouts), the rollback also made the run synchronous
+    (training.rollback_synchronous; partial rollouts dropped their pool): the checkpoint
+    says so, and the resumed run goes on synchronously."""
+    staleness, end = int(mode[0].rsplit("=", 1)[1]), at + 2
     args = (*DEAD, "training.collapse_patience=2", "training.on_collapse=rollback",
-            "training.max_steps=4", "faults.enabled=true",
-            f"algo.max_staleness={staleness}")  # fmt: skip
+            f"training.max_steps={end}", "faults.enabled=true", *mode)  # fmt: skip
     whole = make_run(tmp_path, "whole", *args)
-    cut = make_run(tmp_path, "cut", *args, "faults.crash_at_step=2")
+    cut = make_run(tmp_path, "cut", *args, f"faults.crash_at_step={at}")
     assert train(whole).returncode == 0
-    assert train(cut).returncode != 0 and cut.latest_checkpoint() == 2
+    assert train(cut).returncode != 0 and cut.latest_checkpoint() == at
     (ev,) = _collapses(cut)  # before the crash: no best.json, so back to the start
-    assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", 2, 0, 1000)
+    assert (ev["action"], ev["step"], ev["to_step"], ev["seed"]) == ("ROLLBACK", at, 0, 1000)
     assert "to step 0 (the start)" in ev["reason"]
-    assert _adam_steps(cut, 2) == {0.0}  # the starting weights with a fresh optimizer
-    state = torch.load(cut.checkpoint(2) / "trainer.pt", weights_only=False)
+    assert _adam_steps(cut, at) == {0.0}  # the starting weights with a fresh optimizer
+    state = torch.load(cut.checkpoint(at) / "trainer.pt", weights_only=False)
     assert state["collapse"]["synchronous"] == bool(staleness)
-    cut.config.write_text(cut.config.read_text().replace("crash_at_step: 2", "crash_at_step: -1"))
+    crash = f"crash_at_step: {at}"
+    cut.config.write_text(cut.config.read_text().replace(crash, "crash_at_step: -1"))
     result = train(cut)
     assert result.returncode == 0, result.stderr[-3000:]
     keys = ("reward/mean", "loss", "grad_norm", "rollout/truncated")
-    tail = [[m.get(k) for k in keys] for m in _steps(cut) if m["step"] > 2]
-    assert tail == [[m.get(k) for k in keys] for m in _steps(whole) if m["step"] > 2]
+    tail = [[m.get(k) for k in keys] for m in _steps(cut) if m["step"] > at]
+    assert tail == [[m.get(k) for k in keys] for m in _steps(whole) if m["step"] > at]
     if staleness:  # synchronous after the rollback, in the resumed run as in the whole one
-        assert [m["staleness/max"] for m in _steps(cut) if m["step"] > 2] == [0, 0]
+        assert [m["staleness/max"] for m in _steps(cut) if m["step"] > at] == [0, 0]
+        assert not any("partial/pool_groups" in m for m in _steps(cut) if m["step"] > at)
     assert [e["seed"] for e in _collapses(cut)] == [e["seed"] for e in _collapses(whole)]
-    a = torch.load(whole.checkpoint(4) / "model.pt", weights_only=False)
-    b = torch.load(cut.checkpoint(4) / "model.pt", weights_only=False)
+    a = torch.load(whole.checkpoint(end) / "model.pt", weights_only=False)
+    b = torch.load(cut.checkpoint(end) / "model.pt", weights_only=False)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -29,8 +29,10 @@ round's stop is judged at the engine's host checks (every ``check_every`` tokens
 time. The pool is saved in each rank's checkpoint (``rng-rank<R>.pt``), so a resumed run
 continues the same answers.
 
-Rollback: flights of an abandoned line restart from their prompt under the current weights
-(the prompts are kept: nothing is skipped in the data order).
+Rollback: by default the pipeline drops the pool and trains synchronously from then on
+(``training.rollback_synchronous``; the prompts in flight are not trained); with that off,
+flights of an abandoned line restart from their prompt under the current weights (the
+prompts are kept: nothing is skipped in the data order).
 """
 
 from __future__ import annotations

@@ -331,8 +331,8 @@ class CollapseGuard:
             return ""
         if self.synchronous:
             return ""  # an earlier rollback did it
-        if not trainer.set_synchronous():
-            return "; still asynchronous (partial rollouts cannot switch)"
+        if not trainer.set_synchronous():  # a synchronous run: nothing to change
+            return ""
         self.synchronous = True
         return (
             "; synchronous from here (training.rollback_synchronous: asynchronous runs "
