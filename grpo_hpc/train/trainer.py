@@ -395,10 +395,10 @@ class Trainer:
         self.tracker.log_step(m)
         self.tracker.log_samples(step_samples(self.step, scored, self.cfg.training.log_samples))
 
-    def set_synchronous(self) -> bool:
-        """The rollouts synchronous from the next step on (a collapse rollback's remedy);
-        False where they cannot be (partial rollouts)."""
-        return self.rollouts.go_synchronous()
+    def set_synchronous(self) -> None:
+        """The rollouts synchronous from the next step on (a collapse rollback's remedy;
+        partial rollouts drop their pool)."""
+        self.rollouts.go_synchronous()
 
     def set_rollout_cap(self, cap: int) -> None:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's remedy for a

@@ -116,7 +116,7 @@ class TrainerLike(Protocol):
 
     def set_rollout_cap(self, cap: int) -> None: ...
 
-    def set_synchronous(self) -> bool: ...
+    def set_synchronous(self) -> None: ...
 
     def _export_final(self) -> str | None: ...
 
@@ -331,8 +331,7 @@ class CollapseGuard:
             return ""
         if self.synchronous:
             return ""  # an earlier rollback did it
-        if not trainer.set_synchronous():  # a synchronous run: nothing to change
-            return ""
+        trainer.set_synchronous()
         self.synchronous = True
         return (
             "; synchronous from here (training.rollback_synchronous: asynchronous runs "
