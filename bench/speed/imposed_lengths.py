@@ -103,10 +103,11 @@ class ImposingEngine(native_engine.NativeEngine):
                 ImposingEngine.calls += 1
         return call
 
-    def _set_targets(self, remaining: list[int]) -> None:
-        """Each row's new tokens to its EOS, into the root bucket's buffer the steps read."""
+    def _set_targets(self, remaining: list[int], least_rows: int = 0) -> None:
+        """Each row's new tokens to its EOS, into the root bucket's buffer the steps read
+        (the engine's: at least ``least_rows`` rows, ``batch_rows`` for a partial round)."""
         n_rows = len(remaining)
-        rows = round_up(n_rows, self.row_bucket)
+        rows = round_up(max(n_rows, least_rows), self.row_bucket)
         buf = self.target_bufs.get(rows)
         if buf is None:
             buf = self.target_bufs[rows] = torch.empty(rows, dtype=torch.long, device=self.device)
@@ -169,7 +170,7 @@ class ImposingEngine(native_engine.NativeEngine):
                         del self.carried[key]
                 else:
                     sources[r] = "lost"
-            self._set_targets([d - a for d, a in zip(drawn, done, strict=True)])
+            self._set_targets([d - a for d, a in zip(drawn, done, strict=True)], self.batch_rows)
         self.ticks = []
         t0 = time.monotonic()
         batch = super().generate_rows(prompt_ids, counts, greedy=greedy, answered=answered, **kw)

@@ -101,8 +101,6 @@ def build(
         tick=progress.bump if progress is not None else lambda: None,
         abort=lambda: False, autocast=autocast,
     )  # fmt: skip
-    if cfg.rollout.partial_pool:
-        for_partial(engine)
     custom = {spec: rewards.load_custom_reward(spec) for spec in cfg.reward.custom}
     info = DistInfo(0, 1, 0, device)  # serve() makes one per trainer: its rank, its share
     collector = Collector(cfg, info, tok, [], Replay(), custom, None, engine, ahead=True)
@@ -129,6 +127,8 @@ def serve(link: Link, run_dir: Path, progress: Progress | None = None) -> int:
     shares = [
         dataclasses.replace(collector, info=DistInfo(r, trainers, 0, link.device)) for r in served
     ]
+    if hello.cfg.rollout.partial_pool:  # each trainer's pool in turn, of its share's rows
+        for_partial(collector.engine, hello.cfg, shares[0].per_rank)
     replay = collector.sampler
     cap = hello.options.max_new_tokens
     while True:

@@ -355,7 +355,9 @@ class Trainer:
             t_sync = 0.0  # no GPU, nothing queued: no wait, and none measured
             if info.device.type == "cuda":  # the optimizer step's kernels are still queued:
                 t1 = time.monotonic()
-                torch.cuda.synchronize(info.device)  # count them here, not in the next rollout
+                # counted here, not in the next rollout; this stream's only: a device-wide
+                # sync waits for an async run's decode too, and breaks a graph it captures
+                torch.cuda.current_stream(info.device).synchronize()
                 t_sync = time.monotonic() - t1
         self.rollouts.settle()  # the batches generated meanwhile, before anything reads state
         self.step += 1

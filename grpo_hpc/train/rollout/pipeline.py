@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from grpo_hpc.config.schema import Config
 from grpo_hpc.config.validate import async_ranks_problem
 from grpo_hpc.core.errors import ConfigError, StalledError
 from grpo_hpc.memory.estimate import PREFILL_TOKENS
@@ -147,7 +148,7 @@ class RolloutPipeline:
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.rollout.partial_pool:
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
-            for_partial(engine)
+            for_partial(engine, cfg, collector.per_rank)
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
@@ -417,13 +418,15 @@ def partial_round(
     return Entry(Made(made.step, min(report.versions), made.lineage), got, report)
 
 
-def for_partial(engine: Any) -> None:
-    """A partial pool's generator engine: the native engine prefills continued answers in
-    chunks of ``PREFILL_TOKENS`` and sizes its caches for them from the start (HF generate
-    needs neither)."""
+def for_partial(engine: Any, cfg: Config, per_rank: int) -> None:
+    """A partial pool's generator engine, for a trainer drawing ``per_rank`` prompts a
+    step: the native engine prefills continued answers in chunks of ``PREFILL_TOKENS``,
+    sizes its caches for them from the start, and decodes every round in a batch of the
+    pool's rows (``NativeEngine.batch_rows``; HF generate needs none of it)."""
     if hasattr(engine, "prefill_tokens"):
         engine.prefill_tokens = PREFILL_TOKENS
         engine.carry_answers()
+        engine.batch_rows = per_rank * cfg.rollout.partial_pool * cfg.rollout.num_generations
 
 
 @torch.no_grad()

@@ -133,6 +133,13 @@ class NativeEngine(DecodeSteps):
     its own longest prompt and writing its rows of the cache; one that fits runs as one
     batch, as before. The memory estimate counts one chunk."""
 
+    batch_rows: int = 0
+    """Least rows ``generate_rows`` decodes in (the rest padding, done from the start); 0:
+    its rows up to ``row_bucket``. Partial rollouts set the pool's rows: their rounds vary
+    in rows, and each new row count was a KV cache of its own (30 GB at 128 rows of
+    Qwen2.5-1.5B, 4,096 tokens) whose graphs were captured while the update ran. At the
+    pool's rows every round decodes in one workspace, captured at the first round."""
+
     hands_over_rows = True
     """``generate``'s ``on_done`` hears of rows as they finish."""
 
@@ -196,7 +203,7 @@ class NativeEngine(DecodeSteps):
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         counts = [num_generations] * len(prompts)
         return self._rollout(
-            enc.input_ids, enc.attention_mask, counts, greedy, on_done, on_running, None, None
+            enc.input_ids, enc.attention_mask, counts, greedy, on_done, on_running, None, None, 0
         )
 
     def generate_rows(
@@ -216,7 +223,9 @@ class NativeEngine(DecodeSteps):
         EOS (``Workspace.room``), and is compacted out like a finished row."""
         check_rows(prompt_ids, counts, answered, self.max_new_tokens)
         ids, pmask = left_padded(prompt_ids, self.pad)
-        return self._rollout(ids, pmask, counts, greedy, None, None, stop_when, answered)
+        return self._rollout(
+            ids, pmask, counts, greedy, None, None, stop_when, answered, self.batch_rows
+        )
 
     def _rollout(
         self,
@@ -228,10 +237,11 @@ class NativeEngine(DecodeSteps):
         on_running: OnRunning | None,
         stop_when: StopWhen | None,
         answered: list[int] | None,
+        least_rows: int,
     ) -> RolloutBatch:
         """The rows of the padded prompts ``ids`` [P, L] (``counts[i]`` of prompt i, rows
-        consecutive, the last ``answered[i]`` ids already its answer): what ``generate``
-        and ``generate_rows`` share."""
+        consecutive, the last ``answered[i]`` ids already its answer), decoded in a batch of
+        at least ``least_rows`` rows: what ``generate`` and ``generate_rows`` share."""
         ids = ids.to(self.device)
         pmask = pmask.to(self.device)
         n_rows, length = sum(counts), ids.shape[1]
@@ -242,7 +252,8 @@ class NativeEngine(DecodeSteps):
         self.packed.shape.check_length(length + self.max_new_tokens)  # longrope's limit
         weights.refill(self.packed, self.model)
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
-            root = self._workspace(round_up(n_rows, self.row_bucket), length + self.max_new_tokens)
+            rows = round_up(max(n_rows, least_rows), self.row_bucket)
+            root = self._workspace(rows, length + self.max_new_tokens)
             self._capture_ahead(root, greedy)  # before the prefill: it writes the cache
             self._start(root, ids, pmask, counts, n_rows, greedy, room.to(self.device))
             ws, real = root, n_rows  # the batch being decoded and its non-padding rows

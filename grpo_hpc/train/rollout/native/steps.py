@@ -149,7 +149,12 @@ class DecodeSteps:
                 self._step_eager(ws, span, greedy, draw)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # "thread_local": an asynchronous run's update allocates and launches on another
+        # thread while a new batch shape is captured here; under the default ("global")
+        # that thread's cudaMalloc failed with "operation not permitted when stream is
+        # capturing" (partial rollouts on an H100, 2026-12-05). The capture's stream is
+        # this thread's alone; vLLM captures this way for its background threads too.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             self._step_eager(ws, span, greedy, draw)
         for dst, src in zip((ws.tokens, ws.pos, ws.done, ws.out, ws.out_logp), state, strict=True):
             dst.copy_(src)

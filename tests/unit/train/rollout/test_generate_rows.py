@@ -429,3 +429,29 @@ def test_a_cache_sized_for_carried_answers_never_regrows(qwen2: tuple, carry: bo
     continued = fresh.input_ids[0, start:p].tolist() + answer
     engine.generate_rows([continued], [1], answered=[len(answer)])
     assert engine.totals["caches"] == (1 if carry else 2)
+
+
+def test_batch_rows_decodes_every_round_in_one_workspace(qwen2_eos: tuple) -> None:
+    """Partial rollouts' rounds vary in rows; with ``batch_rows`` (the pool's rows) each
+    round decodes in the one workspace of that many rows (one KV cache, one set of CUDA
+    graphs), the extra rows padding: greedy, every real row completes as it does in a
+    batch of its own size, rows ending early and compacted out included."""
+    model, tok2 = qwen2_eos
+    ids = _ids(tok2, PROMPTS)
+    rounds = [ENDING, MIXED, [1, 1, 1]]  # 12, 6 and 3 rows
+
+    def engine(**kw: int) -> NativeEngine:
+        return NativeEngine(model, tok2, 64, 1.0, 1.0, 60, row_bucket=2, check_every=4, **kw)
+
+    plain, padded = engine(), engine(batch_rows=16)
+    for counts in rounds:
+        want = plain.generate_rows(ids, counts, greedy=True)
+        got = padded.generate_rows(ids, counts, greedy=True)
+        # the tokens bit for bit; the log-probs to rounding (other batch shapes, other
+        # matmul blockings)
+        for name in ("input_ids", "attention_mask", "completion_mask", "finished"):
+            assert torch.equal(getattr(want, name), getattr(got, name)), name
+        torch.testing.assert_close(got.sampled_logp, want.sampled_logp)
+        assert padded.stats["compactions"] >= 1  # the padding went at the first check
+    assert padded.totals["caches"] == 1 and list(padded.spaces) == [16]
+    assert plain.totals["caches"] == len(rounds)  # what each round cost before: its own

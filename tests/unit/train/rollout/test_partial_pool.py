@@ -230,7 +230,8 @@ def test_the_generators_engine_prefills_in_chunks_only_for_partial_rollouts(
 ) -> None:
     """A partial pool's generator gets continued answers as prompts: its native engine
     prefills them in chunks of ``PREFILL_TOKENS`` (the budget the memory estimate counts);
-    every other engine prefills in one batch, as every figure so far was measured."""
+    every other engine prefills in one batch, as every figure so far was measured. Its
+    rounds all decode in one batch of the pool's rows (``batch_rows``)."""
     from grpo_hpc.train.rollout.native.engine import NativeEngine
     from grpo_hpc.train.rollout.pipeline import RolloutPipeline
     from grpo_hpc.train.setup.models import LlamaShape, load_model_and_tokenizer, save_random_llama
@@ -248,4 +249,6 @@ def test_the_generators_engine_prefills_in_chunks_only_for_partial_rollouts(
 
     pipe = RolloutPipeline(collector, model, make, lambda: False, contextlib.nullcontext)
     assert pipe.now.engine.prefill_tokens == (PREFILL_TOKENS if pool else 0)
-    assert policy.prefill_tokens == 0
+    # every round in one batch of the pool's rows: 2 prompts x 2 steps x G 4
+    assert pipe.now.engine.batch_rows == (16 if pool else 0)
+    assert policy.prefill_tokens == 0 and policy.batch_rows == 0
