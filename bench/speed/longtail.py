@@ -41,9 +41,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from bench.common import env_info, write_result
 from bench.speed.grpo_step import keep_run
-from bench.speed.longtail_analysis import markdown, speedup, summarize
+from bench.speed.longtail_analysis import drain_steps, markdown, speedup, summarize
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def drain_of(kept: Path, cut: bool) -> int:
+    """``drain_steps`` of the run kept in ``kept``, read from its ``config.yaml``."""
+    path = kept / "config.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
+    algo, rollout = cfg.get("algo") or {}, cfg.get("rollout") or {}
+    return drain_steps(int(algo.get("max_staleness", 0)), int(rollout.get("partial_pool", 0)), cut)
+
+
 def analyze(out: Path, planned: list[Planned], passthrough: list[str]) -> dict:
     """The comparison of the runs kept under ``out`` (written to longtail.{json,md}); a run
     stopped at its timeout (``k<K>/CUT``) or failed (``k<K>/FAILED``) counts the steps it
@@ -123,7 +133,7 @@ def analyze(out: Path, planned: list[Planned], passthrough: list[str]) -> dict:
         records = [r for f in sorted((kept / "generations").glob("*.jsonl")) for r in read_jsonl(f)]
         rows = read_jsonl(kept / "metrics.jsonl") if (kept / "metrics.jsonl").exists() else []
         cut = (kept / "CUT").exists() or (kept / "FAILED").exists()
-        run = summarize(p.label, rows, records, cut=cut)
+        run = summarize(p.label, rows, records, cut=cut, drain=drain_of(kept, cut))
         if (kept / "FAILED").exists():
             run["failed"] = (kept / "FAILED").read_text().strip()
         runs.append(run)

@@ -2,8 +2,10 @@
 
 Inputs are a run's metrics rows (``metrics.jsonl``: one row per training step, with
 ``loss``) and its generation records (``bench/speed/imposed_lengths.py``: one per
-``generate``). Steps after the first count (the first compiles and captures); a figure a
-run does not log is None, never 0.
+``generate``). Steps after the first count (the first compiles and captures), except an
+asynchronous run's last steps (:func:`drain_steps`): they train batches made ahead while
+nothing generates beside them, which a long run does once; a figure a run does not log is
+None, never 0.
 
 - **tokens/s/GPU as NeMo RL counts them**: (prompt + response tokens of the steps) / (their
   step time) / GPUs. Response tokens are the trainer's own count (``gen_len/mean`` x
@@ -173,15 +175,36 @@ def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -
     return out
 
 
+def drain_steps(max_staleness: int, partial_pool: int, cut: bool) -> int:
+    """The last steps of a finished run that train batches generated ahead with nothing
+    generating beside them (pure): the steps made ahead, ``max_staleness`` (one with
+    partial rollouts, whose rounds run one step ahead); 0 for a synchronous run and for
+    one stopped at its timeout (its last steps still had generation beside them). Counted
+    in, they made a 5-step run at ``max_staleness=1`` look 1.25x faster than its steady
+    steps were (one H200, 2026-12-05: LOG-speed.md)."""
+    if cut or max_staleness <= 0:
+        return 0
+    return 1 if partial_pool else max_staleness
+
+
 def summarize(
-    name: str, rows: list[Row], records: list[Row], skip: int = 1, cut: bool = False
+    name: str,
+    rows: list[Row],
+    records: list[Row],
+    skip: int = 1,
+    cut: bool = False,
+    drain: int = 0,
 ) -> dict:
-    """One run's figures (see the module's docstring). ``cut``: the run was stopped, and
-    its generations past its last logged step (made ahead, or cut) are not counted."""
+    """One run's figures (see the module's docstring) over its steps after the first
+    ``skip`` and before the last ``drain`` (:func:`drain_steps`). ``cut``: the run was
+    stopped, and its generations past its last logged step (made ahead, or cut) are not
+    counted."""
     steps = train_steps(rows)
     if cut:
         records = [r for r in records if r.get("greedy") or r["call"] < len(steps)]
     prompts = prompt_tokens_per_step(records, len(steps))
+    end = max(len(steps) - drain, skip)
+    kept = steps[skip:end]
     # rank 0's generations; a split run's trainers generate none: its first generator's
     first = min((int(r["rank"]) for r in records), default=0)
     waits = longest_row_waits(records, skip, first)
@@ -189,18 +212,19 @@ def summarize(
         "run": name,
         "cut": cut,
         "steps": len(steps),
-        "steps_measured": max(len(steps) - skip, 0),
+        "steps_measured": len(kept),
+        "steps_drained": len(steps) - end,
         "gpus": gpus(steps[0]) if steps else None,
-        "step_s": mean_of(steps, "time/step", skip),
-        "generate_s": mean_of(steps, "time/generate", skip),
-        "train_s": mean_of(steps, "time/train", skip),
-        "tokens_per_gpu_s": tokens_per_gpu_s(steps, prompts, skip) if prompts else None,
-        "engine_idle": idle_share(steps, "time/generate", skip),
-        "optimizer_idle": idle_share(steps, "time/train", skip),
+        "step_s": mean_of(kept, "time/step", 0),
+        "generate_s": mean_of(kept, "time/generate", 0),
+        "train_s": mean_of(kept, "time/train", 0),
+        "tokens_per_gpu_s": tokens_per_gpu_s(kept, prompts[skip:end], 0) if prompts else None,
+        "engine_idle": idle_share(kept, "time/generate", 0),
+        "optimizer_idle": idle_share(kept, "time/train", 0),
         "longest_row_wait_s": statistics.median(waits) if waits else None,
-        "wait_rollouts_s": mean_of(steps, "time/wait_rollouts", skip),
-        "weight_sync_s": mean_of(steps, "time/weight_sync", skip),
-        "mean_length": mean_of(steps, "gen_len/mean", skip),
+        "wait_rollouts_s": mean_of(kept, "time/wait_rollouts", 0),
+        "weight_sync_s": mean_of(kept, "time/weight_sync", 0),
+        "mean_length": mean_of(kept, "gen_len/mean", 0),
         "lengths_mismatched": length_mismatches(steps, records),
     }
 

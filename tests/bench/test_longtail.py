@@ -142,6 +142,22 @@ def test_summary_and_table() -> None:
     assert la.speedup({"tokens_per_gpu_s": None}, s) is None
 
 
+def test_an_asynchronous_runs_drain_steps_are_not_measured() -> None:
+    """The last steps of a finished asynchronous run train batches made ahead with nothing
+    generating beside them (step 3 here: 4 s, as if generation were free): they are left
+    out, and a synchronous run, a cut one, keep every step after the first."""
+    assert la.drain_steps(0, 0, False) == 0
+    assert la.drain_steps(1, 0, False) == 1 and la.drain_steps(2, 0, False) == 2
+    assert la.drain_steps(2, 2, False) == 1  # partial rollouts run one round ahead
+    assert la.drain_steps(2, 0, True) == 0  # cut: generation still ran beside its last steps
+    s = la.summarize("max_staleness=1", STEPS, RECORDS, drain=1)
+    assert s["steps_measured"] == 1 and s["steps_drained"] == 1
+    assert s["step_s"] == pytest.approx(2.0)
+    # step 2 alone: prompt 100 + response 40 in 2 s on 2 GPUs
+    assert s["tokens_per_gpu_s"] == pytest.approx(140 / 2 / 2)
+    assert la.summarize("x", STEPS[:1], RECORDS[:2], drain=1)["steps_measured"] == 0
+
+
 def test_each_run_imposes_or_records_and_keeps_its_files(tmp_path: Path) -> None:
     k0, k1 = plan_runs([0, 1], [])
     imposed = step_command(k1, tmp_path, tmp_path, ["--shape", "tiny", "--length-dist", "F"])
