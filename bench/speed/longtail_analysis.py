@@ -263,3 +263,35 @@ def speedup(sync: dict, other: dict) -> float | None:
     """``other``'s tokens/s/GPU over ``sync``'s (None where either is missing)."""
     a, b = sync.get("tokens_per_gpu_s"), other.get("tokens_per_gpu_s")
     return b / a if a and b else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.speed.longtail_analysis METRICS.jsonl --staleness K [--partial-pool
+    P]``: the mean step time and the response tokens/s/GPU (prompts not counted: the
+    metrics have no prompt tokens) of a run's measured steps (after the first, before its
+    drain) from its metrics alone: how runs kept without generation records are read
+    again."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("metrics", type=Path)
+    ap.add_argument("--staleness", type=int, required=True)
+    ap.add_argument("--partial-pool", type=int, default=0)
+    ap.add_argument("--cut", action="store_true", help="the run was stopped at its timeout")
+    a = ap.parse_args(argv)
+    rows = [json.loads(x) for x in a.metrics.read_text().splitlines() if x.strip()]
+    steps = train_steps(rows)
+    drain = drain_steps(a.staleness, a.partial_pool, a.cut)
+    kept = steps[1 : max(len(steps) - drain, 1)]
+    times = ", ".join(f"{float(s['time/step']):.2f}" for s in steps)
+    seconds = sum(float(s["time/step"]) for s in kept)
+    rate = sum(response_tokens(s) for s in kept) / seconds / gpus(kept[0]) if kept else 0.0
+    print(f"{a.metrics}: step s [{times}]; measured {len(kept)} (drain {drain}): "
+          f"{mean_of(kept, 'time/step', 0) or float('nan'):.2f} s/step, "
+          f"{rate:,.0f} response tokens/s/GPU")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -192,3 +192,18 @@ def test_a_split_runs_generators_count_among_its_gpus() -> None:
     assert la.tokens_per_gpu_s(split, prompts) == la.tokens_per_gpu_s(STEPS, prompts)
     moved = [{**r, "rank": r["rank"] + 1} for r in RECORDS]  # no rank 0 among them
     assert la.longest_row_waits(moved, rank=1) == la.longest_row_waits(RECORDS, rank=0)
+
+
+def test_the_metrics_alone_are_read_again_without_the_drain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m bench.speed.longtail_analysis METRICS --staleness K``: steps after the
+    first and before the drain, and their response tokens a second (prompts unknown)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in STEPS))
+    la.main([str(path), "--staleness", "1"])
+    out = capsys.readouterr().out
+    # step 2 alone: 10 x 4 response tokens in 2 s on 2 GPUs
+    assert "measured 1 (drain 1): 2.00 s/step, 10 response tokens/s/GPU" in out
+    la.main([str(path), "--staleness", "0"])
+    assert "measured 2 (drain 0): 3.00 s/step" in capsys.readouterr().out
