@@ -159,9 +159,9 @@ class RolloutConfig:
     small kernels take the multiprocessors ahead of the update's queued blocks as they free
     up (the decode waits on each token; the update on the whole batch). ``normal``: the
     same priority as the update's stream. On one H200 the decode slowed by about the
-    update's length while both ran (bench/results/LOG-speed.md, 2026-12-05); whether
-    ``high`` wins it back is to be measured (``bench/gpu.sh async``). No effect on a CPU
-    or in a split placement (its generators have a GPU of their own)."""
+    update's length while both ran, and ``high`` did not win it back on an H100 (18.44 s
+    a step against 18.45: bench/results/LOG-speed.md, 2026-12-05). No effect on a CPU or
+    in a split placement (its generators have a GPU of their own)."""
     partial_pool: int = 0
     """Asynchronous runs (``algo.max_staleness`` >= 2): partial rollouts. 0: off, each
     step's batch is generated whole and waits for its longest answer. ``P`` >= 2: the

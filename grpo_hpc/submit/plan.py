@@ -80,12 +80,30 @@ class SubmitPlan:
 
     @property
     def async_note(self) -> str:
-        """The ``note:`` line of an asynchronous run that hands over its last step."""
-        return async_learning_note(self.config)
+        """The ``note:`` lines of an asynchronous run: what it gains on its GPUs, and what
+        it lacks if it hands over its last step."""
+        lines = (async_speed_note(self.config, self.profile), async_learning_note(self.config))
+        return "\n".join(line for line in lines if line)
 
     @property
     def refused(self) -> bool:
         return bool(self.problems)
+
+
+def async_speed_note(cfg: Config, profile: Profile) -> str:
+    """A note for an asynchronous run whose generator thread shares each GPU with the
+    update (the thread placement on a GPU profile): on one H100 and one H200 that gained
+    1.0-1.2x a synchronous step, because the decode slowed by about the update's length
+    while both ran (bench/results/LOG-speed.md, 2026-12-05). Empty otherwise. Pure."""
+    if not cfg.algo.max_staleness or cfg.rollout.placement == "split":
+        return ""
+    if profile.gpus_per_node <= 0:
+        return ""
+    return (
+        "note: asynchronous beside the update on the same GPU: measured 1.0-1.2x a "
+        "synchronous step on one H100 or H200 (the decode slows while the update runs; "
+        "docs/async.md); rollout.placement=split gives generation GPUs of its own"
+    )
 
 
 def async_learning_note(cfg: Config) -> str:

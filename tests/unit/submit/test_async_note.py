@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.config.load import build_config
+from grpo_hpc.config.profiles import load_profile
 from grpo_hpc.core.errors import ExitCode
-from grpo_hpc.submit.plan import async_learning_note
+from grpo_hpc.submit.plan import async_learning_note, async_speed_note
 
 from .test_preflight import _grpo_submit
 
@@ -61,3 +62,27 @@ def test_dry_run_and_submit_print_the_note_only_for_an_asynchronous_run(tmp_path
         assert result.returncode == ExitCode.OK, result.stderr
         assert "note: " not in result.stdout
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "overrides", "told"),
+    [
+        ("h100x2", [], True),  # a generator thread beside each rank's update, on its GPU
+        ("supercloud", [], True),
+        ("local", [], False),  # no GPU: nothing measured to say
+        ("h100x2", ["algo.max_staleness=0"], False),
+        ("h100x2", ["rollout.placement=split"], False),  # generation GPUs of its own
+    ],
+)
+def test_the_speed_note_is_for_the_thread_placement_on_gpus(
+    profile: str, overrides: list[str], told: bool
+) -> None:
+    """On one H100 and one H200 the thread placement gained 1.0-1.2x a synchronous step
+    (bench/results/LOG-speed.md): a run that shares each GPU between its update and its
+    generator thread is told so, and where else generation can run."""
+    cfg = build_config("tiny", ["algo.max_staleness=1", *overrides])
+    note = async_speed_note(cfg, load_profile(profile))
+    assert bool(note) == told
+    if told:
+        assert note.startswith("note: asynchronous beside the update on the same GPU: ")
+        assert "1.0-1.2x" in note and "rollout.placement=split" in note
