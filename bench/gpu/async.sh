@@ -26,6 +26,8 @@
 #   across the rounds that continue it) ASYNC_NPROC (processes, 1: on two GPUs, 2 runs the
 #   synchronous and thread runs as 2 DDP ranks and a split variant, e.g. "split=algo.
 #   max_staleness=1 rollout.placement=split", as a trainer and a generator: the same GPUs)
+#   ASYNC_SWITCH_MS (every run's sys.setswitchinterval in ms, e.g. 0.5: does the decode
+#   thread wait for the GIL while the update's Python holds it? grpo_step --switch-interval-ms)
 #   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
 #   PROFILE_ASYNC_RUNS ("normal high": the priorities, one run each) PROFILE_ASYNC_OVERRIDES
 #   (more config key=value, after the priority's) PROFILE_ASYNC_WARMUP (2) PROFILE_ASYNC_TIMEOUT
@@ -51,7 +53,8 @@ async_run() {
     # shellcheck disable=SC2086  (ASYNC_K is a list)
     python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} "${variants[@]}" \
         --run-timeout "${ASYNC_TIMEOUT:-270}" -- --precision bf16 --steps "${ASYNC_STEPS:-$steps}" \
-        --seed 0 --nproc "${ASYNC_NPROC:-1}" "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
+        --seed 0 --nproc "${ASYNC_NPROC:-1}" ${ASYNC_SWITCH_MS:+--switch-interval-ms "$ASYNC_SWITCH_MS"} \
+        "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20
 }
 # profile_async: bench/speed/profile_async.py once per PROFILE_ASYNC_RUNS priority, into
 # OUT/async_profile (the log: the run's last 150 lines)

@@ -139,9 +139,11 @@ def child_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
         if args.probe or args.cap_gib:
             raise SystemExit("--length-dist/--record run without --probe and --cap-gib")
         lengths = ["--lengths", str(args.length_dist), "--seed", str(args.seed)]
+        switch = ["--switch-interval-ms", str(args.switch_interval_ms)]
         return [
             "-m", "bench.speed.imposed_lengths", str(run_dir),
             "--record", str(run_dir / RECORD_DIR), *(lengths if args.length_dist else []),
+            *(switch if args.switch_interval_ms else []),
         ]  # fmt: skip
     if args.probe:
         return ["-m", "bench.memory.probe", "child", str(run_dir), *cap]
@@ -271,6 +273,14 @@ def main() -> None:
         "scaled to --max-new (needs --engine native; bench/speed/length_dist.py)",
     )
     p.add_argument("--record", action="store_true", help="record every generation (real lengths)")
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=0.0,
+        help="with --length-dist/--record: the trainer process's sys.setswitchinterval, in ms "
+        "(0: Python's 5 ms); an experiment: does an asynchronous run's decode thread wait "
+        "for the GIL while the update's Python holds it?",
+    )
     p.add_argument("--keep", type=Path, help="copy the run's metrics and records here")
     p.add_argument("--work", type=Path, help="the run's folder (default: a temporary one)")
     p.add_argument(

@@ -289,8 +289,15 @@ def install(lengths: Path | None, cap: int, seed: int, record: Path) -> None:
     native_engine.NativeEngine = ImposingEngine  # type: ignore[misc]
 
 
-def child(run_dir: str, lengths: Path | None, seed: int, record: Path) -> int:
-    """Train ``run_dir`` under the hook; fail when no generation went through it."""
+def child(
+    run_dir: str, lengths: Path | None, seed: int, record: Path, switch_ms: float = 0.0
+) -> int:
+    """Train ``run_dir`` under the hook; fail when no generation went through it.
+    ``switch_ms``: the interpreter's switch interval first (0: Python's own). A CUDA graph
+    replay releases the GIL, and a decode thread that wants it back waits up to this
+    interval for an update thread busy in Python: an experiment, not a setting."""
+    if switch_ms:
+        sys.setswitchinterval(switch_ms / 1000)
     from grpo_hpc.config.load import load_resolved
     from grpo_hpc.config.validate import training_ranks
     from grpo_hpc.core.paths import RunPaths
@@ -317,8 +324,9 @@ def main() -> None:
     p.add_argument("--record", type=Path, required=True, help="folder of the records")
     p.add_argument("--lengths", type=Path, help="a length distribution (length_dist.py)")
     p.add_argument("--seed", type=int, default=0, help="seeds the draws")
+    p.add_argument("--switch-interval-ms", type=float, default=0.0, help="sys.setswitchinterval")
     a = p.parse_args()
-    sys.exit(child(a.run_dir, a.lengths, a.seed, a.record))
+    sys.exit(child(a.run_dir, a.lengths, a.seed, a.record, a.switch_interval_ms))
 
 
 if __name__ == "__main__":

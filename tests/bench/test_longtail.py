@@ -207,3 +207,31 @@ def test_the_metrics_alone_are_read_again_without_the_drain(
     assert "measured 1 (drain 1): 2.00 s/step, 10 response tokens/s/GPU" in out
     la.main([str(path), "--staleness", "0"])
     assert "measured 2 (drain 0): 3.00 s/step" in capsys.readouterr().out
+
+
+def test_the_switch_interval_experiment_reaches_the_trainer_process(tmp_path: Path) -> None:
+    """``grpo_step --switch-interval-ms`` (a long-tail run's GIL experiment) is passed to
+    the imposing child, which sets the interpreter's interval before anything else runs
+    (here it then fails on a run folder that does not exist)."""
+    import argparse
+    import sys
+
+    from bench.speed import imposed_lengths
+    from bench.speed.grpo_step import child_command
+    from grpo_hpc.core.errors import ConfigError
+
+    args = argparse.Namespace(
+        length_dist=Path("F"), record=False, probe=False, cap_gib=0.0, seed=3,
+        switch_interval_ms=0.5,
+    )  # fmt: skip
+    cmd = child_command(args, tmp_path)
+    assert cmd[cmd.index("--switch-interval-ms") + 1] == "0.5"
+    args.switch_interval_ms = 0.0
+    assert "--switch-interval-ms" not in child_command(args, tmp_path)
+    before = sys.getswitchinterval()
+    try:
+        with pytest.raises(ConfigError):  # no run folder: after the setting
+            imposed_lengths.child(str(tmp_path / "none"), None, 0, tmp_path / "r", 0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
