@@ -26,6 +26,8 @@
 #   across the rounds that continue it) ASYNC_NPROC (processes, 1: on two GPUs, 2 runs the
 #   synchronous and thread runs as 2 DDP ranks and a split variant, e.g. "split=algo.
 #   max_staleness=1 rollout.placement=split", as a trainer and a generator: the same GPUs)
+#   ASYNC_PROMPTS (qwen's prompts a step, 8: 4 fits a partial pool of two steps beside the
+#   update on an 80 GB H100, where 8 ran out of memory)
 #   ASYNC_SWITCH_MS (every run's sys.setswitchinterval in ms, e.g. 0.5: does the decode
 #   thread wait for the GIL while the update's Python holds it? grpo_step --switch-interval-ms)
 #   profile: PROFILE_ASYNC_SHAPE (qwen; lora8b: random Llama-3.1-8B, LoRA r=16, 4 prompts)
@@ -86,7 +88,7 @@ for stage in "$@"; do
         # the tail ~27 s (all 4,096 decode steps: a third of the rows run to the cap; the
         # update over 54 % of the tokens): 5 steps a run (4 measured) + ~90 s of start
         async_run qwen 5 --model-dir random:bench/shapes/qwen2.5-1.5b --max-new 4096 \
-            --prompts 8 --G 8 --length-dist "$LENGTHS" ;;
+            --prompts "${ASYNC_PROMPTS:-8}" --G 8 --length-dist "$LENGTHS" ;;
     lora8b) # no recorded 8B step at 4,096: ~5.5 ms a decode step (16 GB of weights read)
         # x 4,096 + a LoRA update of ~45k tokens (~6 s) ~ 30 s; 5 steps a run (4 measured).
         # 4 prompts: the async copy doubles weights, packed weights and KV cache
