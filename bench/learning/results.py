@@ -144,6 +144,7 @@ COLORS = {
     "grpo_hpc_int8": "tab:pink",
     "grpo_hpc_async": "navy",
     "grpo_hpc_partial": "darkgreen",
+    "grpo_hpc_grouped": "darkorange",
     "grpo_hpc_async_opsm": "slateblue",
     "grpo_hpc_rollback_async": "teal",
 }

@@ -48,6 +48,8 @@ SYSTEMS = {
     "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1"]),
     # partial rollouts: two steps' prompts in flight, long answers continued (docs/async.md)
     "grpo_hpc_partial": ("grpo_hpc", ["algo.max_staleness=2", "rollout.partial_pool=2"]),
+    # two steps' batches from one rollout, the second one update stale (docs/async.md)
+    "grpo_hpc_grouped": ("grpo_hpc", ["algo.max_staleness=1", "rollout.steps_per_generation=2"]),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -67,6 +69,7 @@ SYSTEMS = {
 PAIRS = [
     ("grpo_hpc", "grpo_hpc_async"),
     ("grpo_hpc", "grpo_hpc_partial"),
+    ("grpo_hpc", "grpo_hpc_grouped"),
     ("grpo_hpc", "grpo_hpc_async_opsm"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
 ]

@@ -45,7 +45,7 @@ import yaml
 
 from bench.common import env_info, write_result
 from bench.speed.grpo_step import keep_run
-from bench.speed.longtail_analysis import drain_steps, markdown, speedup, summarize
+from bench.speed.longtail_analysis import markdown, speedup, summarize, train_steps, window
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def drain_of(kept: Path, cut: bool) -> int:
-    """``drain_steps`` of the run kept in ``kept``, read from its ``config.yaml``."""
+def window_of(kept: Path, steps: int, cut: bool) -> tuple[int, int, int]:
+    """``longtail_analysis.window`` of the run kept in ``kept`` (its ``config.yaml``), and
+    its ``rollout.steps_per_generation``."""
     path = kept / "config.yaml"
     cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
     algo, rollout = cfg.get("algo") or {}, cfg.get("rollout") or {}
-    return drain_steps(int(algo.get("max_staleness", 0)), int(rollout.get("partial_pool", 0)), cut)
+    k, pool = int(algo.get("max_staleness", 0)), int(rollout.get("partial_pool", 0))
+    grouped = int(rollout.get("steps_per_generation", 1))
+    return (*window(steps, k, pool, grouped, cut), grouped)
 
 
 def analyze(out: Path, planned: list[Planned], passthrough: list[str]) -> dict:
@@ -133,7 +136,8 @@ def analyze(out: Path, planned: list[Planned], passthrough: list[str]) -> dict:
         records = [r for f in sorted((kept / "generations").glob("*.jsonl")) for r in read_jsonl(f)]
         rows = read_jsonl(kept / "metrics.jsonl") if (kept / "metrics.jsonl").exists() else []
         cut = (kept / "CUT").exists() or (kept / "FAILED").exists()
-        run = summarize(p.label, rows, records, cut=cut, drain=drain_of(kept, cut))
+        skip, drain, grouped = window_of(kept, len(train_steps(rows)), cut)
+        run = summarize(p.label, rows, records, skip, cut, drain, grouped)
         if (kept / "FAILED").exists():
             run["failed"] = (kept / "FAILED").read_text().strip()
         runs.append(run)

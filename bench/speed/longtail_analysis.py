@@ -50,16 +50,20 @@ def sampled_calls(records: list[Row]) -> list[Row]:
     return sorted((r for r in records if not r.get("greedy")), key=lambda r: (r["call"], r["rank"]))
 
 
-def prompt_tokens_per_step(records: list[Row], steps: int) -> list[float] | None:
+def prompt_tokens_per_step(records: list[Row], steps: int, grouped: int = 1) -> list[float] | None:
     """Prompt tokens of each step's batch, summed over ranks: the n-th sampled call is step
-    n + 1's. None when the count of calls is not the count of steps (a batch dropped and
-    made again, extra rounds): then no call can be matched to its step."""
+    n + 1's; with ``grouped`` steps' batches a call, each of its steps takes an equal share
+    (exact over whole groups, which is what is measured). None when the calls do not
+    cover the steps (a batch dropped and made again, extra rounds): then no call can be
+    matched to its step."""
     by_call: dict[int, float] = {}
     for r in sampled_calls(records):
         by_call[r["call"]] = by_call.get(r["call"], 0.0) + r["prompt_tokens"]
-    if len(by_call) != steps:
-        return None
-    return [by_call[c] for c in sorted(by_call)]
+    out: list[float] = []
+    for i, c in enumerate(sorted(by_call)):
+        n = max(0, min(grouped, steps - i * grouped))
+        out += [by_call[c] / max(n, 1)] * n
+    return out if len(out) == steps and len(by_call) == -(-steps // grouped) else None
 
 
 def response_tokens(step: Row) -> float:
@@ -147,7 +151,9 @@ def partial_mismatches(call: Row) -> list[str]:
     return out
 
 
-def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -> list[str]:
+def length_mismatches(
+    steps: list[Row], records: list[Row], tol: float = 1e-6, grouped: int = 1
+) -> list[str]:
     """Where the imposed lengths were not honoured (empty: everywhere they were): a row
     whose recorded length is not its drawn one (capped at the cap), and a step whose
     logged mean length is not the mean of its generation's recorded lengths. Partial
@@ -163,6 +169,8 @@ def length_mismatches(steps: list[Row], records: list[Row], tol: float = 1e-6) -
         want = [min(d, c["cap"]) for d in c["drawn"]]
         if want != c["lengths"]:
             out.append(f"call {c['call']} rank {c['rank']}: drawn {want}, got {c['lengths']}")
+    if grouped > 1:  # a call's rows are several steps': only each row is compared
+        return out
     by_call: dict[int, list[int]] = {}
     for c in calls:
         by_call.setdefault(c["call"], []).extend(c["lengths"])
@@ -187,6 +195,19 @@ def drain_steps(max_staleness: int, partial_pool: int, cut: bool) -> int:
     return 1 if partial_pool else max_staleness
 
 
+def window(
+    steps: int, max_staleness: int, partial_pool: int, grouped: int, cut: bool
+) -> tuple[int, int]:
+    """The steps a run's figures leave out (pure): ``(skip, drain)``, first and last. One
+    first step (it compiles and captures) and the drain (:func:`drain_steps`); a run of
+    ``grouped`` = ``rollout.steps_per_generation`` > 1 steps' batches a rollout leaves out
+    its first group (its rollout compiled and captured) and a last group cut short by the
+    run's end (its rollout made fewer rows), so that whole groups are measured."""
+    if grouped <= 1:
+        return 1, drain_steps(max_staleness, partial_pool, cut)
+    return grouped, max(steps - grouped, 0) % grouped
+
+
 def summarize(
     name: str,
     rows: list[Row],
@@ -194,20 +215,23 @@ def summarize(
     skip: int = 1,
     cut: bool = False,
     drain: int = 0,
+    grouped: int = 1,
 ) -> dict:
     """One run's figures (see the module's docstring) over its steps after the first
     ``skip`` and before the last ``drain`` (:func:`drain_steps`). ``cut``: the run was
     stopped, and its generations past its last logged step (made ahead, or cut) are not
-    counted."""
+    counted. ``grouped``: ``rollout.steps_per_generation`` (a call makes that many steps'
+    batches)."""
     steps = train_steps(rows)
     if cut:
-        records = [r for r in records if r.get("greedy") or r["call"] < len(steps)]
-    prompts = prompt_tokens_per_step(records, len(steps))
+        made = -(-len(steps) // grouped)  # the calls the logged steps trained from
+        records = [r for r in records if r.get("greedy") or r["call"] < made]
+    prompts = prompt_tokens_per_step(records, len(steps), grouped)
     end = max(len(steps) - drain, skip)
     kept = steps[skip:end]
     # rank 0's generations; a split run's trainers generate none: its first generator's
     first = min((int(r["rank"]) for r in records), default=0)
-    waits = longest_row_waits(records, skip, first)
+    waits = longest_row_waits(records, 1 if grouped > 1 else skip, first)
     return {
         "run": name,
         "cut": cut,
@@ -225,7 +249,7 @@ def summarize(
         "wait_rollouts_s": mean_of(kept, "time/wait_rollouts", 0),
         "weight_sync_s": mean_of(kept, "time/weight_sync", 0),
         "mean_length": mean_of(kept, "gen_len/mean", 0),
-        "lengths_mismatched": length_mismatches(steps, records),
+        "lengths_mismatched": length_mismatches(steps, records, grouped=grouped),
     }
 
 

@@ -176,6 +176,15 @@ class RolloutConfig:
     generator's KV cache, which also holds a continued answer's tokens as its prompt; every
     group then trains about ``P`` updates stale, with a long tail or not (answers that all
     end within a round still wait a round in the pool): for long tails (docs/async.md)."""
+    steps_per_generation: int = 1
+    """``M`` >= 2: one rollout generates ``M`` steps' batches with the current weights (as
+    TRL's ``steps_per_generation``), each trained at its own step, the ``j``-th ``j``
+    updates stale (needs ``algo.max_staleness`` >= ``M - 1``; the importance weights
+    correct it). On one GPU a step waits for its longest answer; decoding ``M`` steps'
+    rows at once pays that wait once for ``M`` steps, with no generator thread, no copy
+    of the weights and a KV cache of ``M`` steps' rows (partial rollouts' holds twice the
+    cap). The policy's engine generates on the main thread; no stream scoring. 1: a
+    rollout a step (docs/async.md)."""
     judge_running: bool = True
     """With ``stream_scoring``: also judge the answer a row still decoding has written,
     each time it completes a line, so that rows which end with the rollout (those at the

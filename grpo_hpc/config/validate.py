@@ -133,7 +133,7 @@ def _validate_async(cfg: Config) -> None:
             f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
             "generated up to k updates ahead)"
         )
-    if problem := partial_problem(cfg):
+    if problem := partial_problem(cfg) or grouped_problem(cfg):
         raise ConfigError(problem)
     # a split run's process count is the profile's (nodes x processes), not known here
     split = cfg.rollout.placement == "split"
@@ -160,6 +160,32 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
             f"release, not {ranks}: turn one of them off (docs/async.md)"
         )
     return None
+
+
+def grouped_problem(cfg: Config) -> str | None:
+    """Why ``rollout.steps_per_generation`` cannot run with this config (pure; None: it
+    can): its last batch trains ``M - 1`` updates after the weights that made it."""
+    m, k, ro = cfg.rollout.steps_per_generation, cfg.algo.max_staleness, cfg.rollout
+    if m < 1:
+        return f"rollout.steps_per_generation={m} must be >= 1 (1: a rollout a step)"
+    if m == 1:
+        return None
+    why = None
+    if k < m - 1:
+        why = (
+            f"algo.max_staleness={k}: the last of {m} batches trains {m - 1} updates after the "
+            f"weights that made it; set algo.max_staleness={m - 1} or more"
+        )
+    elif ro.partial_pool:
+        why = "rollout.partial_pool: the pool already decodes several steps' rows at once"
+    elif ro.placement == "split":
+        why = "rollout.placement=split: its generators make one step's batch a request"
+    elif ro.dynamic_sampling:
+        why = "rollout.dynamic_sampling: its extra rounds are one step's"
+    elif ro.seed_per_group:
+        why = "rollout.seed_per_group: its streams are drawn per step's rollout"
+    m_is = f"rollout.steps_per_generation={m}"
+    return f"{m_is} cannot run with {why} (docs/async.md)" if why else None
 
 
 def partial_problem(cfg: Config) -> str | None:

@@ -111,6 +111,10 @@ class Settings:
     partial_pool: int = 0
     """``rollout.partial_pool``: the generator's engine decodes the rows of this many steps
     at once (0: one step's), a continued answer's tokens prefilled again as its prompt."""
+    rollout_steps: int = 1
+    """``rollout.steps_per_generation``: the policy's engine decodes this many steps' rows
+    in one rollout (its KV cache and generation transient ``rollout_steps`` times a step's;
+    no copy of the weights: the run is otherwise as a synchronous one)."""
     evaluates: bool = True
     """The run evaluates held-out problems while it trains (``training.eval_every`` > 0).
     In an asynchronous run the policy's own engine then allocates a KV cache for the
@@ -352,7 +356,8 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     else:  # fp32 master weights or FSDP2 shards: a full low-precision copy
         engine_weights = c * p if native else 0
     slots = s.prompt_tokens + s.max_new_tokens
-    rows = _round_up(s.rows, ROW_BUCKET) if native else s.rows
+    decoded = s.rows * s.rollout_steps  # rows a rollout decodes at once
+    rows = _round_up(decoded, ROW_BUCKET) if native else decoded
     slots = _round_up(slots, SPAN_BUCKET) if native else slots
     # Every layer at full capacity, sliding-window layers too (Gemma 3, Mistral/Ministral):
     # the native engine's KVCache is one [layers, rows, kv_heads, capacity, head_dim] tensor
@@ -395,7 +400,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
     head_grad = 0 if lora else 4 * head_w
     logp_head = 3 * chunk * shape.vocab * 4 + head_cast + head_grad
     reference = (c * p if lora else 4 * p) // shard if s.beta > 0 else 0
-    prompts = rows if not native else max(1, s.rows // 8)
+    prompts = rows if not native else max(1, decoded // 8)
     transient = prompts * s.prompt_tokens * (3 * c * i + 8 * c * h)
     kv_shadow, shadow_transient = kv_resident, transient + kv_transient
     if s.partial_pool:  # P steps' rows; a continued row's prompt holds up to a cap's tokens

@@ -78,6 +78,9 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
     ranks, staleness = cfg.dist.nproc_per_node * nodes, cfg.algo.max_staleness
     if cfg.rollout.placement == "split":
         ranks, staleness = max(1, ranks - cfg.rollout.generators), 0
+    grouped = cfg.rollout.steps_per_generation if staleness else 1
+    if grouped > 1:  # the policy generates, on the main thread: no copy, no overlap
+        staleness = 0
     engine = "hf" if cfg.rollout.engine == "hf" else "native"
     where = auto_speed.where_submitted(cfg, capability)
     return Settings(
@@ -101,6 +104,7 @@ def settings_of(cfg: Config, nodes: int = 1, capability: tuple[int, int] | None 
         compiled_layers=auto_speed.compile_on(cfg.dist.compile, where),
         staleness=staleness,
         partial_pool=cfg.rollout.partial_pool if staleness else 0,
+        rollout_steps=grouped,
         evaluates=cfg.training.eval_every > 0,
     )
 

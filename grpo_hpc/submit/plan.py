@@ -68,6 +68,14 @@ class SubmitPlan:
             return split_placement_line(self.config, self.profile, ranks)
         fsdp = ranks > 1 and self.config.dist.strategy == "fsdp"
         where = "one process" if ranks == 1 else f"each of {ranks} DDP processes"
+        m = self.config.rollout.steps_per_generation
+        if m > 1:
+            where = f"each of {ranks} FSDP2 processes" if fsdp else where
+            return (
+                f"placement: {where}: the trainer generates {m} steps' batches in one rollout "
+                f"with its current weights, each trained at its own step, at most {m - 1} "
+                f"update(s) stale (rollout.steps_per_generation={m}; docs/async.md)"
+            )
         copy = "a copy of the weights"
         if fsdp:  # each rank's copy is whole: its shards are gathered after each update
             where, copy = f"each of {ranks} FSDP2 processes", "a full copy of the weights"
@@ -95,7 +103,8 @@ def async_speed_note(cfg: Config, profile: Profile) -> str:
     update (the thread placement on a GPU profile): on one H100 and one H200 that gained
     1.0-1.2x a synchronous step, because the decode slowed by about the update's length
     while both ran (bench/results/LOG-speed.md, 2026-12-05). Empty otherwise. Pure."""
-    if not cfg.algo.max_staleness or cfg.rollout.placement == "split":
+    ro = cfg.rollout
+    if not cfg.algo.max_staleness or ro.placement == "split" or ro.steps_per_generation > 1:
         return ""
     if profile.gpus_per_node <= 0:
         return ""

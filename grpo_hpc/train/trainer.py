@@ -148,7 +148,8 @@ class Trainer:
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         cfg = self.cfg
-        async_thread = bool(cfg.algo.max_staleness) and self.link is None
+        grouped = cfg.rollout.steps_per_generation > 1  # the policy generates: no copy
+        async_thread = bool(cfg.algo.max_staleness) and self.link is None and not grouped
         policy = loading.wrap_policy(model, cfg, self.info, async_thread)
         self.model, self.ref, attn = policy.model, policy.ref, policy.attn
         on_gpu = self.info.device.type == "cuda"

@@ -222,6 +222,13 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     )
     both = pairings(systems | {"grpo_hpc_partial": other})
     assert list(both) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_partial - grpo_hpc"]
+    # and two steps' batches from one rollout, one update stale at most
+    assert SYSTEMS["grpo_hpc_grouped"][1][-2:] == [
+        "algo.max_staleness=1",
+        "rollout.steps_per_generation=2",
+    ]
+    grouped = pairings(systems | {"grpo_hpc_grouped": other})
+    assert list(grouped) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_grouped - grpo_hpc"]
     assert pairings({"grpo_hpc": base}) == {}
     # off-policy sequence masking pairs with the defaults; the rescue's asynchronous
     # system with the rescue's synchronous one

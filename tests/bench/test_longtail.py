@@ -235,3 +235,32 @@ def test_the_switch_interval_experiment_reaches_the_trainer_process(tmp_path: Pa
         assert sys.getswitchinterval() == pytest.approx(0.0005)
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize(
+    ("steps", "k", "pool", "grouped", "cut", "expected"),
+    [
+        (5, 0, 0, 1, False, (1, 0)),  # synchronous: the first step
+        (5, 1, 0, 1, False, (1, 1)),  # asynchronous: and the drain
+        (5, 2, 2, 1, False, (1, 1)),
+        (9, 2, 0, 3, False, (3, 0)),  # groups of 3: the first group; 4-6 and 7-9 whole
+        (7, 2, 0, 3, False, (3, 1)),  # 7 generated alone (the run's end): left out
+        (8, 2, 0, 3, True, (3, 2)),  # cut in a group: its steps left out
+        (2, 1, 0, 3, False, (3, 0)),
+    ],
+)
+def test_the_measured_window(
+    steps: int, k: int, pool: int, grouped: int, cut: bool, expected: tuple[int, int]
+) -> None:
+    assert la.window(steps, k, pool, grouped, cut) == expected
+
+
+def test_a_rollout_of_several_steps_shares_its_prompt_tokens_among_them() -> None:
+    """``rollout.steps_per_generation``: one sampled call makes several steps' batches;
+    each step takes an equal share of its prompts (exact over a whole group), the last
+    call of a run cut short by its end takes the steps left."""
+    calls = [_call(0, 0, 100, [1, 1]), _call(1, 0, 60, [1, 1])]
+    assert la.prompt_tokens_per_step(calls, 4, 2) == [50, 50, 30, 30]
+    assert la.prompt_tokens_per_step(calls, 3, 2) == [50, 50, 60]
+    assert la.prompt_tokens_per_step(calls, 5, 2) is None  # a call missing
+    assert la.prompt_tokens_per_step(calls[:1], 2, 2) == [50, 50]

@@ -33,6 +33,7 @@ from grpo_hpc.train.rewards.streaming import StreamingJudge, completion_text
 from grpo_hpc.train.rewards.verifier import VERIFIER
 from grpo_hpc.train.rollout import per_group
 from grpo_hpc.train.rollout.engines import GenerationAborted, RolloutBatch
+from grpo_hpc.train.rollout.types import row_range
 
 ABORT, RESAMPLE, DONE = 2.0, 1.0, 0.0
 """Each rank's vote after a rollout; the all-reduced maximum is the verdict."""
@@ -136,6 +137,39 @@ class Collector:
                 break
             self._say(TrainState.GENERATING)
         out.verify_items, out.verify_slowest_s = VERIFIER.take_stats()
+        return out
+
+    def collect_steps(self, steps: int) -> list[Collected]:
+        """``steps`` steps' batches from one rollout (``rollout.steps_per_generation``):
+        each step's prompts drawn in turn (the data order of as many synchronous steps),
+        every row generated in one engine call, then cut into the steps' batches and
+        scored each. Raises GenerationAborted on every rank when any rank was stopped
+        mid-generation."""
+        shares = [self._take() for _ in range(steps)]
+        VERIFIER.take_stats()
+        g = self.cfg.rollout.num_generations
+        t = time.monotonic()
+        batch = None
+        try:
+            with phase("generate"):
+                batch = self.engine.generate(self._prompts([p for s in shares for p in s]), g)
+        except GenerationAborted:
+            pass  # the vote below tells every rank
+        generate_s = time.monotonic() - t
+        with phase("vote"):
+            vote = ABORT if batch is None else DONE
+            if dist.all_reduce_max(vote, self.info) == ABORT:
+                raise GenerationAborted()
+        assert batch is not None
+        self._say(TrainState.SCORING)
+        out, rows = [], self.per_rank * g
+        for i, mine in enumerate(shares):
+            t = time.monotonic()
+            with phase("score"):
+                scored = self.score(row_range(batch, i * rows, (i + 1) * rows), mine)
+            # each batch its share of the rollout's seconds (tokens_per_s stays the rollout's)
+            out.append(Collected([scored], generate_s / steps, time.monotonic() - t))
+        out[0].verify_items, out[0].verify_slowest_s = VERIFIER.take_stats()
         return out
 
     def _say(self, state: TrainState) -> None:

@@ -22,6 +22,11 @@ run does not depend on thread timing. A batch generated ahead is not cut by a st
 signal: the checkpoint that follows holds it, so that the resumed run trains what the
 uninterrupted one would (a stop waits at most one generation).
 
+``rollout.steps_per_generation = M`` >= 2 (with ``k >= M - 1``): no thread and no shadow;
+at the first step of a group the policy's own engine generates the batches of ``M`` steps
+in one rollout, and each waits here for its step (:meth:`RolloutPipeline._collect_grouped`,
+:func:`schedule.grouped_plan`).
+
 Under FSDP2 the shadow is still a plain, full copy (taken before the policy was sharded):
 its weights are gathered from the shards a tensor at a time, on the main thread at the
 same point on every rank (a collective; :mod:`grpo_hpc.train.distributed.gather`), and
@@ -58,6 +63,7 @@ from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
 from grpo_hpc.train.rollout.progress import HOST, Progress, stuck_for, stuck_reason
 from grpo_hpc.train.rollout.schedule import (
     Made,
+    grouped_plan,
     plan,
     rollout_seed,
     staleness_histogram,
@@ -125,12 +131,18 @@ class RolloutPipeline:
         """Seconds spent putting the current weights where they generate, this step."""
         self.depth: int | None = None
         """Steps generated ahead (None: the bound's; 0 once :meth:`go_synchronous`)."""
+        self.group = cfg.rollout.steps_per_generation
+        """Steps' batches a rollout makes (>= 2: :meth:`_collect_grouped`, no thread)."""
         if not self.k:
             return
         problem = async_ranks_problem(cfg, collector.info.world_size)
         if problem:
             raise ConfigError(problem)
         self.policy, self.autocast = policy, autocast
+        self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
+        if self.group > 1:  # the policy's own engine generates: no copy, no thread
+            self.now = collector
+            return
         self.shadow = shadow if shadow is not None else plain_copy(policy)
         self.fault = fault
         self.side = SideStream(next(policy.parameters()).device, cfg.rollout.decode_priority)
@@ -145,7 +157,6 @@ class RolloutPipeline:
         engine = make_engine(self.shadow, abort, self.work.bump)
         self.now = dataclasses.replace(collector, engine=engine)
         self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
-        self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if cfg.rollout.partial_pool:
             self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
             for_partial(engine, cfg, collector.per_rank)
@@ -157,6 +168,8 @@ class RolloutPipeline:
         if not self.k:
             self.last = Made(step, step, lineage)
             return self.collector.collect()
+        if self.group > 1:
+            return self._collect_grouped(step, lineage, seed)
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
@@ -183,6 +196,31 @@ class RolloutPipeline:
                 target=self._run_ahead, args=(jobs, seed), name="grpo-rollout-ahead", daemon=True
             )
             self.thread.start()
+        return entry.collected
+
+    def _collect_grouped(self, step: int, lineage: int, seed: int) -> Collected:
+        """``rollout.steps_per_generation``: the step's batch made by an earlier rollout,
+        or a rollout now, by the current weights, of this step's batch and the next ones'
+        (:func:`schedule.grouped_plan`), from the rollout stream of (``seed``, step)."""
+        made = [e.made for e in self.pending.values()]
+        end = self.collector.cfg.training.max_steps
+        decision = grouped_plan(step, self.k, self.group, lineage, made, end, self.depth)
+        for s in decision.drop:
+            del self.pending[s]
+        if decision.now:
+            steps = [step, *decision.ahead]
+            torch.manual_seed(rollout_seed(seed, step, self.collector.info.rank))
+            got = self.collector.collect_steps(len(steps))
+            for s, collected in zip(steps, got, strict=True):
+                for scored in collected.scored:
+                    if scored.batch.sampled_logp is None:  # HF generate reports none
+                        scored.batch.sampled_logp = behaviour_logp(
+                            self.policy, scored.batch, self.collector.cfg.algo.micro_batch_size,
+                            self.autocast, self.scoring,
+                        )  # fmt: skip
+                self.pending[s] = Entry(Made(s, step, lineage), collected)
+        entry = self.pending.pop(step)
+        self.last, self.last_report = entry.made, None
         return entry.collected
 
     def ahead_depth(self) -> int | None:

@@ -78,6 +78,30 @@ def plan(
     return Plan(drop, step not in kept, ahead)
 
 
+def grouped_plan(
+    step: int,
+    k: int,
+    m: int,
+    lineage: int,
+    made: list[Made],
+    end: int | None = None,
+    depth: int | None = None,
+) -> Plan:
+    """The decision at ``step`` of a run that generates ``m`` steps' batches in one rollout
+    (``rollout.steps_per_generation``): the step's own batch if one was made and is still
+    usable; else a rollout now, by the current weights, of this step's batch and those of
+    the next ``m - 1`` steps (before ``end``) not made yet, which ``Plan.ahead`` names
+    here (generated with this step's, not while it trains). ``depth`` 0 (a rollback's
+    remedy): one step's batch a rollout."""
+    kept = {x.step for x in made if usable(x, step, k, lineage)}
+    drop = tuple(sorted(x.step for x in made if x.step not in kept))
+    if step in kept:
+        return Plan(drop, False, ())
+    group = 1 if depth == 0 else m
+    last = step + group if end is None else min(step + group, end)
+    return Plan(drop, True, tuple(s for s in range(step + 1, last) if s not in kept))
+
+
 def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
     """The random stream of ``rank``'s rollouts of ``step`` in an asynchronous run (pure):
     the same for every run of ``seed`` whatever generated before it, so a batch regenerated

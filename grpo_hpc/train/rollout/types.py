@@ -174,6 +174,27 @@ def repeat_rows(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return x.repeat_interleave(reps, 0, output_size=sum(counts))
 
 
+def row_range(batch: RolloutBatch, lo: int, hi: int) -> RolloutBatch:
+    """Rows ``[lo, hi)`` of ``batch`` as a batch of their own (one step's share of a rollout
+    that generated several steps' rows), its completion columns cut to its longest."""
+    width = int(batch.completion_mask[lo:hi].sum(1).max()) if hi > lo else 0
+    end = batch.prompt_len + width
+
+    def rows(x: torch.Tensor | None, cols: int | None) -> torch.Tensor | None:
+        return None if x is None else x[lo:hi, :cols] if cols is not None else x[lo:hi]
+
+    return RolloutBatch(
+        input_ids=rows(batch.input_ids, end),
+        attention_mask=rows(batch.attention_mask, end),
+        completion_mask=rows(batch.completion_mask, width),
+        prompt_len=batch.prompt_len,
+        texts=batch.texts[lo:hi],
+        pad_token_id=batch.pad_token_id,
+        finished=rows(batch.finished, None),
+        sampled_logp=rows(batch.sampled_logp, width),
+    )  # type: ignore[arg-type]
+
+
 def to_batch(
     out: torch.Tensor, prompt_mask: torch.Tensor, p: int, tok: Any, room: torch.Tensor | None = None
 ) -> RolloutBatch:

@@ -171,6 +171,24 @@ def test_a_lora_copy_holds_its_adapters_not_the_base() -> None:
     assert one.shadow < base / 4 + one.engine_weights + memory.estimate(shape, s).kv_cache
 
 
+def test_several_steps_batches_from_one_rollout_hold_their_rows_and_no_copy() -> None:
+    """``rollout.steps_per_generation=M``: the policy's own engine decodes M steps' rows at
+    once, so its cache and generation transient are those of a synchronous step of M times
+    the prompts; there is no copy of the weights, and the update's terms are a step's.
+    Arithmetic, not measured on a GPU (docs/async.md)."""
+    cfg = build_config("tiny", ["algo.max_staleness=2", "rollout.steps_per_generation=3"])
+    s = memory_plan.settings_of(cfg)
+    assert s.staleness == 0 and s.rollout_steps == 3
+    shape, base = _shape("qwen2.5-1.5b"), _async_measured()[1][1]
+    sync = replace(base, staleness=0)
+    grouped = memory.estimate(shape, replace(sync, rollout_steps=3))
+    wide = memory.estimate(shape, replace(sync, rows=sync.rows * 3))
+    assert grouped.kv_cache == wide.kv_cache > memory.estimate(shape, sync).kv_cache
+    assert grouped.generation_transient == wide.generation_transient
+    assert grouped.shadow == 0 and grouped.overlapped == 0
+    assert grouped.activations == memory.estimate(shape, sync).activations
+
+
 def test_a_partial_pool_holds_its_steps_rows_with_continued_prompts() -> None:
     """``rollout.partial_pool=P``: the generator's cache holds P steps' rows, each with room
     for a continued answer's tokens as its prompt (prompt + 2 caps), and its prefill may

@@ -72,6 +72,7 @@ def test_dry_run_and_submit_print_the_note_only_for_an_asynchronous_run(tmp_path
         ("local", [], False),  # no GPU: nothing measured to say
         ("h100x2", ["algo.max_staleness=0"], False),
         ("h100x2", ["rollout.placement=split"], False),  # generation GPUs of its own
+        ("h100x2", ["rollout.steps_per_generation=2"], False),  # no thread: nothing beside
     ],
 )
 def test_the_speed_note_is_for_the_thread_placement_on_gpus(
@@ -86,3 +87,20 @@ def test_the_speed_note_is_for_the_thread_placement_on_gpus(
     if told:
         assert note.startswith("note: asynchronous beside the update on the same GPU: ")
         assert "1.0-1.2x" in note and "rollout.placement=split" in note
+
+
+def test_dry_run_says_a_grouped_run_generates_several_steps_at_once(tmp_path: Path) -> None:
+    """Through the installed grpo-submit: ``rollout.steps_per_generation=2`` is placed in
+    the trainer (no thread, no copy), at most 1 update stale; a bound below it is refused
+    with the fix."""
+    env = {"GRPO_HPC_LOGS": str(tmp_path / "logs")}
+    args = ("--profile", "local", "--config", "tiny", "--dry-run")
+    ok = _grpo_submit(*args, "algo.max_staleness=1", "rollout.steps_per_generation=2", env=env)
+    assert ok.returncode == ExitCode.OK, ok.stderr
+    [line] = [x for x in ok.stdout.splitlines() if x.startswith("placement: ")]
+    assert "the trainer generates 2 steps' batches in one rollout" in line
+    assert "at most 1 update(s) stale" in line and "thread" not in line
+    bad = _grpo_submit(*args, "rollout.steps_per_generation=3", "algo.max_staleness=1", env=env)
+    assert bad.returncode == ExitCode.CONFIG_ERROR
+    assert "set algo.max_staleness=2 or more" in bad.stderr
+    assert not (tmp_path / "logs").exists()
