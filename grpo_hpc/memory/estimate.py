@@ -440,7 +440,7 @@ def estimate(shape: ModelShape, s: Settings) -> Estimate:
         # rank, FSDP2's too (weight_bytes, not divided by the shards: each rank generates
         # from a full copy gathered after each update, a tensor at a time, no second copy);
         # a LoRA copy shares the frozen base where the policy keeps its parameters
-        # (pipeline.plain_copy): its adapters alone
+        # (making.plain_copy): its adapters alone
         shadow=copy_bytes + engine_weights + kv_shadow if s.staleness else 0,
         overlapped=shadow_transient if s.staleness else 0,
     )

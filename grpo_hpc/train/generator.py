@@ -31,14 +31,14 @@ from grpo_hpc.train.distributed.dist import DistInfo
 from grpo_hpc.train.rewards import functions as rewards
 from grpo_hpc.train.rollout import engines as rollout
 from grpo_hpc.train.rollout.collect import Collected, Collector
-from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
-from grpo_hpc.train.rollout.pipeline import (
+from grpo_hpc.train.rollout.making import (
     Behaviour,
     Entry,
     for_partial,
     generate,
     partial_round,
 )
+from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
 from grpo_hpc.train.rollout.progress import Progress
 from grpo_hpc.train.rollout.split import (
     Hello,

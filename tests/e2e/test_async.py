@@ -138,7 +138,7 @@ def test_async_kill_and_resume_is_bit_exact(
     thread timing; the resumed rank's state digest equals its checkpoint's (the batches
     generated ahead included). Two DDP ranks (under the real torchrun): each generates its
     share ahead with no collective. LoRA: the copy that generates shares the frozen base
-    with the policy (pipeline.plain_copy) and still generates from version t's adapters."""
+    with the policy (making.plain_copy) and still generates from version t's adapters."""
     steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
     steps += [f"model.lora_rank={lora}"] if lora else []
     run = check_kill_and_resume(tmp_path, steps, nproc)

@@ -89,6 +89,6 @@ def copy_full_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
     plain module of the same state-dict keys (collective under FSDP2)."""
     into = dst.state_dict(keep_vars=True)
     for name, t in unique_state(src):
-        if into[name] is t:  # a frozen tensor the copy shares (pipeline.plain_copy)
+        if into[name] is t:  # a frozen tensor the copy shares (making.plain_copy)
             continue
         gather_into(into[name].detach(), t.detach())

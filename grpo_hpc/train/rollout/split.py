@@ -10,7 +10,7 @@ stays the trainers', in their checkpoint), and sends them with the seed in use a
 rollout cap to its generator; then trainer 0 broadcasts the weights, version ``t``, in the
 group {trainer 0, every generator}. Each generator loads them, generates each named batch
 for each of its trainers with the thread's code and that trainer's random stream
-(``pipeline.generate``) and sends it back as a :class:`Collected`, the sampler's log-probs
+(``making.generate``) and sends it back as a :class:`Collected`, the sampler's log-probs
 included. No generator starts a step the trainers did not name, and no batch depends on
 which generator made it, so the run stays a function of its seed:
 on a CPU it trains bit for bit what the thread placement trains
@@ -46,8 +46,9 @@ from grpo_hpc.config.roles import GENERATOR, Role
 from grpo_hpc.config.schema import Config
 from grpo_hpc.train.distributed.gather import gather_into, is_shard, unique_state
 from grpo_hpc.train.rollout.collect import Collected, Collector
+from grpo_hpc.train.rollout.making import Entry
 from grpo_hpc.train.rollout.partial import PartialPool
-from grpo_hpc.train.rollout.pipeline import Entry, RolloutPipeline
+from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
 

@@ -21,7 +21,7 @@ from grpo_hpc.tasks import problems as data
 from grpo_hpc.train.algo import logp_head, packing
 from grpo_hpc.train.distributed import dist
 from grpo_hpc.train.rollout import engines as rollout
-from grpo_hpc.train.rollout.pipeline import plain_copy
+from grpo_hpc.train.rollout.making import plain_copy
 from grpo_hpc.train.setup import models
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,4 +1,4 @@
-"""An asynchronous run's generating copy (the shadow, ``pipeline.plain_copy``) of a LoRA
+"""An asynchronous run's generating copy (the shadow, ``making.plain_copy``) of a LoRA
 policy shares the frozen base with the policy and copies only what trains: the tiny model
 loaded and prepared as the trainer does (``setup.loading``), then an update and the copy of
 the weights (``copy_full_weights``) as each step makes them."""
