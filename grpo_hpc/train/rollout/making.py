@@ -69,12 +69,23 @@ def generate(
     collector's rank): what a generator thread and a generator process both run."""
     torch.manual_seed(rollout_seed(seed, made.step, collector.info.rank))
     got = collector.collect()
-    for scored in got.scored:
-        if scored.batch.sampled_logp is None:  # HF generate reports none
-            scored.batch.sampled_logp = behaviour_logp(
-                model, scored.batch, collector.cfg.algo.micro_batch_size, autocast, scoring
-            )
+    with_behaviour(got, model, collector.cfg.algo.micro_batch_size, autocast, scoring)
     return Entry(made, got)
+
+
+def with_behaviour(
+    got: Collected,
+    model: torch.nn.Module,
+    rows: int,
+    autocast: Callable[[], Any],
+    scoring: Scoring,
+) -> None:
+    """Each batch of ``got`` with the sampled tokens' log-probs under ``model`` (the
+    weights that sampled them), ``rows`` at a time, where the engine reported none (HF
+    generate)."""
+    for scored in got.scored:
+        if scored.batch.sampled_logp is None:
+            scored.batch.sampled_logp = behaviour_logp(model, scored.batch, rows, autocast, scoring)
 
 
 Behaviour = Callable[[RolloutBatch], torch.Tensor]

@@ -57,11 +57,11 @@ from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.making import (
     Behaviour,
     Entry,
-    behaviour_logp,
     for_partial,
     generate,
     partial_round,
     plain_copy,
+    with_behaviour,
 )
 from grpo_hpc.train.rollout.partial import PartialPool, RoundReport
 from grpo_hpc.train.rollout.progress import HOST, Progress, stuck_for, stuck_reason
@@ -202,13 +202,9 @@ class RolloutPipeline:
             steps = [step, *decision.ahead]
             torch.manual_seed(rollout_seed(seed, step, self.collector.info.rank))
             got = self.collector.collect_steps(len(steps))
+            rows = self.collector.cfg.algo.micro_batch_size
             for s, collected in zip(steps, got, strict=True):
-                for scored in collected.scored:
-                    if scored.batch.sampled_logp is None:  # HF generate reports none
-                        scored.batch.sampled_logp = behaviour_logp(
-                            self.policy, scored.batch, self.collector.cfg.algo.micro_batch_size,
-                            self.autocast, self.scoring,
-                        )  # fmt: skip
+                with_behaviour(collected, self.policy, rows, self.autocast, self.scoring)
                 self.pending[s] = Entry(Made(s, step, lineage), collected)
         entry = self.pending.pop(step)
         self.last, self.last_report = entry.made, None
