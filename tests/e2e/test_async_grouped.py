@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_hpc.core.events import read as read_events
+from grpo_hpc.core.paths import RunPaths
 
 from .helpers import make_run, train
 from .test_resume_exact import STEPS, check_kill_and_resume
@@ -24,19 +25,18 @@ def _rows(run) -> list[dict]:  # noqa: ANN001 - RunPaths
     return [r for r in rows if "loss" in r]
 
 
-def test_a_rollout_makes_three_steps_batches_each_trained_at_its_staleness(
-    tmp_path: Path,
-) -> None:
-    """M = 3 over 7 steps: rollouts at steps 1, 4 and 7 (the last alone: the run ends), the
-    batches 0, 1, 2 updates stale in turn; staleness 0 is scored by the same weights to
+@pytest.mark.slow
+def test_grouped_kill_and_resume_is_bit_exact(tmp_path: Path) -> None:
+    """M = 3 over 16 steps: rollouts at steps 1, 4, .., 16 (the last alone: the run ends),
+    the batches 0, 1, 2 updates stale in turn; staleness 0 is scored by the same weights to
     the bit, a later one is not (the version is the weights'); each batch its share of its
-    rollout's seconds."""
-    run = make_run(tmp_path, "m3", "training.max_steps=7", "algo.max_staleness=2",
-                   "rollout.steps_per_generation=3")  # fmt: skip
-    result = train(run)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = _rows(run)
-    assert [r["staleness/max"] for r in rows] == [0, 1, 2, 0, 1, 2, 0]
+    rollout's seconds. SIGKILLed at a random moment after the first checkpoint and resumed,
+    the run ends equal to the uninterrupted one (tests/e2e/test_resume_exact.py): the
+    checkpoints of steps 4 and 8 hold batches their group made for the next steps."""
+    steps = [*STEPS, "algo.max_staleness=2", "rollout.steps_per_generation=3"]
+    check_kill_and_resume(tmp_path, steps, 1)
+    rows = _rows(RunPaths(tmp_path / "uninterrupted"))
+    assert [r["staleness/max"] for r in rows] == [0, 1, 2] * 5 + [0]
     for r in rows:
         stale = int(r["staleness/max"])
         assert r[f"staleness/{stale}"] == SAMPLES and r.get("staleness/3", 0.0) == 0.0
@@ -46,16 +46,6 @@ def test_a_rollout_makes_three_steps_batches_each_trained_at_its_staleness(
             assert r["rollout/logp_diff"] > 0.0, r
     shares = [r["time/generate"] for r in rows]
     assert shares[0] == shares[1] == shares[2] > 0 and shares[3] == shares[4] == shares[5]
-
-
-@pytest.mark.slow
-def test_grouped_kill_and_resume_is_bit_exact(tmp_path: Path) -> None:
-    """As tests/e2e/test_resume_exact.py: SIGKILL at a random moment after the first
-    checkpoint, resume, and the end equals an uninterrupted run's. With M = 3 the
-    checkpoints of steps 4 and 8 hold batches their group made for the next steps."""
-    steps = [*STEPS, "algo.max_staleness=2", "rollout.steps_per_generation=3"]
-    run = check_kill_and_resume(tmp_path, steps, 1)
-    assert [r["staleness/max"] for r in _rows(run)][-3:] == [1, 2, 0]  # 16 alone
 
 
 def test_a_rollback_makes_it_one_batch_a_rollout(tmp_path: Path) -> None:
