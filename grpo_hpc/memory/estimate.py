@@ -146,6 +146,8 @@ class Settings:
             parts.append("engine released during the update")
         if self.staleness:
             parts.append(f"generation overlapped (max_staleness={self.staleness})")
+        if self.rollout_steps > 1:
+            parts.append(f"{self.rollout_steps} steps' rows a rollout")
         if self.engine == "hf":
             parts.append("HF generate")
         parts.append(f"micro_batch_tokens={self.micro_batch_tokens}")

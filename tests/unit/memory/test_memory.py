@@ -179,6 +179,7 @@ def test_several_steps_batches_from_one_rollout_hold_their_rows_and_no_copy() ->
     cfg = build_config("tiny", ["algo.max_staleness=2", "rollout.steps_per_generation=3"])
     s = memory_plan.settings_of(cfg)
     assert s.staleness == 0 and s.rollout_steps == 3
+    assert "3 steps' rows a rollout" in s.describe()
     shape, base = _shape("qwen2.5-1.5b"), _async_measured()[1][1]
     sync = replace(base, staleness=0)
     grouped = memory.estimate(shape, replace(sync, rollout_steps=3))
