@@ -147,12 +147,16 @@ def test_async_kill_and_resume_is_bit_exact(
 
 
 @pytest.mark.slow
-def test_a_stop_signal_saves_the_batches_generated_ahead(tmp_path: Path) -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_stop_signal_saves_the_batches_generated_ahead(tmp_path: Path, grouped: bool) -> None:
     """SIGTERM (Slurm's preemption) while batches are generated ahead: the generation in
     flight finishes, the checkpoint of the stop holds it, exit 5; resumed, the run ends
     equal to the uninterrupted one (a batch cut short and made again by newer weights
-    would not)."""
+    would not). Grouped (``rollout.steps_per_generation=2``): the stop lands in a group's
+    rollout, on the main thread (cut: the step is made again on resume), or between (the
+    checkpoint holds the group's batch); either way the end is the same."""
     steps = ["training.max_steps=8", "training.save_every_steps=0", "algo.max_staleness=1"]
+    steps += ["rollout.steps_per_generation=2"] if grouped else []
     steps.append("rollout.max_new_tokens=48")  # a generation long enough to land in
     ref = make_run(tmp_path, "uninterrupted", *steps)
     run = make_run(tmp_path, "stopped", *steps)
