@@ -132,7 +132,6 @@ class RolloutPipeline:
         self.policy, self.autocast = policy, autocast
         self.scoring = Scoring(cfg.logp_temperature, cfg.algo.fp32_lm_head)
         if self.group > 1:  # the policy's own engine generates: no copy, no thread
-            self.now = collector
             return
         self.shadow = shadow if shadow is not None else plain_copy(policy)
         self.fault = fault
@@ -286,7 +285,7 @@ class RolloutPipeline:
         """Rollouts of up to ``cap`` new tokens from now on (a rollback's grown cap), from
         the policy's engine and the shadow's alike."""
         self.collector.engine.set_max_new_tokens(cap)
-        if self.k:
+        if self.k and self.group == 1:  # a grouped run has no shadow: the policy's engine
             self.now.engine.set_max_new_tokens(cap)
 
     def close(self) -> None:

@@ -56,6 +56,21 @@ def usable(made: Made, step: int, k: int, lineage: int) -> bool:
     )
 
 
+def _sorted_out(
+    made: list[Made], step: int, k: int, lineage: int
+) -> tuple[set[int], tuple[int, ...]]:
+    """The steps of the batches ``made`` that may still train at ``step`` (:func:`usable`),
+    and those of the rest (dropped), in order."""
+    kept = {m.step for m in made if usable(m, step, k, lineage)}
+    return kept, tuple(sorted(m.step for m in made if m.step not in kept))
+
+
+def _next_steps(step: int, count: int, end: int | None, kept: set[int]) -> tuple[int, ...]:
+    """The ``count`` steps after ``step`` (none at or past ``end``) not in ``kept``."""
+    last = step + count + 1 if end is None else min(step + count + 1, end)
+    return tuple(s for s in range(step + 1, last) if s not in kept)
+
+
 def plan(
     step: int,
     k: int,
@@ -70,12 +85,9 @@ def plan(
     it (a longer run resumed from the last checkpoint makes those batches then, at
     staleness 0). ``depth``: how many steps ahead to generate (None: ``k``); partial
     rollouts generate one ahead and spend the rest of the bound on continued answers."""
-    kept = {m.step for m in made if usable(m, step, k, lineage)}
-    drop = tuple(sorted(m.step for m in made if m.step not in kept))
+    kept, drop = _sorted_out(made, step, k, lineage)
     ahead = k if depth is None else min(depth, k)
-    last = step + ahead + 1 if end is None else min(step + ahead + 1, end)
-    ahead = tuple(s for s in range(step + 1, last) if s not in kept)
-    return Plan(drop, step not in kept, ahead)
+    return Plan(drop, step not in kept, _next_steps(step, ahead, end, kept))
 
 
 def grouped_plan(
@@ -93,13 +105,11 @@ def grouped_plan(
     the next ``m - 1`` steps (before ``end``) not made yet, which ``Plan.ahead`` names
     here (generated with this step's, not while it trains). ``depth`` 0 (a rollback's
     remedy): one step's batch a rollout."""
-    kept = {x.step for x in made if usable(x, step, k, lineage)}
-    drop = tuple(sorted(x.step for x in made if x.step not in kept))
+    kept, drop = _sorted_out(made, step, k, lineage)
     if step in kept:
         return Plan(drop, False, ())
     group = 1 if depth == 0 else m
-    last = step + group if end is None else min(step + group, end)
-    return Plan(drop, True, tuple(s for s in range(step + 1, last) if s not in kept))
+    return Plan(drop, True, _next_steps(step, group - 1, end, kept))
 
 
 def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
