@@ -291,10 +291,10 @@ def speedup(sync: dict, other: dict) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m bench.speed.longtail_analysis METRICS.jsonl --staleness K [--partial-pool
-    P]``: the mean step time and the response tokens/s/GPU (prompts not counted: the
-    metrics have no prompt tokens) of a run's measured steps (after the first, before its
-    drain) from its metrics alone: how runs kept without generation records are read
-    again."""
+    P] [--steps-per-generation M]``: the mean step time and the response tokens/s/GPU
+    (prompts not counted: the metrics have no prompt tokens) of a run's measured steps
+    (:func:`window`: after the first step or group, before the drain or a group cut short)
+    from its metrics alone: how runs kept without generation records are read again."""
     import argparse
     import json
     from pathlib import Path
@@ -303,16 +303,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("metrics", type=Path)
     ap.add_argument("--staleness", type=int, required=True)
     ap.add_argument("--partial-pool", type=int, default=0)
+    ap.add_argument("--steps-per-generation", type=int, default=1, help="rollout's M")
     ap.add_argument("--cut", action="store_true", help="the run was stopped at its timeout")
     a = ap.parse_args(argv)
     rows = [json.loads(x) for x in a.metrics.read_text().splitlines() if x.strip()]
     steps = train_steps(rows)
-    drain = drain_steps(a.staleness, a.partial_pool, a.cut)
-    kept = steps[1 : max(len(steps) - drain, 1)]
+    m = a.steps_per_generation
+    skip, drain = window(len(steps), a.staleness, a.partial_pool, m, a.cut)
+    kept = steps[skip : max(len(steps) - drain, skip)]
     times = ", ".join(f"{float(s['time/step']):.2f}" for s in steps)
     seconds = sum(float(s["time/step"]) for s in kept)
     rate = sum(response_tokens(s) for s in kept) / seconds / gpus(kept[0]) if kept else 0.0
-    print(f"{a.metrics}: step s [{times}]; measured {len(kept)} (drain {drain}): "
+    print(f"{a.metrics}: step s [{times}]; "
+          f"measured {len(kept)} (first {skip}, last {drain} left out): "
           f"{mean_of(kept, 'time/step', 0) or float('nan'):.2f} s/step, "
           f"{rate:,.0f} response tokens/s/GPU")  # fmt: skip
 

@@ -204,9 +204,25 @@ def test_the_metrics_alone_are_read_again_without_the_drain(
     la.main([str(path), "--staleness", "1"])
     out = capsys.readouterr().out
     # step 2 alone: 10 x 4 response tokens in 2 s on 2 GPUs
-    assert "measured 1 (drain 1): 2.00 s/step, 10 response tokens/s/GPU" in out
+    assert "measured 1 (first 1, last 1 left out): 2.00 s/step, 10 response tokens/s/GPU" in out
     la.main([str(path), "--staleness", "0"])
-    assert "measured 2 (drain 0): 3.00 s/step" in capsys.readouterr().out
+    assert "measured 2 (first 1, last 0 left out): 3.00 s/step" in capsys.readouterr().out
+
+
+def test_a_grouped_run_read_again_leaves_out_its_first_group_and_a_group_cut_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--steps-per-generation 2`` on 5 steps: steps 1-2 (the first rollout's, it compiles)
+    and step 5 (a group of one) are left out; steps 3-4, one whole group, are measured."""
+    times = [9.0, 1.0, 6.0, 2.0, 1.0]
+    steps = [_step(i + 1, **{"time/step": t, "gen_len/mean": 10.0}) for i, t in enumerate(times)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in steps))
+    la.main([str(path), "--staleness", "1", "--steps-per-generation", "2"])
+    # 2 steps x 4 completions x 10 tokens in 8 s on 2 GPUs
+    assert "measured 2 (first 2, last 1 left out): 4.00 s/step, 5 response tokens/s/GPU" in (
+        capsys.readouterr().out
+    )
 
 
 def test_the_switch_interval_experiment_reaches_the_trainer_process(tmp_path: Path) -> None:
