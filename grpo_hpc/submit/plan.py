@@ -102,7 +102,10 @@ def async_speed_note(cfg: Config, profile: Profile) -> str:
     """A note for an asynchronous run whose generator thread shares each GPU with the
     update (the thread placement on a GPU profile): on one H100 and one H200 that gained
     1.0-1.2x a synchronous step, because the decode slowed by about the update's length
-    while both ran (bench/results/LOG-speed.md, 2026-12-05). Empty otherwise. Pure."""
+    while both ran (bench/results/LOG-speed.md, 2026-12-05); decoding more rows at once
+    paid there instead (three steps' batches from one rollout: 1.53x on one H100,
+    bench/results/longtail_amortize_h100_2026-12-05.md), so the note names that option
+    first. Empty otherwise. Pure."""
     ro = cfg.rollout
     if not cfg.algo.max_staleness or ro.placement == "split" or ro.steps_per_generation > 1:
         return ""
@@ -111,7 +114,9 @@ def async_speed_note(cfg: Config, profile: Profile) -> str:
     return (
         "note: asynchronous beside the update on the same GPU: measured 1.0-1.2x a "
         "synchronous step on one H100 or H200 (the decode slows while the update runs; "
-        "docs/async.md); rollout.placement=split gives generation GPUs of its own"
+        "docs/async.md); rollout.steps_per_generation=M (with algo.max_staleness>=M-1) "
+        "decodes M steps' rows at once, 1.53x at M=3 on one H100; rollout.placement=split "
+        "gives generation GPUs of their own"
     )
 
 

@@ -87,6 +87,7 @@ def test_the_speed_note_is_for_the_thread_placement_on_gpus(
     if told:
         assert note.startswith("note: asynchronous beside the update on the same GPU: ")
         assert "1.0-1.2x" in note and "rollout.placement=split" in note
+        assert "rollout.steps_per_generation=M" in note
 
 
 def test_dry_run_says_a_grouped_run_generates_several_steps_at_once(tmp_path: Path) -> None:
