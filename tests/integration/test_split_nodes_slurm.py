@@ -5,12 +5,14 @@ rendezvous and gloo:
 * ``rollout.placement=split``: ranks are numbered node by node, so the trainer is rank 0
   on grpo-n1 and the generator rank 1 on grpo-n2 (the model it loads from the run
   directory, its messages and the weights' broadcast cross the nodes);
-* ``rollout.placement=thread``: each node's rank trains and generates in a thread.
-
-Each ends, bit for bit (weights and optimizer), as the same seed's run of two processes
+It ends, bit for bit (weights and optimizer), as the same seed's run of two processes
 on one node does (on this machine, forked as torchrun starts them, tests/e2e/helpers.py;
 the jobs themselves run under torchrun). One module fixture
-makes the runs: the jobs side by side, the references beside them.
+makes the runs: the jobs side by side, the references beside them. (The thread placement
+across the two nodes is two DDP ranks, each with its decode thread: until 2026-12-05 a
+test here too, dropped to keep the CPU-bound suite within its time; what it joined is
+proven apart: DDP across the nodes, tests/integration/test_multinode_slurm.py; the thread
+placement on two DDP ranks, bit for bit, tests/e2e/test_async.py.)
 
 Partial rollouts split across the nodes too (``rollout.partial_pool=2``: the trainer on
 grpo-n1 keeps the pool, the generator on grpo-n2 advances it), on a model whose answers end
@@ -70,7 +72,6 @@ RUN_ARGS = [
     "training.num_threads=1", f"training.max_steps={STEPS}",
     f"training.save_every_steps={STEPS}", "algo.max_staleness=1",
 ]  # fmt: skip
-PLACEMENTS = ("split", "thread")
 
 
 @dataclass
@@ -120,14 +121,13 @@ def _partial(model: Path) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def runs(two_nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """``split`` and ``thread`` on two nodes, ``split-ref`` and ``thread-ref`` on one;
-    ``split-partial`` (partial rollouts) on two nodes and ``split-partial-ref``, its one
-    process of the thread placement."""
+    """``split`` on two nodes, ``split-ref`` on one; ``split-partial`` (partial rollouts)
+    on two nodes and ``split-partial-ref``, its one process of the thread placement."""
     logs, local = tmp_path_factory.mktemp("nodes"), tmp_path_factory.mktemp("one-node")
     partial = _partial(ending_model.save(tmp_path_factory.mktemp("ending") / "model"))
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        jobs = {p: pool.submit(_two_node_job, logs, p) for p in PLACEMENTS}
-        refs = {f"{p}-ref": pool.submit(_one_node_run, local, p) for p in PLACEMENTS}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        jobs = {"split": pool.submit(_two_node_job, logs, "split")}
+        refs = {"split-ref": pool.submit(_one_node_run, local, "split")}
         jobs["split-partial"] = pool.submit(_two_node_job, logs, "split", "split-partial", partial)
         refs["split-partial-ref"] = pool.submit(
             _one_node_run, local, "thread", "split-partial-ref", partial, 1
@@ -167,17 +167,6 @@ def test_split_across_two_nodes_trains_what_one_node_trains(runs: dict[str, Run]
         "rank0": ["grpo-n1", "trainer"],
         "rank1": ["grpo-n2", "generator"],
     }
-    assert ref.returncode == 0, ref.output
-    assert_same(_final_state(run.paths), _final_state(ref.paths))
-
-
-def test_thread_placement_across_two_nodes_trains_what_one_node_trains(
-    runs: dict[str, Run],
-) -> None:
-    """Each node's rank trains and generates in a thread: the final state of two DDP
-    ranks on one node, to the bit."""
-    run, ref = runs["thread"], runs["thread-ref"]
-    _finished_on_both_nodes(run)
     assert ref.returncode == 0, ref.output
     assert_same(_final_state(run.paths), _final_state(ref.paths))
 
