@@ -46,7 +46,15 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # only where the launcher itself is under test),
 # and a module whose tests share a module fixture runs on one worker, so its runs are made
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
-# The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 425708c
+# The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 267b160
+# (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
+# a timeline of every test (a pytest plugin recording each worker's start and end) showed
+# all five workers busy to the last second and the 2 cores 99-100 % busy, so the critical
+# path no longer mattered, only CPU time. Measured per module alone (all processes' CPU
+# from /proc/stat): the two-node modules 187 + 109 CPU s, the split and partial e2e
+# modules 108 and 92, the long-tail bench tests 91, the fault campaign 90. Two two-node
+# jobs' worth of runs went (864288c: 154 + 92 CPU s): a fresh clone took 13:55 (pytest
+# 13:43, 1,791 tests). At 425708c
 # (2026-12-05, 1,706 tests, nothing else running) a fresh clone took 11:59 (pytest 11:47;
 # node failure 195 s, lost node 182 s: the slurm-multi group still the critical path). At 6b1c013
 # (2026-12-05, 1,586 tests, nothing else running) a fresh clone took 12:16 (pytest 12:10;
