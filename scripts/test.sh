@@ -48,7 +48,8 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # once (tests/conftest.py). Five pytest-xdist workers, the longest tests dealt out first.
 # The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
-# a timeline of every test (a pytest plugin recording each worker's start and end) showed
+# a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
+# start and end on its worker) showed
 # all five workers busy to the last second and the 2 cores 99-100 % busy, so the critical
 # path no longer mattered, only CPU time. Measured per module alone (all processes' CPU
 # from /proc/stat): the two-node modules 187 + 109 CPU s, the split and partial e2e

@@ -1,0 +1,143 @@
+"""Where does the test suite's time go? A pytest plugin that records when each test ran on
+which pytest-xdist worker, and a report of what it recorded.
+
+Record (a fresh clone, as CI runs it; ``PYTEST_ADDOPTS`` reaches the pytest that
+``scripts/test.sh`` starts, and every xdist worker loads the plugin too)::
+
+    GRPO_HPC_TIMELINE=/tmp/tl PYTEST_ADDOPTS="-p bench.probes.suite_timeline" bash .ci/run
+
+Report::
+
+    python -m bench.probes.suite_timeline /tmp/tl [--most 30]
+
+It prints each worker's first start, last end and busy seconds, then the modules by their
+summed test seconds. Whether the suite is bound by its critical path or by CPU time is in
+the first part: a worker that ends long before the others idled while one group ran on;
+workers that all end together on a 2-core machine were sharing the CPU to the last second
+(then only less CPU time makes the suite faster: measure a module's CPU time alone, every
+process's, e.g. from ``/proc/stat`` around ``pytest -n 0 MODULE``, as the 2026-12-05 cut
+of the two-node group did; scripts/test.sh). Under load a test's seconds are not its CPU
+time: on 2 cores and 5 workers CPU-bound modules measured about 0.37 CPU s a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ENV = "GRPO_HPC_TIMELINE"
+"""The folder the plugin writes one ``<worker>.jsonl`` into (nothing is recorded without it)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of one test, timed as one span on this worker."""
+    out = os.environ.get(ENV)
+    start = time.time()
+    yield
+    if out:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        line = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+        with open(Path(out) / f"{worker}.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+@dataclass(frozen=True)
+class Span:
+    worker: str
+    test: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def module(self) -> str:
+        """The test's file (an xdist group's ``@group`` suffix is on the test name, not here)."""
+        return self.test.split("::")[0]
+
+
+@dataclass(frozen=True)
+class WorkerLine:
+    worker: str
+    tests: int
+    first: float
+    """Seconds from the suite's first start to this worker's first."""
+    last: float
+    """Seconds from the suite's first start to this worker's last end."""
+    busy: float
+
+
+def workers(spans: list[Span]) -> list[WorkerLine]:
+    """Each worker's first start, last end and busy seconds (pure)."""
+    t0 = min(s.start for s in spans)
+    out = []
+    for w in sorted({s.worker for s in spans}):
+        mine = [s for s in spans if s.worker == w]
+        first, last = min(s.start for s in mine) - t0, max(s.end for s in mine) - t0
+        out.append(WorkerLine(w, len(mine), first, last, sum(s.seconds for s in mine)))
+    return out
+
+
+def modules(spans: list[Span]) -> list[tuple[str, int, float]]:
+    """(module, tests, summed seconds), the longest first (pure)."""
+    seconds: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for s in spans:
+        seconds[s.module] += s.seconds
+        count[s.module] += 1
+    return [(m, count[m], t) for m, t in seconds.most_common()]
+
+
+def report(spans: list[Span], most: int = 30) -> str:
+    """The text the command prints (pure)."""
+    total = sum(s.seconds for s in spans)
+    lines = [f"{len(spans)} tests, {total:,.0f} test-seconds on {len(workers(spans))} workers"]
+    lines += ["worker  tests  first s  last s  busy s"]
+    lines += [
+        f"{w.worker:<6} {w.tests:>6} {w.first:>8.0f} {w.last:>7.0f} {w.busy:>7.0f}"
+        for w in workers(spans)
+    ]
+    lines += ["", "module seconds (share, summed share)"]
+    summed = 0.0
+    for m, n, t in modules(spans)[:most]:
+        summed += t
+        lines.append(f"{t:>7.0f} {100 * t / total:>5.1f}% {100 * summed / total:>5.1f}%  {m} ({n})")
+    return "\n".join(lines)
+
+
+def read(folder: Path) -> list[Span]:
+    spans = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                spans.append(Span(d["worker"], d["test"], d["start"], d["end"]))
+    return spans
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("folder", type=Path, help=f"what the plugin wrote (${ENV})")
+    ap.add_argument("--most", type=int, default=30, help="modules listed")
+    a = ap.parse_args(argv)
+    spans = read(a.folder)
+    if not spans:
+        raise SystemExit(f"no timeline in {a.folder}: record one first (see --help)")
+    print(report(spans, a.most))
+
+
+if __name__ == "__main__":
+    main()
