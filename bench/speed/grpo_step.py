@@ -45,6 +45,18 @@ if TYPE_CHECKING:
     from grpo_hpc.core.paths import RunPaths
 
 
+def refuse_missing_model(paths: RunPaths) -> None:
+    """Stop with grpo-submit's one line (exit 2) where the run's model directory is missing,
+    before torchrun and the trainer's imports (about 7 CPU s a run) find it out."""
+    from grpo_hpc.config.load import load_resolved
+    from grpo_hpc.submit.preflight import check_model
+
+    problems = check_model(load_resolved(paths.config).model, is_offline=True)
+    if problems:
+        print(f"grpo_step: error: {problems[0]}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def run(args: argparse.Namespace, work: Path) -> dict:
     from grpo_hpc.config.profiles import profile_from_dict
     from grpo_hpc.core.paths import RunPaths
@@ -89,6 +101,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         *args.override,
     ]
     create_run(paths, profile, "tiny", overrides)
+    refuse_missing_model(paths)
     cmd = [
         sys.executable,
         "-m",

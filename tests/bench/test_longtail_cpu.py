@@ -275,8 +275,9 @@ def test_a_split_run_beside_two_ddp_ranks_counts_both_gpus_and_honours_its_lengt
 
 @pytest.mark.slow
 def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
-    """A run that fails (here: a shape that does not exist) leaves its folder, its stderr
-    and a FAILED mark; the other staleness still runs; the table says so; the exit is not 0."""
+    """A run that fails (here: a shape that does not exist, refused by grpo_step before
+    torchrun starts, in grpo-submit's words) leaves its folder, its stderr and a FAILED mark;
+    the other staleness still runs; the table says so; the exit is not 0."""
     out = tmp_path / "out"
     cmd = [
         sys.executable, "-m", "bench.speed.longtail", "--out", str(out), "--",
@@ -287,6 +288,7 @@ def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
     assert proc.returncode not in (0, None)
     for k in (0, 1):
         assert (out / f"k{k}/FAILED").read_text().startswith("exit ")
-        assert "nosuch" in (out / f"k{k}/grpo_step.log").read_text()
+        log = (out / f"k{k}/grpo_step.log").read_text()
+        assert "grpo_step: error: model.name_or_path 'bench/shapes/nosuch': no such" in log
     table = (out / "longtail.md").read_text()
     assert "max_staleness=0 (failed: exit" in table and "max_staleness=1 (failed: exit" in table
