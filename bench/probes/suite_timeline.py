@@ -102,11 +102,12 @@ def modules(spans: list[Span]) -> list[tuple[str, int, float]]:
 def report(spans: list[Span], most: int = 30) -> str:
     """The text the command prints (pure)."""
     total = sum(s.seconds for s in spans)
-    lines = [f"{len(spans)} tests, {total:,.0f} test-seconds on {len(workers(spans))} workers"]
+    per_worker = workers(spans)
+    lines = [f"{len(spans)} tests, {total:,.0f} test-seconds on {len(per_worker)} workers"]
     lines += ["worker  tests  first s  last s  busy s"]
     lines += [
         f"{w.worker:<6} {w.tests:>6} {w.first:>8.0f} {w.last:>7.0f} {w.busy:>7.0f}"
-        for w in workers(spans)
+        for w in per_worker
     ]
     lines += ["", "module seconds (share, summed share)"]
     summed = 0.0

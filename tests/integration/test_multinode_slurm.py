@@ -317,18 +317,17 @@ def test_a_lost_node_not_back_in_time_runs_on_the_node_left_then_on_both(
     ], describe(paths)
     assert sacct_attempts(lost)[0][0] == "NODE_FAIL"
     assert step_nodes(jobs[-1]["job_id"]) == "grpo-n[1-2]"
+    verify = cli("cli.ckpt", "verify", "shrink", "--logs", str(logs))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
     worlds = set()
     for ckpt in paths.checkpoints.glob("step-*"):  # FSDP2 across the nodes: sharded (DCP)
         manifest = json.loads((ckpt / "manifest.json").read_text())
         assert manifest["format"] == "sharded" and not (ckpt / "model.pt").exists()
         shards = list((ckpt / "dcp").glob("*.distcp"))  # one shard file per rank
         assert len(shards) == manifest["world_size"], (ckpt.name, shards)
+        assert f"{ckpt.name}: ok" in verify.stdout, verify.stdout
         worlds.add(manifest["world_size"])
     assert worlds == {2, 4}, worlds  # saved on 2 ranks and on 4
-    verify = cli("cli.ckpt", "verify", "shrink", "--logs", str(logs))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    for ckpt in paths.checkpoints.glob("step-*"):
-        assert f"{ckpt.name}: ok" in verify.stdout, verify.stdout
     rec = progress(paths)
     # each later job resumed from a checkpoint (a run begun again from scratch ends the same)
     assert rec.state is TrainState.FINISHED and rec.step == 8 and rec.restarts == 2, rec

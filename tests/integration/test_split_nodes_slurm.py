@@ -4,7 +4,8 @@ rendezvous and gloo:
 
 * ``rollout.placement=split``: ranks are numbered node by node, so the trainer is rank 0
   on grpo-n1 and the generator rank 1 on grpo-n2 (the model it loads from the run
-  directory, its messages and the weights' broadcast cross the nodes);
+  directory, its messages and the weights' broadcast cross the nodes).
+
 It ends, bit for bit (weights and optimizer), as the same seed's run of two processes
 on one node does (on this machine, forked as torchrun starts them, tests/e2e/helpers.py;
 the jobs themselves run under torchrun). One module fixture
