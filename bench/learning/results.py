@@ -145,6 +145,8 @@ COLORS = {
     "grpo_hpc_async": "navy",
     "grpo_hpc_partial": "darkgreen",
     "grpo_hpc_grouped": "darkorange",
+    "grpo_hpc_grouped3": "saddlebrown",
+    "grpo_hpc_rollback_grouped3": "peru",
     "grpo_hpc_async_opsm": "slateblue",
     "grpo_hpc_rollback_async": "teal",
 }

@@ -303,7 +303,8 @@ def run_all(
                 print(e, file=sys.stderr, flush=True)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (its defaults are the benchmark's settings)."""
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -345,7 +346,11 @@ def main() -> None:
     p.add_argument(
         "--name", default="", help="file stem (default learning_<terms>term, + _mask with mask)"
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     suffix = "_mask" if args.overlong == "mask" else ""
     path = args.out / f"{args.name or f'learning_{args.terms}term{suffix}'}.json"
     if args.merge:

@@ -50,6 +50,11 @@ SYSTEMS = {
     "grpo_hpc_partial": ("grpo_hpc", ["algo.max_staleness=2", "rollout.partial_pool=2"]),
     # two steps' batches from one rollout, the second one update stale (docs/async.md)
     "grpo_hpc_grouped": ("grpo_hpc", ["algo.max_staleness=1", "rollout.steps_per_generation=2"]),
+    # three steps' batches from one rollout (the 1.53x of one H100's long-tail benchmark)
+    "grpo_hpc_grouped3": (
+        "grpo_hpc",
+        ["algo.max_staleness=2", "rollout.steps_per_generation=3"],
+    ),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -62,6 +67,16 @@ SYSTEMS = {
         "grpo_hpc",
         [*HANDED, "training.on_collapse=rollback", "algo.max_staleness=1"],
     ),
+    # the same, three steps' batches from one rollout (rollout.steps_per_generation=3)
+    "grpo_hpc_rollback_grouped3": (
+        "grpo_hpc",
+        [
+            *HANDED,
+            "training.on_collapse=rollback",
+            "algo.max_staleness=2",
+            "rollout.steps_per_generation=3",
+        ],
+    ),
     "trl": ("trl", "bf16"),
     "trl_fp32": ("trl", "fp32"),
 }
@@ -70,7 +85,9 @@ PAIRS = [
     ("grpo_hpc", "grpo_hpc_async"),
     ("grpo_hpc", "grpo_hpc_partial"),
     ("grpo_hpc", "grpo_hpc_grouped"),
+    ("grpo_hpc", "grpo_hpc_grouped3"),
     ("grpo_hpc", "grpo_hpc_async_opsm"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
+    ("grpo_hpc_rollback", "grpo_hpc_rollback_grouped3"),
 ]
 """(baseline, variant) compared seed by seed when a file holds both (results.paired)."""

@@ -123,8 +123,9 @@ def async_speed_note(cfg: Config, profile: Profile) -> str:
 def async_learning_note(cfg: Config) -> str:
     """A note for an asynchronous run without keep-best or the rescue, which the learning
     benchmark showed it needs: its last step learned worse than the synchronous step's
-    (k = 1, 20 paired seeds), while with a validation split keep-best and the rescue
-    handed over as good a model (docs/async.md, "What staleness costs in learning").
+    (k = 1, grouped generation at M = 2 and 3, partial rollouts: 20 paired seeds each),
+    while with a validation split keep-best and the rescue handed over as good a model
+    (k = 1 and M = 3; docs/async.md, "What staleness costs in learning").
     Empty for a synchronous run or one that has both. Pure."""
     if not cfg.algo.max_staleness:
         return ""

@@ -245,3 +245,28 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     line = paired_line("grpo_hpc_async - grpo_hpc", p)
     assert line.startswith("grpo_hpc_async - grpo_hpc: +0.033 ± 0.067 over 3 paired seeds")
     assert line.endswith("within one standard error")
+
+
+def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
+    """Each system's settings over the benchmark's shared ones build a valid config (the
+    demo config, as the runner's ``create_run`` builds it), on the GPU path and the CPU
+    path: a system that a refusal would stop shows up here, not after a GPU call's setup.
+    The grouped systems are checked for what they set."""
+    from bench.learning.run import overrides, parser
+    from bench.learning.systems import SYSTEMS
+    from grpo_hpc.config.load import build_config
+
+    args = parser().parse_args(["--out", "unused"])
+    for name, (runner, extra) in SYSTEMS.items():
+        if runner != "grpo_hpc":
+            continue
+        for cuda in (True, False):
+            cfg = build_config("demo", overrides(args, cuda, seed=500) + list(extra))
+            assert cfg.training.max_steps == 40, name
+    grouped3 = build_config("demo", overrides(args, True, 500) + SYSTEMS["grpo_hpc_grouped3"][1])
+    assert (grouped3.rollout.steps_per_generation, grouped3.algo.max_staleness) == (3, 2)
+    rescue = build_config(
+        "demo", overrides(args, True, 500) + SYSTEMS["grpo_hpc_rollback_grouped3"][1]
+    )
+    assert rescue.training.on_collapse == "rollback" and rescue.data.num_val > 0
+    assert rescue.rollout.steps_per_generation == 3
