@@ -18,7 +18,8 @@
 #              runs, does the decode wait for the GPU or for its host thread (the GIL)?
 #              Random Qwen2.5-1.5B, 4,096 new tokens, 8 prompts x G 8, lengths imposed (as qwen)
 # Knobs (environment): ASYNC_K ("0 1": the staleness values run; one call per value if a
-#   stage outgrows 600 s, then `python -m bench.speed.longtail --analyze-only` here over both)
+#   stage outgrows 600 s, then `python -m bench.speed.longtail --analyze-only` here over both;
+#   "none": the ASYNC_VARIANTS alone, e.g. after a call of ASYNC_K=0)
 #   ASYNC_STEPS (each stage's own, below) ASYNC_LENGTHS (the distribution file)
 #   ASYNC_TIMEOUT (per run, 270 s) ASYNC_VARIANTS (';'-separated NAME=OVERRIDES runs after
 #   those, e.g. "k1high=algo.max_staleness=1 rollout.decode_priority=high"; partial rollouts:
@@ -52,8 +53,10 @@ async_run() {
     shift 2
     IFS=';' read -ra vs <<<"${ASYNC_VARIANTS:-}"
     for v in "${vs[@]}"; do [ -n "$v" ] && variants+=(--variant "$v"); done
-    # shellcheck disable=SC2086  (ASYNC_K is a list)
-    python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness ${ASYNC_K:-0 1} "${variants[@]}" \
+    local ks=${ASYNC_K:-0 1}
+    [ "$ks" = none ] && ks=  # the variants alone (the other half of a comparison across calls)
+    # shellcheck disable=SC2086  (ks is a list)
+    python3 -m bench.speed.longtail --out "$out/async_$stage" --staleness $ks "${variants[@]}" \
         --run-timeout "${ASYNC_TIMEOUT:-270}" -- --precision bf16 --steps "${ASYNC_STEPS:-$steps}" \
         --seed 0 --nproc "${ASYNC_NPROC:-1}" ${ASYNC_SWITCH_MS:+--switch-interval-ms "$ASYNC_SWITCH_MS"} \
         "$@" 2>&1 | grep -vE "it/s\]|Warning|warn" | tail -20

@@ -1,7 +1,7 @@
 """Benchmark: the same run synchronous (``algo.max_staleness=0``) and asynchronous (``=1``)
 on the same device, under a long tail of completion lengths.
 
-    python -m bench.speed.longtail --out DIR [--staleness 0 1] [--variant NAME=OVERRIDES]...
+    python -m bench.speed.longtail --out DIR [--staleness [K ...]] [--variant NAME=OVERRIDES]...
         -- GRPO_STEP_ARGS...
 
 runs ``bench/speed/grpo_step.py`` once per staleness with GRPO_STEP_ARGS (a shape or
@@ -13,7 +13,10 @@ its own after those (e.g. ``k1high=algo.max_staleness=1 rollout.decode_priority=
 space-separated config overrides, in ``DIR/NAME/``), compared with the first run like the
 others (``partial=algo.max_staleness=2 rollout.partial_pool=2``: partial rollouts, each
 row's drawn length carried across the rounds that continue it and judged in total answer
-length). Each run's metrics and generation records land in ``DIR/k<K>/`` (with
+length); ``--staleness`` with no value runs the variants alone. Runs too long for one
+call run in two (``--staleness 0``, then ``--staleness --variant ...``), their folders
+copied into one DIR, then ``--analyze-only --staleness 0 --variant ...`` compares them.
+Each run's metrics and generation records land in ``DIR/k<K>/`` (with
 ``grpo_step.log``, its stderr); a run stopped at ``--run-timeout`` or failed is kept as far
 as it went, and the next still runs.
 ``bench/speed/longtail_analysis.py`` turns them into ``DIR/longtail.md`` (a table) and
@@ -62,7 +65,7 @@ class Planned:
 
 def plan_runs(staleness: list[int], variants: list[str]) -> list[Planned]:
     """The runs, in order (pure): one per staleness, then one per ``NAME=OVERRIDES``
-    variant. A name must be a plain folder name and appear once."""
+    variant. A name must be a plain folder name and appear once; at least one run."""
     runs = [Planned(f"k{k}", f"max_staleness={k}", (f"algo.max_staleness={k}",)) for k in staleness]
     for v in variants:
         name, _, overrides = v.partition("=")
@@ -70,6 +73,8 @@ def plan_runs(staleness: list[int], variants: list[str]) -> list[Planned]:
             raise ValueError(f"--variant {v!r}: NAME=OVERRIDES, e.g. k1high=algo.max_staleness=1")
         runs.append(Planned(name, f"{name}: {overrides}", tuple(overrides.split())))
     names = [r.name for r in runs]
+    if not runs:
+        raise ValueError("no runs: give --staleness values or a --variant")
     if len(set(names)) != len(names):
         raise ValueError(f"runs named twice: {names}")
     return runs
@@ -172,7 +177,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
+    p.add_argument(
+        "--staleness",
+        type=int,
+        nargs="*",
+        default=[0, 1],
+        help="one run per value (default 0 1); given with no value, the variants alone (a "
+        "comparison across calls: --analyze-only over both runs' folders, copied into DIR)",
+    )
     p.add_argument(
         "--variant",
         action="append",

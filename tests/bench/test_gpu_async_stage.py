@@ -107,6 +107,15 @@ def test_two_gpus_run_the_comparison_on_both_and_a_split_variant(tmp_path: Path)
     assert _after(one, "--nproc") == "1"
 
 
+def test_async_k_none_runs_the_variants_alone(tmp_path: Path) -> None:
+    """ASYNC_K=none: ``--staleness`` with no value, then the variant (the second call of a
+    comparison too long for one: the synchronous run came in an ``ASYNC_K=0`` call)."""
+    m3 = "m3=algo.max_staleness=2 rollout.steps_per_generation=3"
+    [argv], _, _ = _run(tmp_path, ["lora8b"], ASYNC_K="none", ASYNC_VARIANTS=m3)
+    at = argv.index("--staleness")
+    assert argv[at + 1 : at + 3] == ["--variant", m3]
+
+
 def test_without_the_converted_model_the_real_stages_say_so(tmp_path: Path) -> None:
     calls, _, out = _run(tmp_path, ["smollm2_1k"], 1, ASYNC_MODEL=str(tmp_path / "none"))
     assert calls == [] and "no converted model" in out

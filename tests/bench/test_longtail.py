@@ -180,6 +180,13 @@ def test_a_variant_is_one_more_run_with_its_overrides(tmp_path: Path) -> None:
     for bad in (["k1high"], ["k/1=algo.max_staleness=1"], ["k1=algo.max_staleness=1"]):
         with pytest.raises(ValueError):
             plan_runs([0, 1], bad)
+    # no staleness value: the variants alone (the other half of a comparison across calls)
+    alone = plan_runs([], ["m3=algo.max_staleness=2 rollout.steps_per_generation=3"])
+    assert [(r.name, r.overrides) for r in alone] == [
+        ("m3", ("algo.max_staleness=2", "rollout.steps_per_generation=3"))
+    ]
+    with pytest.raises(ValueError, match="no runs"):
+        plan_runs([], [])
 
 
 def test_a_split_runs_generators_count_among_its_gpus() -> None:
