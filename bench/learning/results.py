@@ -147,6 +147,8 @@ COLORS = {
     "grpo_hpc_grouped": "darkorange",
     "grpo_hpc_grouped3": "saddlebrown",
     "grpo_hpc_rollback_grouped3": "peru",
+    "grpo_hpc_async_notis": "slategray",
+    "grpo_hpc_sync_tis": "olive",
     "grpo_hpc_async_opsm": "slateblue",
     "grpo_hpc_rollback_async": "teal",
 }

@@ -4,6 +4,8 @@ analysis (results.py: which problems a system's curve scores)."""
 
 from __future__ import annotations
 
+from grpo_hpc.config.schema import ASYNC_TIS_CAP
+
 PLAIN = ["dist.compile=false", "algo.packing=false"]
 """The update as it was before 2026-11-25's defaults (auto: compiled layers and packed
 micro-batches on the GPU): the runs stored under ``grpo_hpc_plain`` and every variant
@@ -55,6 +57,11 @@ SYSTEMS = {
         "grpo_hpc",
         ["algo.max_staleness=2", "rollout.steps_per_generation=3"],
     ),
+    # the two things an asynchronous run changes, apart: staleness without the truncated
+    # importance weights it turns on (algo.tis_cap unset: 2.0 once max_staleness >= 1),
+    # and those weights on a synchronous run (which has them off)
+    "grpo_hpc_async_notis": ("grpo_hpc", ["algo.max_staleness=1", "algo.tis_cap=0"]),
+    "grpo_hpc_sync_tis": ("grpo_hpc", [f"algo.tis_cap={ASYNC_TIS_CAP}"]),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -87,6 +94,8 @@ PAIRS = [
     ("grpo_hpc", "grpo_hpc_grouped"),
     ("grpo_hpc", "grpo_hpc_grouped3"),
     ("grpo_hpc", "grpo_hpc_async_opsm"),
+    ("grpo_hpc", "grpo_hpc_async_notis"),
+    ("grpo_hpc", "grpo_hpc_sync_tis"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_grouped3"),
 ]

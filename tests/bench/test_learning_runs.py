@@ -270,3 +270,14 @@ def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
     )
     assert rescue.training.on_collapse == "rollback" and rescue.data.num_val > 0
     assert rescue.rollout.steps_per_generation == 3
+    # the asynchronous run's two changes apart: staleness without TIS, TIS without staleness
+    caps = {}
+    for name in ("grpo_hpc", "grpo_hpc_async", "grpo_hpc_async_notis", "grpo_hpc_sync_tis"):
+        cfg = build_config("demo", overrides(args, True, 500) + SYSTEMS[name][1])
+        caps[name] = (cfg.algo.max_staleness, cfg.algo.importance_cap)
+    assert caps == {
+        "grpo_hpc": (0, 0.0),
+        "grpo_hpc_async": (1, 2.0),
+        "grpo_hpc_async_notis": (1, 0.0),
+        "grpo_hpc_sync_tis": (0, 2.0),
+    }
