@@ -46,6 +46,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if out:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         line = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+        Path(out).mkdir(parents=True, exist_ok=True)  # a folder not made yet is made
         with open(Path(out) / f"{worker}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -40,8 +40,7 @@ def test_the_plugin_records_every_test_of_a_real_run(tmp_path: Path) -> None:
         "def test_b():\n    pass\n\n"
         "def test_c():\n    pass\n"
     )
-    out = tmp_path / "tl"
-    out.mkdir()
+    out = tmp_path / "tl" / "new"  # not made yet: the plugin makes it
     env = {"GRPO_HPC_TIMELINE": str(out), "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
            "-p", "bench.probes.suite_timeline", str(tests)]  # fmt: skip
