@@ -149,6 +149,8 @@ COLORS = {
     "grpo_hpc_rollback_grouped3": "peru",
     "grpo_hpc_async_notis": "slategray",
     "grpo_hpc_sync_tis": "olive",
+    "grpo_hpc_async_warm10": "cadetblue",
+    "grpo_hpc_grouped3_warm10": "goldenrod",
     "grpo_hpc_async_opsm": "slateblue",
     "grpo_hpc_rollback_async": "teal",
 }

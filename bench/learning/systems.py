@@ -62,6 +62,17 @@ SYSTEMS = {
     # and those weights on a synchronous run (which has them off)
     "grpo_hpc_async_notis": ("grpo_hpc", ["algo.max_staleness=1", "algo.tis_cap=0"]),
     "grpo_hpc_sync_tis": ("grpo_hpc", [f"algo.tis_cap={ASYNC_TIS_CAP}"]),
+    # the first 10 steps synchronous, then asynchronous (algo.synchronous_steps; N chosen
+    # before any run: the asynchronous runs fell behind in the first 10-15 steps)
+    "grpo_hpc_async_warm10": ("grpo_hpc", ["algo.max_staleness=1", "algo.synchronous_steps=10"]),
+    "grpo_hpc_grouped3_warm10": (
+        "grpo_hpc",
+        [
+            "algo.max_staleness=2",
+            "rollout.steps_per_generation=3",
+            "algo.synchronous_steps=10",
+        ],
+    ),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -96,6 +107,8 @@ PAIRS = [
     ("grpo_hpc", "grpo_hpc_async_opsm"),
     ("grpo_hpc", "grpo_hpc_async_notis"),
     ("grpo_hpc", "grpo_hpc_sync_tis"),
+    ("grpo_hpc", "grpo_hpc_async_warm10"),
+    ("grpo_hpc", "grpo_hpc_grouped3_warm10"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_grouped3"),
 ]

@@ -272,6 +272,13 @@ class AlgoConfig:
     FSDP2 ranks (each generates its own share; under FSDP2 each rank holds a full copy,
     gathered from the shards after each update); dynamic sampling over several processes
     is refused."""
+    synchronous_steps: int = 0
+    """An asynchronous run's first this many steps train synchronously (each batch made by
+    the weights that train it, nothing generated ahead), the rest as ``max_staleness``
+    says: on the learning benchmark asynchronous runs fell behind in their first steps,
+    when each update changes the next batch most (docs/async.md). 0 or 1: asynchronous
+    from the first step (whose batch is always its own weights'). The thread and split
+    placements and ``rollout.steps_per_generation``; not with ``rollout.partial_pool``."""
     mask_truncated: bool = False
     """DAPO's overlong filtering: completions cut off at ``rollout.max_new_tokens`` (no EOS)
     still count in their group's reward mean and std, but train nothing and leave the

@@ -133,7 +133,7 @@ def _validate_async(cfg: Config) -> None:
             f"algo.max_staleness={k} must be >= 0 (0: the synchronous step; k: rollouts "
             "generated up to k updates ahead)"
         )
-    if problem := partial_problem(cfg) or grouped_problem(cfg):
+    if problem := warmup_problem(cfg) or partial_problem(cfg) or grouped_problem(cfg):
         raise ConfigError(problem)
     # a split run's process count is the profile's (nodes x processes), not known here
     split = cfg.rollout.placement == "split"
@@ -158,6 +158,24 @@ def async_ranks_problem(cfg: Config, ranks: int) -> str | None:
         return (
             f"algo.max_staleness={k} with rollout.dynamic_sampling runs in one process in this "
             f"release, not {ranks}: turn one of them off (docs/async.md)"
+        )
+    return None
+
+
+def warmup_problem(cfg: Config) -> str | None:
+    """Why ``algo.synchronous_steps`` cannot run with this config (pure; None: it can)."""
+    n, k = cfg.algo.synchronous_steps, cfg.algo.max_staleness
+    if n < 0:
+        return f"algo.synchronous_steps={n} must be >= 0 (0: asynchronous from the first step)"
+    if n > 1 and not k:
+        return (
+            f"algo.synchronous_steps={n} needs algo.max_staleness >= 1: a synchronous run "
+            "is synchronous at every step (set algo.max_staleness=1, or drop it)"
+        )
+    if n > 1 and cfg.rollout.partial_pool:
+        return (
+            f"algo.synchronous_steps={n} cannot run with rollout.partial_pool: its answers "
+            "are in flight from the first step (drop one of them; docs/async.md)"
         )
     return None
 

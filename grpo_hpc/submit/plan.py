@@ -59,7 +59,15 @@ class SubmitPlan:
 
     @property
     def placement_line(self) -> str:
-        """Where generation runs, for an asynchronous run (none for a synchronous one)."""
+        """Where generation runs, for an asynchronous run (none for a synchronous one), and
+        its synchronous first steps if it has them (``algo.synchronous_steps``)."""
+        line = self._placement()
+        n = self.config.algo.synchronous_steps
+        if line and n > 1:
+            line += f"; its first {n} steps synchronous (algo.synchronous_steps={n})"
+        return line
+
+    def _placement(self) -> str:
         k = self.config.algo.max_staleness
         if not k:
             return ""

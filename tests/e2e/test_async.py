@@ -17,6 +17,7 @@ import pytest
 
 from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.events import read as read_events
+from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
@@ -45,19 +46,24 @@ def _rows(run) -> list[dict]:  # noqa: ANN001 - RunPaths
     return [r for r in map(json.loads, lines) if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int) -> None:
+@pytest.mark.parametrize(("k", "warm"), [(1, 0), (2, 0), (1, 3)])
+def test_no_sample_trains_staler_than_the_bound(tmp_path: Path, k: int, warm: int) -> None:
     """Every step's histogram counts its samples at staleness min(step - 1, k) (the batch of
     step s is made by the weights of step s - k) and none past k. At staleness 0 the
     sampler's log-probs equal the trainer's to the bit (the same weights, scored alike), and
-    at staleness >= 1 they differ: the version is the weights', not a label."""
-    run = make_run(tmp_path, f"async-k{k}", "training.max_steps=5", f"algo.max_staleness={k}")
+    at staleness >= 1 they differ: the version is the weights', not a label. With
+    ``algo.synchronous_steps=warm`` the first ``warm`` steps train at staleness 0 (their
+    batches made by their own weights), and staleness counts from there."""
+    run = make_run(
+        tmp_path, f"async-k{k}-w{warm}", "training.max_steps=5", f"algo.max_staleness={k}",
+        f"algo.synchronous_steps={warm}",
+    )  # fmt: skip
     result = train(run)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = _rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for r in rows:
-        stale = min(r["step"] - 1, k)
+        stale = max(0, min(r["step"] - max(warm, 1), k))
         counts = {int(key.split("/")[1]): v for key, v in r.items() if _bucket(key)}
         assert counts == {s: (SAMPLES if s == stale else 0.0) for s in range(k + 1)}, r
         assert r["staleness/max"] == stale <= k
@@ -138,12 +144,19 @@ def test_async_kill_and_resume_is_bit_exact(
     thread timing; the resumed rank's state digest equals its checkpoint's (the batches
     generated ahead included). Two DDP ranks (under the real torchrun): each generates its
     share ahead with no collective. LoRA: the copy that generates shares the frozen base
-    with the policy (making.plain_copy) and still generates from version t's adapters."""
+    with the policy (making.plain_copy) and still generates from version t's adapters.
+    k = 2 also trains its first 6 steps synchronously (``algo.synchronous_steps``): a kill
+    before step 6 resumes from the checkpoint of step 4 across the switch, a later one
+    from a checkpoint that holds batches made ahead."""
     steps = [*STEPS, f"algo.max_staleness={k}", f"rollout.engine={engine}"]
     steps += [f"model.lora_rank={lora}"] if lora else []
+    steps += ["algo.synchronous_steps=6"] if k == 2 else []
     run = check_kill_and_resume(tmp_path, steps, nproc)
     # the run really was asynchronous: its last step trained a batch k updates old
     assert _rows(run)[-1]["staleness/max"] == k
+    if k == 2:  # and synchronous for its first 6 steps, stale from the 7th
+        stale = [r["staleness/max"] for r in _rows(RunPaths(tmp_path / "uninterrupted"))]
+        assert stale[:8] == [0] * 6 + [1, 2], stale
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ batches with the current weights, each trained at its own step (staleness 0, 1, 
 in turn, never past the bound), the generation's seconds shared among them; a run
 SIGKILLed while batches of its group wait (a checkpoint holds them) and resumed ends equal,
 bit for bit, to the uninterrupted one; a rollback makes it one batch a rollout; two DDP or
-FSDP2 ranks each make their share."""
+FSDP2 ranks each make their share; the first steps synchronous (``algo.synchronous_steps``)
+start the groups after them."""
 
 from __future__ import annotations
 
@@ -71,13 +72,16 @@ def test_a_rollback_makes_it_one_batch_a_rollout(tmp_path: Path) -> None:
 def test_two_ranks_each_make_their_share_of_a_group(tmp_path: Path, strategy: str) -> None:
     """Two DDP or FSDP2 ranks: each rank's rollout makes its share of both steps' batches
     (every rank at the same point of the step: FSDP2's engine generates in step), and the
-    run's histogram counts every rank's samples at the staleness of the group's turn."""
+    run's histogram counts every rank's samples at the staleness of the group's turn. The
+    DDP run also trains its first 2 steps synchronously (``algo.synchronous_steps=2``): its
+    groups start at the second step."""
     grouped = ("algo.max_staleness=1", "rollout.steps_per_generation=2")
-    run = make_run(
-        tmp_path, strategy, "training.max_steps=4", *grouped, f"dist.strategy={strategy}", nproc=2
-    )
+    warm = ("training.max_steps=5", "algo.synchronous_steps=2")
+    steps = warm if strategy == "ddp" else ("training.max_steps=4",)
+    run = make_run(tmp_path, strategy, *steps, *grouped, f"dist.strategy={strategy}", nproc=2)
     result = train(run, 2)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = _rows(run)
-    assert [(r["world_size"], r["staleness/max"]) for r in rows] == [(2, 0), (2, 1)] * 2
+    stale = [0, 0, 1, 0, 1] if strategy == "ddp" else [0, 1, 0, 1]
+    assert [(r["world_size"], r["staleness/max"]) for r in rows] == [(2, s) for s in stale]
     assert all(r[f"staleness/{int(r['staleness/max'])}"] == SAMPLES for r in rows)

@@ -112,6 +112,15 @@ def grouped_plan(
     return Plan(drop, True, _next_steps(step, group - 1, end, kept))
 
 
+def warming(step: int, synchronous_steps: int) -> bool:
+    """Whether ``step`` (0-based, as the pipeline counts) is one of the first
+    ``synchronous_steps`` of an asynchronous run that makes its next step's batch after it
+    (``algo.synchronous_steps``; pure): generating nothing ahead at steps ``0 .. N - 2``
+    leaves each of the first ``N`` steps to make its own batch, and step ``N - 1`` starts
+    the bound's work ahead, so that step ``N`` trains the first stale batch."""
+    return step + 1 < synchronous_steps
+
+
 def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
     """The random stream of ``rank``'s rollouts of ``step`` in an asynchronous run (pure):
     the same for every run of ``seed`` whatever generated before it, so a batch regenerated

@@ -311,7 +311,7 @@ class SplitPipeline(RolloutPipeline):
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
-        decision = plan(step, self.k, lineage, made, end, self.ahead_depth())
+        decision = plan(step, self.k, lineage, made, end, self.ahead_depth(step))
         for s in decision.drop:
             del self.pending[s]
         steps = ((step,) if decision.now else ()) + decision.ahead
