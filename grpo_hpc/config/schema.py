@@ -172,8 +172,9 @@ class AlgoConfig:
     the weights that train it, nothing generated ahead), the rest as ``max_staleness``
     says: on the learning benchmark asynchronous runs fell behind in their first steps,
     when each update changes the next batch most (docs/async.md). 0 or 1: asynchronous
-    from the first step (whose batch is always its own weights'). The thread and split
-    placements and ``rollout.steps_per_generation``; not with ``rollout.partial_pool``."""
+    from the first step (whose batch is always its own weights'). Every way to run ahead:
+    the thread and split placements, ``rollout.steps_per_generation`` and
+    ``rollout.partial_pool`` (its pool starts empty after the first N steps)."""
     mask_truncated: bool = False
     """DAPO's overlong filtering: completions cut off at ``rollout.max_new_tokens`` (no EOS)
     still count in their group's reward mean and std, but train nothing and leave the

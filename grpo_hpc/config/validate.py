@@ -172,11 +172,6 @@ def warmup_problem(cfg: Config) -> str | None:
             f"algo.synchronous_steps={n} needs algo.max_staleness >= 1: a synchronous run "
             "is synchronous at every step (set algo.max_staleness=1, or drop it)"
         )
-    if n > 1 and cfg.rollout.partial_pool:
-        return (
-            f"algo.synchronous_steps={n} cannot run with rollout.partial_pool: its answers "
-            "are in flight from the first step (drop one of them; docs/async.md)"
-        )
     return None
 
 

@@ -107,13 +107,23 @@ def test_partial_kill_and_resume_is_bit_exact(
 ) -> None:
     """SIGKILL at a random moment after the first checkpoint, resume: the weights and the
     optimizer at the end equal the uninterrupted run's, bit for bit; the resumed rank's
-    state digest equals its checkpoint's (the pool of answers in flight included)."""
+    state digest equals its checkpoint's (the pool of answers in flight included). The
+    native case also trains its first 6 steps synchronously (``algo.synchronous_steps``;
+    the pool's first round, all of its weights, at step 6): its checkpoint of step 4 holds
+    no pool, a later one a pool begun at step 6."""
     steps = [*STEPS, *PARTIAL, f"rollout.engine={engine}", f"model.name_or_path={ending_model}"]
     steps[steps.index(f"rollout.prompts_per_step={PROMPTS}")] = (
         f"rollout.prompts_per_step={2 * nproc}"
     )
+    warm = engine == "native"
+    steps += ["algo.synchronous_steps=6"] if warm else []
     run = check_kill_and_resume(tmp_path, steps, nproc)
-    assert sum(r["partial/continued_rows"] for r in _rows(run)) > 0
+    assert sum(r.get("partial/continued_rows", 0) for r in _rows(run)) > 0
+    if warm:  # steps 1-5 a synchronous step's batch each; the pool's first round at step 6
+        rows = _rows(RunPaths(tmp_path / "uninterrupted"))
+        assert all("partial/pool_groups" not in r for r in rows[:5])
+        assert all("partial/pool_groups" in r for r in rows[5:]), rows[5]
+        assert [r["staleness/max"] for r in rows[:6]] == [0] * 6
 
 
 SPLIT_STEPS = 8
@@ -206,12 +216,19 @@ def test_one_generator_advances_two_trainers_pools_as_two_ranks_do(
 ) -> None:
     """Two DDP trainers and one generator: each trainer keeps its own pool and the
     generator advances both in turn, each with its trainer's random stream; the run trains,
-    bit for bit, what two DDP ranks of the thread placement train, with the same rounds."""
-    steps = _split_steps(ending_model)
+    bit for bit, what two DDP ranks of the thread placement train, with the same rounds.
+    Both train their first 3 steps synchronously (``algo.synchronous_steps=3``): the
+    trainers' pools start at step 3 (its first round, all of its own weights), alike."""
+    steps = [*_split_steps(ending_model), "algo.synchronous_steps=3"]
     steps[steps.index(f"rollout.prompts_per_step={PROMPTS}")] = "rollout.prompts_per_step=4"
     thread, split = both_placements(tmp_path, *steps, ranks=2)
     assert _rounds(split) == _rounds(thread)
-    assert sum(r["partial/continued_rows"] for r in _rows(split)) > 0
+    assert sum(r.get("partial/continued_rows", 0) for r in _rows(split)) > 0
+    rows = _rows(split)
+    assert (
+        all("partial/pool_groups" not in r for r in rows[:2]) and "partial/pool_groups" in rows[2]
+    )
+    assert [r["staleness/max"] for r in rows[:3]] == [0, 0, 0]
     final = SPLIT_STEPS
     assert_same(_final_state(split, final), _final_state(thread, final))
 

@@ -148,8 +148,7 @@ class RolloutPipeline:
         engine = make_engine(self.shadow, abort, self.work.bump)
         self.now = dataclasses.replace(collector, engine=engine)
         self.ahead = dataclasses.replace(collector, engine=engine, ahead=True)
-        if cfg.rollout.partial_pool:
-            self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
+        if cfg.rollout.partial_pool:  # the pool itself starts at the first collect
             for_partial(engine, cfg, collector.per_rank)
 
     # ------------------------------------------------------------------ the step
@@ -161,6 +160,7 @@ class RolloutPipeline:
             return self.collector.collect()
         if self.group > 1:
             return self._collect_grouped(step, lineage, seed)
+        self.start_pool(step)
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
@@ -218,6 +218,15 @@ class RolloutPipeline:
         if depth is not None:
             return depth
         return 1 if self.pool else None
+
+    def start_pool(self, step: int) -> None:
+        """Partial rollouts (``rollout.partial_pool``): the pool of answers in flight, made
+        empty at the first step past the run's synchronous first steps, as at a run's first
+        step (none after :meth:`go_synchronous`; a resumed run's comes from its checkpoint,
+        :meth:`load_state_dict`)."""
+        size = self.collector.cfg.rollout.partial_pool
+        if size and self.k and self.pool is None and self._depth(step) is None:
+            self.pool = PartialPool(size, self.k)
 
     def _depth(self, step: int) -> int | None:
         """0 once synchronous (:meth:`go_synchronous`) or while ``step`` is one of the
@@ -382,8 +391,10 @@ class RolloutPipeline:
             report = RoundReport(**item["report"]) if "report" in item else None
             entry = Entry(Made(**item["made"]), _collected(item["collected"]), report)
             self.pending[entry.made.step] = entry
-        if self.pool is not None:  # none in the checkpoint: the pool starts empty
-            self.pool.load_state_dict((state or {}).get("partial_pool"))
+        saved = (state or {}).get("partial_pool")
+        if saved is not None and self.depth is None:  # past the synchronous first steps
+            self.pool = PartialPool(self.collector.cfg.rollout.partial_pool, self.k)
+            self.pool.load_state_dict(saved)
 
 
 def _collected(d: dict[str, Any]) -> Collected:

@@ -47,7 +47,6 @@ from grpo_hpc.config.schema import Config
 from grpo_hpc.train.distributed.gather import gather_into, is_shard, unique_state
 from grpo_hpc.train.rollout.collect import Collected, Collector
 from grpo_hpc.train.rollout.making import Entry
-from grpo_hpc.train.rollout.partial import PartialPool
 from grpo_hpc.train.rollout.pipeline import RolloutPipeline
 from grpo_hpc.train.rollout.schedule import Made, plan
 from grpo_hpc.train.rollout.types import EngineOptions
@@ -290,9 +289,7 @@ class SplitPipeline(RolloutPipeline):
         self.error = None
         self.last: Made | None = None
         self.last_report = None
-        self.pool = None
-        if cfg.rollout.partial_pool:  # the trainer keeps it; its generator advances it
-            self.pool = PartialPool(cfg.rollout.partial_pool, self.k)
+        self.pool = None  # partial rollouts: the trainer keeps it, its generator advances it
         self.waited_s = 0.0
         self.sync_s = 0.0
         self.depth = None
@@ -308,6 +305,7 @@ class SplitPipeline(RolloutPipeline):
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
         """The batch step ``step`` trains; its generator makes the batches the plan names
         (the step's own first, waited for here, when it is missing)."""
+        self.start_pool(step)
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
