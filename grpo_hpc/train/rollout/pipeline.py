@@ -160,7 +160,7 @@ class RolloutPipeline:
             return self.collector.collect()
         if self.group > 1:
             return self._collect_grouped(step, lineage, seed)
-        self.start_pool(step)
+        self._start_pool(step)
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
@@ -219,14 +219,17 @@ class RolloutPipeline:
             return depth
         return 1 if self.pool else None
 
-    def start_pool(self, step: int) -> None:
+    def _start_pool(self, step: int) -> None:
         """Partial rollouts (``rollout.partial_pool``): the pool of answers in flight, made
         empty at the first step past the run's synchronous first steps, as at a run's first
         step (none after :meth:`go_synchronous`; a resumed run's comes from its checkpoint,
         :meth:`load_state_dict`)."""
-        size = self.collector.cfg.rollout.partial_pool
-        if size and self.k and self.pool is None and self._depth(step) is None:
-            self.pool = PartialPool(size, self.k)
+        if self.collector.cfg.rollout.partial_pool and self.k and self.pool is None:
+            if self._depth(step) is None:
+                self.pool = self._new_pool()
+
+    def _new_pool(self) -> PartialPool:
+        return PartialPool(self.collector.cfg.rollout.partial_pool, self.k)
 
     def _depth(self, step: int) -> int | None:
         """0 once synchronous (:meth:`go_synchronous`) or while ``step`` is one of the
@@ -393,7 +396,7 @@ class RolloutPipeline:
             self.pending[entry.made.step] = entry
         saved = (state or {}).get("partial_pool")
         if saved is not None and self.depth is None:  # past the synchronous first steps
-            self.pool = PartialPool(self.collector.cfg.rollout.partial_pool, self.k)
+            self.pool = self._new_pool()
             self.pool.load_state_dict(saved)
 
 

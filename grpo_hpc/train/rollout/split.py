@@ -305,7 +305,7 @@ class SplitPipeline(RolloutPipeline):
     def collect(self, step: int, lineage: int, seed: int) -> Collected:
         """The batch step ``step`` trains; its generator makes the batches the plan names
         (the step's own first, waited for here, when it is missing)."""
-        self.start_pool(step)
+        self._start_pool(step)
         self.settle()
         made = [e.made for e in self.pending.values()]
         end = self.collector.cfg.training.max_steps
