@@ -18,6 +18,11 @@ workers that all end together on a 2-core machine were sharing the CPU to the la
 process's, e.g. from ``/proc/stat`` around ``pytest -n 0 MODULE``, as the 2026-12-05 cut
 of the two-node group did; scripts/test.sh). Under load a test's seconds are not its CPU
 time: on 2 cores and 5 workers CPU-bound modules measured about 0.37 CPU s a second.
+
+Each span also records the machine's busy CPU seconds (all processes, from ``/proc/stat``)
+at its start and end. With one worker (``-n 0`` after the command) that difference is the
+test's own CPU time, its subprocesses', Slurm jobs' and daemons' included, and the report
+adds the modules by CPU seconds: the list to cut from when CPU bounds the suite.
 """
 
 from __future__ import annotations
@@ -41,14 +46,32 @@ ENV = "GRPO_HPC_TIMELINE"
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Setup, call and teardown of one test, timed as one span on this worker."""
     out = os.environ.get(ENV)
-    start = time.time()
+    start, cpu_start = time.time(), machine_cpu_seconds()
     yield
     if out:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        line = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+        line = {
+            "worker": worker,
+            "test": item.nodeid,
+            "start": start,
+            "end": time.time(),
+            "cpu_start": cpu_start,
+            "cpu_end": machine_cpu_seconds(),
+        }
         Path(out).mkdir(parents=True, exist_ok=True)  # a folder not made yet is made
         with open(Path(out) / f"{worker}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def machine_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """Busy CPU seconds of the whole machine since boot (user, nice, system, irq, softirq,
+    steal; not idle or iowait), or None where ``/proc/stat`` cannot be read."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,8 @@ class Span:
     test: str
     start: float
     end: float
+    cpu: float | None = None
+    """The machine's busy CPU seconds during the test (its own with one worker)."""
 
     @property
     def seconds(self) -> float:
@@ -100,6 +125,19 @@ def modules(spans: list[Span]) -> list[tuple[str, int, float]]:
     return [(m, count[m], t) for m, t in seconds.most_common()]
 
 
+def modules_by_cpu(spans: list[Span]) -> list[tuple[str, int, float]]:
+    """(module, tests, summed machine CPU seconds), the most first; empty where a span
+    has no CPU reading (pure)."""
+    if not spans or any(s.cpu is None for s in spans):
+        return []
+    cpu: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for s in spans:
+        cpu[s.module] += s.cpu or 0.0
+        count[s.module] += 1
+    return [(m, count[m], t) for m, t in cpu.most_common()]
+
+
 def report(spans: list[Span], most: int = 30) -> str:
     """The text the command prints (pure)."""
     total = sum(s.seconds for s in spans)
@@ -115,6 +153,16 @@ def report(spans: list[Span], most: int = 30) -> str:
     for m, n, t in modules(spans)[:most]:
         summed += t
         lines.append(f"{t:>7.0f} {100 * t / total:>5.1f}% {100 * summed / total:>5.1f}%  {m} ({n})")
+    by_cpu = modules_by_cpu(spans)
+    if by_cpu:
+        cpu_total = sum(t for _, _, t in by_cpu)
+        note = "" if len(per_worker) == 1 else ": shared by workers, not each test's own"
+        lines += ["", f"module machine CPU seconds, {cpu_total:,.0f} in all{note}"]
+        summed = 0.0
+        for m, n, t in by_cpu[:most]:
+            summed += t
+            share = f"{100 * t / cpu_total:>5.1f}% {100 * summed / cpu_total:>5.1f}%"
+            lines.append(f"{t:>7.0f} {share}  {m} ({n})")
     return "\n".join(lines)
 
 
@@ -124,7 +172,9 @@ def read(folder: Path) -> list[Span]:
         for line in path.read_text().splitlines():
             if line.strip():
                 d = json.loads(line)
-                spans.append(Span(d["worker"], d["test"], d["start"], d["end"]))
+                a, b = d.get("cpu_start"), d.get("cpu_end")
+                cpu = b - a if a is not None and b is not None else None
+                spans.append(Span(d["worker"], d["test"], d["start"], d["end"], cpu))
     return spans
 
 
