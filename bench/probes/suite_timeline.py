@@ -20,8 +20,9 @@ of the two-node group did; scripts/test.sh). Under load a test's seconds are not
 time: on 2 cores and 5 workers CPU-bound modules measured about 0.37 CPU s a second.
 
 Each span also records the machine's busy CPU seconds (all processes, from ``/proc/stat``)
-at its start and end. With one worker (``-n 0`` after the command) that difference is the
-test's own CPU time, its subprocesses', Slurm jobs' and daemons' included, and the report
+at its start and end. With one worker (``bash scripts/test.sh -p no:cacheprovider -n 0``
+in a fresh clone, under the same two variables; ``.ci/run`` passes no arguments) that
+difference is the test's own CPU time, its subprocesses', Slurm jobs' and daemons' included, and the report
 adds the modules by CPU seconds: the list to cut from when CPU bounds the suite.
 """
 
