@@ -22,8 +22,9 @@ time: on 2 cores and 5 workers CPU-bound modules measured about 0.37 CPU s a sec
 Each span also records the machine's busy CPU seconds (all processes, from ``/proc/stat``)
 at its start and end. With one worker (``bash scripts/test.sh -p no:cacheprovider -n 0``
 in a fresh clone, under the same two variables; ``.ci/run`` passes no arguments) that
-difference is the test's own CPU time, its subprocesses', Slurm jobs' and daemons' included, and the report
-adds the modules by CPU seconds: the list to cut from when CPU bounds the suite.
+difference is the test's own CPU time, its subprocesses', Slurm jobs' and daemons'
+included (and anything else the machine ran meanwhile: keep it otherwise idle), and the
+report adds the modules by CPU seconds: the list to cut from when CPU bounds the suite.
 """
 
 from __future__ import annotations
