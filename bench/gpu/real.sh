@@ -14,7 +14,9 @@
 #           LEARN_OVERLONG: mask (default, learning_Nterm_mask) or penalty (learning_Nterm),
 #           LEARN_JOBS: runs at once, for accuracy over many seeds; their clock is not timed;
 #           LEARN_GPUS: the seeds spread over this many GPUs, LEARN_JOBS on each;
-#           LEARN_MAX_NEW: the length cap, 48 unless given: give another its own LEARN_TAG)
+#           LEARN_MAX_NEW: the length cap, 48 unless given: give another its own LEARN_TAG;
+#           LEARN_LR: the learning rate, 2e-5 unless given: another needs its own LEARN_TAG,
+#           as a file of other settings is refused)
 #   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
@@ -141,7 +143,7 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             CUDA_VISIBLE_DEVICES=$( ((gpus > 1)) && echo $g || echo "${CUDA_VISIBLE_DEVICES:-0}") \
                 timeout "${LEARN_TIMEOUT:-560}" python3 -m bench.learning --out "$dir" --terms "$n" \
                 --name "$name" --overlong "$overlong" --seeds "${mine[@]}" --systems ${LEARN_SYSTEMS:-grpo_hpc trl} \
-                --steps "${LEARN_STEPS:-40}" --max-new "${LEARN_MAX_NEW:-48}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
+                --steps "${LEARN_STEPS:-40}" --max-new "${LEARN_MAX_NEW:-48}" --lr "${LEARN_LR:-2e-5}" --eval-every "${LEARN_EVERY:-5}" --jobs "${LEARN_JOBS:-1}" 2>&1 |
                 grep -E "seed|final|Error|error" | tail -40 &
         done
         wait
