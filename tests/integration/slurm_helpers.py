@@ -307,10 +307,12 @@ def kill_node(node: str, down_within_s: float = 90.0, reported: bool = False) ->
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
             pass
-    if reported:
-        _run("scontrol", "update", f"nodename={node}", "state=down", "reason=lost-in-a-test")
-    wait_for(f"slurmctld to set {node} DOWN", lambda: _node_down(node), down_within_s)
-    kill_pids(pids)
+    try:
+        if reported:
+            _run("scontrol", "update", f"nodename={node}", "state=down", "reason=lost-in-a-test")
+        wait_for(f"slurmctld to set {node} DOWN", lambda: _node_down(node), down_within_s)
+    finally:  # a failed wait must not leave the node stopped for every later two-node test
+        kill_pids(pids)
     return pids
 
 
