@@ -34,7 +34,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,14 +117,19 @@ def workers(spans: list[Span]) -> list[WorkerLine]:
     return out
 
 
-def modules(spans: list[Span]) -> list[tuple[str, int, float]]:
-    """(module, tests, summed seconds), the longest first (pure)."""
-    seconds: Counter[str] = Counter()
+def _by_module(spans: list[Span], value: Callable[[Span], float]) -> list[tuple[str, int, float]]:
+    """(module, tests, summed ``value`` of its spans), the largest first (pure)."""
+    total: Counter[str] = Counter()
     count: Counter[str] = Counter()
     for s in spans:
-        seconds[s.module] += s.seconds
+        total[s.module] += value(s)
         count[s.module] += 1
-    return [(m, count[m], t) for m, t in seconds.most_common()]
+    return [(m, count[m], t) for m, t in total.most_common()]
+
+
+def modules(spans: list[Span]) -> list[tuple[str, int, float]]:
+    """(module, tests, summed seconds), the longest first (pure)."""
+    return _by_module(spans, lambda s: s.seconds)
 
 
 def modules_by_cpu(spans: list[Span]) -> list[tuple[str, int, float]]:
@@ -132,12 +137,7 @@ def modules_by_cpu(spans: list[Span]) -> list[tuple[str, int, float]]:
     has no CPU reading (pure)."""
     if not spans or any(s.cpu is None for s in spans):
         return []
-    cpu: Counter[str] = Counter()
-    count: Counter[str] = Counter()
-    for s in spans:
-        cpu[s.module] += s.cpu or 0.0
-        count[s.module] += 1
-    return [(m, count[m], t) for m, t in cpu.most_common()]
+    return _by_module(spans, lambda s: s.cpu or 0.0)
 
 
 def report(spans: list[Span], most: int = 30) -> str:
