@@ -12,7 +12,21 @@ import pytest
 
 from grpo_hpc.train.supervision import gc_schedule
 
+from . import slowdown
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Measure the machine's slowdown once (tests/slowdown.py), in the process that starts
+    the xdist workers (they inherit the variable), before any test runs."""
+    if hasattr(config, "workerinput") or slowdown.ENV in os.environ:
+        return
+    os.environ[slowdown.ENV] = str(slowdown.factor_from(slowdown.measure_import_s()))
+
+
+def pytest_report_header() -> str:
+    return f"time bounds stretched x{slowdown.factor()} (tests/slowdown.py)"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -66,6 +80,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             kind = 1
         rank[item.path] = min(rank.get(item.path, 2), kind)
     items.sort(key=lambda item: rank[item.path])  # stable: the order within a module stays
+    _stretch_timeout_marks(items)
+
+
+def _stretch_timeout_marks(items: list[pytest.Item]) -> None:
+    """A test's ``@pytest.mark.timeout(N)`` is one of its time bounds: stretched like the
+    others (tests/slowdown.py). The stretched mark goes first, so it is the one pytest-timeout
+    reads."""
+    if slowdown.factor() == 1.0:
+        return
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        if mark is not None and mark.args:
+            item.add_marker(pytest.mark.timeout(slowdown.scaled(mark.args[0])), append=False)
 
 
 def _uses_module_fixture(item: pytest.Item) -> bool:
@@ -109,7 +136,7 @@ def run_cli(module_main: str, *args: str, env: dict | None = None, timeout: floa
         capture_output=True,
         text=True,
         env=full_env,
-        timeout=timeout,
+        timeout=slowdown.scaled(timeout),
         cwd=REPO,
     )
 

@@ -14,6 +14,8 @@ import pytest
 from bench.learning.results import devices
 from bench.learning.run import merge_runs, pending_runs, summarize
 
+from ..slowdown import scaled
+
 
 def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:
     """A run as bench/learning/run.py stores it; ``jobs`` absent as in runs from before --jobs."""
@@ -143,7 +145,7 @@ def test_merge_files_from_several_gpus_into_one_summary(tmp_path: Path) -> None:
     out.mkdir()
     cmd = [sys.executable, "-m", "bench.learning", "--out", str(out), "--name", "all"]
     cmd += ["--merge", str(tmp_path / "g0.json"), str(tmp_path / "g1.json")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 0, done.stderr
     merged = json.loads((out / "all.json").read_text())
     assert [r["seed"] for r in merged["systems"]["grpo_hpc"]] == [0, 1, 2]

@@ -23,6 +23,8 @@ from bench.speed.profile_async_trace import (
 )
 from tests.e2e.helpers import env
 
+from ..slowdown import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -286,7 +288,9 @@ def test_the_cli_on_a_cpu_reports_the_threads_and_no_streams(tmp_path: Path) -> 
         "--tail-s", "0.1", "--length-dist", "bench/speed/lengths/smollm2_gsm8k_cap1024.json",
         "--override", "rollout.decode_priority=high", "--tag", "cpu", "--out", str(tmp_path),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env(), timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, env=env(), timeout=scaled(300)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "profile_async_cpu.json").read_text())
     for key in ("env", "command", "config", "overrides", "steps", "unprofiled_metrics"):

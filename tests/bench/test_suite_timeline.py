@@ -12,6 +12,8 @@ import pytest
 
 from bench.probes import suite_timeline as st
 
+from ..slowdown import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -76,7 +78,9 @@ def test_the_plugin_records_every_test_of_a_real_run(tmp_path: Path) -> None:
     env = {"GRPO_HPC_TIMELINE": str(out), "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
            "-p", "bench.probes.suite_timeline", str(tests)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(120)
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     spans = st.read(out)
     assert sorted(s.test.split("::")[1] for s in spans) == ["test_a", "test_b", "test_c"]

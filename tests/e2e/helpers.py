@@ -18,6 +18,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.node.launch import exit_code_from_progress, ignore_preempt_signals
 from grpo_hpc.submit.job import create_run
 
+from ..slowdown import scaled
 from .trainer_fork import ForkedRun
 
 
@@ -115,7 +116,7 @@ def training(
         proc = launch(paths, nproc, out, err, torchrun)
 
         def result() -> subprocess.CompletedProcess:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=scaled(timeout))  # stretched: tests/slowdown.py
             out.seek(0)
             err.seek(0)
             code = exit_code_from_progress(paths, proc.returncode)
@@ -150,13 +151,15 @@ def start_forked(paths: RunPaths) -> ForkedRun:
         return launch(paths, 1, null, null)
 
 
-def start(paths: RunPaths, nproc: int = 1) -> subprocess.Popen:
+def start(paths: RunPaths, nproc: int = 1, log: Path | None = None) -> subprocess.Popen:
     """Start training as the launcher does on a node: torchrun ignores the preemption
-    signals, so a test can signal or SIGKILL every process like Slurm does."""
+    signals, so a test can signal or SIGKILL every process like Slurm does. Its output
+    goes to ``log`` where one is given (torchrun's own warnings included), else nowhere."""
+    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child's
     return subprocess.Popen(
         torchrun_cmd(paths, nproc),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
         env=env(),
         start_new_session=True,
         preexec_fn=ignore_preempt_signals,
@@ -195,7 +198,7 @@ def signal_job(pid: int, sig: int) -> None:
         except ProcessLookupError:
             pass
     if sig == signal.SIGKILL:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.01)
 

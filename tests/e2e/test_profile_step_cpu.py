@@ -12,6 +12,8 @@ import pytest
 
 from tests.e2e.helpers import env
 
+from ..slowdown import scaled
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +24,9 @@ def test_profile_step_splits_a_tiny_step_by_phase_and_category(tmp_path: Path) -
            "--out", str(tmp_path)]  # fmt: skip
     # --top 500: every op listed. In the default top 15 the small silu_backward ranked
     # 8th in one run and fell out in another (CI, a loaded CPU), failing the test by chance.
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env(), timeout=scaled(300), cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "profile_tiny.json").read_text())
     gen, upd = result["phases"]["generate"], result["phases"]["update"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ..slowdown import scaled
 from .slurm_helpers import REPO, cli_env
 
 pytestmark = pytest.mark.slurm
@@ -28,7 +29,9 @@ def test_gpu_fault_harness_on_cpu_ranks(slurm_cluster, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "bench.faults.gpu_run", "--only", CI_TRIAL, "--max-steps", "6"]
     cmd += ["--profile", str(REPO / "templates/slurm-local.yaml"), "--out", str(out)]
     cmd += ["--work", str(tmp_path / "work"), "--evidence", str(tmp_path / "evidence")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=290, cwd=REPO)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=cli_env(), timeout=scaled(290), cwd=REPO
+    )
     doc = json.loads(out.read_text()) if out.exists() else {}
     detail = proc.stdout[-3000:] + proc.stderr[-3000:] + json.dumps(doc.get("trials"), indent=1)
     assert proc.returncode == 0, detail

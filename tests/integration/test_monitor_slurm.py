@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import signal
 import subprocess
 import threading
@@ -42,6 +43,7 @@ from grpo_hpc.status.report import collect_rows
 from grpo_hpc.status.view import build_table
 from grpo_hpc.submit import job as submit_mod
 
+from ..slowdown import scaled
 from .slurm_helpers import (
     assert_one_slurm_job_per_entry,
     cli,
@@ -70,22 +72,29 @@ from .slurm_helpers import (
 pytestmark = pytest.mark.slurm
 
 MONITOR_ARGS = [
-    "--interval", "1", "--step0-timeout", "40", "--heartbeat-timeout", "60",
-    "--max-retries", "1", "--backoff", "1",
+    "--interval", "1", "--step0-timeout", f"{scaled(40):.0f}",
+    "--heartbeat-timeout", f"{scaled(60):.0f}", "--max-retries", "1", "--backoff", "1",
 ]  # fmt: skip
 """step0-timeout 40 s: on the loaded 2-core CI machine a fleet job's trainer wrote its first
 progress record ~20 s after the job started and its first step ~10 s after that (the
-``hang`` run is cancelled 40 s after its record)."""
+``hang`` run is cancelled 40 s after its record). Stretched on a slow machine, like every
+time below (tests/slowdown.py): at 42:53 of CI, the ``crash`` and ``zero`` runs' first
+attempts had written no record 40 s after their jobs started and were cancelled as
+stalled."""
 FAULTS = "faults.enabled=true"
 LIMIT_STEPS, LIMIT_SAVE_EVERY, LIMIT_HANG_AFTER = 2, 2, 1
-LIMIT_TIME_MIN, LIMIT_SIGNAL_LEAD_S = 2, 45
+LIMIT_SIGNAL_LEAD_S = 45
+LIMIT_TIME_MIN = math.ceil((scaled(45) + 30 + LIMIT_SIGNAL_LEAD_S) / 60)
 """The ``limit`` run (2-minute time limit): its first attempt hangs after its first step
 (heartbeat alive, so no monitor rule fires) until a stop signal, which only the time limit
 sends; it saves step 1 then (no periodic save before step 2), is requeued in the job, and
 the next attempt trains step 2. Slurm checks time limits every 30 s and sends a --signal up
 to one check early, so with a 45 s lead the USR2 comes 45 to 75 s after a job starts: after
 the first step of the first attempt and before the end of the second (each ~16 to 27 s after
-its job's start on the loaded 2-core CI machine), and 45 s before the limit itself. (Before:
+its job's start on the loaded 2-core CI machine), and 45 s before the limit itself. On a slow
+machine the limit grows so that the signal's earliest moment, 45 s, is stretched like the
+attempts (tests/slowdown.py; at x5: 5 minutes, the signal 225 to 255 s in); the lead, a
+checkpoint's save and a requeue, stays. (Before:
 a 1-minute limit, 20 s lead, 24 steps of 2 s sleep: every attempt was signalled 10 to 40 s
 after its start, most while still loading; ~5 attempts, 298 s.)"""
 PREEMPT_STEPS, PREEMPT_SAVE_EVERY = 6, 2
@@ -120,7 +129,7 @@ class Fleet:
 
 def _scancel_after_checkpoint(paths: RunPaths, record: dict[str, object]) -> None:
     """Background: once the run has a checkpoint and is mid-training, scancel its job."""
-    deadline = time.monotonic() + FLEET_TIMEOUT_S
+    deadline = time.monotonic() + scaled(FLEET_TIMEOUT_S)
     while time.monotonic() < deadline:
         rec = read_progress(paths.progress)
         ckpt = paths.latest_checkpoint()
@@ -318,7 +327,7 @@ def test_crash_every_attempt_stops_when_budget_is_spent(fleet: Fleet) -> None:
 def test_status_shows_finished_stopped_and_exhausted(fleet: Fleet) -> None:
     for name in ("hang", "limit", "preempt", "zero", "crash"):
         fleet.wait_final(name)
-    rc = fleet.monitor.wait(timeout=60)
+    rc = fleet.monitor.wait(timeout=scaled(60))
     assert rc == 1, fleet.monitor_output()  # every run ended; some were stopped
 
     def status_rows() -> dict[str, dict] | None:

@@ -21,6 +21,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
 from grpo_hpc.core.slurm import job_name
 
+from ..slowdown import scaled
 from .slurm_helpers import (
     REPO,
     cli,
@@ -63,7 +64,7 @@ def _held(tmp_path: Path) -> str:
 def _killed_resume(logs: Path, name: str) -> None:
     """A ``grpo-submit --resume`` killed between sbatch and the jobs.jsonl write."""
     cmd = [sys.executable, "-c", KILLED_AFTER_SBATCH, "--resume", name, "--logs", str(logs)]
-    killed = subprocess.run(cmd, env=cli_env(), cwd=REPO, timeout=120)
+    killed = subprocess.run(cmd, env=cli_env(), cwd=REPO, timeout=scaled(120))
     assert killed.returncode == 9
 
 

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from ..slowdown import scaled
+
 pytestmark = pytest.mark.slurm
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 
 
 def _run(*cmd: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(30), check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}"
     return proc.stdout
 
@@ -45,7 +47,7 @@ def sacct_state(job_id: str) -> str:
 
 def wait_state(job_id: str, want: tuple[str, ...], timeout: float = 60.0) -> str:
     """Poll sacct until the state starts with one of ``want`` (e.g. 'CANCELLED by 0')."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     state = ""
     while time.monotonic() < deadline:
         state = sacct_state(job_id)

@@ -1,0 +1,55 @@
+"""How much slower than usual this machine starts a Python process that imports torch: the
+factor the suite's time bounds are stretched by.
+
+Why: the suite's time bounds (a subprocess's deadline, a monitor's step-0 timeout, a Slurm
+time limit) were set on the 2-core machine on a normal day, where a process's ``import
+torch`` takes about 2 CPU s (bench/probes/README.md, suite_timeline). The same kind of
+machine has been seen several times slower at process starts alone (2026-12-06: ``import
+torch`` 9-17 s wall where a pure-Python loop ran at its usual speed; the VM's free memory is
+handed back to its host, and memory touched afresh faults in slowly): CI's run then took
+42:53 instead of ~14 minutes and 11 tests missed a deadline although each did the right
+thing, only later. Stretching every bound by the measured factor keeps each test's meaning
+(what must happen, and in which order) and leaves the suite unchanged on a normal machine,
+where the factor is 1.
+
+The root conftest measures once per session, in the process that starts the xdist workers,
+and passes the factor on in ``GRPO_HPC_TEST_SLOWDOWN`` (set it yourself to skip the probe).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+ENV = "GRPO_HPC_TEST_SLOWDOWN"
+REFERENCE_IMPORT_S = 2.5
+"""Wall seconds of ``python -c 'import torch'`` on the 2-core machine on a normal day
+(about 2 CPU s, bench/probes/README.md's suite_timeline row, plus the interpreter's start)."""
+MAX_FACTOR = 5.0
+"""The most any bound is stretched: a machine slower than this fails tests rather than make
+a hang test wait for ever."""
+
+
+def factor_from(import_s: float) -> float:
+    """The stretch for a measured ``import torch`` time: never below 1 (a fast machine keeps
+    the bounds as set), never above :data:`MAX_FACTOR`, rounded to a tenth."""
+    return round(min(MAX_FACTOR, max(1.0, import_s / REFERENCE_IMPORT_S)), 1)
+
+
+def measure_import_s() -> float:
+    """Wall seconds of a fresh ``python -c 'import torch'`` on this machine now."""
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=300)
+    return time.monotonic() - t0
+
+
+def factor() -> float:
+    """This session's stretch (1 where the conftest did not measure, e.g. a bare import)."""
+    return float(os.environ.get(ENV, "1"))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` stretched by this session's factor."""
+    return seconds * factor()
