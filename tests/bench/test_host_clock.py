@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.probes.host_clock import busy_share, cpu_times
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 STAT = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n"
 LATER = "cpu  160 0 70 900 70 0 0 0 0 0\ncpu0 80 0 35 450 35 0 0 0 0 0\n"
@@ -28,7 +28,7 @@ def test_the_probe_samples_until_its_time_is_up(tmp_path: Path) -> None:
     out = tmp_path / "clock.jsonl"
     cmd = [sys.executable, "-m", "bench.probes.host_clock", "--out", str(out)]
     t0 = time.time()
-    subprocess.run([*cmd, "--every", "0.05", "--seconds", "0.5"], check=True, timeout=scaled(60))
+    subprocess.run([*cmd, "--every", "0.05", "--seconds", "0.5"], check=True, timeout=guard(60))
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     # at most one sample per 0.05 s of sleep, and samples until the 0.5 s are up (a loaded
     # machine gives fewer samples, never an earlier end)

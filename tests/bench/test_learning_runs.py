@@ -14,7 +14,7 @@ import pytest
 from bench.learning.results import devices
 from bench.learning.run import merge_runs, pending_runs, summarize
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 
 def _run(seed: int, evals: list[tuple[int, float, float]], jobs: int | None = None) -> dict:
@@ -145,7 +145,7 @@ def test_merge_files_from_several_gpus_into_one_summary(tmp_path: Path) -> None:
     out.mkdir()
     cmd = [sys.executable, "-m", "bench.learning", "--out", str(out), "--name", "all"]
     cmd += ["--merge", str(tmp_path / "g0.json"), str(tmp_path / "g1.json")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=guard(120))
     assert done.returncode == 0, done.stderr
     merged = json.loads((out / "all.json").read_text())
     assert [r["seed"] for r in merged["systems"]["grpo_hpc"]] == [0, 1, 2]

@@ -18,7 +18,7 @@ import torch
 from bench.speed import length_dist as ld
 from bench.speed.imposed_lengths import ImposingEngine
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 EOS, PAD, FILLER = 2, 0, 7
@@ -151,7 +151,7 @@ def test_a_tiny_run_of_the_lora_stage_path_honours_every_imposed_length(tmp_path
         "--length-dist", str(tmp_path / "dist.json"),
         "--override", "training.log_samples=8", "--override", "model.lora_rank=16",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(300))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "longtail.json").read_text())
     assert result["lengths"] == f"lengths imposed from {tmp_path / 'dist.json'}"
@@ -206,7 +206,7 @@ def test_a_partial_run_honours_every_imposed_length_across_rounds(tmp_path: Path
         "--prompts", "2", "--G", "4", "--steps", "4", "--seed", "5",
         "--length-dist", str(tmp_path / "dist.json"),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(300))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "longtail.json").read_text())
     [run] = result["runs"]
@@ -263,7 +263,7 @@ def test_a_split_run_alone_counts_both_gpus_and_honours_its_lengths(
         "--prompts", "2", "--G", "4", "--steps", "4", "--seed", "5", "--nproc", "2",
         "--length-dist", str(tmp_path / "dist.json"),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(300))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     [run] = json.loads((out / "longtail.json").read_text())["runs"]
     assert run["gpus"] == 2
@@ -288,7 +288,7 @@ def test_a_failed_run_is_kept_and_the_next_still_runs(tmp_path: Path) -> None:
         "--model-dir", "random:bench/shapes/nosuch", "--precision", "fp32", "--max-new", "8",
         "--prompts", "2", "--G", "4", "--steps", "2",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(300))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode not in (0, None)
     for k in (0, 1):
         assert (out / f"k{k}/FAILED").read_text().startswith("exit ")

@@ -23,7 +23,7 @@ from bench.speed.profile_async_trace import (
 )
 from tests.e2e.helpers import env
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -289,7 +289,7 @@ def test_the_cli_on_a_cpu_reports_the_threads_and_no_streams(tmp_path: Path) -> 
         "--override", "rollout.decode_priority=high", "--tag", "cpu", "--out", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env=env(), timeout=scaled(300)
+        cmd, cwd=REPO, capture_output=True, text=True, env=env(), timeout=guard(300)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "profile_async_cpu.json").read_text())

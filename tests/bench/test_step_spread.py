@@ -12,7 +12,7 @@ import pytest
 
 from bench.speed import step_spread
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 H100X2 = REPO / "bench/results/slurm_gpu_h100x2_2026-11-26/metrics.jsonl"
@@ -64,7 +64,7 @@ def test_the_real_two_gpu_run_under_slurm(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "bench.speed.step_spread", str(H100X2), "--warmup", "1",
            "--json", str(out), "--target", "1.1"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(60))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(60))
     assert proc.returncode == 1, proc.stderr  # 1.16 > the 1.1 asked
     rep = json.loads(out.read_text())
     assert rep["size"] == "proxy" and "completions x mean length" in proc.stdout

@@ -12,7 +12,7 @@ import pytest
 
 from bench.probes import suite_timeline as st
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_the_plugin_records_every_test_of_a_real_run(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
            "-p", "bench.probes.suite_timeline", str(tests)]  # fmt: skip
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(120)
+        cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=guard(120)
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     spans = st.read(out)

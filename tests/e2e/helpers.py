@@ -18,7 +18,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.node.launch import exit_code_from_progress, ignore_preempt_signals
 from grpo_hpc.submit.job import create_run
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .trainer_fork import ForkedRun
 
 
@@ -116,7 +116,7 @@ def training(
         proc = launch(paths, nproc, out, err, torchrun)
 
         def result() -> subprocess.CompletedProcess:
-            proc.wait(timeout=scaled(timeout))  # stretched: tests/slowdown.py
+            proc.wait(timeout=guard(timeout))  # stretched: tests/slowdown.py
             out.seek(0)
             err.seek(0)
             code = exit_code_from_progress(paths, proc.returncode)
@@ -198,7 +198,7 @@ def signal_job(pid: int, sig: int) -> None:
         except ProcessLookupError:
             pass
     if sig == signal.SIGKILL:
-        deadline = time.monotonic() + scaled(60)
+        deadline = time.monotonic() + guard(60)
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.01)
 

@@ -22,7 +22,7 @@ from grpo_hpc.core.progress import read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import (
     assert_same,
     make_run,
@@ -184,7 +184,7 @@ def test_a_stop_signal_saves_the_batches_generated_ahead(tmp_path: Path, grouped
             assert proc.poll() is None, "trainer exited before step 2"
             time.sleep(0.02)
         signal_job(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=scaled(120)) is not None
+        assert proc.wait(timeout=guard(120)) is not None
         rec = read_progress(run.progress)
         assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
         assert rec.step < 8, "the run finished before the stop; the test proved nothing"

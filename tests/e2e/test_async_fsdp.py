@@ -22,7 +22,7 @@ from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.node.launch import exit_code_from_progress
 from grpo_hpc.train.state.checkpoint import SHARDED, format_of
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import assert_same, env, full_state, make_run, train
 from .test_resume_exact import MAX_STEPS, STEPS, _kill_and_resume
 
@@ -47,7 +47,7 @@ def test_each_rank_generates_from_the_whole_policy_within_the_bound(tmp_path: Pa
     run = make_run(tmp_path, "fsdp-k1", *FSDP, "training.max_steps=4", nproc=2)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
     cmd = [*torchrun, "--standalone", "--nnodes=1", str(WORKER), str(run.root)]
-    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=scaled(300))
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=guard(300))
     assert exit_code_from_progress(run, done.returncode) == 0, done.stderr[-3000:]
     for rank in (0, 1):
         lines = (run.root / f"shadow-rank{rank}.txt").read_text().splitlines()

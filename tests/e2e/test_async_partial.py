@@ -29,7 +29,7 @@ from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.status import report
 from grpo_hpc.status.view import health_line
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import assert_same, make_run, signal_job, start, train
 from .test_async_split import (
     ROLLBACK,
@@ -197,7 +197,7 @@ def test_a_split_run_killed_mid_pool_resumes_bit_exact(
         _wait_for(run, rng.randint(4, SPLIT_STEPS - 2), proc)
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=scaled(120))  # torchrun ends the other process
+        proc.wait(timeout=guard(120))  # torchrun ends the other process
     finally:
         signal_job(proc.pid, signal.SIGKILL)
     rec = read_progress(run.progress)

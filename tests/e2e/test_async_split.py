@@ -29,7 +29,7 @@ from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.state.checkpoint import SHARDED, format_of
 from grpo_hpc.train.supervision.liveness import HOST
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import assert_same, full_state, make_run, signal_job, start, train, training
 from .test_async_stuck import STUCK, STUCK_AT, check_stalled_then_resume, until_stalled
 from .test_resume_exact import _final_state
@@ -223,7 +223,7 @@ def test_a_killed_second_generator_resumes_bit_exact(tmp_path: Path, two_by_two:
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(int(pulse[0]), signal.SIGKILL)
         t0 = time.monotonic()
-        proc.wait(timeout=scaled(120))  # the others fail on their own
+        proc.wait(timeout=guard(120))  # the others fail on their own
         print(f"the job ended {time.monotonic() - t0:.1f} s after generator 1 was killed")
     finally:
         signal_job(proc.pid, signal.SIGKILL)
@@ -254,7 +254,7 @@ def test_a_killed_role_resumes_bit_exact(tmp_path: Path, reference: RunPaths, vi
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
-        proc.wait(timeout=scaled(120))  # torchrun ends the other process
+        proc.wait(timeout=guard(120))  # torchrun ends the other process
         print(f"the job ended {time.monotonic() - t0:.1f} s after the {victim} was killed")
     finally:
         signal_job(proc.pid, signal.SIGKILL)
@@ -277,7 +277,7 @@ def test_a_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path, reference: Ru
     try:
         _wait_for(run, 2, proc, checkpoint=False)
         signal_job(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=scaled(120))
+        proc.wait(timeout=guard(120))
     finally:
         signal_job(proc.pid, signal.SIGKILL)
     rec = read_progress(run.progress)

@@ -21,7 +21,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.supervision.liveness import HOST
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import assert_same, make_run, train, training
 from .test_resume_exact import _final_state
 
@@ -55,7 +55,7 @@ measured at 10.3 s (thread) and 13.4 s (split); the detection off
 def until_stalled(run: RunPaths, result: Callable[[], subprocess.CompletedProcess]) -> tuple:
     """Inside ``training(run)``: wait for the step before the stuck batch to be recorded,
     then for the run's end; (its result, seconds from that step to the end)."""
-    deadline = time.monotonic() + scaled(180)
+    deadline = time.monotonic() + guard(180)
     while (rec := read_progress(run.progress)) is None or rec.step < STUCK_AT - 1:
         assert time.monotonic() < deadline, f"the run never reached step {STUCK_AT - 1}"
         time.sleep(0.05)
@@ -73,7 +73,7 @@ def check_stalled_then_resume(
     with the fault off, it trains to the end."""
     print(f"the stuck run ended {ended:.1f} s after step {STUCK_AT - 1} was recorded")
     assert done.returncode == ExitCode.STALLED, done.stderr[-3000:]
-    assert ended < scaled(STUCK_ENDS_S)
+    assert ended < guard(STUCK_ENDS_S)
     rec = read_progress(run.progress)
     assert rec.state == TrainState.FAILED and rec.step == STUCK_AT - 1, rec
     assert rec.reason.startswith(said), rec.reason

@@ -23,7 +23,7 @@ from tests.e2e.helpers import signal_job
 from tests.e2e.trainer_fork import ForkedRun
 from tests.unit.train.algo.test_packing import _model_dir
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def test_compiled_layers_under_ddp_match_eager(tmp_path: Path) -> None:
     with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
         proc = ForkedRun([str(model)], env, out, err, nproc=2, entry=WORKER)
         try:
-            proc.wait(timeout=scaled(300))
+            proc.wait(timeout=guard(300))
         finally:  # a worker left behind would hold memory and CPU for the rest of the suite
             signal_job(proc.pid, signal.SIGKILL)
             proc.wait()

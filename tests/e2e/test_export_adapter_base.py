@@ -18,7 +18,7 @@ from grpo_hpc.cli.export import main as export_main
 from grpo_hpc.core.paths import RunPaths
 from tests.e2e.export_helpers import TEXTS
 from tests.e2e.helpers import make_run, train
-from tests.slowdown import scaled
+from tests.slowdown import guard
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_tiny_adapter_loads_with_peft_from_its_config(
         text=True,
         cwd=elsewhere,  # not the repository, not the run: the path must stand on its own
         env=env,
-        timeout=scaled(300),
+        timeout=guard(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

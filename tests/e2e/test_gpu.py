@@ -10,7 +10,7 @@ import torch
 
 from grpo_hpc.core.progress import TrainState, read_progress
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import make_run, train
 
 pytestmark = [
@@ -70,6 +70,6 @@ def test_sharded_adamw_matches_unsharded() -> None:
     nproc = min(2, torch.cuda.device_count())
     worker = Path(__file__).with_name("fsdp_adamw_worker.py")
     cmd = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", str(worker)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(300))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=guard(300))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fused=True" in result.stdout

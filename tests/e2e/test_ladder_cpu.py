@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.helpers import env
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
            "supercloud", "--modes", "full", "--steps", "2", "--max-new", "8", "--prompts", "2",
            "--G", "4", "--out", str(out)]  # fmt: skip
     first = subprocess.run(
-        cmd, capture_output=True, text=True, env=env(), timeout=scaled(300), cwd=REPO
+        cmd, capture_output=True, text=True, env=env(), timeout=guard(300), cwd=REPO
     )
     assert first.returncode == 0, first.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
@@ -35,7 +35,7 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
     assert row["run_settings"]["precision"] == "fp32" and row["prompt_tokens"] > 100
     assert row["estimate_2gpu"]["settings"].startswith("ddp")  # supercloud's strategy
     again = subprocess.run(
-        cmd, capture_output=True, text=True, env=env(), timeout=scaled(300), cwd=REPO
+        cmd, capture_output=True, text=True, env=env(), timeout=guard(300), cwd=REPO
     )
     assert again.returncode == 0 and again.stdout == ""  # the measured row is kept, not rerun
     # A stale row is not kept: it is taken up again. With no time left to run it (a zero
@@ -45,7 +45,7 @@ def test_ladder_runs_a_tiny_row_on_cpu(tmp_path: Path) -> None:
     result["rows"][0]["stale"] = "measured before a change"
     out.write_text(json.dumps(result))
     third = subprocess.run([*cmd, "--time-budget", "0"], capture_output=True, text=True,
-                           env=env(), timeout=scaled(300), cwd=REPO)  # fmt: skip
+                           env=env(), timeout=guard(300), cwd=REPO)  # fmt: skip
     assert third.returncode == 0, third.stderr[-3000:]
     (taken_up,) = json.loads(out.read_text())["rows"]
     assert "stale" not in taken_up and not taken_up["measured"], taken_up
@@ -58,7 +58,7 @@ def test_ladder_runs_a_two_rank_row_as_the_2gpu_profile_would(tmp_path: Path) ->
            "--budgets", "h100", "--modes", "lora", "--steps", "2", "--max-new", "8",
            "--prompts", "2", "--G", "4", "--out", str(out)]  # fmt: skip
     run = subprocess.run(
-        cmd, capture_output=True, text=True, env=env(), timeout=scaled(300), cwd=REPO
+        cmd, capture_output=True, text=True, env=env(), timeout=guard(300), cwd=REPO
     )
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]

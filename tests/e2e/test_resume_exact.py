@@ -16,7 +16,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.train.state import state_digest
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import (
     assert_same,
     descendants,
@@ -164,7 +164,7 @@ def test_stop_before_step1_saves_nothing_and_resumes_exact(tmp_path: Path) -> No
             raise AssertionError("the first generation never began within the deadline")
         time.sleep(0.5)  # inside the hang (it never ends by itself: no race)
         signal_job(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=scaled(120)) is not None
+        assert proc.wait(timeout=guard(120)) is not None
         rec = read_progress(run.progress)
         assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
         assert run.latest_checkpoint() is None, "a step-0 checkpoint was saved"
@@ -215,7 +215,7 @@ def test_stop_reaching_one_rank_mid_generation_is_agreed(tmp_path: Path) -> None
     else:
         raise AssertionError("step 2's generation never began within the deadline")
     os.kill(_rank0_worker(proc.pid), signal.SIGTERM)  # rank 1 is not told
-    proc.wait(timeout=scaled(180))
+    proc.wait(timeout=guard(180))
     rec = read_progress(run.progress)
     assert rec is not None and rec.exit_code == int(ExitCode.CHECKPOINTED), rec
     assert rec.state == TrainState.INTERRUPTED and rec.step == 1

@@ -20,7 +20,7 @@ from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress, wr
 from grpo_hpc.monitor.attempts import Effects, LiveJobError, live_job, refuse_if_live
 from tests.conftest import REPO, run_cli
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import env, launch, make_run, signal_job, torchrun_cmd
 
 LONG_RUN = ["training.max_steps=1000", "faults.enabled=true", "faults.step_sleep=1"]
@@ -46,7 +46,7 @@ def _submit_no_wait(logs: Path, *args: str) -> None:
     with open(log, "w") as out:
         cmd = [sys.executable, "-c", code, *args]
         proc = subprocess.run(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=scaled(120)
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=guard(120)
         )
     assert proc.returncode == 0, log.read_text()
 
@@ -133,7 +133,7 @@ def test_second_trainer_on_one_run_dir_exits_untouched(tmp_path: Path) -> None:
             time.sleep(0.2)
         before = read_progress(paths.progress)
         second = subprocess.run(
-            torchrun_cmd(paths, 1), capture_output=True, text=True, env=env(), timeout=scaled(120)
+            torchrun_cmd(paths, 1), capture_output=True, text=True, env=env(), timeout=guard(120)
         )
         assert second.returncode != 0 and "another trainer (pid" in second.stderr
         after = read_progress(paths.progress)

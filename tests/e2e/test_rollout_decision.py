@@ -16,7 +16,7 @@ from grpo_hpc.tasks.char_tokenizer import char_tokenizer
 from grpo_hpc.tasks.problems import longest_prompt_tokens
 from tests.e2e.helpers import env, make_run, train
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 8
@@ -63,7 +63,7 @@ def _dry_run(tmp_path: Path, overrides: list[str]) -> subprocess.CompletedProces
         "--dry-run",
         *overrides,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=scaled(120))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=guard(120))
 
 
 def _refusal(text: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_hpc.core.progress import TrainState, read_progress
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import make_run, training
 
 SLOW_LOAD_S = 3.0
@@ -29,7 +29,7 @@ def test_heartbeat_advances_during_a_slow_load(tmp_path: Path) -> None:
     beats: set[float] = set()  # heartbeats seen while the state was LOADING
     left_loading = False
     with training(paths, timeout=180) as result:
-        deadline = time.monotonic() + scaled(120)
+        deadline = time.monotonic() + guard(120)
         while time.monotonic() < deadline:
             rec = read_progress(paths.progress)
             if rec is not None and rec.state is TrainState.LOADING:

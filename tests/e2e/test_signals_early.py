@@ -19,7 +19,7 @@ from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.progress import TrainState, read_progress
 from grpo_hpc.node.launch import ignore_preempt_signals
 from tests.e2e.helpers import env, make_run, signal_job, torchrun_cmd
-from tests.slowdown import scaled
+from tests.slowdown import guard
 
 SLOW_TORCH_IMPORT = '''
 import os, sys, time
@@ -66,7 +66,7 @@ def test_signal_during_imports_exits_resubmit_me(tmp_path: Path) -> None:
     assert marker.exists(), "the trainer never started importing torch"
     signal_job(proc.pid, signal.SIGUSR1)  # Slurm's time-limit warning, mid-import
     release.touch()  # the import goes on only now: the signal came while it was held
-    proc.wait(timeout=scaled(180))
+    proc.wait(timeout=guard(180))
     rec = read_progress(paths.progress)
     assert rec is not None and rec.state == TrainState.INTERRUPTED, rec
     assert rec.exit_code == ExitCode.CHECKPOINTED and rec.step == 0

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 
 def submit(*args: str, env: dict | None = None):
@@ -80,7 +80,7 @@ def test_a_rank_killed_by_a_signal_is_named_in_the_record(tmp_path: Path, logs_d
         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     run = logs_dir / "killed"
-    deadline = time.monotonic() + scaled(180)
+    deadline = time.monotonic() + guard(180)
     victim = None
     while victim is None and time.monotonic() < deadline:
         rec = read_progress(run / "progress.json")
@@ -90,7 +90,7 @@ def test_a_rank_killed_by_a_signal_is_named_in_the_record(tmp_path: Path, logs_d
         time.sleep(0.2)
     assert victim is not None, "rank 1 never trained two steps"
     os.kill(victim, signal.SIGKILL)
-    out, _ = sub.communicate(timeout=scaled(180))
+    out, _ = sub.communicate(timeout=guard(180))
     assert sub.returncode == ExitCode.CRASH, out[-3000:]
     rec = read_progress(run / "progress.json")
     assert rec.state is TrainState.FAILED and rec.exit_code == 1, rec

@@ -20,7 +20,7 @@ from grpo_hpc.core.errors import ExitCode
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, read_progress
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .helpers import make_run, signal_job, start, start_forked, train, train_side_by_side
 
 
@@ -137,7 +137,7 @@ def test_signal_checkpoints_and_exits_resubmit_me(tmp_path: Path) -> None:
         time.sleep(0.1)
     # Slurm's --signal=USR1@N reaches every process of the job step.
     signal_job(proc.pid, signal.SIGUSR1)
-    proc.wait(timeout=scaled(120))
+    proc.wait(timeout=guard(120))
     rec = read_progress(paths.progress)
     assert rec.state == TrainState.INTERRUPTED and rec.exit_code == ExitCode.CHECKPOINTED
     assert rec.last_checkpoint == paths.latest_checkpoint() == rec.step >= 2
@@ -409,7 +409,7 @@ def _signal_while_evaluating(paths, step: int) -> None:  # noqa: ANN001
     else:
         raise AssertionError(f"no evaluation at step {step} within the deadline")
     signal_job(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=scaled(120))
+    proc.wait(timeout=guard(120))
 
 
 @dataclass

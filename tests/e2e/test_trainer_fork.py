@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.slowdown import scaled
+from tests.slowdown import guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ print(json.dumps([codes, signalled, trainer_fork.group_exit_code(codes, signalle
 def _agent(behaviours: str, mode: str = "") -> list:
     out = subprocess.run(
         [sys.executable, "-c", AGENT, behaviours, mode],
-        capture_output=True, text=True, cwd=ROOT, timeout=scaled(120),
+        capture_output=True, text=True, cwd=ROOT, timeout=guard(120),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_two_process_trl_and_grpo_hpc_in_one_result(tmp_path: Path) -> None:
         "--trl-mode=fsdp2", "--engine=native",
         "--variants", "fsdp=--strategy fsdp --no-compile --no-packing", f"--out={out}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(600))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=guard(600))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     trl = result["trl"]

@@ -26,7 +26,7 @@ from grpo_hpc.core.fsutil import read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, read_progress
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 REPO = Path(__file__).resolve().parents[2]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
@@ -68,7 +68,7 @@ def cli(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         env=cli_env(),
-        timeout=scaled(timeout),
+        timeout=guard(timeout),
         cwd=REPO,
     )
 
@@ -109,14 +109,14 @@ def wait_for(
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` after timeout,
     followed by ``explain()`` (read then, not when the wait began) where one is given."""
-    deadline = time.monotonic() + scaled(timeout)  # stretched: tests/slowdown.py
+    deadline = time.monotonic() + guard(timeout)  # stretched: tests/slowdown.py
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
             why = f"\n{explain()}" if explain is not None else ""
-            raise AssertionError(f"timed out after {scaled(timeout):.0f} s waiting for {what}{why}")
+            raise AssertionError(f"timed out after {guard(timeout):.0f} s waiting for {what}{why}")
         time.sleep(interval)
 
 
@@ -126,7 +126,7 @@ def cluster_state() -> str:
     for cmd in (["squeue", "-a", "-o", "%i %P %j %T %R %M"], ["sinfo", "-N", "-o", "%N %P %t %C"]):
         try:
             proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=scaled(30), check=False
+                cmd, capture_output=True, text=True, timeout=guard(30), check=False
             )
             parts.append(f"-- {cmd[0]}\n{proc.stdout}{proc.stderr}")
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -180,7 +180,7 @@ def describe(paths: RunPaths) -> str:
 
 
 def _run(*cmd: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(30), check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=guard(30), check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}"
     return proc.stdout
 
@@ -200,7 +200,7 @@ def sacct_start(job_id: str) -> float:
         ["sacct", "-X", "-n", "-P", "-o", "Start", "-j", job_id],
         capture_output=True,
         text=True,
-        timeout=scaled(30),
+        timeout=guard(30),
         env={**os.environ, "SLURM_TIME_FORMAT": "%s"},
         check=True,
     ).stdout.strip()
@@ -245,7 +245,7 @@ def queued() -> set[str]:
 
 def scancel(*ids: str) -> None:
     if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=scaled(30), check=False)
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=guard(30), check=False)
 
 
 def dump_json(rows: Any) -> str:
@@ -332,7 +332,7 @@ def restart_nodes(nodes: int = 2) -> None:
         ["bash", str(REPO / "slurm" / "up.sh"), "--nodes", str(nodes)],
         capture_output=True,
         text=True,
-        timeout=scaled(120),
+        timeout=guard(120),
         check=False,
     )
     assert proc.returncode == 0, f"up.sh --nodes {nodes} failed:\n{proc.stdout}{proc.stderr}"

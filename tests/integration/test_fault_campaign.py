@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .slurm_helpers import REPO, cli_env
 
 pytestmark = pytest.mark.slurm
@@ -43,7 +43,7 @@ def campaign(tmp_path: Path, *args: str, timeout: float) -> tuple[dict, str]:
     cmd = [sys.executable, "-m", "bench.faults", "--seed", "1", "--max-steps", "3", *args]
     cmd += ["--out", str(out), "--work", str(tmp_path / "work")]
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=cli_env(), timeout=scaled(timeout), cwd=REPO
+        cmd, capture_output=True, text=True, env=cli_env(), timeout=guard(timeout), cwd=REPO
     )
     doc = json.loads(out.read_text()) if out.exists() else {}
     detail = proc.stdout[-3000:] + proc.stderr[-3000:] + json.dumps(doc.get("trials"), indent=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .slurm_helpers import REPO, cli_env
 
 pytestmark = pytest.mark.slurm
@@ -30,7 +30,7 @@ def test_gpu_fault_harness_on_cpu_ranks(slurm_cluster, tmp_path: Path) -> None:
     cmd += ["--profile", str(REPO / "templates/slurm-local.yaml"), "--out", str(out)]
     cmd += ["--work", str(tmp_path / "work"), "--evidence", str(tmp_path / "evidence")]
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=cli_env(), timeout=scaled(290), cwd=REPO
+        cmd, capture_output=True, text=True, env=cli_env(), timeout=guard(290), cwd=REPO
     )
     doc = json.loads(out.read_text()) if out.exists() else {}
     detail = proc.stdout[-3000:] + proc.stderr[-3000:] + json.dumps(doc.get("trials"), indent=1)

@@ -43,7 +43,7 @@ from grpo_hpc.status.report import collect_rows
 from grpo_hpc.status.view import build_table
 from grpo_hpc.submit import job as submit_mod
 
-from ..slowdown import scaled
+from ..slowdown import guard, scaled
 from .slurm_helpers import (
     assert_one_slurm_job_per_entry,
     cli,
@@ -129,7 +129,7 @@ class Fleet:
 
 def _scancel_after_checkpoint(paths: RunPaths, record: dict[str, object]) -> None:
     """Background: once the run has a checkpoint and is mid-training, scancel its job."""
-    deadline = time.monotonic() + scaled(FLEET_TIMEOUT_S)
+    deadline = time.monotonic() + guard(FLEET_TIMEOUT_S)
     while time.monotonic() < deadline:
         rec = read_progress(paths.progress)
         ckpt = paths.latest_checkpoint()
@@ -327,7 +327,7 @@ def test_crash_every_attempt_stops_when_budget_is_spent(fleet: Fleet) -> None:
 def test_status_shows_finished_stopped_and_exhausted(fleet: Fleet) -> None:
     for name in ("hang", "limit", "preempt", "zero", "crash"):
         fleet.wait_final(name)
-    rc = fleet.monitor.wait(timeout=scaled(60))
+    rc = fleet.monitor.wait(timeout=guard(60))
     assert rc == 1, fleet.monitor_output()  # every run ended; some were stopped
 
     def status_rows() -> dict[str, dict] | None:

@@ -20,7 +20,7 @@ from grpo_hpc.core.fsutil import append_jsonl, read_jsonl
 from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.slurm import job_name
 
-from ..slowdown import scaled
+from ..slowdown import guard
 from .slurm_helpers import (
     cli,
     cluster_lock,
@@ -67,7 +67,7 @@ def _squeue(job: str, fmt: str) -> str:
 
 
 def _run_out(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(30)).stdout.strip()
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=guard(30)).stdout.strip()
 
 
 def _stepds(node: str, job: str) -> list[int]:

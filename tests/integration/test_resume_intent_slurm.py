@@ -21,7 +21,7 @@ from grpo_hpc.core.paths import RunPaths
 from grpo_hpc.core.progress import ProgressRecord, TrainState, write_progress
 from grpo_hpc.core.slurm import job_name
 
-from ..slowdown import scaled
+from ..slowdown import guard, scaled
 from .slurm_helpers import (
     REPO,
     cli,
@@ -64,7 +64,7 @@ def _held(tmp_path: Path) -> str:
 def _killed_resume(logs: Path, name: str) -> None:
     """A ``grpo-submit --resume`` killed between sbatch and the jobs.jsonl write."""
     cmd = [sys.executable, "-c", KILLED_AFTER_SBATCH, "--resume", name, "--logs", str(logs)]
-    killed = subprocess.run(cmd, env=cli_env(), cwd=REPO, timeout=scaled(120))
+    killed = subprocess.run(cmd, env=cli_env(), cwd=REPO, timeout=guard(120))
     assert killed.returncode == 9
 
 
@@ -157,7 +157,7 @@ def test_resume_waits_for_a_job_that_is_only_ending(tmp_path: Path) -> None:
         wait_for(f"job {first} gone from squeue", lambda: first not in queued(), 60)
         # the run's next job: ends ENDING_S after its start, its trainer already finished
         script = tmp_path / "ending.sh"
-        script.write_text(f"#!/bin/bash\nsleep {ENDING_S}\n")
+        script.write_text(f"#!/bin/bash\nsleep {scaled(ENDING_S):.0f}\n")
         out = subprocess.run(
             ["sbatch", "--parsable", f"--job-name={job_name('ending')}", "-o", "/dev/null",
              str(script)],
@@ -186,7 +186,8 @@ def test_resume_waits_for_a_job_that_is_only_ending(tmp_path: Path) -> None:
 
 
 ENDING_S = 12
-"""How long the hand-made job runs after it starts (longer than a CLI takes to start)."""
+"""How long the hand-made job runs after it starts (longer than a CLI takes to start;
+stretched on a slow machine, tests/slowdown.py)."""
 
 
 def _sacct_end(job: str) -> float:

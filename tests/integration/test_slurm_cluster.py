@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..slowdown import scaled
+from ..slowdown import guard
 
 pytestmark = pytest.mark.slurm
 
@@ -21,7 +21,7 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
 
 
 def _run(*cmd: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(30), check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=guard(30), check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}"
     return proc.stdout
 
@@ -47,7 +47,7 @@ def sacct_state(job_id: str) -> str:
 
 def wait_state(job_id: str, want: tuple[str, ...], timeout: float = 60.0) -> str:
     """Poll sacct until the state starts with one of ``want`` (e.g. 'CANCELLED by 0')."""
-    deadline = time.monotonic() + scaled(timeout)
+    deadline = time.monotonic() + guard(timeout)
     state = ""
     while time.monotonic() < deadline:
         state = sacct_state(job_id)

@@ -17,9 +17,14 @@ def test_factor_is_the_import_time_over_the_reference_between_one_and_the_cap(
     assert slowdown.factor_from(import_s) == factor
 
 
-def test_scaled_reads_the_factor_the_conftest_passed_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bounds_stretch_by_the_factor_passed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(slowdown.ENV, "2.5")
     assert slowdown.scaled(40) == 100.0
+    assert slowdown.guard(40) == 40 * slowdown.GUARD_FLOOR  # a guard: never below the floor
+    monkeypatch.setenv(slowdown.ENV, "4.5")
+    assert slowdown.scaled(40) == slowdown.guard(40) == 180.0
     monkeypatch.delenv(slowdown.ENV)
     assert slowdown.scaled(40) == 40.0
 
