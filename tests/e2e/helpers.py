@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO
 
@@ -155,15 +155,15 @@ def start(paths: RunPaths, nproc: int = 1, log: Path | None = None) -> subproces
     """Start training as the launcher does on a node: torchrun ignores the preemption
     signals, so a test can signal or SIGKILL every process like Slurm does. Its output
     goes to ``log`` where one is given (torchrun's own warnings included), else nowhere."""
-    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child's
-    return subprocess.Popen(
-        torchrun_cmd(paths, nproc),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env(),
-        start_new_session=True,
-        preexec_fn=ignore_preempt_signals,
-    )
+    with open(log, "w") if log is not None else nullcontext(subprocess.DEVNULL) as out:
+        return subprocess.Popen(
+            torchrun_cmd(paths, nproc),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env(),
+            start_new_session=True,
+            preexec_fn=ignore_preempt_signals,
+        )
 
 
 def descendants(pid: int) -> list[int]:
