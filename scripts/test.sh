@@ -49,7 +49,7 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # The suite is CPU-bound, loaded or not: only less CPU makes it faster. At 2679f1c (1,812
 # tests) fresh clones took 13:42-13:54 of pytest, at 32d53d3 (1,814) 14:18, 13:50 on four
 # workers; CI's machine 908 s with installs at d1809da. On 2026-12-06 the same machine turned
-# several times slower at starting processes (`import torch` 5-17 s wall, not 2): CI took
+# several times slower at starting processes (`import torch` 4-17 s wall, not 2): CI took
 # 42:53 at 3ea5338, 11 tests past a time bound; the bounds now stretch by a measured factor
 # (tests/slowdown.py), and a fresh clone at e30ebcc took 34:15 there, green. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):

@@ -11,7 +11,7 @@ waits it out, so :func:`scaled` stretches it by the measured factor only.
 Why: these bounds were set on the 2-core machine on a normal day, where a process's ``import
 torch`` takes about 2 CPU s (bench/probes/README.md, suite_timeline). The same kind of
 machine has been seen several times slower at process starts alone (2026-12-06: ``import
-torch`` 4.7-17 s wall within an hour, where a pure-Python loop ran at its usual speed;
+torch`` 4.2-17 s wall within an hour, where a pure-Python loop ran at its usual speed;
 touching 2 GiB afresh took 8 s and again 1.4 s: the VM hands its free memory back to its
 host, which faults it in slowly): CI's run then took 42:53 instead of ~14 minutes, and 11
 tests missed a bound, none of them a wrong answer given in time. Stretching the bounds keeps
