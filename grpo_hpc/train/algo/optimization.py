@@ -122,7 +122,8 @@ class StepOptimizer:
         if cfg.algo.beta == 0 and dist.all_reduce_max(0.0 if flat else 1.0, self.info) == 0:
             # Every group on every rank is flat: the loss and its gradient are exactly 0.
             # Skip the forward/backward (most of a CPU step) but still take the optimizer
-            # step on zero gradients, so AdamW's state evolves exactly as if computed.
+            # step on zero gradients, so AdamW's state evolves exactly as if computed
+            # (unless optim.skip_empty_steps: then optimizer_step takes none).
             zero = {
                 "loss": 0.0,
                 "kl": 0.0,
@@ -163,7 +164,9 @@ class StepOptimizer:
 
     def optimizer_step(self, step: int, on_nonfinite: Callable[[], None]) -> float:
         """Unscale, clip, step; the gradient norm. A non-finite norm drops the gradients,
-        calls ``on_nonfinite`` (weights are still the last finite ones) and trips the breaker."""
+        calls ``on_nonfinite`` (weights are still the last finite ones) and trips the breaker.
+        A zero norm takes no AdamW step under ``optim.skip_empty_steps`` (every rank sees the
+        same norm: DDP's gradients are reduced, FSDP2's norm is the whole model's)."""
         if self.scaler:
             self.scaler.unscale_(self.optim)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -175,7 +178,10 @@ class StepOptimizer:
             raise CircuitBreakerError(
                 f"non-finite gradient norm at step {step}: lower optim.lr or check precision"
             )
-        if self.scaler:
+        if norm == 0.0 and self.cfg.optim.skip_empty_steps:
+            if self.scaler:
+                self.scaler.update()  # closes the unscale_ above; the scale stays
+        elif self.scaler:
             self.scaler.step(self.optim)
             self.scaler.update()
         else:
