@@ -73,6 +73,13 @@ SYSTEMS = {
             "algo.synchronous_steps=10",
         ],
     ),
+    # no AdamW step on a zero gradient (optim.skip_empty_steps): does the momentum's drift
+    # on a run stalled at the cap deepen the trap? (written before any run, 2026-12-06)
+    "grpo_hpc_skip_empty": ("grpo_hpc", ["optim.skip_empty_steps=true"]),
+    "grpo_hpc_async_skip_empty": (
+        "grpo_hpc",
+        ["algo.max_staleness=1", "optim.skip_empty_steps=true"],
+    ),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -108,6 +115,8 @@ PAIRS = [
     ("grpo_hpc", "grpo_hpc_async_notis"),
     ("grpo_hpc", "grpo_hpc_sync_tis"),
     ("grpo_hpc", "grpo_hpc_async_warm10"),
+    ("grpo_hpc", "grpo_hpc_skip_empty"),
+    ("grpo_hpc_async", "grpo_hpc_async_skip_empty"),
     ("grpo_hpc", "grpo_hpc_grouped3_warm10"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_grouped3"),
