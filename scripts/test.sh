@@ -51,7 +51,8 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # workers; CI's machine 908 s with installs at d1809da. On 2026-12-06 the same machine turned
 # several times slower at starting processes (`import torch` 4-17 s wall, not 2): CI took
 # 42:53 at 3ea5338, 11 tests past a time bound; the bounds now stretch by a measured factor
-# (tests/slowdown.py), and a fresh clone at e30ebcc took 34:15 there, green. At 267b160
+# (tests/slowdown.py), and a fresh clone at e30ebcc took 34:15 there, green;
+# at e3ffbb4 (1,823 tests), the machine back to normal (factor x1.0), 13:03. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
 # a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
 # start and end on its worker) showed
