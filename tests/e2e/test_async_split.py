@@ -57,8 +57,9 @@ FORCED_KILL = "Unable to shutdown process"
 """What torchrun's agent logs when a survivor did not end within the 30 s it gives one
 between SIGTERM (which the trainer takes as a stop) and SIGKILL
 (torch.distributed.elastic.multiprocessing.api): a survivor blocked in a message or
-collective that cannot complete. (Before, a 25 s deadline on the job's end stood for this,
-and failed on a machine four times slower than usual although no survivor was blocked.)"""
+collective that cannot complete. (Before, a 25 s deadline on the job's end stood for this;
+CI missed it on 2026-12-06, on a machine three times slower than usual, where a slow end
+and a blocked survivor looked the same.)"""
 
 
 def split_run(root: Path, name: str, *overrides: str, nproc: int = 2) -> RunPaths:
