@@ -25,13 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[slowdown.ENV] = str(slowdown.factor_from(slowdown.measure_import_s()))
 
 
-def pytest_report_header() -> str:
+def _stretch_line() -> str:
     return f"time bounds stretched x{slowdown.factor()} (tests/slowdown.py)"
+
+
+def pytest_report_header() -> str:
+    return _stretch_line()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
     """The factor again at the end, where a ``-q`` run (CI's) shows it."""
-    terminalreporter.write_line(f"time bounds stretched x{slowdown.factor()} (tests/slowdown.py)")
+    terminalreporter.write_line(_stretch_line())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -109,14 +109,15 @@ def wait_for(
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` after timeout,
     followed by ``explain()`` (read then, not when the wait began) where one is given."""
-    deadline = time.monotonic() + guard(timeout)  # stretched: tests/slowdown.py
+    limit = guard(timeout)  # stretched: tests/slowdown.py
+    deadline = time.monotonic() + limit
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
             why = f"\n{explain()}" if explain is not None else ""
-            raise AssertionError(f"timed out after {guard(timeout):.0f} s waiting for {what}{why}")
+            raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}{why}")
         time.sleep(interval)
 
 
