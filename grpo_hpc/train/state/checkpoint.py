@@ -135,9 +135,10 @@ def save(
     ``seconds``, when given, receives where this rank's time went (:class:`SaveClock`)."""
     clock = SaveClock(seconds if seconds is not None else {})
     if not optimizer.state:
-        # get_state_dict would initialise the state with a zero-gradient step: the saved
-        # (and the live) optimizer would be one step ahead of the weights.
-        raise ValueError(f"checkpoint of step {step} before any optimizer step: refusing")
+        # No optimizer step yet (every step so far skipped its zero gradient:
+        # optim.skip_empty_steps). get_state_dict would make the state with a zero-gradient
+        # step that counts, leaving the saved and the live optimizer one step ahead.
+        fresh_optimizer_state(optimizer)
     tmp, final = paths.checkpoint_tmp(step), paths.checkpoint(step)
     fmt = choose_format(has_sharded_params(model), info.world_size)
     if info.is_main:
@@ -168,6 +169,34 @@ def save(
     with clock("wait"):
         barrier(info)
     return final
+
+
+def fresh_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer that never stepped the state its first step starts from: AdamW's
+    moments zero and its step count 0, as its own lazy initialisation makes them, so the
+    next real step computes exactly what it would have without this (pinned by
+    tests/unit/train/state/test_fresh_optimizer_state.py). Made by one step on zero
+    gradients at learning rate 0 (the weights do not move, decoupled weight decay
+    included), whose count is then set back to 0. Collective under FSDP2: every rank has
+    the same (empty) state at the same save."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    try:
+        optimizer.step()
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
 
 
 class SaveClock:

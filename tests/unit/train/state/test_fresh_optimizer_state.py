@@ -1,0 +1,74 @@
+"""A checkpoint saved before the first optimizer step (every step so far skipped its zero
+gradient: ``optim.skip_empty_steps``) gives the optimizer the state its first step starts
+from (``checkpoint.fresh_optimizer_state``): the next real step must compute exactly what
+it computes from torch's own lazy start, or a run that saved early would part from one
+that did not. Real torch optimizers, one real step each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_hpc.train.state.checkpoint import fresh_optimizer_state
+
+
+def _model_and_optimizer(foreach: bool, wd: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model[2].bias.requires_grad_(False)  # a frozen parameter gets no state either way
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=1e-2,
+        betas=(0.9, 0.99),
+        weight_decay=wd,
+        foreach=foreach,
+    )
+    return model, opt
+
+
+def _real_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    x = torch.linspace(-1, 1, 24).reshape(4, 6)
+    model(x).pow(2).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_the_first_real_step_is_the_same_as_from_a_lazy_start(foreach: bool, wd: float) -> None:
+    lazy_model, lazy = _model_and_optimizer(foreach, wd)
+    early_model, early = _model_and_optimizer(foreach, wd)
+    before = [p.detach().clone() for p in early_model.parameters()]
+
+    fresh_optimizer_state(early)
+    assert all(
+        torch.equal(a, b) for a, b in zip(before, early_model.parameters(), strict=True)
+    )  # no move
+    assert all(float(s["step"]) == 0 for s in early.state.values())
+    assert all(p.grad is None for p in early_model.parameters())
+
+    for _ in range(2):
+        _real_step(lazy_model, lazy)
+        _real_step(early_model, early)
+    for a, b in zip(lazy_model.parameters(), early_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        for p_lazy, p_early in zip(lazy.state.values(), early.state.values(), strict=True):
+            assert torch.equal(p_lazy[key], p_early[key]), key
+    assert [g["lr"] for g in early.param_groups] == [1e-2]
+
+
+def test_without_the_reset_the_first_step_would_differ() -> None:
+    """The check can fail: a zero step left counted (torch's get_state_dict does that)
+    changes AdamW's bias correction, so the weights after the first real step differ."""
+    lazy_model, lazy = _model_and_optimizer(False, 0.0)
+    early_model, early = _model_and_optimizer(False, 0.0)
+    fresh_optimizer_state(early)
+    for s in early.state.values():
+        s["step"] += 1
+    _real_step(lazy_model, lazy)
+    _real_step(early_model, early)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(lazy_model.parameters(), early_model.parameters(), strict=True)
+    )
