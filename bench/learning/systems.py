@@ -29,6 +29,12 @@ order of magnitude above the bf16 engine/trainer gap of a synchronous step (k3 K
 0.021 a token, learning_2term_mask_async48_h100_2026-12-05.json), so that it drops the
 completions that drifted most, not every stale one."""
 
+ZERO_STEP = "optim.skip_empty_steps=false"
+"""AdamW's step on a zero gradient, as every asynchronous run took before 2026-12-06 made
+``optim.skip_empty_steps`` default to on where ``algo.max_staleness`` >= 1: pinned in the
+asynchronous systems measured before then, so their stored runs keep meaning what they
+measured. ``grpo_hpc_async_skip_empty`` is the asynchronous default since."""
+
 SYSTEMS = {
     # name: (runner, extra grpo_hpc overrides or TRL precision)
     "grpo_hpc": ("grpo_hpc", []),
@@ -46,35 +52,47 @@ SYSTEMS = {
     "grpo_hpc_rollback": ("grpo_hpc", HANDED + ["training.on_collapse=rollback"]),
     # the detector only: which seeds it alarms on, and whether they would have recovered
     "grpo_hpc_flag": ("grpo_hpc", HANDED + ["training.on_collapse=flag"]),
-    # the defaults, asynchronous: each batch generated one update ahead (docs/async.md)
-    "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1"]),
+    # asynchronous: each batch generated one update ahead (docs/async.md); AdamW's step on
+    # a zero gradient pinned (ZERO_STEP): the asynchronous defaults until 2026-12-06
+    "grpo_hpc_async": ("grpo_hpc", ["algo.max_staleness=1", ZERO_STEP]),
     # partial rollouts: two steps' prompts in flight, long answers continued (docs/async.md)
-    "grpo_hpc_partial": ("grpo_hpc", ["algo.max_staleness=2", "rollout.partial_pool=2"]),
+    "grpo_hpc_partial": (
+        "grpo_hpc",
+        ["algo.max_staleness=2", "rollout.partial_pool=2", ZERO_STEP],
+    ),
     # two steps' batches from one rollout, the second one update stale (docs/async.md)
-    "grpo_hpc_grouped": ("grpo_hpc", ["algo.max_staleness=1", "rollout.steps_per_generation=2"]),
+    "grpo_hpc_grouped": (
+        "grpo_hpc",
+        ["algo.max_staleness=1", "rollout.steps_per_generation=2", ZERO_STEP],
+    ),
     # three steps' batches from one rollout (the 1.53x of one H100's long-tail benchmark)
     "grpo_hpc_grouped3": (
         "grpo_hpc",
-        ["algo.max_staleness=2", "rollout.steps_per_generation=3"],
+        ["algo.max_staleness=2", "rollout.steps_per_generation=3", ZERO_STEP],
     ),
     # the two things an asynchronous run changes, apart: staleness without the truncated
     # importance weights it turns on (algo.tis_cap unset: 2.0 once max_staleness >= 1),
     # and those weights on a synchronous run (which has them off)
-    "grpo_hpc_async_notis": ("grpo_hpc", ["algo.max_staleness=1", "algo.tis_cap=0"]),
+    "grpo_hpc_async_notis": ("grpo_hpc", ["algo.max_staleness=1", "algo.tis_cap=0", ZERO_STEP]),
     "grpo_hpc_sync_tis": ("grpo_hpc", [f"algo.tis_cap={ASYNC_TIS_CAP}"]),
     # the first 10 steps synchronous, then asynchronous (algo.synchronous_steps; N chosen
     # before any run: the asynchronous runs fell behind in the first 10-15 steps)
-    "grpo_hpc_async_warm10": ("grpo_hpc", ["algo.max_staleness=1", "algo.synchronous_steps=10"]),
+    "grpo_hpc_async_warm10": (
+        "grpo_hpc",
+        ["algo.max_staleness=1", "algo.synchronous_steps=10", ZERO_STEP],
+    ),
     "grpo_hpc_grouped3_warm10": (
         "grpo_hpc",
         [
             "algo.max_staleness=2",
             "rollout.steps_per_generation=3",
             "algo.synchronous_steps=10",
+            ZERO_STEP,
         ],
     ),
     # no AdamW step on a zero gradient (optim.skip_empty_steps): does the momentum's drift
-    # on a run stalled at the cap deepen the trap? (written before any run, 2026-12-06)
+    # on a run stalled at the cap deepen the trap? (written before any run, 2026-12-06; the
+    # asynchronous one is the asynchronous defaults since that day's measurement)
     "grpo_hpc_skip_empty": ("grpo_hpc", ["optim.skip_empty_steps=true"]),
     "grpo_hpc_async_skip_empty": (
         "grpo_hpc",
@@ -84,13 +102,13 @@ SYSTEMS = {
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
         "grpo_hpc",
-        ["algo.max_staleness=1", f"algo.offpolicy_mask={OPSM_DELTA}"],
+        ["algo.max_staleness=1", f"algo.offpolicy_mask={OPSM_DELTA}", ZERO_STEP],
     ),
     # what a user with a validation split gets, asynchronous: keep-best, the rescue acting
     # (a rollback also makes the run synchronous: training.rollback_synchronous, default)
     "grpo_hpc_rollback_async": (
         "grpo_hpc",
-        [*HANDED, "training.on_collapse=rollback", "algo.max_staleness=1"],
+        [*HANDED, "training.on_collapse=rollback", "algo.max_staleness=1", ZERO_STEP],
     ),
     # the same, three steps' batches from one rollout (rollout.steps_per_generation=3)
     "grpo_hpc_rollback_grouped3": (
@@ -100,6 +118,7 @@ SYSTEMS = {
             "training.on_collapse=rollback",
             "algo.max_staleness=2",
             "rollout.steps_per_generation=3",
+            ZERO_STEP,
         ],
     ),
     "trl": ("trl", "bf16"),

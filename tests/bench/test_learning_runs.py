@@ -194,12 +194,20 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     ``grpo_hpc``'s: the difference of each seed's handed-over accuracy, its mean and that
     mean's standard error (hand-computed), on the seeds both ran only."""
     from bench.learning.results import paired, paired_line, pairings
-    from bench.learning.systems import OPSM_DELTA, SYSTEMS
+    from bench.learning.systems import OPSM_DELTA, SYSTEMS, ZERO_STEP
 
+    # the asynchronous systems measured before 2026-12-06 keep AdamW's step on a zero
+    # gradient (ZERO_STEP), so their stored runs mean what they measured; the asynchronous
+    # defaults since are grpo_hpc_async_skip_empty
+    assert ZERO_STEP == "optim.skip_empty_steps=false"
     assert SYSTEMS["grpo_hpc_async"] == (
         "grpo_hpc",
-        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=1"],
+        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=1", ZERO_STEP],
     )
+    assert SYSTEMS["grpo_hpc_async_skip_empty"][1] == [
+        "algo.max_staleness=1",
+        "optim.skip_empty_steps=true",
+    ]
     base = [_run(s, [(40, 1.0, a)]) for s, a in ((1, 0.5), (2, 0.7), (3, 0.9), (9, 0.1))]
     other = [_run(s, [(40, 1.0, a)]) for s, a in ((1, 0.6), (2, 0.6), (3, 1.0), (7, 0.0))]
     p = paired(base, other)
@@ -220,27 +228,30 @@ def test_async_pairs_with_the_defaults_seed_by_seed() -> None:
     # partial rollouts pair the same way, with the two changes they need
     assert SYSTEMS["grpo_hpc_partial"] == (
         "grpo_hpc",
-        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=2", "rollout.partial_pool=2"],
+        [*SYSTEMS["grpo_hpc"][1], "algo.max_staleness=2", "rollout.partial_pool=2", ZERO_STEP],
     )
     both = pairings(systems | {"grpo_hpc_partial": other})
     assert list(both) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_partial - grpo_hpc"]
     # and two steps' batches from one rollout, one update stale at most
-    assert SYSTEMS["grpo_hpc_grouped"][1][-2:] == [
+    assert SYSTEMS["grpo_hpc_grouped"][1][-3:] == [
         "algo.max_staleness=1",
         "rollout.steps_per_generation=2",
+        ZERO_STEP,
     ]
     grouped = pairings(systems | {"grpo_hpc_grouped": other})
     assert list(grouped) == ["grpo_hpc_async - grpo_hpc", "grpo_hpc_grouped - grpo_hpc"]
     assert pairings({"grpo_hpc": base}) == {}
     # off-policy sequence masking pairs with the defaults; the rescue's asynchronous
     # system with the rescue's synchronous one
-    assert SYSTEMS["grpo_hpc_async_opsm"][1][-2:] == [
+    assert SYSTEMS["grpo_hpc_async_opsm"][1][-3:] == [
         "algo.max_staleness=1",
         f"algo.offpolicy_mask={OPSM_DELTA}",
+        ZERO_STEP,
     ]
     assert SYSTEMS["grpo_hpc_rollback_async"][1] == [
         *SYSTEMS["grpo_hpc_rollback"][1],
         "algo.max_staleness=1",
+        ZERO_STEP,
     ]
     rescue = pairings({"grpo_hpc_rollback": base, "grpo_hpc_rollback_async": other})
     assert list(rescue) == ["grpo_hpc_rollback_async - grpo_hpc_rollback"]
@@ -282,4 +293,19 @@ def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
         "grpo_hpc_async": (1, 2.0),
         "grpo_hpc_async_notis": (1, 0.0),
         "grpo_hpc_sync_tis": (0, 2.0),
+    }
+    # AdamW's step on a zero gradient: taken where measured before 2026-12-06, skipped by
+    # the asynchronous defaults since (grpo_hpc_async_skip_empty)
+    from grpo_hpc.train.algo.optimization import skips_empty_steps
+
+    skips = {}
+    for name in ("grpo_hpc", "grpo_hpc_async", "grpo_hpc_grouped3", "grpo_hpc_async_skip_empty"):
+        skips[name] = skips_empty_steps(
+            build_config("demo", overrides(args, True, 500) + SYSTEMS[name][1])
+        )
+    assert skips == {
+        "grpo_hpc": False,
+        "grpo_hpc_async": False,
+        "grpo_hpc_grouped3": False,
+        "grpo_hpc_async_skip_empty": True,
     }

@@ -83,6 +83,16 @@ def adamw(
     )
 
 
+def skips_empty_steps(cfg: Config) -> bool:
+    """``optim.skip_empty_steps`` in force (pure): as set, or unset on in an asynchronous
+    run (``algo.max_staleness`` >= 1) and off in a synchronous one. Asynchronous only,
+    because that is where the learning benchmark measured a gain (docs/async.md), while a
+    synchronous run keeps TRL's AdamW step on a zero gradient, which its parity tests pin."""
+    if cfg.optim.skip_empty_steps is not None:
+        return bool(cfg.optim.skip_empty_steps)
+    return cfg.algo.max_staleness >= 1
+
+
 class StepOptimizer:
     """AdamW over the trainable parameters of ``model``, its warmup schedule and, for fp16
     on CUDA, a gradient scaler; :meth:`update` trains on one step's micro-batches."""
@@ -165,7 +175,7 @@ class StepOptimizer:
     def optimizer_step(self, step: int, on_nonfinite: Callable[[], None]) -> float:
         """Unscale, clip, step; the gradient norm. A non-finite norm drops the gradients,
         calls ``on_nonfinite`` (weights are still the last finite ones) and trips the breaker.
-        A zero norm takes no AdamW step under ``optim.skip_empty_steps`` (every rank sees the
+        A zero norm takes no AdamW step where :func:`skips_empty_steps` (every rank sees the
         same norm: DDP's gradients are reduced, FSDP2's norm is the whole model's)."""
         if self.scaler:
             self.scaler.unscale_(self.optim)
@@ -178,7 +188,7 @@ class StepOptimizer:
             raise CircuitBreakerError(
                 f"non-finite gradient norm at step {step}: lower optim.lr or check precision"
             )
-        if norm == 0.0 and self.cfg.optim.skip_empty_steps:
+        if norm == 0.0 and skips_empty_steps(self.cfg):
             if self.scaler:
                 self.scaler.update()  # closes the unscale_ above; the scale stays
         elif self.scaler:
