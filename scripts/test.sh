@@ -52,7 +52,10 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # several times slower at starting processes (`import torch` 4-17 s wall, not 2): CI took
 # 42:53 at 3ea5338, 11 tests past a time bound; the bounds now stretch by a measured factor
 # (tests/slowdown.py), and a fresh clone at e30ebcc took 34:15 there, green;
-# at e3ffbb4 (1,823 tests), the machine back to normal (factor x1.0), 13:03. At 267b160
+# at e3ffbb4 (1,823 tests), the machine back to normal (factor x1.0), 13:03; CI 858 s with
+# installs at 769b2dc. At d7dc940 (2026-12-06, 1,835 tests, factor x1.0 both times) 15:04
+# and, an hour later with the timeline plugin, 13:52: all five workers busy to 803-809 s,
+# the slurm group alone filling one worker (803 s), the two-node tests 194 + 189 s. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
 # a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
 # start and end on its worker) showed
