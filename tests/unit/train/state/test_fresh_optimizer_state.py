@@ -2,7 +2,7 @@
 gradient: ``optim.skip_empty_steps``) gives the optimizer the state its first step starts
 from (``checkpoint.fresh_optimizer_state``): the next real step must compute exactly what
 it computes from torch's own lazy start, or a run that saved early would part from one
-that did not. Real torch optimizers, one real step each."""
+that did not. Real optimizers (torch's AdamW, torchao's AdamW8bit), real steps."""
 
 from __future__ import annotations
 
@@ -72,3 +72,29 @@ def test_without_the_reset_the_first_step_would_differ() -> None:
         not torch.equal(a, b)
         for a, b in zip(lazy_model.parameters(), early_model.parameters(), strict=True)
     )
+
+
+@pytest.mark.slow
+def test_torchaos_8bit_adamw_starts_the_same() -> None:
+    """``optim.state=int8`` (torchao's AdamW8bit, its step compiled): the same two real steps
+    from the fresh state and from the lazy start give the same weights and counts."""
+    from torchao.optim import AdamW8bit
+
+    def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32)
+        )
+        return model, AdamW8bit(model.parameters(), lr=1e-2, betas=(0.9, 0.99))
+
+    (lazy_model, lazy), (early_model, early) = make(), make()
+    fresh_optimizer_state(early)
+    x = torch.linspace(-1, 1, 256).reshape(4, 64)
+    for _ in range(2):
+        for model, opt in ((lazy_model, lazy), (early_model, early)):
+            model(x).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    pairs = zip(lazy_model.parameters(), early_model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert [float(s["step"]) for s in early.state.values()] == [2.0] * 4
