@@ -27,7 +27,11 @@ def _model_and_optimizer(foreach: bool, wd: float) -> tuple[torch.nn.Module, tor
 
 
 def _real_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    x = torch.linspace(-1, 1, 24).reshape(4, 6)
+    _real_step_on(model, opt, "cpu")
+
+
+def _real_step_on(model: torch.nn.Module, opt: torch.optim.Optimizer, device: str) -> None:
+    x = torch.linspace(-1, 1, 24, device=device).reshape(4, 6)
     model(x).pow(2).sum().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -98,3 +102,25 @@ def test_torchaos_8bit_adamw_starts_the_same() -> None:
     pairs = zip(lazy_model.parameters(), early_model.parameters(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
     assert [float(s["step"]) for s in early.state.values()] == [2.0] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_adamw_on_the_gpu_starts_the_same() -> None:
+    """The trainer's AdamW on a GPU (``fused=True``: its step count a float32 tensor on the
+    device): the same two real steps from the fresh state and from the lazy start agree."""
+
+    def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        model = model.cuda()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+    (lazy_model, lazy), (early_model, early) = make(), make()
+    fresh_optimizer_state(early)
+    assert all(s["step"].device.type == "cuda" for s in early.state.values())
+    for _ in range(2):
+        _real_step_on(lazy_model, lazy, "cuda")
+        _real_step_on(early_model, early, "cuda")
+    pairs = zip(lazy_model.parameters(), early_model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
