@@ -55,7 +55,9 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # at e3ffbb4 (1,823 tests), the machine back to normal (factor x1.0), 13:03; CI 858 s with
 # installs at 769b2dc. At d7dc940 (2026-12-06, 1,835 tests, factor x1.0 both times) 15:04
 # and, an hour later with the timeline plugin, 13:52: all five workers busy to 803-809 s,
-# the slurm group alone filling one worker (803 s), the two-node tests 194 + 189 s. At 267b160
+# the slurm group alone filling one worker (803 s), the two-node tests 194 + 189 s; at
+# 54789be (1,836 tests) 15:13, the node-failure test 273 s and the split generator kill
+# 181 s (88 s in the run before): the spread of one tree on one machine is 1.5 min. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
 # a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
 # start and end on its worker) showed
