@@ -40,11 +40,10 @@ def pair_lines(runs: dict[str, dict[int, dict]], base: str, other: str) -> list[
     runs (pure)."""
     if base not in runs or other not in runs:
         return [f"{other} - {base}: no runs of {base if base not in runs else other}"]
-    lines = []
     p = paired(list(runs[base].values()), list(runs[other].values()))
     if p is None:
         return [f"{other} - {base}: no seed run by both"]
-    lines.append(paired_line(f"{other} - {base}", p))
+    lines = [paired_line(f"{other} - {base}", p)]
     for name in sorted({r["file"] for r in runs[other].values()}):
         part = [r for r in runs[other].values() if r["file"] == name]
         if (q := paired(list(runs[base].values()), part)) is not None:
