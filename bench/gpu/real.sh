@@ -5,7 +5,7 @@
 #           `bash bench/gpu.sh prep`) in /tmp/gguf
 #   model   keep the parts carried now too, join them (GGUF_PARTS, bench/gpu/env.sh), check
 #           the checksum, convert once into /tmp/grpo_cache/models/smollm2-135m-instruct
-#           (calls: setup with .gpu/part1, .gpu/part2, .gpu/part3, then model with .gpu/part4)
+#           (calls: setup with .gpu/part1 ... part4, then model with .gpu/part5)
 #   decode  real-length decode on GSM8K prompts, finished-row compaction off and on
 #   e2e     tests/e2e/test_real_gpu.py (real trainer, GSM8K, checkpoint + resume)
 #   parity  bench/trl/parity.py: one batch through grpo_hpc's and TRL's update, fp32 and bf16
