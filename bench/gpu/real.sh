@@ -20,6 +20,7 @@
 #   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
 #   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
+#           (GSM8K_NAME: the run and its files, so that two runs can share a call)
 #   stream  bench/probes/stream_scoring.py: scoring after generation against scoring while
 #           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
 #   solved  a task SmolLM2 solves (one-digit sums, the demo's settings): on_solved=finish and
@@ -153,10 +154,14 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
         pkill -f "grpo_hpc.train" || true
         cp /tmp/learn/$name.* "$out/" ;;
     gsm8k) need_model
-        steps=${GSM8K_STEPS:-40}
-        rm -rf /tmp/runs/gsm8k-smollm2  # a run left by an earlier call on the held machine
+        # GSM8K_NAME names the run and its files (default gsm8k-smollm2 -> gsm8k_smollm2_*),
+        # so that two runs (e.g. GSM8K_OVERRIDES=algo.max_staleness=1) can share a call
+        steps=${GSM8K_STEPS:-40} name=${GSM8K_NAME:-gsm8k-smollm2}
+        pre=$out/${name//-/_}
+        rm -rf "/tmp/runs/$name"  # a run left by an earlier call on the held machine
+        # shellcheck disable=SC2086  (GSM8K_OVERRIDES is a list)
         timeout "${GSM8K_TIMEOUT:-600}" python3 -c "import sys; from grpo_hpc.cli.submit import main; sys.exit(main(sys.argv[1:]))" \
-            --profile bench/local-bf16.yaml --config gsm8k --name gsm8k-smollm2 \
+            --profile bench/local-bf16.yaml --config gsm8k --name "$name" \
             model.name_or_path=smollm2-135m model.gradient_checkpointing=false \
             data.num_eval="${GSM8K_EVAL:-1319}" rollout.engine=native \
             rollout.prompts_per_step="${GSM8K_PROMPTS:-16}" rollout.num_generations=8 \
@@ -164,14 +169,14 @@ print(models.materialize(ModelConfig(name_or_path='smollm2-135m'), Path('.'), 0)
             optim.warmup_steps=0 training.max_steps="$steps" training.eval_every="$steps" \
             training.save_every_steps="$steps" training.save_every_seconds=0 \
             training.zero_reward_patience=0 ${GSM8K_OVERRIDES:-} 2>&1 | tail -5
-        run=/tmp/runs/gsm8k-smollm2
-        grep -h "Eval\]" $run/training_output.log
+        run=/tmp/runs/$name
+        grep -h "Eval\]" "$run/training_output.log"
         python3 -c "import sys; from grpo_hpc.cli.status import main; sys.exit(main(sys.argv[1:]))" \
-            gsm8k-smollm2 --plot "$out/gsm8k_smollm2_curves.png"
-        cp $run/metrics.jsonl "$out/gsm8k_smollm2_metrics.jsonl"
-        cp $run/config.yaml "$out/gsm8k_smollm2_config.yaml"
-        [ -d $run/torch_profile ] && cp -r $run/torch_profile "$out/gsm8k_smollm2_torch_profile"
-        tail -c 20000 $run/training_output.log >"$out/gsm8k_smollm2_output_tail.log" ;;
+            "$name" --plot "${pre}_curves.png"
+        cp "$run/metrics.jsonl" "${pre}_metrics.jsonl"
+        cp "$run/config.yaml" "${pre}_config.yaml"
+        [ -d "$run/torch_profile" ] && cp -r "$run/torch_profile" "${pre}_torch_profile"
+        tail -c 20000 "$run/training_output.log" >"${pre}_output_tail.log" ;;
     solved) need_model  # a task the model solves (one-digit sums): it must end FINISHED
         # once with the default on_solved=finish, once with flag (trains on: how many steps
         # had every group right, and no collapse read into them); SOLVED_STEPS (60)
