@@ -19,7 +19,9 @@
 #           as a file of other settings is refused)
 #   sampler bench/probes/sampler_check.py: is each engine's sampler unbiased (native graphed/eager, HF)
 #   stops   the same over 16 x 256 completions: does each engine stop as often as it should
-#   gsm8k   GSM8K train run: accuracy on all 1,319 test problems before and after, curves
+#   gsm8k   GSM8K train run: greedy accuracy before and after on the validation split (the
+#           200 problems of data.num_val, held out of train; the test split:
+#           `bash bench/gpu.sh export`), curves
 #           (GSM8K_NAME: the run and its files, so that two runs can share a call)
 #   stream  bench/probes/stream_scoring.py: scoring after generation against scoring while
 #           the rollout decodes (rollout.stream_scoring), 8 prompts x G 8, 256 new tokens
