@@ -112,15 +112,27 @@ def alternatives(
     shape: ModelShape, s: Settings, budget_gib: float, allow_offload: bool = False
 ) -> list[tuple[str, float]]:
     """What would fit when nothing automatic does, each with the memory means: an
-    asynchronous run without its partial pool (P steps' rows in the generator's cache) or
-    synchronous (no generating copy), LoRA (rank 16), and smaller token budgets. (override,
-    total GiB) pairs, the closest to the run asked for first."""
+    asynchronous run without its partial pool (P steps' rows in the generator's cache),
+    with fewer steps' rows a rollout (the largest ``rollout.steps_per_generation`` >= 2
+    that fits), or synchronous (no generating copy, one step's rows), LoRA (rank 16), and
+    smaller token budgets.
+    (override, total GiB) pairs, the closest to the run asked for first. Each override is
+    one a config accepts: a synchronous run decodes one step's rows, so leaving grouped
+    generation for it names both keys (``grouped_problem`` refuses k = 0 with M > 1)."""
     out: list[tuple[str, float]] = []
     lighter = []
     if s.partial_pool:
         lighter.append(("rollout.partial_pool=0", replace(s, partial_pool=0)))
-    if s.staleness:
-        lighter.append(("algo.max_staleness=0", replace(s, staleness=0, partial_pool=0)))
+    # M - 1 ... 2, k unchanged (k >= M - 1 still holds); M = 1 at that k would be the
+    # thread placement, with a generating copy these settings (grouped: none) do not hold
+    fewer = [replace(s, rollout_steps=m) for m in range(s.rollout_steps - 1, 1, -1)]
+    first = next((t for t in fewer if fit(shape, t, budget_gib, allow_offload).fits), None)
+    if first is not None:
+        lighter.append((f"rollout.steps_per_generation={first.rollout_steps}", first))
+    if s.staleness or s.rollout_steps > 1:
+        grouped = " rollout.steps_per_generation=1" if s.rollout_steps > 1 else ""
+        sync = replace(s, staleness=0, partial_pool=0, rollout_steps=1)
+        lighter.append(("algo.max_staleness=0" + grouped, sync))
     for override, trial in lighter:
         plan = fit(shape, trial, budget_gib, allow_offload)
         if plan.fits:

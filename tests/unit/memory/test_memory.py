@@ -518,6 +518,38 @@ def test_a_partial_pool_that_does_not_fit_says_what_would() -> None:
     assert "; rollout.partial_pool=0 (" in split.refusal and " GiB a generator), " in split.refusal
 
 
+GROUPED_8B = [  # bench/gpu/async.sh's lora8b row with grouped generation M = 3
+    f"model.name_or_path={SHAPES / 'llama-3.1-8b'}",
+    "model.lora_rank=16",
+    "model.gradient_checkpointing=true",
+    "rollout.max_new_tokens=4096",
+    "rollout.prompts_per_step=4",
+    "algo.micro_batch_tokens=18432",
+    "algo.max_staleness=2",
+    "rollout.steps_per_generation=3",
+    "dist.precision=bf16",
+]
+
+
+def test_grouped_generation_out_of_memory_says_what_would_fit() -> None:
+    """The 8B LoRA row at M = 3 ran out of memory on one H100 (2026-12-06, 76.3 GiB
+    allocated; bench/results/LOG-speed.md) and was told "nothing tried fits". Fewer steps'
+    rows a rollout, or synchronous, fit: the advice names them, each as overrides that a
+    config accepts (synchronous alone would be refused: k = 0 with M = 3)."""
+    cfg = build_config("gsm8k", GROUPED_8B)
+    advice = memory_plan.oom_advice(cfg, 79.1787)  # what torch reported for the H100
+    assert advice.startswith("estimated 83.8 GiB as run; would fit: ")
+    assert "rollout.steps_per_generation=2 (65.7 GiB)" in advice
+    assert "or algo.max_staleness=0 rollout.steps_per_generation=1 (47.6 GiB)" in advice
+    for alt in advice.split("would fit: ")[1].split(" or "):
+        build_config("gsm8k", [*GROUPED_8B, *alt.split(" (")[0].split()])  # accepted
+    one_gpu = replace(load_profile("h100x2"), gpus_per_node=1, nproc_per_node=1, gpu_mem_gb=60)
+    _, check = resolve("gsm8k", GROUPED_8B, one_gpu, "r")  # --dry-run on a 60 GiB GPU
+    assert check.refusal is not None, check.line
+    assert "would fit: rollout.steps_per_generation=2 (" in check.refusal
+    assert "or algo.max_staleness=0 rollout.steps_per_generation=1 (" in check.refusal
+
+
 def test_the_settings_know_whether_the_run_evaluates() -> None:
     """``training.eval_every`` decides it (the policy's cache of an asynchronous run)."""
     off = build_config("tiny", ["training.eval_every=0", "algo.max_staleness=1"])
