@@ -83,10 +83,18 @@ def test_a_conversion_another_process_finished_first_is_kept(
 ) -> None:
     """Two processes of one node (a trainer rank and a split run's generator) can find the
     cache empty and both convert: the second one's rename meets the first one's directory.
-    It keeps the one in place and removes its own temporary copy; no error."""
-    out = tmp_path / "smollm2-135m-instruct"
-    shutil.copytree(smollm2_cache / "models" / "smollm2-135m-instruct", out)
+    It keeps the one in place and removes its own temporary copy; no error. (The session's
+    real conversion, copied twice: the conversion itself is the first test's.)"""
+    done = smollm2_cache / "models" / "smollm2-135m-instruct"
+    out, mine = tmp_path / "smollm2-135m-instruct", tmp_path / "smollm2-135m-instruct.tmp9"
+    shutil.copytree(done, out)
+    shutil.copytree(done, mine)  # the loser of the race, its conversion just written
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    models.convert_smollm2(out)  # the loser of the race
+    models.install_converted(mine, out)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary copy left
+    assert models.smollm2_tokenizer_ok(out)
+    with pytest.raises(OSError):  # anything else in the way is not a finished conversion
+        shutil.copytree(done, mine)
+        (tmp_path / "other").write_text("x")
+        models.install_converted(mine, tmp_path / "other")

@@ -169,12 +169,20 @@ def convert_smollm2(out_dir: Path) -> None:
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    install_converted(tmp, out_dir)
+
+
+def install_converted(tmp: Path, out_dir: Path) -> None:
+    """Move a finished conversion ``tmp`` into place. Two processes of one node (a trainer
+    rank and a split run's generator) can find the cache empty and both convert: the second
+    one's rename meets the first one's directory, keeps it (the same conversion) and removes
+    its own copy."""
     try:
         tmp.rename(out_dir)
-    except OSError:  # another process of this node (a rank, a generator) converted it first
+    except OSError:  # another process of this node converted it first
         if not out_dir.is_dir():
             raise
-        shutil.rmtree(tmp)  # the same conversion: keep the one in place
+        shutil.rmtree(tmp)
 
 
 @contextlib.contextmanager
