@@ -98,6 +98,18 @@ SYSTEMS = {
         "grpo_hpc",
         ["algo.max_staleness=1", "optim.skip_empty_steps=true"],
     ),
+    # grouped generation M = 3 and partial rollouts at the asynchronous defaults since
+    # 2026-12-06 (no AdamW step on a zero gradient: optim.skip_empty_steps unset, on where
+    # algo.max_staleness >= 1; written before any run, 2026-12-06): do they learn as the
+    # synchronous step does, as k = 1 does with it?
+    "grpo_hpc_grouped3_skip_empty": (
+        "grpo_hpc",
+        ["algo.max_staleness=2", "rollout.steps_per_generation=3"],
+    ),
+    "grpo_hpc_partial_skip_empty": (
+        "grpo_hpc",
+        ["algo.max_staleness=2", "rollout.partial_pool=2"],
+    ),
     # asynchronous with off-policy sequence masking: a stale completion with a negative
     # advantage trains nothing once it drifted OPSM_DELTA nats a token (docs/async.md)
     "grpo_hpc_async_opsm": (
@@ -137,6 +149,9 @@ PAIRS = [
     ("grpo_hpc", "grpo_hpc_skip_empty"),
     ("grpo_hpc_async", "grpo_hpc_async_skip_empty"),
     ("grpo_hpc", "grpo_hpc_grouped3_warm10"),
+    ("grpo_hpc", "grpo_hpc_grouped3_skip_empty"),
+    ("grpo_hpc_grouped3", "grpo_hpc_grouped3_skip_empty"),
+    ("grpo_hpc", "grpo_hpc_partial_skip_empty"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_async"),
     ("grpo_hpc_rollback", "grpo_hpc_rollback_grouped3"),
 ]

@@ -266,7 +266,7 @@ def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
     path: a system that a refusal would stop shows up here, not after a GPU call's setup.
     The grouped systems are checked for what they set."""
     from bench.learning.run import overrides, parser
-    from bench.learning.systems import SYSTEMS
+    from bench.learning.systems import SYSTEMS, ZERO_STEP
     from grpo_hpc.config.load import build_config
 
     args = parser().parse_args(["--out", "unused"])
@@ -299,7 +299,14 @@ def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
     from grpo_hpc.train.algo.optimization import skips_empty_steps
 
     skips = {}
-    for name in ("grpo_hpc", "grpo_hpc_async", "grpo_hpc_grouped3", "grpo_hpc_async_skip_empty"):
+    for name in (
+        "grpo_hpc",
+        "grpo_hpc_async",
+        "grpo_hpc_grouped3",
+        "grpo_hpc_async_skip_empty",
+        "grpo_hpc_grouped3_skip_empty",
+        "grpo_hpc_partial_skip_empty",
+    ):
         skips[name] = skips_empty_steps(
             build_config("demo", overrides(args, True, 500) + SYSTEMS[name][1])
         )
@@ -308,4 +315,12 @@ def test_every_grpo_hpc_system_is_a_config_grpo_submit_accepts() -> None:
         "grpo_hpc_async": False,
         "grpo_hpc_grouped3": False,
         "grpo_hpc_async_skip_empty": True,
+        "grpo_hpc_grouped3_skip_empty": True,  # the defaults: unset, on at k >= 1
+        "grpo_hpc_partial_skip_empty": True,
     }
+    # the grouped and partial systems at the defaults differ from the measured ones by
+    # ZERO_STEP alone, so a session's pairs of them differ by the skip alone
+    for name in ("grouped3", "partial"):
+        assert [*SYSTEMS[f"grpo_hpc_{name}_skip_empty"][1], ZERO_STEP] == (
+            SYSTEMS[f"grpo_hpc_{name}"][1]
+        )
