@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -123,12 +124,17 @@ def manifest_problems(ckpt_dir: Path, manifest: Any) -> list[str]:
         return [f"{MANIFEST} lists no files"]
     problems = [f"{rel}: not in {MANIFEST}" for rel in _weights_of(manifest) if rel not in files]
     for rel, meta in files.items():
-        path = ckpt_dir / rel
         size = meta.get("size") if isinstance(meta, dict) else None
-        if not path.is_file():
+        # One stat: a checkpoint can be pruned (training.keep_last) while a monitor or a
+        # status reads it, and a file seen by is_file() may be gone by a second call
+        try:
+            st = (ckpt_dir / rel).stat()
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
             problems.append(f"{rel}: missing")
-        elif path.stat().st_size != size:
-            problems.append(f"{rel}: size {path.stat().st_size} != {size} in {MANIFEST}")
+        elif st.st_size != size:
+            problems.append(f"{rel}: size {st.st_size} != {size} in {MANIFEST}")
     return problems
 
 
@@ -242,10 +248,13 @@ def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str] | None:
         return [f"{rel}: manifest entry lacks size/sha256"]
     if Path(rel).is_absolute() or ".." in Path(rel).parts:
         return [f"{rel}: path escapes the checkpoint directory"]
-    path = ckpt_dir / rel
-    if not path.is_file():
+    try:  # one stat: the file can be pruned between two (manifest_problems)
+        st = (ckpt_dir / rel).stat()
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
         return [f"{rel}: missing"]
-    actual = path.stat().st_size
+    actual = st.st_size
     if actual != meta["size"]:
         return [f"{rel}: size {actual} != {meta['size']} in the manifest"]
     return None

@@ -44,8 +44,11 @@ def list_checkpoints(paths: RunPaths) -> list[CheckpointInfo]:
     for step in paths.checkpoint_steps(complete_only=False):
         d = paths.checkpoint(step)
         marker = d / COMPLETE_MARKER
-        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
-        stamp = (marker if marker.exists() else d).stat().st_mtime
+        try:  # a live run's trainer can prune it meanwhile (training.keep_last)
+            size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+            stamp = (marker if marker.exists() else d).stat().st_mtime
+        except FileNotFoundError:
+            continue  # gone: not a checkpoint of the run any more
         info = CheckpointInfo(step, str(d), marker.exists(), (d / MANIFEST).exists(), size, stamp)
         info.format = _format_label(d)
         out.append(info)

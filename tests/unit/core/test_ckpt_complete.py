@@ -196,3 +196,48 @@ def test_a_filesystem_that_refuses_to_sync_a_directory_does_not_fail_the_save(
 
     monkeypatch.setattr(os, "fsync", fsync)
     assert is_complete(_save(paths, 4))
+
+
+def test_a_checkpoint_pruned_while_it_is_read_is_incomplete_not_an_error(
+    paths: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A monitor, grpo-status or a test reads checkpoints while the trainer prunes them
+    (training.keep_last). A listed file seen present and gone a moment later made the
+    size check raise FileNotFoundError (a split run's test hit it in a fresh clone,
+    2026-12-06): now the checkpoint is one with a missing file."""
+    ckpt = _save(paths, 2)
+    assert is_complete(ckpt) and paths.latest_checkpoint() == 2
+    gone = ckpt / "rng-rank0.pt"
+    gone.unlink()  # pruned between the look and the size check: the look saw it
+    real = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda p: p == gone or real(p))
+    assert not is_complete(ckpt)
+    assert paths.latest_checkpoint() is None
+
+
+def test_checkpoints_read_while_the_trainer_saves_and_prunes(paths: RunPaths) -> None:
+    """The real save and prune (keep_last 2) in one thread, the reader's
+    ``latest_checkpoint`` in another, side by side: no read raises, and every step it
+    returns was saved."""
+    done, seen, errors = threading.Event(), set(), []
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                step = paths.latest_checkpoint()
+            except Exception as e:  # noqa: BLE001 (the failure under test)
+                errors.append(e)
+                return
+            if step is not None:
+                seen.add(step)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for step in range(1, 31):
+            _save(paths, step)
+    finally:
+        done.set()
+        reader.join()
+    assert errors == [] and seen and seen <= set(range(1, 31))
+    assert paths.checkpoint_steps() == [29, 30]

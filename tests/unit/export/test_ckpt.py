@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -105,6 +106,25 @@ def test_list_checkpoints_and_table(run: RunPaths) -> None:
     row20 = next(line for line in text.splitlines() if line.strip().startswith("20"))
     assert "NO" in row20 and " - " in row20  # no format in a manifest not written by the trainer
     assert (fmt_bytes(5), fmt_bytes(2048), fmt_bytes(3 * 1024**3)) == ("5 B", "2.0 KiB", "3.0 GiB")
+
+
+def test_a_checkpoint_pruned_while_listed_is_left_out(
+    run: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``grpo-ckpt list`` on a live run: a checkpoint the trainer prunes after the listing
+    of the directory is left out, not a FileNotFoundError; one file of another pruned under
+    ``verify`` is missing."""
+    make_ckpt(run, 10)
+    make_ckpt(run, 20)
+    listed = run.checkpoint_steps(complete_only=False)
+    monkeypatch.setattr(RunPaths, "checkpoint_steps", lambda self, complete_only=True: listed)
+    shutil.rmtree(run.checkpoint(10))  # pruned after the listing
+    assert [c.step for c in list_checkpoints(run)] == [20]
+    real = Path.is_file
+    gone = run.checkpoint(20) / "model.safetensors"
+    gone.unlink()  # seen by a look, gone at the size check
+    monkeypatch.setattr(Path, "is_file", lambda p: p == gone or real(p))
+    assert "model.safetensors: missing" in verify_checkpoint(run.checkpoint(20))
 
 
 def test_cli_list_and_verify(run: RunPaths, capsys: pytest.CaptureFixture) -> None:
