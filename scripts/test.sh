@@ -57,7 +57,11 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # and, an hour later with the timeline plugin, 13:52: all five workers busy to 803-809 s,
 # the slurm group alone filling one worker (803 s), the two-node tests 194 + 189 s; at
 # 54789be (1,836 tests) 15:13, the node-failure test 273 s and the split generator kill
-# 181 s (88 s in the run before): the spread of one tree on one machine is 1.5 min. At 267b160
+# 181 s (88 s in the run before): the spread of one tree on one machine is 1.5 min. At
+# a9b4c12 (2026-12-06, 1,837 tests, nothing else running) 16:05, the cores 99.5 % busy
+# (1,873 CPU s in 941 s); four workers instead of five at the same tree 15:55 (no gain).
+# A trainer started as a program costs 11-13 CPU s for a 1 s tiny run: import torch 2.0,
+# transformers' Llama 4.2 more (it imports torchao and torch._dynamo). At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
 # a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
 # start and end on its worker) showed
