@@ -61,7 +61,10 @@ export OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 WANDB_MOD
 # a9b4c12 (2026-12-06, 1,837 tests, nothing else running) 16:05, the cores 99.5 % busy
 # (1,873 CPU s in 941 s); four workers instead of five at the same tree 15:55 (no gain).
 # A trainer started as a program costs 11-13 CPU s for a 1 s tiny run: import torch 2.0,
-# transformers' Llama 4.2 more (it imports torchao and torch._dynamo). At 267b160
+# transformers' Llama 4.2 more (it imports torchao and torch._dynamo). At 295eb75 (1,840
+# tests) 17:44, the machine slower that hour (a pure-Python loop of 20 M additions 1.48 CPU s
+# against 1.33 at 09:48). Alone, in CPU s: the two-node module 210, the split e2e 158, the
+# partial e2e 92, resume_exact 58, the long-tail bench tests 52. At 267b160
 # (2026-12-05, 1,792 tests) a fresh clone took 15:17 (pytest 15:03; CI's machine 921 s):
 # a timeline of every test (bench/probes/suite_timeline.py, a pytest plugin: each test's
 # start and end on its worker) showed
