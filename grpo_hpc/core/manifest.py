@@ -125,17 +125,23 @@ def manifest_problems(ckpt_dir: Path, manifest: Any) -> list[str]:
     problems = [f"{rel}: not in {MANIFEST}" for rel in _weights_of(manifest) if rel not in files]
     for rel, meta in files.items():
         size = meta.get("size") if isinstance(meta, dict) else None
-        # One stat: a checkpoint can be pruned (training.keep_last) while a monitor or a
-        # status reads it, and a file seen by is_file() may be gone by a second call
-        try:
-            st = (ckpt_dir / rel).stat()
-        except OSError:
-            st = None
-        if st is None or not stat.S_ISREG(st.st_mode):
+        actual = _file_size(ckpt_dir / rel)
+        if actual is None:
             problems.append(f"{rel}: missing")
-        elif st.st_size != size:
-            problems.append(f"{rel}: size {st.st_size} != {size} in {MANIFEST}")
+        elif actual != size:
+            problems.append(f"{rel}: size {actual} != {size} in {MANIFEST}")
     return problems
+
+
+def _file_size(path: Path) -> int | None:
+    """A regular file's size, None where there is none. One stat: a checkpoint can be
+    pruned (training.keep_last) while a monitor or a status reads it, and a file seen by a
+    first look may be gone by a second."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def read_manifest(ckpt_dir: Path) -> dict[str, Any] | None:
@@ -248,13 +254,9 @@ def _check_file(ckpt_dir: Path, rel: str, meta: Any) -> list[str] | None:
         return [f"{rel}: manifest entry lacks size/sha256"]
     if Path(rel).is_absolute() or ".." in Path(rel).parts:
         return [f"{rel}: path escapes the checkpoint directory"]
-    try:  # one stat: the file can be pruned between two (manifest_problems)
-        st = (ckpt_dir / rel).stat()
-    except OSError:
-        st = None
-    if st is None or not stat.S_ISREG(st.st_mode):
+    actual = _file_size(ckpt_dir / rel)
+    if actual is None:
         return [f"{rel}: missing"]
-    actual = st.st_size
     if actual != meta["size"]:
         return [f"{rel}: size {actual} != {meta['size']} in the manifest"]
     return None
